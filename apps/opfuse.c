@@ -1,0 +1,3 @@
+/* opfuse.c: the opfuse command (placeholder main until subcommands land). */
+#include <stdio.h>
+int main(void) { return 0; }

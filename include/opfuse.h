@@ -1,0 +1,10 @@
+/* opfuse.h: everything public. */
+#ifndef OPFUSE_H
+#define OPFUSE_H
+#include "opfuse/status.h"
+#include "opfuse/dtype.h"
+#include "opfuse/tensor.h"
+#include "opfuse/context.h"
+#include "opfuse/quant.h"
+#include "opfuse/gemm.h"
+#endif

@@ -1,0 +1,100 @@
+/* opfuse/context.h: the context (device, allocator with counters, workspace,
+ * Philox RNG, determinism, warnings, last error).
+ *
+ * One context per thread of use. Everything the library allocates goes
+ * through the context's allocator, whose counters let tests prove that a
+ * step performs no allocation.
+ *
+ *     opf_ctx_options o = opf_ctx_options_default();
+ *     o.seed = 1234;
+ *     opf_ctx *ctx;
+ *     if (opf_ctx_create(&o, &ctx) != OPF_OK) return 1;
+ *     ...
+ *     opf_ctx_destroy(ctx);
+ */
+#ifndef OPFUSE_CONTEXT_H
+#define OPFUSE_CONTEXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "opfuse/status.h"
+#include "opfuse/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Allocator hooks. alloc returns memory aligned to at least `align` bytes or
+ * NULL; free(NULL) must be a no-op. */
+typedef struct opf_allocator {
+    void *(*alloc)(void *user, size_t bytes, size_t align);
+    void  (*free)(void *user, void *ptr);
+    void  *user;
+} opf_allocator;
+
+/* Warnings (never errors) go here; the default prints to stderr. */
+typedef void (*opf_warn_fn)(void *user, const char *msg);
+
+typedef struct opf_ctx_options {
+    opf_device     device;         /* OPF_DEVICE_CPU */
+    int            device_index;   /* 0 */
+    bool           deterministic;  /* same bits across runs and thread counts (CPU always) */
+    uint64_t       seed;           /* Philox key; 0 */
+    uint64_t       offset;         /* Philox counter start; 0 */
+    int            num_threads;    /* OpenMP threads for element-wise kernels; 0 = default */
+    opf_allocator  allocator;      /* zeroed = aligned malloc */
+    opf_warn_fn    warn;           /* NULL = stderr */
+    void          *warn_user;
+} opf_ctx_options;
+
+typedef struct opf_alloc_stats {
+    uint64_t n_alloc;      /* allocations made through the context so far */
+    uint64_t n_free;
+    size_t   bytes_live;
+    size_t   bytes_peak;
+} opf_alloc_stats;
+
+opf_ctx_options opf_ctx_options_default(void);
+/* Creates a context; OPF_ERR_UNSUPPORTED for a device this build lacks. */
+opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out);
+/* destroy(NULL) is a no-op. Buffers still alive keep working: they hold no
+ * pointer into the context... except their allocator, so destroy the context last. */
+void opf_ctx_destroy(opf_ctx *ctx);
+
+/* Last error message of this context (ctx NULL: of this thread); "" if none. */
+const char *opf_last_error(const opf_ctx *ctx);
+/* Clears the last error. */
+void opf_clear_error(opf_ctx *ctx);
+
+opf_device opf_ctx_device(const opf_ctx *ctx);
+bool opf_ctx_deterministic(const opf_ctx *ctx);
+int opf_ctx_num_threads(const opf_ctx *ctx);
+void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
+/* Emits a warning through the callback (printf-style). */
+void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
+
+/* Raw allocation through the context's allocator (counted). */
+void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes);
+void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes);
+
+/* Workspace: scratch owned by the context. reserve grows it (allocating);
+ * get returns it without allocating, or NULL if smaller than `bytes`. */
+opf_status opf_ctx_workspace_reserve(opf_ctx *ctx, size_t bytes);
+void *opf_ctx_workspace(opf_ctx *ctx, size_t bytes);
+
+/* ---- Philox4x32-10 --------------------------------------------------------
+ * The counter-based generator used for stochastic rounding and dropout, the
+ * same on CPU and CUDA: out = philox(counter, key) with 10 rounds. */
+void opf_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+void opf_ctx_set_rng(opf_ctx *ctx, uint64_t seed, uint64_t offset);
+void opf_ctx_get_rng(const opf_ctx *ctx, uint64_t *seed, uint64_t *offset);
+/* Reserves n counter values for one kernel launch: returns the offset to use
+ * and advances the context's offset by n. */
+uint64_t opf_ctx_rng_advance(opf_ctx *ctx, uint64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

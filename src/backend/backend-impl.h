@@ -1,0 +1,59 @@
+/* backend-impl.h: the kernel table each device implements.
+ *
+ * The quant layer validates arguments and then calls these entries; a kernel
+ * may assume its arguments are consistent (shapes match the layouts, the
+ * output is allocated with the spec opf_quantizer_spec gave, dtypes are
+ * supported). Kernels never allocate except from the context's workspace. */
+#ifndef OPFUSE_BACKEND_IMPL_H
+#define OPFUSE_BACKEND_IMPL_H
+
+#include "opfuse/gemm.h"
+#include "opfuse/quant.h"
+
+/* Quantize a plain f32/bf16/f16 tensor into the copies out->spec.usage asks
+ * for. Delayed scaling reads the scale from q->delayed and max-accumulates the
+ * amax into its row 0; stochastic rounding draws from rng_seed/rng_offset. */
+typedef opf_status (*opf_quantize_kernel)(opf_ctx *ctx, const opf_quantizer *q,
+                                          const opf_tensor *in, opf_tensor *out,
+                                          uint64_t rng_seed, uint64_t rng_offset);
+/* Decode one copy (OPF_USAGE_ROWWISE or _COLUMNWISE) into fp32 out[M*K] in the
+ * logical row-major order (columnwise copies transposed back). */
+typedef opf_status (*opf_dequantize_kernel)(opf_ctx *ctx, const opf_tensor *q, unsigned which,
+                                            float *out);
+
+/* A GEMM whose operands are already validated. m, n, k as in gemm.h. */
+typedef struct opf_gemm_args {
+    const opf_tensor       *a, *b;
+    opf_gemm_layout         layout;
+    const opf_gemm_options *opts;
+    opf_tensor             *d;
+    int64_t                 m, n, k;
+} opf_gemm_args;
+typedef opf_status (*opf_gemm_kernel)(opf_ctx *ctx, const opf_gemm_args *args);
+
+typedef struct opf_backend_i {
+    const char           *name;
+    opf_quantize_kernel   quantize[OPF_SCALING_COUNT];   /* NULL for NONE */
+    opf_dequantize_kernel dequantize[OPF_SCALING_COUNT];
+    opf_gemm_kernel       gemm;
+} opf_backend_i;
+
+/* The table of a device; NULL when this build lacks it. */
+const opf_backend_i *opf_backend_get(opf_device dev);
+
+/* CPU kernels (src/backend/cpu/). 2D tiles share one file per scaling family. */
+opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *, const opf_quantizer *, const opf_tensor *,
+                                       opf_tensor *, uint64_t, uint64_t);
+opf_status opf_cpu_quantize_mxfp8(opf_ctx *, const opf_quantizer *, const opf_tensor *,
+                                  opf_tensor *, uint64_t, uint64_t);
+opf_status opf_cpu_quantize_block(opf_ctx *, const opf_quantizer *, const opf_tensor *,
+                                  opf_tensor *, uint64_t, uint64_t);
+opf_status opf_cpu_quantize_nvfp4(opf_ctx *, const opf_quantizer *, const opf_tensor *,
+                                  opf_tensor *, uint64_t, uint64_t);
+opf_status opf_cpu_dequantize_tensor_fp8(opf_ctx *, const opf_tensor *, unsigned, float *);
+opf_status opf_cpu_dequantize_mxfp8(opf_ctx *, const opf_tensor *, unsigned, float *);
+opf_status opf_cpu_dequantize_block(opf_ctx *, const opf_tensor *, unsigned, float *);
+opf_status opf_cpu_dequantize_nvfp4(opf_ctx *, const opf_tensor *, unsigned, float *);
+opf_status opf_cpu_gemm(opf_ctx *, const opf_gemm_args *);
+
+#endif

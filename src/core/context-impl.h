@@ -1,0 +1,24 @@
+/* context-impl.h: the private layout of opf_ctx. */
+#ifndef OPFUSE_CONTEXT_IMPL_H
+#define OPFUSE_CONTEXT_IMPL_H
+
+#include "opfuse/context.h"
+
+#define OPF_ERROR_MAX 512
+
+struct opf_ctx {
+    opf_device      device;
+    int             device_index;
+    bool            deterministic;
+    int             num_threads;
+    uint64_t        rng_seed, rng_offset;
+    opf_allocator   allocator;
+    opf_warn_fn     warn;
+    void           *warn_user;
+    opf_alloc_stats stats;
+    void           *workspace;
+    size_t          workspace_bytes;
+    char            error[OPF_ERROR_MAX];
+};
+
+#endif

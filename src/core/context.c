@@ -1,0 +1,149 @@
+/* context.c: context lifetime, the counting allocator, workspace, warnings. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context-impl.h"
+#include "core/core-impl.h"
+
+static void *default_alloc(void *user, size_t bytes, size_t align)
+{
+    (void)user;
+    /* aligned_alloc needs a size that is a multiple of the alignment. */
+    size_t n = (bytes + align - 1) / align * align;
+    return aligned_alloc(align, n ? n : align);
+}
+
+static void default_free(void *user, void *p)
+{
+    (void)user;
+    free(p);
+}
+
+static void default_warn(void *user, const char *msg)
+{
+    (void)user;
+    fprintf(stderr, "opfuse: warning: %s\n", msg);
+}
+
+opf_ctx_options opf_ctx_options_default(void)
+{
+    opf_ctx_options o;
+    memset(&o, 0, sizeof o);
+    o.device = OPF_DEVICE_CPU;
+    o.deterministic = true;
+    return o;
+}
+
+opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
+{
+    OPF_CHECK_NULL(NULL, "opf_ctx_create", out);
+    *out = NULL;
+    opf_ctx_options o = opts ? *opts : opf_ctx_options_default();
+    if ((unsigned)o.device >= OPF_DEVICE_COUNT)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_ctx_create: device %d is not a device",
+                         (int)o.device);
+    if (o.device != OPF_DEVICE_CPU)
+        return opf_error(NULL, OPF_ERR_UNSUPPORTED,
+                         "opf_ctx_create: device %d is not built into this library", (int)o.device);
+    if (o.num_threads < 0)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_ctx_create: num_threads %d < 0",
+                         o.num_threads);
+    if ((o.allocator.alloc == NULL) != (o.allocator.free == NULL))
+        return opf_error(NULL, OPF_ERR_INVALID_ARG,
+                         "opf_ctx_create: allocator needs both alloc and free");
+    opf_ctx *c = calloc(1, sizeof *c);
+    if (!c) return opf_error(NULL, OPF_ERR_NO_MEMORY, "opf_ctx_create: out of memory");
+    c->device = o.device;
+    c->device_index = o.device_index;
+    c->deterministic = o.deterministic;
+    c->num_threads = o.num_threads;
+    c->rng_seed = o.seed;
+    c->rng_offset = o.offset;
+    c->allocator = o.allocator;
+    if (!c->allocator.alloc) {
+        c->allocator.alloc = default_alloc;
+        c->allocator.free = default_free;
+    }
+    c->warn = o.warn ? o.warn : default_warn;
+    c->warn_user = o.warn_user;
+    *out = c;
+    return OPF_OK;
+}
+
+void opf_ctx_destroy(opf_ctx *ctx)
+{
+    if (!ctx) return;
+    opf_ctx_free(ctx, ctx->workspace, ctx->workspace_bytes);
+    free(ctx);
+}
+
+opf_device opf_ctx_device(const opf_ctx *ctx) { return ctx->device; }
+bool opf_ctx_deterministic(const opf_ctx *ctx) { return ctx->deterministic; }
+int opf_ctx_num_threads(const opf_ctx *ctx) { return ctx->num_threads; }
+void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out) { *out = ctx->stats; }
+
+void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...)
+{
+    char msg[OPF_ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ctx->warn(ctx->warn_user, msg);
+}
+
+void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
+{
+    void *p = ctx->allocator.alloc(ctx->allocator.user, bytes, OPF_COMPONENT_ALIGN);
+    if (!p) return NULL;
+    ctx->stats.n_alloc++;
+    ctx->stats.bytes_live += bytes;
+    if (ctx->stats.bytes_live > ctx->stats.bytes_peak) ctx->stats.bytes_peak = ctx->stats.bytes_live;
+    return p;
+}
+
+void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
+{
+    if (!ptr) return;
+    ctx->allocator.free(ctx->allocator.user, ptr);
+    ctx->stats.n_free++;
+    ctx->stats.bytes_live -= bytes;
+}
+
+opf_status opf_ctx_workspace_reserve(opf_ctx *ctx, size_t bytes)
+{
+    OPF_CHECK_NULL(NULL, "opf_ctx_workspace_reserve", ctx);
+    if (bytes <= ctx->workspace_bytes) return OPF_OK;
+    void *p = opf_ctx_alloc(ctx, bytes);
+    if (!p)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "workspace: cannot allocate %zu bytes", bytes);
+    opf_ctx_free(ctx, ctx->workspace, ctx->workspace_bytes);
+    ctx->workspace = p;
+    ctx->workspace_bytes = bytes;
+    return OPF_OK;
+}
+
+void *opf_ctx_workspace(opf_ctx *ctx, size_t bytes)
+{
+    return bytes <= ctx->workspace_bytes ? ctx->workspace : NULL;
+}
+
+void opf_ctx_set_rng(opf_ctx *ctx, uint64_t seed, uint64_t offset)
+{
+    ctx->rng_seed = seed;
+    ctx->rng_offset = offset;
+}
+
+void opf_ctx_get_rng(const opf_ctx *ctx, uint64_t *seed, uint64_t *offset)
+{
+    if (seed) *seed = ctx->rng_seed;
+    if (offset) *offset = ctx->rng_offset;
+}
+
+uint64_t opf_ctx_rng_advance(opf_ctx *ctx, uint64_t n)
+{
+    uint64_t o = ctx->rng_offset;
+    ctx->rng_offset += n;
+    return o;
+}

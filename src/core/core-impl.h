@@ -1,0 +1,39 @@
+/* core-impl.h: private helpers of the core layer shared by every layer. */
+#ifndef OPFUSE_CORE_IMPL_H
+#define OPFUSE_CORE_IMPL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "opfuse/context.h"
+#include "opfuse/status.h"
+#include "opfuse/tensor.h"
+
+#if defined(__GNUC__)
+#define OPF_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define OPF_PRINTF(a, b)
+#endif
+
+/* Records a message for ctx (if not NULL) and for this thread, returns st.
+ * Usage: return opf_error(ctx, OPF_ERR_SHAPE, "gemm: K %lld != %lld", ...); */
+opf_status opf_error(opf_ctx *ctx, opf_status st, const char *fmt, ...) OPF_PRINTF(3, 4);
+
+/* Null checks that name the function and the argument. */
+#define OPF_CHECK_NULL(ctx, fn, p)                                                     \
+    do {                                                                               \
+        if ((p) == NULL)                                                               \
+            return opf_error((ctx), OPF_ERR_INVALID_ARG, "%s: %s is NULL", (fn), #p);  \
+    } while (0)
+
+static inline int64_t opf_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t opf_round_up(int64_t a, int64_t b) { return opf_ceil_div(a, b) * b; }
+
+static inline uint32_t opf_f32_bits(float f) { union { float f; uint32_t u; } v = {f}; return v.u; }
+static inline float opf_bits_f32(uint32_t u) { union { uint32_t u; float f; } v = {u}; return v.f; }
+
+/* The 2D view [M, K] of a shape: M = prod(shape[:-1]), K = shape[-1]. */
+void opf_shape_2d(const opf_spec *s, int64_t *m, int64_t *k);
+
+#endif

@@ -1,0 +1,171 @@
+/* tensor.c: reference-counted buffers, tensors over them, scale swizzling. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/context-impl.h"
+#include "core/core-impl.h"
+
+struct opf_buffer {
+    atomic_int refs;
+    opf_ctx   *ctx;    /* whose allocator owns `mem` */
+    void      *mem;
+    size_t     bytes;
+};
+
+static void point_into(opf_tensor *t, const opf_spec *spec, const opf_layout *L, void *base)
+{
+    memset(t, 0, sizeof *t);
+    t->spec = *spec;
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (L->comp[c].present) t->data[c] = (char *)base + L->comp[c].offset;
+}
+
+opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
+{
+    OPF_CHECK_NULL(ctx, "opf_tensor_alloc", out);
+    memset(out, 0, sizeof *out);
+    OPF_CHECK_NULL(ctx, "opf_tensor_alloc", ctx);
+    OPF_CHECK_NULL(ctx, "opf_tensor_alloc", spec);
+    opf_layout L;
+    opf_status st = opf_spec_layout(spec, &L);
+    if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
+    opf_buffer *b = malloc(sizeof *b);
+    void *mem = opf_ctx_alloc(ctx, L.total_bytes ? L.total_bytes : 1);
+    if (!b || !mem) {
+        free(b);
+        opf_ctx_free(ctx, mem, L.total_bytes ? L.total_bytes : 1);
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_tensor_alloc: cannot allocate %zu bytes",
+                         L.total_bytes);
+    }
+    atomic_init(&b->refs, 1);
+    b->ctx = ctx;
+    b->mem = mem;
+    b->bytes = L.total_bytes ? L.total_bytes : 1;
+    point_into(out, spec, &L, mem);
+    out->buf = b;
+    /* Scales are zero in their padding (numerics.md 4.1 leaves it undefined;
+     * zero keeps dumps and checkpoints deterministic). */
+    for (int c = OPF_COMP_SCALE_INV; c < OPF_COMP_COUNT; c++)
+        if (c != OPF_COMP_COL_DATA && L.comp[c].present) memset(out->data[c], 0, L.comp[c].nbytes);
+    return OPF_OK;
+}
+
+opf_status opf_tensor_wrap(const opf_spec *spec, void *base, opf_tensor *out)
+{
+    OPF_CHECK_NULL(NULL, "opf_tensor_wrap", out);
+    OPF_CHECK_NULL(NULL, "opf_tensor_wrap", spec);
+    opf_layout L;
+    opf_status st = opf_spec_layout(spec, &L);
+    if (st) return st;
+    if (!base && L.total_bytes)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_tensor_wrap: base is NULL for %zu bytes",
+                         L.total_bytes);
+    point_into(out, spec, &L, base);
+    return OPF_OK;
+}
+
+void opf_tensor_retain(const opf_tensor *src, opf_tensor *dst)
+{
+    *dst = *src;
+    if (src->buf) atomic_fetch_add(&src->buf->refs, 1);
+}
+
+void opf_tensor_release(opf_tensor *t)
+{
+    if (!t) return;
+    opf_buffer *b = t->buf;
+    if (b && atomic_fetch_sub(&b->refs, 1) == 1) {
+        opf_ctx_free(b->ctx, b->mem, b->bytes);
+        free(b);
+    }
+    memset(t, 0, sizeof *t);
+}
+
+size_t opf_tensor_buffer_bytes(const opf_tensor *t) { return t && t->buf ? t->buf->bytes : 0; }
+
+/* ---- swizzle (numerics.md 4.4) ---------------------------------------------- */
+
+size_t opf_swizzle_index(int64_t i, int64_t j, int64_t C)
+{
+    return (size_t)(((i / 128) * (C / 4) + (j / 4)) * 512 + (i % 32) * 16 + ((i % 128) / 32) * 4 +
+                    (j % 4));
+}
+
+static opf_status check_swizzle_dims(const char *fn, const void *src, const void *dst, int64_t R,
+                                     int64_t C)
+{
+    OPF_CHECK_NULL(NULL, fn, src);
+    OPF_CHECK_NULL(NULL, fn, dst);
+    if (R < 0 || C < 0 || R % 128 || C % 4)
+        return opf_error(NULL, OPF_ERR_SHAPE,
+                         "%s: scales are %lld x %lld; rows must be a multiple of 128 and "
+                         "columns of 4", fn, (long long)R, (long long)C);
+    return OPF_OK;
+}
+
+opf_status opf_swizzle_scales(const uint8_t *src, uint8_t *dst, int64_t R, int64_t C,
+                              bool src_is_transposed)
+{
+    opf_status st = check_swizzle_dims("opf_swizzle_scales", src, dst, R, C);
+    if (st) return st;
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < C; j++)
+            dst[opf_swizzle_index(i, j, C)] = src_is_transposed ? src[j * R + i] : src[i * C + j];
+    return OPF_OK;
+}
+
+opf_status opf_unswizzle_scales(const uint8_t *src, uint8_t *dst, int64_t R, int64_t C,
+                                bool dst_is_transposed)
+{
+    opf_status st = check_swizzle_dims("opf_unswizzle_scales", src, dst, R, C);
+    if (st) return st;
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < C; j++) {
+            uint8_t v = src[opf_swizzle_index(i, j, C)];
+            if (dst_is_transposed) dst[j * R + i] = v;
+            else dst[i * C + j] = v;
+        }
+    return OPF_OK;
+}
+
+/* One scale component: its swizzle matrix is R x C; MXFP8 columnwise scales
+ * are stored C x R (compact) and swizzled through the transposed view. */
+static opf_status swizzle_component(opf_ctx *ctx, const opf_component_desc *d, uint8_t *p,
+                                    bool transposed, bool to_swizzled)
+{
+    int64_t R = transposed ? d->cols : d->rows, C = transposed ? d->rows : d->cols;
+    uint8_t *tmp = opf_ctx_workspace(ctx, d->nbytes);
+    if (!tmp) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_tensor_swizzle: no workspace");
+    memcpy(tmp, p, d->nbytes);
+    return to_swizzled ? opf_swizzle_scales(tmp, p, R, C, transposed)
+                       : opf_unswizzle_scales(tmp, p, R, C, transposed);
+}
+
+opf_status opf_tensor_swizzle(opf_ctx *ctx, opf_tensor *t, bool swizzled)
+{
+    OPF_CHECK_NULL(ctx, "opf_tensor_swizzle", ctx);
+    OPF_CHECK_NULL(ctx, "opf_tensor_swizzle", t);
+    opf_scaling s = t->spec.scaling;
+    bool mx = s == OPF_SCALING_MXFP8;
+    if (!mx && s != OPF_SCALING_NVFP4_1D && s != OPF_SCALING_NVFP4_2D)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED,
+                         "opf_tensor_swizzle: %s scales have no swizzled layout",
+                         opf_scaling_name(s));
+    if (((t->spec.flags & OPF_SPEC_SWIZZLED) != 0) == swizzled) return OPF_OK;
+    opf_layout L;
+    opf_status st = opf_spec_layout(&t->spec, &L);
+    if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
+    size_t need = 0;
+    for (int c = OPF_COMP_SCALE_INV; c <= OPF_COMP_COL_SCALE_INV; c += 2)
+        if (L.comp[c].present && L.comp[c].nbytes > need) need = L.comp[c].nbytes;
+    if ((st = opf_ctx_workspace_reserve(ctx, need))) return st;
+    if (L.comp[OPF_COMP_SCALE_INV].present)
+        swizzle_component(ctx, &L.comp[OPF_COMP_SCALE_INV], t->data[OPF_COMP_SCALE_INV], false,
+                          swizzled);
+    if (L.comp[OPF_COMP_COL_SCALE_INV].present)
+        swizzle_component(ctx, &L.comp[OPF_COMP_COL_SCALE_INV], t->data[OPF_COMP_COL_SCALE_INV],
+                          mx, swizzled);
+    t->spec.flags ^= OPF_SPEC_SWIZZLED;
+    return OPF_OK;
+}

@@ -1,0 +1,285 @@
+/* quantize.c: quantizer values, the quantized spec, and the validated entry
+ * points quantize / dequantize / requantize / update_usage, which dispatch to
+ * the device's kernels (src/backend/). */
+#include <string.h>
+
+#include "backend/backend-impl.h"
+#include "core/core-impl.h"
+
+opf_quantizer opf_quantizer_default(void)
+{
+    opf_quantizer q;
+    memset(&q, 0, sizeof q);
+    q.scaling = OPF_SCALING_NONE;
+    q.qdtype = OPF_E4M3;
+    q.usage = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+    q.rht_sign_mask = 0xD7E8;
+    return q;
+}
+
+bool opf_quantizer_equal(const opf_quantizer *a, const opf_quantizer *b)
+{
+    return a->scaling == b->scaling && a->qdtype == b->qdtype && a->usage == b->usage &&
+           a->swizzled == b->swizzled && a->pow2_scales == b->pow2_scales &&
+           opf_f32_bits(a->amax_epsilon) == opf_f32_bits(b->amax_epsilon) &&
+           a->mxfp8_2d == b->mxfp8_2d && a->rht == b->rht &&
+           a->rht_sign_mask == b->rht_sign_mask && a->stochastic == b->stochastic &&
+           a->delayed == b->delayed && a->slot == b->slot && a->amax_reduce == b->amax_reduce &&
+           a->amax_reduce_user == b->amax_reduce_user;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0x100000001B3ull;
+}
+
+uint64_t opf_quantizer_hash(const opf_quantizer *q)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    h = mix(h, (uint64_t)q->scaling);
+    h = mix(h, (uint64_t)q->qdtype);
+    h = mix(h, q->usage);
+    h = mix(h, (uint64_t)q->swizzled | (uint64_t)q->pow2_scales << 1 | (uint64_t)q->mxfp8_2d << 2 |
+                   (uint64_t)q->rht << 3 | (uint64_t)q->stochastic << 4);
+    h = mix(h, opf_f32_bits(q->amax_epsilon));
+    h = mix(h, q->rht_sign_mask);
+    h = mix(h, (uint64_t)(uintptr_t)q->delayed);
+    h = mix(h, (uint64_t)q->slot);
+    return h;
+}
+
+static bool is_nvfp4(opf_scaling s) { return s == OPF_SCALING_NVFP4_1D || s == OPF_SCALING_NVFP4_2D; }
+static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
+
+/* Options that only one family may set. */
+static opf_status check_quantizer(opf_ctx *ctx, const opf_quantizer *q)
+{
+    const char *fn = "quantize";
+    if ((unsigned)q->scaling >= OPF_SCALING_COUNT)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: scaling mode %d", fn, (int)q->scaling);
+    const char *mode = opf_scaling_name(q->scaling);
+    if (q->delayed && q->scaling != OPF_SCALING_TENSOR)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: delayed-scaling state on a %s quantizer",
+                         fn, mode);
+    if (q->delayed && (q->slot < 0 || q->slot >= opf_delayed_state_slots(q->delayed)))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: slot %d outside the state's %d slots", fn,
+                         q->slot, opf_delayed_state_slots(q->delayed));
+    if (q->delayed && q->qdtype != opf_delayed_state_dtype(q->delayed))
+        return opf_error(ctx, OPF_ERR_DTYPE, "%s: quantizer dtype %s but its delayed state is %s",
+                         fn, opf_dtype_name(q->qdtype),
+                         opf_dtype_name(opf_delayed_state_dtype(q->delayed)));
+    if ((q->rht || q->stochastic) && !is_nvfp4(q->scaling))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG,
+                         "%s: Hadamard transform and stochastic rounding are nvfp4 options, "
+                         "not %s", fn, mode);
+    if (q->mxfp8_2d && q->scaling != OPF_SCALING_MXFP8)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: 32x32 blocks are an mxfp8 option, not %s",
+                         fn, mode);
+    if (q->swizzled && q->scaling != OPF_SCALING_MXFP8 && !is_nvfp4(q->scaling))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s scales have no swizzled layout", fn,
+                         mode);
+    if (!(q->amax_epsilon >= 0.0f))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: amax_epsilon %g must be >= 0", fn,
+                         (double)q->amax_epsilon);
+    return OPF_OK;
+}
+
+opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in, opf_spec *out)
+{
+    OPF_CHECK_NULL(NULL, "opf_quantizer_spec", q);
+    OPF_CHECK_NULL(NULL, "opf_quantizer_spec", in);
+    OPF_CHECK_NULL(NULL, "opf_quantizer_spec", out);
+    opf_status st = check_quantizer(NULL, q);
+    if (st) return st;
+    if (in->scaling != OPF_SCALING_NONE)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG,
+                         "quantize: the input is already quantized (%s); use opf_requantize",
+                         opf_scaling_name(in->scaling));
+    if (!is_float_plain(in->dtype))
+        return opf_error(NULL, OPF_ERR_DTYPE, "quantize: input dtype %s, expected f32/bf16/f16",
+                         opf_dtype_name(in->dtype));
+    if (q->scaling == OPF_SCALING_TENSOR && q->usage == OPF_USAGE_COLUMNWISE)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG,
+                         "quantize: per-tensor FP8 cannot quantize a columnwise copy alone (it is "
+                         "the transpose of the rowwise copy; quantize both and drop the rowwise)");
+    opf_spec s = *in;
+    if (q->scaling != OPF_SCALING_NONE) {
+        s.scaling = q->scaling;
+        s.qdtype = q->qdtype;
+        s.usage = q->usage;
+        s.flags = (q->swizzled ? OPF_SPEC_SWIZZLED : 0) | (q->mxfp8_2d ? OPF_SPEC_MXFP8_2D : 0) |
+                  (q->rht && (q->usage & OPF_USAGE_COLUMNWISE) ? OPF_SPEC_NVFP4_RHT : 0);
+    }
+    opf_layout L;
+    if ((st = opf_spec_layout(&s, &L))) return st;
+    *out = s;
+    return OPF_OK;
+}
+
+static const opf_backend_i *backend_of(opf_ctx *ctx) { return opf_backend_get(opf_ctx_device(ctx)); }
+
+static opf_status check_in_out(opf_ctx *ctx, const char *fn, const opf_tensor *in,
+                               const opf_tensor *out)
+{
+    OPF_CHECK_NULL(ctx, fn, in);
+    OPF_CHECK_NULL(ctx, fn, out);
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (in->data[c] && out->data[c] && in->data[c] == out->data[c])
+            return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: input and output share memory", fn);
+    return OPF_OK;
+}
+
+/* Every component the layout lists must have memory behind it. */
+static opf_status check_components(opf_ctx *ctx, const char *fn, const char *what,
+                                   const opf_tensor *t)
+{
+    opf_layout L;
+    if (opf_spec_layout(&t->spec, &L))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s: %s", fn, what, opf_last_error(NULL));
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (L.comp[c].present && L.comp[c].nbytes && !t->data[c])
+            return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s has no memory for component %d", fn,
+                             what, c);
+    return OPF_OK;
+}
+
+opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                        opf_tensor *out)
+{
+    const char *fn = "quantize";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    OPF_CHECK_NULL(ctx, fn, q);
+    opf_status st = check_in_out(ctx, fn, in, out);
+    if (st) return st;
+    opf_spec want;
+    if ((st = opf_quantizer_spec(q, &in->spec, &want)))
+        return opf_error(ctx, st, "%s", opf_last_error(NULL));
+    if (!opf_spec_equal(&want, &out->spec)) {
+        char a[160], b[160];
+        opf_spec_str(&want, a, sizeof a);
+        opf_spec_str(&out->spec, b, sizeof b);
+        return opf_error(ctx, OPF_ERR_SHAPE, "%s: output is %s, the quantizer makes %s", fn, b, a);
+    }
+    if ((st = check_components(ctx, fn, "input", in)) || (st = check_components(ctx, fn, "output", out)))
+        return st;
+    int64_t n = opf_spec_numel(&in->spec);
+    if (q->scaling == OPF_SCALING_NONE)
+        return opf_convert(in->data[OPF_COMP_DATA], in->spec.dtype, out->data[OPF_COMP_DATA],
+                           out->spec.dtype, (size_t)n);
+    const opf_backend_i *be = backend_of(ctx);
+    opf_quantize_kernel k = be ? be->quantize[q->scaling] : NULL;
+    if (!k)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
+                         opf_scaling_name(q->scaling));
+    uint64_t seed = 0, offset = 0;
+    opf_ctx_get_rng(ctx, &seed, &offset);
+    if ((st = k(ctx, q, in, out, seed, offset))) return st;
+    /* Stochastic rounding used one Philox counter per 16 elements and copy id. */
+    if (q->stochastic) opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 16));
+    return OPF_OK;
+}
+
+opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                              opf_tensor *out)
+{
+    OPF_CHECK_NULL(ctx, "quantize", ctx);
+    OPF_CHECK_NULL(ctx, "quantize", q);
+    OPF_CHECK_NULL(ctx, "quantize", in);
+    OPF_CHECK_NULL(ctx, "quantize", out);
+    opf_spec s;
+    opf_status st = opf_quantizer_spec(q, &in->spec, &s);
+    if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
+    opf_tensor t;
+    if ((st = opf_tensor_alloc(ctx, &s, &t))) return st;
+    if ((st = opf_quantize(ctx, q, in, &t))) {
+        opf_tensor_release(&t);
+        return st;
+    }
+    *out = t;
+    return OPF_OK;
+}
+
+/* Decodes copy `which` of q into fp32 dst[M*K] (logical order). */
+static opf_status decode_f32(opf_ctx *ctx, const char *fn, const opf_tensor *q, unsigned which,
+                             float *dst)
+{
+    const opf_backend_i *be = backend_of(ctx);
+    opf_dequantize_kernel k = be ? be->dequantize[q->spec.scaling] : NULL;
+    if (!k)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
+                         opf_scaling_name(q->spec.scaling));
+    return k(ctx, q, which, dst);
+}
+
+static opf_status check_which(opf_ctx *ctx, const char *fn, const opf_tensor *q, unsigned which)
+{
+    if (q->spec.scaling == OPF_SCALING_NONE)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the tensor is not quantized", fn);
+    if (which != OPF_USAGE_ROWWISE && which != OPF_USAGE_COLUMNWISE)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG,
+                         "%s: which=0x%x must be exactly one of rowwise (1) or columnwise (2)",
+                         fn, which);
+    if (!(q->spec.usage & which))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the tensor has no %s copy", fn,
+                         which == OPF_USAGE_ROWWISE ? "rowwise" : "columnwise");
+    return check_components(ctx, fn, "input", q);
+}
+
+opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf_tensor *out)
+{
+    const char *fn = "dequantize";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    opf_status st = check_in_out(ctx, fn, q, out);
+    if (st || (st = check_which(ctx, fn, q, which))) return st;
+    const opf_spec *o = &out->spec;
+    if (o->scaling != OPF_SCALING_NONE || !is_float_plain(o->dtype))
+        return opf_error(ctx, OPF_ERR_DTYPE, "%s: output must be plain f32/bf16/f16, got %s %s", fn,
+                         opf_dtype_name(o->dtype), opf_scaling_name(o->scaling));
+    int64_t n = opf_spec_numel(&q->spec);
+    if (opf_spec_numel(o) != n)
+        return opf_error(ctx, OPF_ERR_SHAPE, "%s: output has %lld elements, input %lld", fn,
+                         (long long)opf_spec_numel(o), (long long)n);
+    if ((st = check_components(ctx, fn, "output", out))) return st;
+    if (o->dtype == OPF_F32) return decode_f32(ctx, fn, q, which, out->data[OPF_COMP_DATA]);
+    size_t bytes = (size_t)n * sizeof(float);
+    if ((st = opf_ctx_workspace_reserve(ctx, bytes))) return st;
+    float *tmp = opf_ctx_workspace(ctx, bytes);
+    if ((st = decode_f32(ctx, fn, q, which, tmp))) return st;
+    return opf_convert(tmp, OPF_F32, out->data[OPF_COMP_DATA], o->dtype, (size_t)n);
+}
+
+opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                          opf_tensor *out)
+{
+    const char *fn = "requantize";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    OPF_CHECK_NULL(ctx, fn, q);
+    opf_status st = check_in_out(ctx, fn, in, out);
+    if (st) return st;
+    unsigned which = (in->spec.usage & OPF_USAGE_ROWWISE) ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
+    if ((st = check_which(ctx, fn, in, which))) return st;
+    if (which == OPF_USAGE_COLUMNWISE && (in->spec.flags & OPF_SPEC_NVFP4_RHT))
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED,
+                         "%s: only a Hadamard-rotated columnwise nvfp4 copy is present; its "
+                         "values are not the tensor's", fn);
+    opf_spec logical = opf_spec_make(in->spec.ndim, in->spec.shape, in->spec.dtype), want;
+    if ((st = opf_quantizer_spec(q, &logical, &want)))
+        return opf_error(ctx, st, "%s", opf_last_error(NULL));
+    if (!opf_spec_equal(&want, &out->spec))
+        return opf_error(ctx, OPF_ERR_SHAPE, "%s: output spec does not match the quantizer's", fn);
+    /* The decoded values are fp32: quantize them as an fp32 tensor (so block
+     * scaling's value-for-inf is FLT_MAX) into a view of out with dtype f32;
+     * the quantized layout does not depend on the logical dtype. */
+    opf_spec plain = opf_spec_make(in->spec.ndim, in->spec.shape, OPF_F32);
+    opf_tensor tmp;
+    if ((st = opf_tensor_alloc(ctx, &plain, &tmp))) return st;
+    st = decode_f32(ctx, fn, in, which, tmp.data[OPF_COMP_DATA]);
+    if (!st) {
+        opf_tensor view = *out;
+        view.spec.dtype = OPF_F32;
+        st = opf_quantize(ctx, q, &tmp, &view);
+    }
+    opf_tensor_release(&tmp);
+    return st;
+}

@@ -1,0 +1,81 @@
+/* test.h: the tiny harness every C test uses.
+ *
+ * CHECK(cond, fmt, ...) counts a pass or prints the failure with file:line;
+ * TEST_DONE() prints "N passed, N failed" and returns the exit status. */
+#ifndef OPFUSE_TEST_H
+#define OPFUSE_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "opfuse.h"
+
+static int opf_test_pass, opf_test_fail;
+
+#define CHECK(cond, ...)                                                         \
+    do {                                                                         \
+        if (cond) {                                                              \
+            opf_test_pass++;                                                     \
+        } else {                                                                 \
+            opf_test_fail++;                                                     \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                        \
+            fputc('\n', stderr);                                                 \
+        }                                                                        \
+    } while (0)
+
+/* Checks a status and, on failure, prints the context's message. */
+#define CHECK_OK(ctx, expr)                                                      \
+    do {                                                                         \
+        opf_status st_ = (expr);                                                 \
+        CHECK(st_ == OPF_OK, "%s -> %s: %s", #expr, opf_status_str(st_),         \
+              opf_last_error(ctx));                                              \
+    } while (0)
+
+/* Checks that expr fails with status want and leaves a message that contains
+ * each of the given substrings (a NULL-terminated list). */
+static inline int opf_test_msg_has(const char *msg, const char *const *subs)
+{
+    for (; *subs; subs++)
+        if (!strstr(msg, *subs)) return 0;
+    return 1;
+}
+#define CHECK_FAILS(ctx, expr, want, ...)                                        \
+    do {                                                                         \
+        opf_status st_ = (expr);                                                 \
+        const char *subs_[] = {__VA_ARGS__, NULL};                               \
+        CHECK(st_ == (want) && opf_test_msg_has(opf_last_error(ctx), subs_),     \
+              "%s -> %s (want %s): \"%s\"", #expr, opf_status_str(st_),          \
+              opf_status_str(want), opf_last_error(ctx));                        \
+    } while (0)
+
+#define TEST_DONE()                                                              \
+    do {                                                                         \
+        printf("%d passed, %d failed\n", opf_test_pass, opf_test_fail);          \
+        return opf_test_fail ? 1 : 0;                                            \
+    } while (0)
+
+/* Deterministic test randomness (splitmix64). */
+static inline unsigned long long opf_test_rand_u64(unsigned long long *s)
+{
+    unsigned long long z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [lo, hi). */
+static inline float opf_test_uniform(unsigned long long *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((opf_test_rand_u64(s) >> 40) * (1.0 / 16777216.0));
+}
+/* Normal(0, sigma) by Box-Muller. */
+static inline float opf_test_normal(unsigned long long *s, float sigma)
+{
+    double u1 = ((opf_test_rand_u64(s) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (opf_test_rand_u64(s) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sigma * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+#endif
