@@ -1,3 +1,51 @@
-/* opfuse.c: the opfuse command (placeholder main until subcommands land). */
+/* opfuse.c: the opfuse command: `demo`, `bench <what>`. */
+#include <stdbool.h>
 #include <stdio.h>
-int main(void) { return 0; }
+#include <string.h>
+
+#include "apps.h"
+#include "bench.h"
+
+typedef struct command {
+    const char *group, *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"demo", NULL, opf_demo_quantize, "quantize a sample tensor with every recipe"},
+    {"bench", "quantize", opf_bench_quantize, "quantize GB/s per format vs memcpy"},
+    {"bench", "gemm", opf_bench_gemm, "opf_gemm vs OpenBLAS sgemm"},
+};
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: opfuse <command> [args]\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(stderr, "  %s %-10s %s\n", commands[i].group,
+                commands[i].name ? commands[i].name : "", commands[i].help);
+    fprintf(stderr, "  bench all        every benchmark\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage();
+        return 2;
+    }
+    bool all = argc >= 3 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "all");
+    int rc = 0, ran = 0;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const command *c = &commands[i];
+        if (strcmp(argv[1], c->group)) continue;
+        if (c->name && !all && (argc < 3 || strcmp(argv[2], c->name))) continue;
+        int skip = c->name ? 3 : 2;
+        rc |= c->run(argc - skip, argv + skip);
+        ran++;
+    }
+    if (!ran) {
+        usage();
+        return 2;
+    }
+    return rc;
+}

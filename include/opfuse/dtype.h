@@ -66,10 +66,11 @@ float    opf_e8m0_to_f32(uint8_t e);    /* 2^(e-127); 0xFF -> NaN */
 
 /* ---- array codecs ------------------------------------------------------
  * opf_convert: dst[i] = convert(src[i]) for n elements, any float dtype to any
- * float dtype (through fp32, which is exact for every decode). e2m1 arrays
- * are packed (n may be odd: the last high nibble is written as 0). src and
- * dst must not overlap. Parallel with OpenMP; the result does not depend on
- * the thread count. Returns OPF_ERR_INVALID_ARG for NULL with n > 0 and
+ * float dtype (through fp32, which is exact for every decode; a dtype to
+ * itself is a plain copy, so infinities and NaN signs survive). e2m1 arrays
+ * are packed (n may be odd: the last high nibble is written as 0). Parallel
+ * with OpenMP; the result does not depend on the thread count. Returns
+ * OPF_ERR_INVALID_ARG for NULL with n > 0 or overlapping src and dst, and
  * OPF_ERR_DTYPE for integer dtypes. */
 opf_status opf_convert(const void *src, opf_dtype src_dt, void *dst, opf_dtype dst_dt,
                        size_t n);

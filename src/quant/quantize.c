@@ -73,6 +73,10 @@ static opf_status check_quantizer(opf_ctx *ctx, const opf_quantizer *q)
         return opf_error(ctx, OPF_ERR_INVALID_ARG,
                          "%s: Hadamard transform and stochastic rounding are nvfp4 options, "
                          "not %s", fn, mode);
+    if (q->rht && q->scaling == OPF_SCALING_NVFP4_2D && (q->usage & OPF_USAGE_COLUMNWISE))
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED,
+                         "%s: nvfp4 16x16 tiles give identical copies; a Hadamard-rotated "
+                         "columnwise copy cannot share them (turn off rht for 2D)", fn);
     if (q->mxfp8_2d && q->scaling != OPF_SCALING_MXFP8)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: 32x32 blocks are an mxfp8 option, not %s",
                          fn, mode);

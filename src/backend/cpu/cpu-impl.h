@@ -14,16 +14,19 @@ static inline void opf_cpu_load_f32(const void *src, opf_dtype dt, int64_t i0, i
     switch (dt) {
     case OPF_F32: {
         const float *s = (const float *)src + i0;
+#pragma omp simd
         for (int64_t i = 0; i < n; i++) dst[i] = s[i];
         break;
     }
     case OPF_BF16: {
         const uint16_t *s = (const uint16_t *)src + i0;
+#pragma omp simd
         for (int64_t i = 0; i < n; i++) dst[i] = opf_bf16_to_f32_impl(s[i]);
         break;
     }
     case OPF_F16: {
         const uint16_t *s = (const uint16_t *)src + i0;
+#pragma omp simd
         for (int64_t i = 0; i < n; i++) dst[i] = opf_f16_to_f32_impl(s[i]);
         break;
     }
@@ -36,6 +39,7 @@ static inline void opf_cpu_load_f32(const void *src, opf_dtype dt, int64_t i0, i
 static inline float opf_cpu_amax(const float *v, int64_t n)
 {
     float a = 0.0f;
+#pragma omp simd reduction(max : a)
     for (int64_t i = 0; i < n; i++) {
         float x = v[i] < 0 ? -v[i] : v[i];
         if (x > a) a = x;  /* false for NaN */

@@ -1,0 +1,5 @@
+/* apps.h: the subcommands of the opfuse command. */
+#ifndef OPFUSE_APPS_H
+#define OPFUSE_APPS_H
+int opf_demo_quantize(int argc, char **argv);
+#endif

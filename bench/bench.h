@@ -1,0 +1,15 @@
+/* bench.h: the benchmarks behind `opfuse bench <what>`. Each takes the
+ * arguments after its name, prints a table (milliseconds or GB/s and the ratio
+ * to a peer measured in the same run) and returns 0, or 1 on failure. */
+#ifndef OPFUSE_BENCH_H
+#define OPFUSE_BENCH_H
+
+/* Quantize throughput per format against memcpy (bench_quantize.c). */
+int opf_bench_quantize(int argc, char **argv);
+
+/* opf_gemm against a plain OpenBLAS sgemm of the same shape (bench_gemm.c):
+ * fp32 operands at a few shapes, then every quantized recipe at 1024^3.
+ *     opfuse bench gemm [M N K]   one fp32 shape instead of the default list */
+int opf_bench_gemm(int argc, char **argv);
+
+#endif
