@@ -7,4 +7,7 @@
 #include "opfuse/context.h"
 #include "opfuse/quant.h"
 #include "opfuse/gemm.h"
+#include "opfuse/op.h"
+#include "opfuse/ops.h"
+#include "opfuse/fuser.h"
 #endif

@@ -84,6 +84,15 @@ void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes);
 opf_status opf_ctx_workspace_reserve(opf_ctx *ctx, size_t bytes);
 void *opf_ctx_workspace(opf_ctx *ctx, size_t bytes);
 
+/* Scratch stack for op implementations, separate from the workspace above
+ * (which kernels such as the GEMM use internally). push returns `bytes` of
+ * 64-byte aligned memory or NULL; it allocates only when the stack has never
+ * been this deep before, so a repeated step allocates nothing after the
+ * first. pop releases everything pushed since `mark` (from scratch_mark). */
+size_t opf_ctx_scratch_mark(const opf_ctx *ctx);
+void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes);
+void opf_ctx_scratch_pop(opf_ctx *ctx, size_t mark);
+
 /* ---- Philox4x32-10 --------------------------------------------------------
  * The counter-based generator used for stochastic rounding and dropout, the
  * same on CPU and CUDA: out = philox(counter, key) with 10 rounds. */

@@ -19,6 +19,9 @@ struct opf_ctx {
     void           *workspace;
     size_t          workspace_bytes;
     char            error[OPF_ERROR_MAX];
+    /* scratch stack: chunks reused across calls, freed with the context */
+    struct opf_scratch_chunk { char *mem; size_t size, used; } scratch[16];
+    int             n_scratch, scratch_top;
 };
 
 #endif

@@ -75,6 +75,8 @@ void opf_ctx_destroy(opf_ctx *ctx)
 {
     if (!ctx) return;
     opf_ctx_free(ctx, ctx->workspace, ctx->workspace_bytes);
+    for (int i = 0; i < ctx->n_scratch; i++)
+        opf_ctx_free(ctx, ctx->scratch[i].mem, ctx->scratch[i].size);
     free(ctx);
 }
 
@@ -146,4 +148,44 @@ uint64_t opf_ctx_rng_advance(opf_ctx *ctx, uint64_t n)
     uint64_t o = ctx->rng_offset;
     ctx->rng_offset += n;
     return o;
+}
+
+/* A mark is (chunk index, bytes used in it). */
+size_t opf_ctx_scratch_mark(const opf_ctx *ctx)
+{
+    int top = ctx->scratch_top;
+    size_t used = top < ctx->n_scratch ? ctx->scratch[top].used : 0;
+    return ((size_t)top << 48) | used;
+}
+
+void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes)
+{
+    bytes = (bytes + 63) & ~(size_t)63;
+    for (int i = ctx->scratch_top; i < 16; i++) {
+        if (i == ctx->n_scratch) {  /* never this deep: a new chunk */
+            size_t prev = i ? ctx->scratch[i - 1].size : 0;
+            size_t size = bytes > 2 * prev ? bytes : 2 * prev;
+            if (size < (1u << 20)) size = 1u << 20;
+            char *mem = opf_ctx_alloc(ctx, size);
+            if (!mem) return NULL;
+            ctx->scratch[i] = (struct opf_scratch_chunk){mem, size, 0};
+            ctx->n_scratch++;
+        }
+        struct opf_scratch_chunk *c = &ctx->scratch[i];
+        if (i > ctx->scratch_top) c->used = 0;
+        if (c->size - c->used >= bytes) {
+            ctx->scratch_top = i;
+            void *p = c->mem + c->used;
+            c->used += bytes;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+void opf_ctx_scratch_pop(opf_ctx *ctx, size_t mark)
+{
+    int top = (int)(mark >> 48);
+    ctx->scratch_top = top;
+    if (top < ctx->n_scratch) ctx->scratch[top].used = mark & (((size_t)1 << 48) - 1);
 }

@@ -1,0 +1,138 @@
+/* opfuse/fuser.h: opf_seq, the sequential container, and the fuser that runs
+ * it eagerly forward and backward; training steps (SGD, AdamW).
+ *
+ * A seq is an ordered list of ops it owns. Runs of adjacent fusible ops form
+ * fuser groups; a non-fusible op (a user callback step) is a group by
+ * itself. Each group has a forward plan and a backward plan: lists of ops
+ * covering its basic ops (fusions, from the fusion registries, can make the
+ * two plans differ). Extra inputs and outputs (residual connections) are
+ * named channels inside a group; unbound ones are public and the caller
+ * passes or receives them in order.
+ *
+ *     opf_seq *seq;
+ *     opf_seq_create(ctx, &seq);
+ *     opf_seq_append(seq, layernorm_op);          // the seq owns the op now
+ *     opf_seq_append_linear(seq, 1024, 4096, true, OPF_BF16, "fc1");
+ *     opf_seq_append(seq, gelu_op);
+ *     opf_seq_call call = opf_seq_call_default();
+ *     call.recipe = &recipe;                      // NULL: no quantization
+ *     opf_tensor y, dx;
+ *     opf_seq_forward(seq, &x, &call, &y, NULL);
+ *     opf_seq_backward(seq, &dy, NULL, &dx, NULL);
+ *     opf_adamw_step(opt);
+ */
+#ifndef OPFUSE_FUSER_H
+#define OPFUSE_FUSER_H
+
+#include "opfuse/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct opf_seq opf_seq;
+
+opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out);
+/* Destroys the seq and every op it owns. NULL: no-op. */
+void opf_seq_destroy(opf_seq *seq);
+
+/* Mutations take ownership of op (also on failure: the op is destroyed) and
+ * invalidate the groups and plans; they fail with OPF_ERR_STATE while a
+ * backward is pending. */
+opf_status opf_seq_append(opf_seq *seq, opf_op *op);
+opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op);
+/* Removes op `index`; *out receives it (the caller owns it then) or, when
+ * out is NULL, it is destroyed. */
+opf_status opf_seq_remove(opf_seq *seq, int index, opf_op **out);
+int opf_seq_len(const opf_seq *seq);
+opf_op *opf_seq_at(const opf_seq *seq, int index);
+
+/* Container: appends basic_linear (+ bias) as separate basic ops. */
+opf_status opf_seq_append_linear(opf_seq *seq, int64_t in_features, int64_t out_features,
+                                 bool bias, opf_dtype dtype, const char *name);
+
+/* A user step that is not fusible: it forms a group by itself. forward
+ * allocates *y (opf_tensor_alloc); backward allocates *dx. backward may be
+ * NULL for a step that needs none (then nothing before it gets gradients). */
+typedef struct opf_callback_i {
+    opf_status (*forward)(void *user, opf_ctx *ctx, const opf_tensor *x, opf_tensor *y);
+    opf_status (*backward)(void *user, opf_ctx *ctx, const opf_tensor *dy, opf_tensor *dx);
+    void *user;
+} opf_callback_i;
+opf_status opf_seq_append_callback(opf_seq *seq, const opf_callback_i *cb, const char *name);
+
+/* Per-call settings. */
+typedef struct opf_seq_call {
+    const opf_recipe  *recipe;             /* NULL: no quantization */
+    bool               requires_grad;      /* a backward will follow (grad mode on) */
+    bool               input_requires_grad;/* dx wanted */
+    int                n_extra_in;         /* public extra inputs, in basic-op/slot order */
+    const opf_tensor  *extra_in;
+    const void *const *kwargs;             /* NULL or one entry per op of the seq */
+} opf_seq_call;
+
+opf_seq_call opf_seq_call_default(void);   /* requires_grad and input_requires_grad true */
+
+/* Runs the forward. *y receives the main output (a counted reference the
+ * caller releases); extra_out, when not NULL, receives the public extra
+ * outputs in order (opf_seq_num_extra_out of them). */
+opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
+                           opf_tensor *y, opf_tensor *extra_out);
+/* Runs the backward of the last forward. dextra_out: gradients of the public
+ * extra outputs (NULL or entries with no data count as zero). *dx receives the
+ * input gradient (zeroed tensor when not wanted or stopped early); dextra_in
+ * the gradients of the public extra inputs. Parameter gradients accumulate
+ * into each parameter's grad (or main_grad). */
+opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor *dextra_out,
+                            opf_tensor *dx, opf_tensor *dextra_in);
+/* Drops the saved state of a forward whose backward will not run. */
+void opf_seq_discard(opf_seq *seq);
+
+/* Introspection (valid after a forward): groups and plans. */
+int opf_seq_num_groups(opf_seq *seq);
+int opf_seq_num_extra_in(opf_seq *seq);
+int opf_seq_num_extra_out(opf_seq *seq);
+typedef struct opf_plan_entry {
+    opf_op *op;      /* the op that runs (a basic op or a fused op) */
+    int     first;   /* index of the first basic op it covers in the seq */
+    int     count;   /* number of basic ops it covers */
+} opf_plan_entry;
+/* The forward or backward plan of group g; returns the number of entries
+ * (writes at most max). */
+int opf_seq_plan(opf_seq *seq, int group, bool backward, opf_plan_entry *entries, int max);
+/* Index of the first basic op that needed a backward in the last forward. */
+int opf_seq_first_requiring_backward(const opf_seq *seq);
+
+/* ---- training ------------------------------------------------------------- */
+
+/* Zeroes every parameter gradient (and main_grad) of the seq. */
+void opf_seq_zero_grad(opf_seq *seq);
+/* Calls fn on every parameter of the seq in order. */
+void opf_seq_for_each_param(opf_seq *seq, void (*fn)(void *user, opf_op *op, opf_param *p),
+                            void *user);
+
+typedef struct opf_optim_options {
+    float lr;            /* 1e-3 */
+    float momentum;      /* SGD; 0 */
+    float beta1, beta2;  /* AdamW; 0.9, 0.999 */
+    float eps;           /* AdamW; 1e-8 */
+    float weight_decay;  /* decoupled (AdamW) / L2 (SGD); 0 */
+} opf_optim_options;
+opf_optim_options opf_optim_options_default(void);
+
+typedef enum opf_optim_kind { OPF_OPTIM_SGD = 0, OPF_OPTIM_ADAMW = 1 } opf_optim_kind;
+
+/* An optimizer over the parameters of a seq, with FP32 master weights: each
+ * step updates the fp32 master copy, writes it back rounded to the
+ * parameter's dtype and marks quantized weight copies stale (they are
+ * re-quantized on the next forward). */
+typedef struct opf_optim opf_optim;
+opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
+                            const opf_optim_options *opts, opf_optim **out);
+void opf_optim_destroy(opf_optim *opt);
+opf_status opf_optim_step(opf_optim *opt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,269 @@
+/* opfuse/op.h: the op contract: op classes (versioned vtables) in a registry,
+ * argument structs described by field schemas, the traced half (resolve,
+ * setup_context) and the pure half (impl, fake) of forward and backward,
+ * parameters, per-call contexts with saved tensors, and quantizers per role.
+ *
+ * An op kind is a static const opf_op_class registered once by name. An op
+ * instance (opf_op *) holds its class, name, config, parameters and recipe
+ * state. The fuser drives an op through its class:
+ *
+ *     resolve_fwd(op, env, args)              read params, quantizers, kwargs
+ *     forward_fake(args, out_specs, aux_specs) shapes, dtypes, formats
+ *     (caller allocates out and aux from the specs)
+ *     forward_impl(ctx, args, outs, aux)      the math; never allocates
+ *     setup_context(op, octx, args, outs, aux) keep what backward needs
+ *   and in backward
+ *     resolve_bwd(op, octx, env, bargs)
+ *     backward_fake(bargs, grads_spec) / backward_impl(ctx, bargs, grads)
+ *
+ * Eager and compiled execution call the same *_impl, so there is one
+ * implementation of the math.
+ */
+#ifndef OPFUSE_OP_H
+#define OPFUSE_OP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "opfuse/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OPF_OP_ABI_VERSION 1
+#define OPF_OP_MAX_PARAMS  8    /* parameters of one basic op */
+#define OPF_OP_MAX_EXTRA   4    /* extra inputs or outputs of one basic op */
+#define OPF_OP_MAX_AUX     6    /* tensors a forward may produce for backward */
+#define OPF_OP_MAX_SAVED   8    /* tensors a context keeps */
+#define OPF_OP_MAX_QUANT   8    /* quantizers per direction */
+#define OPF_OP_ARGS_MAX    2048 /* bytes of one args struct */
+
+typedef struct opf_op opf_op;
+typedef struct opf_op_class opf_op_class;
+
+/* ---- schemas ------------------------------------------------------------- */
+
+typedef enum opf_field_kind {
+    OPF_FIELD_TENSOR    = 0,  /* opf_tensor, plain */
+    OPF_FIELD_TENSOR_Q  = 1,  /* opf_tensor, plain or quantized */
+    OPF_FIELD_QUANTIZER = 2,  /* opf_quantizer: value-opaque, compared and hashed by value */
+    OPF_FIELD_INT       = 3,  /* int64_t */
+    OPF_FIELD_FLOAT     = 4,  /* double */
+    OPF_FIELD_BOOL      = 5,  /* bool */
+    OPF_FIELD_ENUM      = 6,  /* int */
+    OPF_FIELD_BUNDLE    = 7,  /* a nested struct described by its own schema */
+    OPF_FIELD_REF       = 8,  /* a pointer compared by identity, never baked into a graph */
+    OPF_FIELD_KIND_COUNT
+} opf_field_kind;
+
+enum {
+    OPF_FIELD_KWARG    = 1u << 0,  /* set by the caller per call (opf_seq kwargs) */
+    OPF_FIELD_OPTIONAL = 1u << 1,  /* a tensor that may be absent (data[0] == NULL) */
+};
+
+typedef struct opf_schema opf_schema;
+
+typedef struct opf_field {
+    const char        *name;
+    size_t             offset;  /* offsetof in the args struct */
+    opf_field_kind     kind;
+    unsigned           flags;   /* OPF_FIELD_* */
+    const opf_schema  *bundle;  /* for OPF_FIELD_BUNDLE */
+} opf_field;
+
+struct opf_schema {
+    const char      *name;      /* "layernorm.fwd" */
+    size_t           size;      /* sizeof the args struct (<= OPF_OP_ARGS_MAX) */
+    int              n_fields;
+    const opf_field *fields;
+};
+
+/* A tensor slot of flattened args: where it lives and what kind it is. */
+typedef struct opf_slot {
+    const opf_field *field;
+    opf_tensor      *tensor;    /* into the args struct */
+} opf_slot;
+
+/* Flattens every tensor field (bundles recursively) into slots, in schema
+ * order. Returns the count; writes at most max slots. */
+int opf_schema_slots(const opf_schema *s, void *args, opf_slot *slots, int max);
+/* Hash of the value fields (ints, floats, bools, enums, quantizers, refs by
+ * identity; tensors contribute only their specs). Equal args give equal hashes. */
+uint64_t opf_schema_hash(const opf_schema *s, const void *args);
+/* Checks fields: required tensors present, enums in range. */
+opf_status opf_schema_validate(const opf_schema *s, const void *args);
+/* "layernorm.fwd{x: bf16[8,64], eps: 1e-05, ...}" into buf. */
+void opf_schema_print(const opf_schema *s, const void *args, char *buf, size_t size);
+/* Looks up a field by name; NULL if absent. */
+const opf_field *opf_schema_field(const opf_schema *s, const char *name);
+
+/* ---- parameters and contexts ----------------------------------------------- */
+
+typedef struct opf_param {
+    char        name[32];
+    opf_tensor  value;          /* owned reference (fp32/bf16/fp16) */
+    opf_tensor  grad;           /* same spec as value; zero-filled until backward */
+    opf_tensor  main_grad;      /* optional fp32 accumulator (data NULL when unused) */
+    bool        requires_grad;
+    bool        has_grad;       /* grad holds a gradient from some backward */
+    opf_tensor  qvalue;         /* optional quantized copy (quantized weights) */
+    bool        qvalue_valid;   /* qvalue matches value (cleared by optimizer steps) */
+} opf_param;
+
+/* What one forward call leaves for its backward, per basic op. */
+typedef struct opf_op_ctx {
+    bool       requires_grad;
+    int        n_saved;
+    opf_tensor saved[OPF_OP_MAX_SAVED];  /* counted references */
+    opf_quantizer prev_grad_q;           /* the previous op's grad-output quantizer */
+    int64_t    attrs[8];                 /* op-specific small values (shapes, flags) */
+    bool       valid;                    /* a forward ran and backward has not consumed it */
+} opf_op_ctx;
+
+/* Drops the saved tensors and marks the context consumed. */
+void opf_op_ctx_clear(opf_op_ctx *c);
+
+/* ---- the environment handed to resolve_fwd / resolve_bwd ------------------- */
+
+typedef struct opf_fwd_env {
+    opf_ctx             *ctx;
+    const opf_tensor    *x;                          /* main input */
+    const opf_tensor    *extra_in[OPF_OP_MAX_EXTRA]; /* this op's extra inputs */
+    const opf_quantizer *prev_grad_q;   /* previous basic op's grad-output quantizer or NULL */
+    const opf_quantizer *next_input_q;  /* next basic op's input quantizer or NULL */
+    const opf_recipe    *recipe;        /* NULL when not quantizing */
+    bool                 requires_grad;
+    const void          *kwargs;        /* class kwargs struct or NULL */
+} opf_fwd_env;
+
+typedef struct opf_bwd_env {
+    opf_ctx             *ctx;
+    const opf_tensor    *dy;                          /* gradient of the main output */
+    const opf_tensor    *dextra_out[OPF_OP_MAX_EXTRA];/* gradients of extra outputs (may be NULL) */
+    const opf_quantizer *prev_grad_q;   /* quantizer for dx, or NULL */
+} opf_bwd_env;
+
+/* Specs and tensors produced by one op call. outs[0] is the main output,
+ * outs[1..] the extra outputs. In backward, grads[0] is dx, then one per
+ * parameter, then one per extra input. A spec with ndim < 0 means "none";
+ * OPF_GRAD_PASSTHROUGH in dx's spec means "dx = dy unchanged". */
+#define OPF_SPEC_NONE_NDIM   (-1)
+#define OPF_GRAD_PASSTHROUGH (-2)
+
+/* ---- the class --------------------------------------------------------------- */
+
+struct opf_op_class {
+    int               abi_version;      /* OPF_OP_ABI_VERSION */
+    const char       *name;             /* lower-case registry key: "layernorm" */
+    const char       *module_type;      /* quantizer role module type: "linear", ... */
+    size_t            config_size;      /* bytes of the config the constructor copies */
+    const opf_schema *fwd_schema;       /* forward args */
+    const opf_schema *bwd_schema;       /* backward args */
+    const opf_schema *kwargs_schema;    /* per-call kwargs, or NULL */
+    int               n_extra_in, n_extra_out;
+    int               n_gemms;          /* recipe-state size: quantizers per role */
+    bool              fusible;          /* false: a user callback step, a group by itself */
+
+    /* Creates parameters from the config (op->config is already a copy). */
+    opf_status (*init)(opf_ctx *ctx, opf_op *op);
+    /* Frees what init made beyond params (may be NULL). */
+    void (*fini)(opf_op *op);
+    /* The quantizer the previous op should use for this op's input, and the
+     * one the next op should use for the gradient it hands back: NULL or a
+     * pointer into the op's recipe state (valid until the recipe changes). */
+    const opf_quantizer *(*input_quantizer)(const opf_op *op);
+    const opf_quantizer *(*grad_output_quantizer)(const opf_op *op);
+
+    /* traced half: may read the op's state */
+    opf_status (*resolve_fwd)(opf_op *op, const opf_fwd_env *env, void *args);
+    opf_status (*setup_context)(opf_op *op, opf_op_ctx *octx, const void *args,
+                                const opf_tensor *outs, const opf_tensor *aux);
+    opf_status (*resolve_bwd)(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
+                              void *bargs);
+    /* pure half: reads only its args, writes only its outputs */
+    opf_status (*forward_fake)(const void *args, opf_spec *outs, opf_spec *aux);
+    opf_status (*forward_impl)(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux);
+    opf_status (*backward_fake)(const void *bargs, opf_spec *grads);
+    opf_status (*backward_impl)(opf_ctx *ctx, const void *bargs, opf_tensor *grads);
+
+    /* NULL, or why this op must run eagerly inside a compiled graph. */
+    const char *(*unsupported_reason)(const opf_op *op);
+
+    /* The config copied when opf_op_create gets NULL (config_size bytes);
+     * NULL: a config is required. */
+    const void *config_default;
+};
+
+/* Registers a class; OPF_ERR_INVALID_ARG for a duplicate or non-lower-case
+ * name, a wrong abi_version or a missing required entry. Thread-safe. The
+ * class must outlive the process's use of it (a static const). */
+opf_status opf_op_class_register(const opf_op_class *cls);
+/* The class registered under name, or NULL. Built-in ops are registered on
+ * first use of the registry. */
+const opf_op_class *opf_op_class_find(const char *name);
+/* Number of registered classes and the i-th (registration order). */
+int opf_op_class_count(void);
+const opf_op_class *opf_op_class_at(int i);
+
+/* ---- instances ------------------------------------------------------------------ */
+
+/* Creates an op of a registered class: copies config (cls->config_size
+ * bytes), names it, and calls init. Destroy with opf_op_destroy. */
+opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *config,
+                         const char *name, opf_op **out);
+void opf_op_destroy(opf_op *op);  /* NULL: no-op */
+
+const opf_op_class *opf_op_class_of(const opf_op *op);
+const char *opf_op_name(const opf_op *op);
+void *opf_op_config(opf_op *op);
+const void *opf_op_config_const(const opf_op *op);
+int opf_op_num_params(const opf_op *op);
+opf_param *opf_op_param(opf_op *op, int i);
+const opf_param *opf_op_param_const(const opf_op *op, int i);
+
+/* For init: adds a parameter of the given spec (allocated, zero-filled).
+ * Returns its index or a negative status. */
+int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec *spec);
+
+/* Recipe state of the op (NULL until a recipe is set). */
+opf_recipe_state *opf_op_recipe_state(const opf_op *op);
+/* Rebuilds the recipe state for recipe r (NULL: none). Called by the fuser
+ * when the recipe kind changes; a no-op for ops with n_gemms == 0. */
+opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r);
+/* The quantizer for (role, gemm) of the op's recipe state, or NULL. The
+ * pointer is into the op and valid until the next call for the same role. */
+const opf_quantizer *opf_op_quantizer(const opf_op *op, opf_tensor_role role, int gemm);
+
+/* Private per-op storage for classes (e.g. a user op's state). */
+void *opf_op_user(opf_op *op);
+void opf_op_set_user(opf_op *op, void *user);
+
+/* ---- channels (extra inputs and outputs) ------------------------------------------- */
+
+/* Binds extra input `index` to a named channel produced earlier in the same
+ * fuser group (NULL: a public input the caller passes). */
+opf_status opf_op_set_extra_input(opf_op *op, int index, const char *channel);
+/* Binds extra output `index` to a named channel; to_caller also returns it. */
+opf_status opf_op_set_extra_output(opf_op *op, int index, const char *channel, bool to_caller);
+
+/* ---- eager execution of one op ------------------------------------------------------
+ * What the fuser does for each op of a plan, usable on its own (tests, user
+ * code). Forward: resolve, fake, allocate outs (1 + n_extra_out, returned as
+ * counted references the caller releases) and aux, impl, and when
+ * env->requires_grad keep what backward needs in *octx. Backward: resolve,
+ * fake, allocate, impl; parameter gradients are accumulated into each
+ * parameter's grad (has_grad set); *dx receives the input gradient (a
+ * reference to dy itself for a pass-through) and dextra_in[i] the extra
+ * inputs' gradients (zeroed tensors when none). The context is consumed. */
+opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, opf_tensor *outs);
+opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env, opf_tensor *dx,
+                           opf_tensor *dextra_in);
+
+/* Zeroes every parameter gradient of the op and clears has_grad. */
+void opf_op_zero_grad(opf_op *op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,318 @@
+/* exec.c: eager forward and backward of a seq: plan cache, neighbour
+ * quantizers, channel routing, early stop, delayed-scaling updates. */
+#include <string.h>
+
+#include "fuser/fuser-impl.h"
+
+opf_seq_call opf_seq_call_default(void)
+{
+    opf_seq_call c;
+    memset(&c, 0, sizeof c);
+    c.requires_grad = true;
+    c.input_requires_grad = true;
+    return c;
+}
+
+/* First basic op whose backward must run (te-ops.md 3.2). */
+static int first_requiring_backward(const opf_seq *seq, const opf_seq_call *call)
+{
+    if (!call->requires_grad) return seq->n;
+    if (call->input_requires_grad) return 0;
+    for (int i = 0; i < seq->n; i++) {
+        const opf_op *op = seq->ops[i];
+        for (int p = 0; p < op->n_params; p++)
+            if (op->params[p].requires_grad) return i;
+        for (int j = 0; j < op->cls->n_extra_in; j++)
+            if (seq->in_src[i * OPF_OP_MAX_EXTRA + j].op < 0) return i;  /* public input: may need grad */
+    }
+    return seq->n;
+}
+
+static int history_len(const opf_recipe *r)
+{
+    return r && r->kind == OPF_RECIPE_DELAYED ? r->amax_history_len : 0;
+}
+
+/* Plan cache (te-ops.md 3.3): a new recipe kind resets every op's recipe
+ * state; any key change rebuilds the plans. */
+static opf_status prepare(opf_seq *seq, const opf_seq_call *call, int first_req)
+{
+    opf_recipe_kind kind = call->recipe ? call->recipe->kind : OPF_RECIPE_NONE;
+    int hist = history_len(call->recipe);
+    bool reset = !seq->planned || kind != seq->key_kind || hist != seq->key_hist;
+    if (call->recipe) {
+        opf_status st = opf_recipe_validate(call->recipe);
+        if (st) return opf_error(seq->ctx, st, "seq: %s", opf_last_error(NULL));
+    }
+    if (reset)
+        for (int i = 0; i < seq->n; i++) {
+            opf_status st = opf_op_reset_recipe(seq->ctx, seq->ops[i], call->recipe);
+            if (st) return st;
+        }
+    if (reset || first_req != seq->key_first_req) {
+        opf_status st = opf_seq_plan_build(seq);
+        if (st) return st;
+    }
+    seq->key_kind = kind;
+    seq->key_hist = hist;
+    seq->key_first_req = first_req;
+    seq->has_recipe = call->recipe != NULL;
+    if (call->recipe) seq->recipe = *call->recipe;
+    return OPF_OK;
+}
+
+/* The neighbours' quantizers of basic op i, copied into q[0] (prev grad) and
+ * q[1] (next input); NULL pointers where there is none. */
+static void neighbour_quantizers(const opf_seq *seq, int i, opf_quantizer q[2],
+                                 const opf_quantizer *p[2])
+{
+    p[0] = p[1] = NULL;
+    if (i > 0 && seq->ops[i - 1]->cls->grad_output_quantizer) {
+        const opf_quantizer *g = seq->ops[i - 1]->cls->grad_output_quantizer(seq->ops[i - 1]);
+        if (g) q[0] = *g, p[0] = &q[0];
+    }
+    if (i + 1 < seq->n && seq->ops[i + 1]->cls->input_quantizer) {
+        const opf_quantizer *n = seq->ops[i + 1]->cls->input_quantizer(seq->ops[i + 1]);
+        if (n) q[1] = *n, p[1] = &q[1];
+    }
+}
+
+static void release_pending(opf_seq *seq)
+{
+    for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]);
+    for (int i = 0; i < seq->n * OPF_OP_MAX_EXTRA; i++) {
+        opf_tensor_release(&seq->chan[i]);
+        opf_tensor_release(&seq->chan_grad[i]);
+    }
+    seq->pending = false;
+}
+
+void opf_seq_discard(opf_seq *seq)
+{
+    if (seq && seq->built) release_pending(seq);
+}
+
+static opf_status check_call(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call)
+{
+    const char *fn = "opf_seq_forward";
+    OPF_CHECK_NULL(seq->ctx, fn, x);
+    OPF_CHECK_NULL(seq->ctx, fn, call);
+    if (seq->n == 0) return opf_error(seq->ctx, OPF_ERR_STATE, "%s: the seq is empty", fn);
+    if (call->requires_grad && seq->pending)
+        return opf_error(seq->ctx, OPF_ERR_STATE,
+                         "%s: the previous forward's backward has not run; call opf_seq_backward "
+                         "or opf_seq_discard first", fn);
+    if (call->n_extra_in != seq->n_pub_in)
+        return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: %d extra inputs given, the seq takes %d",
+                         fn, call->n_extra_in, seq->n_pub_in);
+    if (call->n_extra_in && !call->extra_in)
+        return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: extra_in is NULL", fn);
+    return OPF_OK;
+}
+
+/* Runs basic op i (plan entry) forward; *cur is replaced by its output. */
+static opf_status forward_one(opf_seq *seq, int i, const opf_seq_call *call, opf_tensor *cur,
+                              bool *cur_owned)
+{
+    opf_op *op = seq->ops[i];
+    opf_quantizer qv[2];
+    const opf_quantizer *qp[2];
+    neighbour_quantizers(seq, i, qv, qp);
+    opf_fwd_env env = {.ctx = seq->ctx, .x = cur, .prev_grad_q = qp[0], .next_input_q = qp[1],
+                       .recipe = seq->has_recipe ? &seq->recipe : NULL,
+                       .requires_grad = i >= seq->first_req,
+                       .kwargs = call->kwargs ? call->kwargs[i] : NULL};
+    for (int j = 0; j < op->cls->n_extra_in; j++) {
+        const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
+        env.extra_in[j] = s->op < 0 ? &call->extra_in[s->pub] : &seq->chan[s->op * OPF_OP_MAX_EXTRA + s->slot];
+    }
+    opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
+    opf_status st = opf_op_forward(op, &env, &seq->octx[i], outs);
+    if (st) return st;
+    if (*cur_owned) opf_tensor_release(cur);
+    *cur = outs[0];
+    *cur_owned = true;
+    for (int j = 0; j < op->cls->n_extra_out; j++) {
+        opf_tensor *c = &seq->chan[i * OPF_OP_MAX_EXTRA + j];
+        opf_tensor_release(c);
+        *c = outs[1 + j];
+    }
+    return OPF_OK;
+}
+
+static void update_delayed(opf_seq *seq, bool backward)
+{
+    for (int i = 0; i < seq->n; i++)
+        if (seq->ops[i]->rs) opf_recipe_state_update(seq->ctx, seq->ops[i]->rs, backward, NULL, NULL);
+}
+
+opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
+                           opf_tensor *y, opf_tensor *extra_out)
+{
+    OPF_CHECK_NULL(NULL, "opf_seq_forward", seq);
+    OPF_CHECK_NULL(seq->ctx, "opf_seq_forward", y);
+    opf_status st = opf_seq_build(seq);
+    if (st || (st = check_call(seq, x, call))) return st;
+    if (!call->requires_grad && seq->pending)  /* inference between a forward and its backward */
+        return opf_error(seq->ctx, OPF_ERR_STATE, "opf_seq_forward: a backward is pending");
+    int first_req = first_requiring_backward(seq, call);
+    if ((st = prepare(seq, call, first_req))) return st;
+    seq->first_req = first_req;
+    opf_tensor cur = *x;
+    bool owned = false;
+    for (int g = 0; g < seq->n_groups && !st; g++) {
+        const opf_group *gr = &seq->groups[g];
+        for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_one(seq, gr->fwd[k].first, call, &cur, &owned);
+    }
+    if (st) {
+        if (owned) opf_tensor_release(&cur);
+        release_pending(seq);
+        return st;
+    }
+    if (!owned) opf_tensor_retain(x, &cur);  /* cannot happen with n >= 1; keep the contract */
+    *y = cur;
+    if (extra_out)
+        for (int i = 0; i < seq->n; i++)
+            for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
+                int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
+                if (pub >= 0) opf_tensor_retain(&seq->chan[i * OPF_OP_MAX_EXTRA + j], &extra_out[pub]);
+            }
+    if (call->requires_grad) {
+        seq->pending = first_req < seq->n;
+        update_delayed(seq, false);
+    }
+    if (!seq->pending) release_pending(seq);
+    return OPF_OK;
+}
+
+/* acc += g: acc takes a reference to g when empty, else a new fp32 sum in
+ * acc's dtype. */
+static opf_status add_grad(opf_ctx *ctx, opf_tensor *acc, const opf_tensor *g)
+{
+    if (!g || (!g->data[0] && !g->data[OPF_COMP_COL_DATA])) return OPF_OK;
+    if (!acc->data[0] && !acc->data[OPF_COMP_COL_DATA]) {
+        opf_tensor_retain(g, acc);
+        return OPF_OK;
+    }
+    int64_t n = opf_spec_numel(&acc->spec);
+    if (opf_spec_numel(&g->spec) != n)
+        return opf_error(ctx, OPF_ERR_SHAPE, "seq: channel gradients of %lld and %lld elements",
+                         (long long)n, (long long)opf_spec_numel(&g->spec));
+    opf_spec s = opf_spec_make(acc->spec.ndim, acc->spec.shape,
+                               acc->spec.scaling == OPF_SCALING_NONE ? acc->spec.dtype : OPF_F32);
+    opf_tensor sum;
+    opf_status st = opf_tensor_alloc(ctx, &s, &sum);
+    if (st) return st;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *a = opf_op_scratch(ctx, n), *b = opf_op_scratch(ctx, n);
+    const float *pa, *pb;
+    st = a && b ? OPF_OK : opf_error(ctx, OPF_ERR_NO_MEMORY, "seq: no scratch");
+    if (!st) st = opf_op_load_f32(ctx, acc, a, &pa);
+    if (!st) st = opf_op_load_f32(ctx, g, b, &pb);
+    if (!st) {
+        for (int64_t i = 0; i < n; i++) a[i] = pa[i] + pb[i];
+        st = opf_convert(a, OPF_F32, sum.data[0], s.dtype, (size_t)n);
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    if (st) {
+        opf_tensor_release(&sum);
+        return st;
+    }
+    opf_tensor_release(acc);
+    *acc = sum;
+    return OPF_OK;
+}
+
+/* Backward of basic op i: dy in *cur (replaced by dx). */
+static opf_status backward_one(opf_seq *seq, int i, const opf_tensor *dextra_out, opf_tensor *cur,
+                               opf_tensor *dextra_in)
+{
+    opf_op *op = seq->ops[i];
+    opf_ctx *ctx = seq->ctx;
+    opf_quantizer qv[2];
+    const opf_quantizer *qp[2];
+    neighbour_quantizers(seq, i, qv, qp);
+    opf_bwd_env env = {.ctx = ctx, .dy = cur, .prev_grad_q = qp[0]};
+    opf_status st = OPF_OK;
+    for (int j = 0; j < op->cls->n_extra_out && !st; j++) {
+        opf_tensor *cg = &seq->chan_grad[i * OPF_OP_MAX_EXTRA + j];
+        int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
+        if (pub >= 0 && dextra_out) st = add_grad(ctx, cg, &dextra_out[pub]);
+        env.dextra_out[j] = cg->data[0] || cg->data[OPF_COMP_COL_DATA] ? cg : NULL;
+    }
+    opf_tensor dx, dxi[OPF_OP_MAX_EXTRA];
+    memset(dxi, 0, sizeof dxi);
+    if (!st) st = opf_op_backward(op, &seq->octx[i], &env, &dx, dxi);
+    if (st) return st;
+    for (int j = 0; j < op->cls->n_extra_in && !st; j++) {
+        const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
+        if (s->op < 0) {
+            if (dextra_in) opf_tensor_retain(&dxi[j], &dextra_in[s->pub]);
+        } else {
+            st = add_grad(ctx, &seq->chan_grad[s->op * OPF_OP_MAX_EXTRA + s->slot], &dxi[j]);
+        }
+        opf_tensor_release(&dxi[j]);
+    }
+    opf_tensor_release(cur);
+    *cur = dx;
+    return st;
+}
+
+opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor *dextra_out,
+                            opf_tensor *dx, opf_tensor *dextra_in)
+{
+    const char *fn = "opf_seq_backward";
+    OPF_CHECK_NULL(NULL, fn, seq);
+    OPF_CHECK_NULL(seq->ctx, fn, dy);
+    if (!seq->pending)
+        return opf_error(seq->ctx, OPF_ERR_STATE,
+                         "%s: no forward awaits a backward (run opf_seq_forward with requires_grad "
+                         "first; each forward allows one backward)", fn);
+    opf_tensor cur;
+    opf_tensor_retain(dy, &cur);
+    opf_status st = OPF_OK;
+    if (dextra_in)
+        for (int p = 0; p < seq->n_pub_in; p++) memset(&dextra_in[p], 0, sizeof *dextra_in);
+    for (int g = seq->n_groups - 1; g >= 0 && !st; g--) {
+        const opf_group *gr = &seq->groups[g];
+        for (int k = gr->n_bwd - 1; k >= 0 && !st; k--) {
+            int i = gr->bwd[k].first;
+            if (i < seq->first_req) {  /* early stop: nothing before needs gradients */
+                opf_tensor_release(&cur);
+                g = -1;
+                break;
+            }
+            st = backward_one(seq, i, dextra_out, &cur, dextra_in);
+        }
+    }
+    if (st) {
+        opf_tensor_release(&cur);
+        release_pending(seq);
+        return st;
+    }
+    if (dx) *dx = cur;
+    else opf_tensor_release(&cur);
+    update_delayed(seq, true);
+    release_pending(seq);
+    return OPF_OK;
+}
+
+void opf_seq_zero_grad(opf_seq *seq)
+{
+    for (int i = 0; i < seq->n; i++) {
+        opf_op_zero_grad(seq->ops[i]);
+        for (int p = 0; p < seq->ops[i]->n_params; p++) {
+            opf_param *pr = &seq->ops[i]->params[p];
+            opf_layout L;
+            if (pr->main_grad.data[0] && !opf_spec_layout(&pr->main_grad.spec, &L))
+                memset(pr->main_grad.data[0], 0, L.comp[0].nbytes);
+        }
+    }
+}
+
+void opf_seq_for_each_param(opf_seq *seq, void (*fn)(void *user, opf_op *op, opf_param *p),
+                            void *user)
+{
+    for (int i = 0; i < seq->n; i++)
+        for (int p = 0; p < seq->ops[i]->n_params; p++) fn(user, seq->ops[i], &seq->ops[i]->params[p]);
+}

@@ -1,0 +1,52 @@
+/* fuser-impl.h: the private layout of opf_seq, its groups and channels. */
+#ifndef OPFUSE_FUSER_IMPL_H
+#define OPFUSE_FUSER_IMPL_H
+
+#include "core/core-impl.h"
+#include "op/op-impl.h"
+#include "opfuse/fuser.h"
+
+/* Where an extra input comes from: a producer's extra output in the same
+ * group, or the caller's public list. */
+typedef struct opf_src {
+    int op, slot;    /* producer (op index in the seq, extra-output slot); op < 0: public */
+    int pub;         /* public input index when op < 0 */
+} opf_src;
+
+typedef struct opf_group {
+    int             first, count;  /* basic ops [first, first + count) */
+    opf_plan_entry *fwd, *bwd;     /* plans (count entries at most) */
+    int             n_fwd, n_bwd;
+} opf_group;
+
+struct opf_seq {
+    opf_ctx    *ctx;
+    opf_op    **ops;
+    int         n, cap;
+    /* built on first use after a mutation */
+    bool        built;
+    opf_group  *groups;
+    int         n_groups;
+    opf_op_ctx *octx;                         /* [n] */
+    opf_src    *in_src;                       /* [n][OPF_OP_MAX_EXTRA] */
+    int        *out_pub;                      /* [n][OPF_OP_MAX_EXTRA]: public index or -1 */
+    int         n_pub_in, n_pub_out;
+    /* per-call state */
+    opf_tensor *chan;                         /* [n][OPF_OP_MAX_EXTRA] extra outputs of the forward */
+    opf_tensor *chan_grad;                    /* [n][OPF_OP_MAX_EXTRA] gradients flowing back */
+    bool        pending;                      /* a forward awaits its backward */
+    int         first_req;
+    /* plan cache key */
+    bool            planned;
+    opf_recipe_kind key_kind;
+    int             key_first_req, key_hist;
+    opf_recipe      recipe;                   /* the recipe of the last forward */
+    bool            has_recipe;
+};
+
+/* seq.c: groups, channels, plans. */
+opf_status opf_seq_build(opf_seq *seq);
+void opf_seq_unbuild(opf_seq *seq);
+opf_status opf_seq_plan_build(opf_seq *seq);
+
+#endif

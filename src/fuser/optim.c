@@ -1,0 +1,149 @@
+/* optim.c: SGD (with momentum) and AdamW over a seq's parameters, with FP32
+ * master weights written back in each parameter's dtype. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuser/fuser-impl.h"
+
+typedef struct slot {
+    opf_param *p;
+    int64_t    n;
+    float     *master, *m, *v;  /* fp32 [n]; m/v as the algorithm needs */
+} slot;
+
+struct opf_optim {
+    opf_ctx          *ctx;
+    opf_optim_kind    kind;
+    opf_optim_options o;
+    int               n;
+    slot             *s;
+    int64_t           step;
+};
+
+opf_optim_options opf_optim_options_default(void)
+{
+    return (opf_optim_options){.lr = 1e-3f, .momentum = 0.0f, .beta1 = 0.9f, .beta2 = 0.999f,
+                               .eps = 1e-8f, .weight_decay = 0.0f};
+}
+
+typedef struct collect {
+    opf_param **p;
+    int n;
+} collect;
+
+static void count_param(void *user, opf_op *op, opf_param *p)
+{
+    collect *c = user;
+    if (c->p) c->p[c->n] = p;
+    c->n++;
+}
+
+void opf_optim_destroy(opf_optim *opt)
+{
+    if (!opt) return;
+    for (int i = 0; i < opt->n; i++) free(opt->s[i].master), free(opt->s[i].m), free(opt->s[i].v);
+    free(opt->s);
+    free(opt);
+}
+
+static opf_status check_options(opf_ctx *ctx, opf_optim_kind kind, const opf_optim_options *o)
+{
+    if (kind != OPF_OPTIM_SGD && kind != OPF_OPTIM_ADAMW)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "optim: kind %d", (int)kind);
+    if (!(o->lr > 0) || !(o->momentum >= 0 && o->momentum < 1) || !(o->beta1 >= 0 && o->beta1 < 1) ||
+        !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps > 0) || !(o->weight_decay >= 0))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG,
+                         "optim: options out of range (lr %g, momentum %g, betas %g %g, eps %g, "
+                         "weight_decay %g)", (double)o->lr, (double)o->momentum, (double)o->beta1,
+                         (double)o->beta2, (double)o->eps, (double)o->weight_decay);
+    return OPF_OK;
+}
+
+opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
+                            const opf_optim_options *opts, opf_optim **out)
+{
+    OPF_CHECK_NULL(ctx, "opf_optim_create", seq);
+    OPF_CHECK_NULL(ctx, "opf_optim_create", out);
+    opf_optim_options o = opts ? *opts : opf_optim_options_default();
+    opf_status st = check_options(ctx, kind, &o);
+    if (st) return st;
+    collect c = {NULL, 0};
+    opf_seq_for_each_param(seq, count_param, &c);
+    opf_optim *opt = calloc(1, sizeof *opt);
+    c.p = calloc((size_t)(c.n ? c.n : 1), sizeof *c.p);
+    if (!opt || !c.p) goto oom;
+    opt->s = calloc((size_t)(c.n ? c.n : 1), sizeof *opt->s);
+    if (!opt->s) goto oom;
+    opt->ctx = ctx, opt->kind = kind, opt->o = o;
+    int total = c.n;
+    c.n = 0;
+    opf_seq_for_each_param(seq, count_param, &c);
+    for (int i = 0; i < total; i++) {
+        slot *s = &opt->s[opt->n++];
+        s->p = c.p[i];
+        s->n = opf_spec_numel(&s->p->value.spec);
+        s->master = malloc(sizeof(float) * (size_t)s->n);
+        bool need_m = kind == OPF_OPTIM_ADAMW || o.momentum > 0;
+        s->m = need_m ? calloc((size_t)s->n, sizeof(float)) : NULL;
+        s->v = kind == OPF_OPTIM_ADAMW ? calloc((size_t)s->n, sizeof(float)) : NULL;
+        if (!s->master || (need_m && !s->m) || (kind == OPF_OPTIM_ADAMW && !s->v)) goto oom;
+        opf_convert(s->p->value.data[0], s->p->value.spec.dtype, s->master, OPF_F32, (size_t)s->n);
+    }
+    free(c.p);
+    *out = opt;
+    return OPF_OK;
+oom:
+    free(c.p);
+    opf_optim_destroy(opt);
+    return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_create: out of memory");
+}
+
+/* The gradient as fp32: main_grad when the op accumulates there, else grad. */
+static const float *grad_f32(opf_ctx *ctx, const opf_param *p, float *ws)
+{
+    const opf_tensor *g = p->main_grad.data[0] ? &p->main_grad : &p->grad;
+    if (g->spec.dtype == OPF_F32) return g->data[0];
+    opf_convert(g->data[0], g->spec.dtype, ws, OPF_F32, (size_t)opf_spec_numel(&g->spec));
+    return ws;
+}
+
+static void sgd(const opf_optim_options *o, slot *s, const float *g)
+{
+    for (int64_t i = 0; i < s->n; i++) {
+        float d = g[i] + o->weight_decay * s->master[i];
+        if (s->m) d = s->m[i] = o->momentum * s->m[i] + d;
+        s->master[i] -= o->lr * d;
+    }
+}
+
+static void adamw(const opf_optim_options *o, slot *s, const float *g, int64_t step)
+{
+    float bc1 = 1.0f - powf(o->beta1, (float)step), bc2 = 1.0f - powf(o->beta2, (float)step);
+    for (int64_t i = 0; i < s->n; i++) {
+        s->m[i] = o->beta1 * s->m[i] + (1.0f - o->beta1) * g[i];
+        s->v[i] = o->beta2 * s->v[i] + (1.0f - o->beta2) * g[i] * g[i];
+        float mh = s->m[i] / bc1, vh = s->v[i] / bc2;
+        s->master[i] -= o->lr * (mh / (sqrtf(vh) + o->eps) + o->weight_decay * s->master[i]);
+    }
+}
+
+opf_status opf_optim_step(opf_optim *opt)
+{
+    OPF_CHECK_NULL(NULL, "opf_optim_step", opt);
+    opt->step++;
+    for (int i = 0; i < opt->n; i++) {
+        slot *s = &opt->s[i];
+        if (!s->p->requires_grad || (!s->p->has_grad && !s->p->main_grad.data[0])) continue;
+        size_t mark = opf_ctx_scratch_mark(opt->ctx);
+        float *ws = opf_ctx_scratch_push(opt->ctx, sizeof(float) * (size_t)s->n);
+        if (!ws) return opf_error(opt->ctx, OPF_ERR_NO_MEMORY, "optim: no scratch");
+        const float *g = grad_f32(opt->ctx, s->p, ws);
+        if (opt->kind == OPF_OPTIM_SGD) sgd(&opt->o, s, g);
+        else adamw(&opt->o, s, g, opt->step);
+        opf_convert(s->master, OPF_F32, s->p->value.data[0], s->p->value.spec.dtype, (size_t)s->n);
+        s->p->qvalue_valid = false;  /* the quantized copy is stale now */
+        opf_ctx_scratch_pop(opt->ctx, mark);
+    }
+    return OPF_OK;
+}

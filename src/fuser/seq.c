@@ -1,0 +1,253 @@
+/* seq.c: the sequential container: ownership and mutation, grouping of
+ * adjacent fusible ops, channel resolution, and the (basic-op) plans. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuser/fuser-impl.h"
+
+opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out)
+{
+    OPF_CHECK_NULL(ctx, "opf_seq_create", ctx);
+    OPF_CHECK_NULL(ctx, "opf_seq_create", out);
+    opf_seq *s = calloc(1, sizeof *s);
+    if (!s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_seq_create: out of memory");
+    s->ctx = ctx;
+    *out = s;
+    return OPF_OK;
+}
+
+void opf_seq_unbuild(opf_seq *seq)
+{
+    if (seq->chan)
+        for (int i = 0; i < seq->n * OPF_OP_MAX_EXTRA; i++) {
+            opf_tensor_release(&seq->chan[i]);
+            opf_tensor_release(&seq->chan_grad[i]);
+        }
+    if (seq->octx)
+        for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]);
+    for (int g = 0; g < seq->n_groups; g++) {
+        free(seq->groups[g].fwd);
+        free(seq->groups[g].bwd);
+    }
+    free(seq->groups), free(seq->octx), free(seq->in_src), free(seq->out_pub);
+    free(seq->chan), free(seq->chan_grad);
+    seq->groups = NULL, seq->octx = NULL, seq->in_src = NULL, seq->out_pub = NULL;
+    seq->chan = seq->chan_grad = NULL;
+    seq->n_groups = 0;
+    seq->built = seq->planned = seq->pending = false;
+}
+
+void opf_seq_destroy(opf_seq *seq)
+{
+    if (!seq) return;
+    opf_seq_unbuild(seq);
+    for (int i = 0; i < seq->n; i++) opf_op_destroy(seq->ops[i]);
+    free(seq->ops);
+    free(seq);
+}
+
+static opf_status mutable_or_fail(opf_seq *seq, const char *fn)
+{
+    if (seq->pending)
+        return opf_error(seq->ctx, OPF_ERR_STATE,
+                         "%s: a backward is pending; run opf_seq_backward or opf_seq_discard first", fn);
+    return OPF_OK;
+}
+
+opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op)
+{
+    const char *fn = "opf_seq_insert";
+    OPF_CHECK_NULL(NULL, fn, seq);
+    opf_status st = op ? mutable_or_fail(seq, fn) : opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: op is NULL", fn);
+    if (!st && (index < 0 || index > seq->n))
+        st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: index %d outside 0..%d", fn, index, seq->n);
+    for (int i = 0; !st && i < seq->n; i++)
+        if (seq->ops[i] == op)
+            st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: op \"%s\" is already in the seq", fn,
+                           opf_op_name(op));
+    if (!st && seq->n == seq->cap) {
+        int cap = seq->cap ? 2 * seq->cap : 8;
+        opf_op **ops = realloc(seq->ops, sizeof *ops * (size_t)cap);
+        if (!ops) st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+        else seq->ops = ops, seq->cap = cap;
+    }
+    if (st) {
+        bool ours = false;
+        for (int i = 0; i < seq->n; i++) ours |= seq->ops[i] == op;
+        if (!ours) opf_op_destroy(op);
+        return st;
+    }
+    opf_seq_unbuild(seq);
+    memmove(seq->ops + index + 1, seq->ops + index, sizeof *seq->ops * (size_t)(seq->n - index));
+    seq->ops[index] = op;
+    seq->n++;
+    return OPF_OK;
+}
+
+opf_status opf_seq_append(opf_seq *seq, opf_op *op)
+{
+    OPF_CHECK_NULL(NULL, "opf_seq_append", seq);
+    return opf_seq_insert(seq, seq->n, op);
+}
+
+opf_status opf_seq_remove(opf_seq *seq, int index, opf_op **out)
+{
+    const char *fn = "opf_seq_remove";
+    OPF_CHECK_NULL(NULL, fn, seq);
+    opf_status st = mutable_or_fail(seq, fn);
+    if (st) return st;
+    if (index < 0 || index >= seq->n)
+        return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: index %d outside 0..%d", fn, index,
+                         seq->n - 1);
+    opf_seq_unbuild(seq);
+    opf_op *op = seq->ops[index];
+    memmove(seq->ops + index, seq->ops + index + 1, sizeof *seq->ops * (size_t)(seq->n - index - 1));
+    seq->n--;
+    op->locked = false;
+    if (out) *out = op;
+    else opf_op_destroy(op);
+    return OPF_OK;
+}
+
+int opf_seq_len(const opf_seq *seq) { return seq->n; }
+opf_op *opf_seq_at(const opf_seq *seq, int index)
+{
+    return index >= 0 && index < seq->n ? seq->ops[index] : NULL;
+}
+
+opf_status opf_seq_append_linear(opf_seq *seq, int64_t in_features, int64_t out_features,
+                                 bool bias, opf_dtype dtype, const char *name)
+{
+    OPF_CHECK_NULL(NULL, "opf_seq_append_linear", seq);
+    char nm[64];
+    opf_basic_linear_config lc = {in_features, out_features, dtype, false};
+    opf_op *op;
+    snprintf(nm, sizeof nm, "%s", name ? name : "linear");
+    opf_status st = opf_op_create(seq->ctx, "basic_linear", &lc, nm, &op);
+    if (st || (st = opf_seq_append(seq, op)) || !bias) return st;
+    opf_bias_config bc = {out_features, dtype};
+    snprintf(nm, sizeof nm, "%s.bias", name ? name : "linear");
+    if ((st = opf_op_create(seq->ctx, "bias", &bc, nm, &op))) return st;
+    return opf_seq_append(seq, op);
+}
+
+/* ---- building: groups and channels ------------------------------------------ */
+
+static int find_producer(const opf_seq *seq, int first, int end, const char *name, int *slot)
+{
+    for (int i = first; i < end; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++)
+            if (!strcmp(seq->ops[i]->extra_out[j].name, name)) {
+                *slot = j;
+                return i;
+            }
+    return -1;
+}
+
+/* Resolves the channels of group [first, end): producers unique, every bound
+ * input produced strictly earlier in the group. */
+static opf_status resolve_channels(opf_seq *seq, int first, int end)
+{
+    for (int i = first; i < end; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
+            const char *nm = seq->ops[i]->extra_out[j].name;
+            int slot;
+            if (nm[0] && find_producer(seq, first, i + 1, nm, &slot) != i)
+                return opf_error(seq->ctx, OPF_ERR_INVALID_ARG,
+                                 "seq: channel \"%s\" has two producers (\"%s\" and an earlier op)",
+                                 nm, seq->ops[i]->name);
+            bool pub = !nm[0] || seq->ops[i]->extra_out[j].to_caller;
+            seq->out_pub[i * OPF_OP_MAX_EXTRA + j] = pub ? seq->n_pub_out++ : -1;
+        }
+    for (int i = first; i < end; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++) {
+            const char *nm = seq->ops[i]->extra_in[j].name;
+            opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
+            if (!nm[0]) {
+                *s = (opf_src){-1, 0, seq->n_pub_in++};
+                continue;
+            }
+            int slot, p = find_producer(seq, first, end, nm, &slot);
+            if (p < 0)
+                return opf_error(seq->ctx, OPF_ERR_INVALID_ARG,
+                                 "seq: op \"%s\" reads channel \"%s\", which nothing in its group "
+                                 "produces", seq->ops[i]->name, nm);
+            if (p >= i)
+                return opf_error(seq->ctx, OPF_ERR_INVALID_ARG,
+                                 "seq: op \"%s\" (index %d) reads channel \"%s\" before its producer "
+                                 "\"%s\" (index %d)", seq->ops[i]->name, i, nm, seq->ops[p]->name, p);
+            *s = (opf_src){p, slot, -1};
+        }
+    return OPF_OK;
+}
+
+static opf_status add_group(opf_seq *seq, int first, int end)
+{
+    opf_group *g = &seq->groups[seq->n_groups++];
+    g->first = first;
+    g->count = end - first;
+    g->fwd = calloc((size_t)g->count, sizeof *g->fwd);
+    g->bwd = calloc((size_t)g->count, sizeof *g->bwd);
+    if (!g->fwd || !g->bwd) return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
+    return resolve_channels(seq, first, end);
+}
+
+opf_status opf_seq_build(opf_seq *seq)
+{
+    if (seq->built) return OPF_OK;
+    size_t ne = (size_t)(seq->n ? seq->n : 1) * OPF_OP_MAX_EXTRA;
+    seq->groups = calloc((size_t)(seq->n ? seq->n : 1), sizeof *seq->groups);
+    seq->octx = calloc((size_t)(seq->n ? seq->n : 1), sizeof *seq->octx);
+    seq->in_src = calloc(ne, sizeof *seq->in_src);
+    seq->out_pub = calloc(ne, sizeof *seq->out_pub);
+    seq->chan = calloc(ne, sizeof *seq->chan);
+    seq->chan_grad = calloc(ne, sizeof *seq->chan_grad);
+    seq->n_pub_in = seq->n_pub_out = 0;
+    opf_status st = OPF_OK;
+    if (!seq->groups || !seq->octx || !seq->in_src || !seq->out_pub || !seq->chan || !seq->chan_grad)
+        st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
+    for (int i = 0; !st && i < seq->n;) {
+        int end = i + 1;
+        if (seq->ops[i]->cls->fusible)
+            while (end < seq->n && seq->ops[end]->cls->fusible) end++;
+        st = add_group(seq, i, end);
+        i = end;
+    }
+    if (st) {
+        opf_seq_unbuild(seq);
+        return st;
+    }
+    for (int i = 0; i < seq->n; i++) seq->ops[i]->locked = true;
+    seq->built = true;
+    return OPF_OK;
+}
+
+/* Plans of every group: one entry per basic op until fusions exist. */
+opf_status opf_seq_plan_build(opf_seq *seq)
+{
+    for (int g = 0; g < seq->n_groups; g++) {
+        opf_group *gr = &seq->groups[g];
+        for (int k = 0; k < gr->count; k++) {
+            gr->fwd[k] = gr->bwd[k] = (opf_plan_entry){seq->ops[gr->first + k], gr->first + k, 1};
+        }
+        gr->n_fwd = gr->n_bwd = gr->count;
+    }
+    seq->planned = true;
+    return OPF_OK;
+}
+
+int opf_seq_num_groups(opf_seq *seq) { return opf_seq_build(seq) ? -1 : seq->n_groups; }
+int opf_seq_num_extra_in(opf_seq *seq) { return opf_seq_build(seq) ? -1 : seq->n_pub_in; }
+int opf_seq_num_extra_out(opf_seq *seq) { return opf_seq_build(seq) ? -1 : seq->n_pub_out; }
+int opf_seq_first_requiring_backward(const opf_seq *seq) { return seq->first_req; }
+
+int opf_seq_plan(opf_seq *seq, int group, bool backward, opf_plan_entry *entries, int max)
+{
+    if (opf_seq_build(seq) || group < 0 || group >= seq->n_groups) return -1;
+    if (!seq->planned) opf_seq_plan_build(seq);
+    const opf_group *g = &seq->groups[group];
+    int n = backward ? g->n_bwd : g->n_fwd;
+    for (int i = 0; i < n && i < max; i++) entries[i] = backward ? g->bwd[i] : g->fwd[i];
+    return n;
+}

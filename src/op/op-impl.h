@@ -1,0 +1,59 @@
+/* op-impl.h: the private layout of an op instance and helpers the op
+ * implementations share. */
+#ifndef OPFUSE_OP_IMPL_H
+#define OPFUSE_OP_IMPL_H
+
+#include "opfuse/op.h"
+
+typedef struct opf_channel_bind {
+    char name[32];   /* "" = unbound */
+    bool to_caller;  /* extra outputs only */
+} opf_channel_bind;
+
+struct opf_op {
+    const opf_op_class *cls;
+    char                name[64];
+    void               *config;       /* cls->config_size bytes, owned */
+    int                 n_params;
+    opf_param           params[OPF_OP_MAX_PARAMS];
+    opf_recipe_state   *rs;           /* NULL without a recipe */
+    opf_recipe_kind     recipe_kind;
+    opf_channel_bind    extra_in[OPF_OP_MAX_EXTRA], extra_out[OPF_OP_MAX_EXTRA];
+    bool                locked;       /* channel bindings frozen by a fuser */
+    void               *user;
+    opf_quantizer       qslot[OPF_ROLE_COUNT];  /* storage behind opf_op_quantizer */
+    /* quantizers of the current call, with usage narrowed by the op */
+    opf_quantizer       in_q, grad_q;
+    bool                has_in_q, has_grad_q;
+    /* args of the current call, reused (no allocation per call) */
+    _Alignas(16) unsigned char fwd_args[OPF_OP_ARGS_MAX];
+    _Alignas(16) unsigned char bwd_args[OPF_OP_ARGS_MAX];
+};
+
+/* A float view of a tensor's values: the tensor's data when it is plain
+ * f32, else a decode (dequantize or convert) into ws (n floats). */
+opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const float **out);
+
+/* Writes fp32 values y (logical shape of out) into out: plain outputs get a
+ * rounding to their dtype; quantized outputs are produced with q (rounding
+ * to `act_dtype` first unless q is delayed scaling, numerics.md 6.1/6.3). */
+opf_status opf_op_store_f32(opf_ctx *ctx, const float *y, opf_dtype act_dtype,
+                            const opf_quantizer *q, opf_tensor *out);
+
+/* The output spec: plain `plain` or, with q (not NONE), its quantized spec. */
+opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_spec *out);
+
+/* Copies every component of src into dst, whose layout must hold the same
+ * components with the same byte sizes (same spec, or a reshape that keeps
+ * the 2D view). `who` names the caller in the error message. */
+opf_status opf_op_copy_tensor(opf_ctx *ctx, const char *who, const opf_tensor *src,
+                              opf_tensor *dst);
+
+/* n floats of scratch from the context's scratch stack (see context.h);
+ * callers take a mark first and pop it before returning. */
+float *opf_op_scratch(opf_ctx *ctx, int64_t n);
+
+/* Registers the built-in classes (ops/ops-impl.h lists them). */
+void opf_ops_register_builtins(void);
+
+#endif

@@ -1,0 +1,237 @@
+/* op.c: op instances (config, parameters, recipe state, channel bindings)
+ * and the helpers op implementations share to read and write tensors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core-impl.h"
+#include "op/op-impl.h"
+
+opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *config,
+                         const char *name, opf_op **out)
+{
+    const char *fn = "opf_op_create";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    OPF_CHECK_NULL(ctx, fn, out);
+    *out = NULL;
+    OPF_CHECK_NULL(ctx, fn, class_name);
+    const opf_op_class *cls = opf_op_class_find(class_name);
+    if (!cls)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: no op class \"%s\" is registered", fn,
+                         class_name);
+    if (!config) config = cls->config_default;
+    if (cls->config_size && !config)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s needs a config", fn, class_name);
+    opf_op *op = calloc(1, sizeof *op);
+    void *cfg = cls->config_size ? malloc(cls->config_size) : NULL;
+    if (!op || (cls->config_size && !cfg)) {
+        free(op);
+        free(cfg);
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    if (cfg) memcpy(cfg, config, cls->config_size);
+    op->cls = cls;
+    op->config = cfg;
+    snprintf(op->name, sizeof op->name, "%s", name ? name : class_name);
+    opf_status st = cls->init ? cls->init(ctx, op) : OPF_OK;
+    if (st) {
+        opf_op_destroy(op);
+        return st;
+    }
+    *out = op;
+    return OPF_OK;
+}
+
+void opf_op_destroy(opf_op *op)
+{
+    if (!op) return;
+    if (op->cls->fini) op->cls->fini(op);
+    for (int i = 0; i < op->n_params; i++) {
+        opf_param *p = &op->params[i];
+        opf_tensor_release(&p->value);
+        opf_tensor_release(&p->grad);
+        opf_tensor_release(&p->main_grad);
+        opf_tensor_release(&p->qvalue);
+    }
+    opf_recipe_state_destroy(op->rs);
+    free(op->config);
+    free(op);
+}
+
+const opf_op_class *opf_op_class_of(const opf_op *op) { return op->cls; }
+const char *opf_op_name(const opf_op *op) { return op->name; }
+void *opf_op_config(opf_op *op) { return op->config; }
+const void *opf_op_config_const(const opf_op *op) { return op->config; }
+int opf_op_num_params(const opf_op *op) { return op->n_params; }
+opf_param *opf_op_param(opf_op *op, int i) { return i >= 0 && i < op->n_params ? &op->params[i] : NULL; }
+const opf_param *opf_op_param_const(const opf_op *op, int i)
+{
+    return i >= 0 && i < op->n_params ? &op->params[i] : NULL;
+}
+void *opf_op_user(opf_op *op) { return op->user; }
+void opf_op_set_user(opf_op *op, void *user) { op->user = user; }
+opf_recipe_state *opf_op_recipe_state(const opf_op *op) { return op->rs; }
+
+int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec *spec)
+{
+    if (op->n_params == OPF_OP_MAX_PARAMS)
+        return -(int)opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: more than %d parameters", op->name,
+                               OPF_OP_MAX_PARAMS);
+    opf_param *p = &op->params[op->n_params];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    opf_status st = opf_tensor_alloc(ctx, spec, &p->value);
+    if (!st) st = opf_tensor_alloc(ctx, spec, &p->grad);
+    if (st) {
+        opf_tensor_release(&p->value);
+        return -(int)st;
+    }
+    opf_layout L;
+    opf_spec_layout(spec, &L);
+    memset(p->value.data[0], 0, L.comp[0].nbytes);
+    memset(p->grad.data[0], 0, L.comp[0].nbytes);
+    p->requires_grad = true;
+    return op->n_params++;
+}
+
+opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
+{
+    opf_recipe_kind kind = r ? r->kind : OPF_RECIPE_NONE;
+    if (op->cls->n_gemms == 0) return OPF_OK;
+    opf_recipe_state *rs = NULL;
+    if (kind != OPF_RECIPE_NONE) {
+        opf_status st = opf_recipe_state_create(ctx, r, op->cls->module_type, op->name,
+                                                op->cls->n_gemms, &rs);
+        if (st) return st;
+    }
+    opf_recipe_state_destroy(op->rs);
+    op->rs = rs;
+    op->recipe_kind = kind;
+    for (int i = 0; i < op->n_params; i++) op->params[i].qvalue_valid = false;
+    return OPF_OK;
+}
+
+const opf_quantizer *opf_op_quantizer(const opf_op *op, opf_tensor_role role, int gemm)
+{
+    if ((unsigned)role >= OPF_ROLE_COUNT || !op->rs) return NULL;
+    opf_quantizer *q = (opf_quantizer *)&op->qslot[role];  /* per-op storage, valid until the next call */
+    if (opf_recipe_state_quantizer(op->rs, role, gemm, q)) return NULL;
+    return q->scaling == OPF_SCALING_NONE ? NULL : q;
+}
+
+static opf_status bind(opf_op *op, opf_channel_bind *b, int n, int index, const char *channel,
+                       bool to_caller, const char *what)
+{
+    if (op->locked)
+        return opf_error(NULL, OPF_ERR_STATE, "%s: channel bindings are locked once a sequence "
+                         "has run the op", op->name);
+    if (index < 0 || index >= n)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: extra %s index %d outside 0..%d", op->name,
+                         what, index, n - 1);
+    if (channel && (!*channel || strlen(channel) >= sizeof b->name))
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: channel name \"%s\" must be 1..%zu chars",
+                         op->name, channel, sizeof b->name - 1);
+    snprintf(b[index].name, sizeof b[index].name, "%s", channel ? channel : "");
+    b[index].to_caller = to_caller;
+    return OPF_OK;
+}
+
+opf_status opf_op_set_extra_input(opf_op *op, int index, const char *channel)
+{
+    OPF_CHECK_NULL(NULL, "opf_op_set_extra_input", op);
+    return bind(op, op->extra_in, op->cls->n_extra_in, index, channel, false, "input");
+}
+
+opf_status opf_op_set_extra_output(opf_op *op, int index, const char *channel, bool to_caller)
+{
+    OPF_CHECK_NULL(NULL, "opf_op_set_extra_output", op);
+    return bind(op, op->extra_out, op->cls->n_extra_out, index, channel, to_caller, "output");
+}
+
+void opf_op_ctx_clear(opf_op_ctx *c)
+{
+    for (int i = 0; i < c->n_saved; i++) opf_tensor_release(&c->saved[i]);
+    c->n_saved = 0;
+    c->valid = false;
+}
+
+/* ---- helpers for implementations ------------------------------------------ */
+
+float *opf_op_scratch(opf_ctx *ctx, int64_t n)
+{
+    return opf_ctx_scratch_push(ctx, (size_t)(n > 0 ? n : 1) * sizeof(float));
+}
+
+opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const float **out)
+{
+    int64_t n = opf_spec_numel(&t->spec);
+    if (t->spec.scaling == OPF_SCALING_NONE && t->spec.dtype == OPF_F32) {
+        *out = t->data[OPF_COMP_DATA];
+        return OPF_OK;
+    }
+    opf_status st;
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        st = opf_convert(t->data[OPF_COMP_DATA], t->spec.dtype, ws, OPF_F32, (size_t)n);
+    } else {
+        opf_tensor w;
+        opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
+        opf_tensor_wrap(&s, ws, &w);
+        unsigned which = (t->spec.usage & OPF_USAGE_ROWWISE) ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
+        st = opf_dequantize(ctx, t, which, &w);
+    }
+    *out = ws;
+    return st;
+}
+
+opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_spec *out)
+{
+    if (!q || q->scaling == OPF_SCALING_NONE) {
+        *out = *plain;
+        return OPF_OK;
+    }
+    return opf_quantizer_spec(q, plain, out);
+}
+
+opf_status opf_op_store_f32(opf_ctx *ctx, const float *y, opf_dtype act_dtype,
+                            const opf_quantizer *q, opf_tensor *out)
+{
+    int64_t n = opf_spec_numel(&out->spec);
+    if (out->spec.scaling == OPF_SCALING_NONE)
+        return opf_convert(y, OPF_F32, out->data[OPF_COMP_DATA], out->spec.dtype, (size_t)n);
+    /* Delayed scaling casts the fp32 value; other recipes see the value
+     * rounded to the activation dtype first (numerics.md 6.1, 6.3). */
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    const float *src = y;
+    if (!q->delayed && act_dtype != OPF_F32) {
+        float *r = opf_op_scratch(ctx, n);
+        if (!r) return opf_error(ctx, OPF_ERR_NO_MEMORY, "store: no scratch for %lld floats", (long long)n);
+        for (int64_t i = 0; i < n; i++)
+            r[i] = act_dtype == OPF_BF16 ? opf_bf16_to_f32(opf_f32_to_bf16(y[i]))
+                                         : opf_f16_to_f32(opf_f32_to_f16(y[i]));
+        src = r;
+    }
+    opf_tensor in;
+    opf_spec s = opf_spec_make(out->spec.ndim, out->spec.shape, OPF_F32);
+    opf_tensor_wrap(&s, (void *)src, &in);
+    opf_tensor view = *out;
+    view.spec.dtype = OPF_F32;  /* quantized layouts do not depend on the logical dtype */
+    opf_status st = opf_quantize(ctx, q, &in, &view);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+opf_status opf_op_copy_tensor(opf_ctx *ctx, const char *who, const opf_tensor *src, opf_tensor *dst)
+{
+    opf_layout ls, ld;
+    if (opf_spec_layout(&src->spec, &ls) || opf_spec_layout(&dst->spec, &ld))
+        return opf_error(ctx, OPF_ERR_SHAPE, "%s: %s", who, opf_last_error(NULL));
+    for (int c = 0; c < OPF_COMP_COUNT; c++) {
+        if (ls.comp[c].present != ld.comp[c].present || ls.comp[c].nbytes != ld.comp[c].nbytes)
+            return opf_error(ctx, OPF_ERR_SHAPE, "%s: component %d of the copy has %zu bytes, "
+                             "the source %zu", who, c, ld.comp[c].nbytes, ls.comp[c].nbytes);
+    }
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (ls.comp[c].present && ls.comp[c].nbytes && src->data[c] != dst->data[c])
+            memcpy(dst->data[c], src->data[c], ls.comp[c].nbytes);
+    return OPF_OK;
+}

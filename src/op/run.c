@@ -1,0 +1,150 @@
+/* run.c: eager execution of one op through its class, shared by the fuser
+ * and by anyone running a single op. Allocation happens here, from the
+ * fakes' specs, never inside *_impl. */
+#include <string.h>
+
+#include "core/core-impl.h"
+#include "op/op-impl.h"
+
+static void release_all(opf_tensor *t, int n)
+{
+    for (int i = 0; i < n; i++) opf_tensor_release(&t[i]);
+}
+
+/* Allocates tensors for every spec that is present (ndim >= 0). */
+static opf_status alloc_specs(opf_ctx *ctx, const opf_spec *specs, opf_tensor *t, int n)
+{
+    for (int i = 0; i < n; i++) {
+        memset(&t[i], 0, sizeof t[i]);
+        if (specs[i].ndim < 0) continue;
+        opf_status st = opf_tensor_alloc(ctx, &specs[i], &t[i]);
+        if (st) {
+            release_all(t, i);
+            return st;
+        }
+    }
+    return OPF_OK;
+}
+
+static void none_specs(opf_spec *s, int n)
+{
+    memset(s, 0, sizeof *s * (size_t)n);
+    for (int i = 0; i < n; i++) s[i].ndim = OPF_SPEC_NONE_NDIM;
+}
+
+opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, opf_tensor *outs)
+{
+    const opf_op_class *c = op->cls;
+    opf_ctx *ctx = env->ctx;
+    int n_out = 1 + c->n_extra_out;
+    memset(op->fwd_args, 0, c->fwd_schema->size);
+    opf_status st = c->resolve_fwd(op, env, op->fwd_args);
+    if (st) return st;
+    if ((st = opf_schema_validate(c->fwd_schema, op->fwd_args)))
+        return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
+    opf_spec out_s[1 + OPF_OP_MAX_EXTRA], aux_s[OPF_OP_MAX_AUX];
+    none_specs(out_s, 1 + OPF_OP_MAX_EXTRA);
+    none_specs(aux_s, OPF_OP_MAX_AUX);
+    if (c->forward_fake && (st = c->forward_fake(op->fwd_args, out_s, aux_s)))
+        return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
+    opf_tensor aux[OPF_OP_MAX_AUX];
+    if ((st = alloc_specs(ctx, out_s, outs, n_out))) return st;
+    if ((st = alloc_specs(ctx, aux_s, aux, OPF_OP_MAX_AUX))) {
+        release_all(outs, n_out);
+        return st;
+    }
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    st = c->forward_impl(ctx, op->fwd_args, outs, aux);
+    opf_ctx_scratch_pop(ctx, mark);
+    if (!st && env->requires_grad && octx) {
+        opf_op_ctx_clear(octx);
+        octx->requires_grad = true;
+        octx->prev_grad_q = env->prev_grad_q ? *env->prev_grad_q : opf_quantizer_default();
+        if (c->setup_context) {
+            st = c->setup_context(op, octx, op->fwd_args, outs, aux);
+        } else {  /* default: keep the aux outputs */
+            for (int i = 0; i < OPF_OP_MAX_AUX; i++)
+                if (aux[i].data[0] || aux[i].data[OPF_COMP_COL_DATA])
+                    opf_tensor_retain(&aux[i], &octx->saved[octx->n_saved++]);
+        }
+        octx->valid = !st;
+    }
+    release_all(aux, OPF_OP_MAX_AUX);
+    if (st) release_all(outs, n_out);
+    return st;
+}
+
+/* grad += g (both plain, same shape), in fp32 for the sum. */
+static opf_status accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
+{
+    int64_t n = opf_spec_numel(&p->grad.spec);
+    if (opf_spec_numel(&g->spec) != n)
+        return opf_error(ctx, OPF_ERR_SHAPE, "param \"%s\": gradient has %lld elements, want %lld",
+                         p->name, (long long)opf_spec_numel(&g->spec), (long long)n);
+    if (!p->has_grad) {
+        p->has_grad = true;
+        return opf_convert(g->data[0], g->spec.dtype, p->grad.data[0], p->grad.spec.dtype, (size_t)n);
+    }
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *a = opf_op_scratch(ctx, n), *b = opf_op_scratch(ctx, n);
+    opf_status st = a && b ? OPF_OK : OPF_ERR_NO_MEMORY;
+    if (!st) st = opf_convert(p->grad.data[0], p->grad.spec.dtype, a, OPF_F32, (size_t)n);
+    if (!st) st = opf_convert(g->data[0], g->spec.dtype, b, OPF_F32, (size_t)n);
+    if (!st) {
+        for (int64_t i = 0; i < n; i++) a[i] += b[i];
+        st = opf_convert(a, OPF_F32, p->grad.data[0], p->grad.spec.dtype, (size_t)n);
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env, opf_tensor *dx,
+                           opf_tensor *dextra_in)
+{
+    const opf_op_class *c = op->cls;
+    opf_ctx *ctx = env->ctx;
+    if (!octx || !octx->valid)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: backward without a forward that saved for it "
+                         "(forward not run, run without requires_grad, or backward already done)",
+                         op->name);
+    if (!c->backward_impl)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: the op has no backward", op->name);
+    memset(op->bwd_args, 0, c->bwd_schema->size);
+    opf_status st = c->resolve_bwd(op, octx, env, op->bwd_args);
+    if (st) return st;
+    int n = 1 + op->n_params + c->n_extra_in;
+    opf_spec gs[1 + OPF_OP_MAX_PARAMS + OPF_OP_MAX_EXTRA];
+    none_specs(gs, n);
+    if (c->backward_fake && (st = c->backward_fake(op->bwd_args, gs)))
+        return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
+    bool pass = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
+    if (pass) gs[0].ndim = OPF_SPEC_NONE_NDIM;
+    opf_tensor g[1 + OPF_OP_MAX_PARAMS + OPF_OP_MAX_EXTRA];
+    if ((st = alloc_specs(ctx, gs, g, n))) return st;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    st = c->backward_impl(ctx, op->bwd_args, g);
+    opf_ctx_scratch_pop(ctx, mark);
+    for (int i = 0; !st && i < op->n_params; i++)
+        if (g[1 + i].data[0] && op->params[i].requires_grad)
+            st = accumulate(ctx, &op->params[i], &g[1 + i]);
+    if (!st) {
+        if (pass) opf_tensor_retain(env->dy, dx);
+        else *dx = g[0], memset(&g[0], 0, sizeof g[0]);
+        for (int i = 0; i < c->n_extra_in; i++)
+            dextra_in[i] = g[1 + op->n_params + i], memset(&g[1 + op->n_params + i], 0, sizeof g[0]);
+        opf_op_ctx_clear(octx);
+    }
+    release_all(g, n);
+    return st;
+}
+
+void opf_op_zero_grad(opf_op *op)
+{
+    for (int i = 0; i < op->n_params; i++) {
+        opf_param *p = &op->params[i];
+        opf_layout L;
+        if (opf_spec_layout(&p->grad.spec, &L) == OPF_OK && p->grad.data[0])
+            memset(p->grad.data[0], 0, L.comp[0].nbytes);
+        p->has_grad = false;
+    }
+}

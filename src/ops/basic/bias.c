@@ -1,0 +1,115 @@
+/* bias.c: y = x + b along the last dim; db = sum of dy over the other dims,
+ * dx = dy. Computed in fp32, stored in the activation dtype. */
+#include "ops/ops-impl.h"
+
+typedef struct bias_fwd {
+    opf_tensor    x;       /* [..., n], plain or quantized (decoded) */
+    opf_tensor    b;       /* [n] */
+    opf_quantizer next_q;  /* quantize the output for the next op */
+} bias_fwd;
+static const opf_field bias_fwd_fields[] = {
+    OPF_F_TENSOR_Q(bias_fwd, x), OPF_F_TENSOR(bias_fwd, b), OPF_F_QUANT(bias_fwd, next_q)};
+OPF_SCHEMA(bias_fwd_schema, bias_fwd, bias_fwd_fields);
+
+typedef struct bias_bwd {
+    opf_tensor dy;
+    opf_tensor b;  /* for the gradient's spec */
+} bias_bwd;
+static const opf_field bias_bwd_fields[] = {OPF_F_TENSOR_Q(bias_bwd, dy), OPF_F_TENSOR(bias_bwd, b)};
+OPF_SCHEMA(bias_bwd_schema, bias_bwd, bias_bwd_fields);
+
+static opf_status init(opf_ctx *ctx, opf_op *op)
+{
+    const opf_bias_config *c = opf_op_config(op);
+    if (c->size < 1)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "bias \"%s\": size %lld < 1", opf_op_name(op),
+                         (long long)c->size);
+    opf_spec s = opf_spec_make(1, &c->size, c->dtype);
+    int i = opf_op_add_param(ctx, op, "bias", &s);
+    return i < 0 ? (opf_status)-i : OPF_OK;
+}
+
+static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    bias_fwd *a = args;
+    const opf_tensor *x = env->x;
+    int64_t n = opf_op_param(op, 0)->value.spec.shape[0];
+    if (x->spec.ndim < 1 || x->spec.shape[x->spec.ndim - 1] != n)
+        return opf_error(env->ctx, OPF_ERR_SHAPE, "bias \"%s\": input has %lld features, bias has %lld",
+                         opf_op_name(op), (long long)(x->spec.ndim ? x->spec.shape[x->spec.ndim - 1] : 0),
+                         (long long)n);
+    a->x = *x;
+    a->b = opf_op_param(op, 0)->value;
+    a->next_q = opf_q_or_none(env->next_input_q);
+    return OPF_OK;
+}
+
+static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
+{
+    const bias_fwd *a = args;
+    opf_spec plain = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, a->x.spec.dtype);
+    return opf_op_out_spec(&plain, &a->next_q, &outs[0]);
+}
+
+static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const bias_fwd *a = args;
+    int64_t n = a->b.spec.shape[0], numel = opf_spec_numel(&a->x.spec), rows = n ? numel / n : 0;
+    float *xs = opf_op_scratch(ctx, numel), *bs = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, numel);
+    const float *x, *b;
+    if (!xs || !bs || !y) return opf_error(ctx, OPF_ERR_NO_MEMORY, "bias: no scratch");
+    opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
+    if (!st) st = opf_op_load_f32(ctx, &a->b, bs, &b);
+    if (st) return st;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) y[r * n + j] = x[r * n + j] + b[j];
+    return opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
+}
+
+static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
+{
+    bias_bwd *a = args;
+    a->dy = *env->dy;
+    a->b = opf_op_param(op, 0)->value;
+    return OPF_OK;
+}
+
+static opf_status backward_fake(const void *args, opf_spec *grads)
+{
+    const bias_bwd *a = args;
+    grads[0].ndim = OPF_GRAD_PASSTHROUGH;
+    grads[1] = a->b.spec;
+    return OPF_OK;
+}
+
+/* db[j] = sum over rows of dy[r, j], summed in fp32 in row order. */
+static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+{
+    const bias_bwd *a = args;
+    int64_t n = a->b.spec.shape[0], numel = opf_spec_numel(&a->dy.spec), rows = numel / n;
+    float *ds = opf_op_scratch(ctx, numel), *db = opf_op_scratch(ctx, n);
+    const float *dy;
+    if (!ds || !db) return opf_error(ctx, OPF_ERR_NO_MEMORY, "bias: no scratch");
+    opf_status st = opf_op_load_f32(ctx, &a->dy, ds, &dy);
+    if (st) return st;
+    for (int64_t j = 0; j < n; j++) db[j] = 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) db[j] += dy[r * n + j];
+    return opf_convert(db, OPF_F32, grads[1].data[0], grads[1].spec.dtype, (size_t)n);
+}
+
+const opf_op_class opf_op_class_bias = {
+    .abi_version = OPF_OP_ABI_VERSION,
+    .name = "bias",
+    .config_size = sizeof(opf_bias_config),
+    .fwd_schema = &bias_fwd_schema,
+    .bwd_schema = &bias_bwd_schema,
+    .fusible = true,
+    .init = init,
+    .resolve_fwd = resolve_fwd,
+    .resolve_bwd = resolve_bwd,
+    .forward_fake = forward_fake,
+    .forward_impl = forward_impl,
+    .backward_fake = backward_fake,
+    .backward_impl = backward_impl,
+};

@@ -1,0 +1,49 @@
+/* ops-impl.h: the built-in op classes (one file each under src/ops/basic/)
+ * and small helpers their implementations share. */
+#ifndef OPFUSE_OPS_IMPL_H
+#define OPFUSE_OPS_IMPL_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/core-impl.h"
+#include "op/op-impl.h"
+#include "opfuse/ops.h"
+
+/* Schema field shorthands: F_T(struct, member) etc. */
+#define OPF_F(st, m, kind, flags) {#m, offsetof(st, m), kind, flags, NULL}
+#define OPF_F_TENSOR(st, m)   OPF_F(st, m, OPF_FIELD_TENSOR, 0)
+#define OPF_F_TENSOR_Q(st, m) OPF_F(st, m, OPF_FIELD_TENSOR_Q, 0)
+#define OPF_F_OPT(st, m)      OPF_F(st, m, OPF_FIELD_TENSOR_Q, OPF_FIELD_OPTIONAL)
+#define OPF_F_QUANT(st, m)    OPF_F(st, m, OPF_FIELD_QUANTIZER, 0)
+#define OPF_F_INT(st, m)      OPF_F(st, m, OPF_FIELD_INT, 0)
+#define OPF_F_FLOAT(st, m)    OPF_F(st, m, OPF_FIELD_FLOAT, 0)
+#define OPF_F_BOOL(st, m)     OPF_F(st, m, OPF_FIELD_BOOL, 0)
+#define OPF_F_ENUM(st, m)     OPF_F(st, m, OPF_FIELD_ENUM, 0)
+#define OPF_SCHEMA(var, st, fields) \
+    static const opf_schema var = {#st, sizeof(st), (int)(sizeof(fields) / sizeof(fields[0])), fields}
+
+/* Registers one built-in class (used only by opf_ops_register_builtins). */
+opf_status opf_op_class_register_builtin(const opf_op_class *cls);
+
+/* The quantizer a plan neighbour handed over, or "none". */
+static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
+{
+    return q ? *q : opf_quantizer_default();
+}
+
+/* The list of built-in classes; each file under src/ops/basic/ defines one. */
+#define OPF_BUILTIN_OPS(X)                                                     \
+    X(identity) X(reshape) X(constant_scale) X(bias) X(basic_linear)           \
+    X(layernorm) X(rmsnorm) X(l2normalization)                                 \
+    X(gelu) X(qgelu) X(relu) X(srelu) X(silu)                                  \
+    X(glu) X(geglu) X(qgeglu) X(reglu) X(sreglu) X(swiglu) X(clamped_swiglu)   \
+    X(add_extra_input) X(make_extra_output) X(quantize) X(dropout)             \
+    X(grouped_linear)
+
+#define OPF_DECLARE_CLASS(n) extern const opf_op_class opf_op_class_##n;
+OPF_BUILTIN_OPS(OPF_DECLARE_CLASS)
+#undef OPF_DECLARE_CLASS
+
+#endif
