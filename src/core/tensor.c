@@ -15,8 +15,9 @@ struct opf_buffer {
 
 static void point_into(opf_tensor *t, const opf_spec *spec, const opf_layout *L, void *base)
 {
+    opf_spec s = *spec;  /* spec may point into *t */
     memset(t, 0, sizeof *t);
-    t->spec = *spec;
+    t->spec = s;
     for (int c = 0; c < OPF_COMP_COUNT; c++)
         if (L->comp[c].present) t->data[c] = (char *)base + L->comp[c].offset;
 }

@@ -192,6 +192,9 @@ static void test_tensors(void)
     CHECK_OK(NULL, opf_tensor_wrap(&p, mem, &t));
     CHECK(t.data[OPF_COMP_DATA] == mem && t.buf == NULL, "wrap");
     CHECK_FAILS(NULL, opf_tensor_wrap(&p, NULL, &t), OPF_ERR_INVALID_ARG, "base is NULL");
+    float mem2[12];
+    CHECK_OK(NULL, opf_tensor_wrap(&t.spec, mem2, &t));  /* the spec may live in the target */
+    CHECK(t.spec.ndim == 2 && t.spec.shape[1] == 4 && t.data[OPF_COMP_DATA] == mem2, "self wrap");
     opf_ctx_destroy(ctx);
 }
 
