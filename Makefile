@@ -36,6 +36,7 @@ demo: build
 	@./build/opfuse demo
 
 bench: build
+	@./scripts/setup.sh --bench
 	@./build/opfuse bench all
 
 clean:

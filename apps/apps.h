@@ -2,4 +2,5 @@
 #ifndef OPFUSE_APPS_H
 #define OPFUSE_APPS_H
 int opf_demo_quantize(int argc, char **argv);
+int opf_demo_train(int argc, char **argv);
 #endif

@@ -13,9 +13,11 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"demo", NULL, opf_demo_train, "train a residual LayerNorm-MLP with every recipe"},
     {"demo", NULL, opf_demo_quantize, "quantize a sample tensor with every recipe"},
     {"bench", "quantize", opf_bench_quantize, "quantize GB/s per format vs memcpy"},
     {"bench", "gemm", opf_bench_gemm, "opf_gemm vs OpenBLAS sgemm"},
+    {"bench", "ops", opf_bench_ops, "host time per op; LayerNorm-MLP step vs PyTorch CPU"},
 };
 
 static void usage(void)

@@ -12,4 +12,9 @@ int opf_bench_quantize(int argc, char **argv);
  *     opfuse bench gemm [M N K]   one fp32 shape instead of the default list */
 int opf_bench_gemm(int argc, char **argv);
 
+/* Host time per op in the eager fuser and the LayerNorm-MLP step against
+ * PyTorch CPU (bench_ops.c).
+ *     opfuse bench ops [tokens hidden ffn] */
+int opf_bench_ops(int argc, char **argv);
+
 #endif

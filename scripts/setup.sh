@@ -37,3 +37,9 @@ if ! .venv/bin/python -c 'import numpy, ml_dtypes, pytest' >/dev/null 2>&1; then
   echo "setup: installing numpy, ml_dtypes, pytest into .venv"
   .venv/bin/pip install -q numpy ml_dtypes pytest
 fi
+
+# The benchmarks' peer (PyTorch CPU), only for `make bench`.
+if [ "${1:-}" = "--bench" ] && ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
+  echo "setup: installing torch into .venv for the benchmark peer (large download)"
+  .venv/bin/pip install -q torch || echo "setup: torch could not be installed; benchmarks will skip the PyTorch peer" >&2
+fi
