@@ -1,0 +1,569 @@
+/* basic_linear.c: y = x W^T without bias (the anchor's BasicLinear,
+ * te-ops.md 5; data flow of docs/numerics.md 5.2-5.5).
+ *
+ *   fprop  y  = gemm(W, x, TN)    W rowwise,    x rowwise
+ *   dgrad  dx = gemm(W, dy, NN)   W columnwise, dy rowwise
+ *   wgrad  dW = gemm(x, dy, NT)   x columnwise, dy columnwise
+ *
+ * Under a recipe the op quantizes with its own quantizers (input, weight,
+ * grad_output of GEMM 0): x with rowwise (+ columnwise when the weight needs
+ * a gradient), W with rowwise (+ columnwise when backward runs), dy with
+ * rowwise (+ columnwise for wgrad). An input or gradient that arrives
+ * already quantized in the right format with the copies needed is used as
+ * is; one in another format is decoded and quantized again.
+ *
+ * Quantized outputs: y (and dx) come out quantized when the next op's input
+ * quantizer (the previous op's grad-output quantizer) is set. Per-tensor FP8
+ * (delayed or current scaling) is produced by the GEMM epilogue from the
+ * fp32 result (numerics 5.3, "FP8 output"; the anchor allows delayed only).
+ * Every other format goes through opf_op_store_f32: the fp32 result is
+ * rounded to the activation dtype and quantized, bit for bit what the next
+ * op would produce from the plain output.
+ *
+ * Weight cache (kwarg is_first_microbatch): -1 or no kwargs quantizes W in
+ * forward_impl on every call (into aux[1]); 1 quantizes W, both copies, in
+ * resolve_fwd (the half that owns op state) into param->qvalue; 0 reuses
+ * that copy even if the weight changed since (OPF_ERR_STATE without one).
+ *
+ * Weight init: Kaiming-uniform with a = sqrt(5), i.e. U(-b, b) with
+ * b = 1/sqrt(in_features), from the context's Philox stream: element i of
+ * the [out, in] weight uses word i % 4 of
+ *     Philox4x32-10(counter = {lo32(o + i/4), hi32(o + i/4), 0x4C494E57, 0},
+ *                   key = {lo32(seed), hi32(seed)})
+ * where o = opf_ctx_rng_advance(ctx, ceil(numel/4)) (so every op draws
+ * fresh numbers) and 0x4C494E57 ("LINW") keeps the stream apart from the
+ * stochastic-rounding counters; with u = (word >> 8) * 2^-24,
+ * w = fl32(b * (2u - 1)) in double, then rounded to the weight dtype.
+ *
+ * Backward saves the weight operand and (for wgrad) the x operand; the x
+ * copy keeps only its columnwise data where the format allows. With
+ * accumulate_into_main_grad, wgrad writes the fp32 param->main_grad (added
+ * unless is_first_microbatch == 1, numerics 5.5) and returns no gradient. */
+#include <math.h>
+
+#include "ops/ops-impl.h"
+#include "opfuse/gemm.h"
+
+/* How forward_impl (backward_impl) makes the x (dy) GEMM operand. */
+enum { OPND_AS_IS = 0, OPND_QUANTIZE = 1, OPND_RECAST = 2, OPND_MODE_COUNT };
+
+#define LINW_TAG 0x4C494E57u  /* Philox counter word 2 of weight init */
+
+typedef struct linear_fwd {
+    opf_tensor    x;        /* input [..., in], plain or quantized */
+    opf_tensor    w;        /* the plain weight, or its cached quantized copy */
+    opf_quantizer x_q;      /* QUANTIZE / RECAST: x operand into aux[0] (RECAST + none: plain) */
+    opf_quantizer w_q;      /* quantize w into aux[1]; none: w is the operand */
+    opf_quantizer out_q;    /* next op's input quantizer; none: plain y */
+    int           x_mode;   /* OPND_* */
+    bool          wgrad;    /* save x for the weight gradient */
+    int           is_first_microbatch;
+} linear_fwd;
+static const opf_field linear_fwd_fields[] = {
+    OPF_F_TENSOR_Q(linear_fwd, x),  OPF_F_TENSOR_Q(linear_fwd, w),
+    OPF_F_QUANT(linear_fwd, x_q),   OPF_F_QUANT(linear_fwd, w_q),
+    OPF_F_QUANT(linear_fwd, out_q), OPF_F_ENUM(linear_fwd, x_mode),
+    OPF_F_BOOL(linear_fwd, wgrad),
+    OPF_F(linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG)};
+OPF_SCHEMA(linear_fwd_schema, linear_fwd, linear_fwd_fields);
+
+typedef struct linear_bwd {
+    opf_tensor    dy;         /* [..., out], plain or quantized */
+    opf_tensor    w;          /* saved weight operand */
+    opf_tensor    x;          /* saved x operand; absent without wgrad */
+    opf_tensor    main_grad;  /* fp32 [out, in] accumulator, or absent */
+    opf_tensor    weight;     /* the parameter (spec of dW) */
+    opf_quantizer dy_q;       /* QUANTIZE / RECAST target; none: plain */
+    opf_quantizer dx_q;       /* previous op's grad-output quantizer; none: plain dx */
+    int           dy_mode;    /* OPND_* */
+    int           act_dtype;  /* dtype of dx */
+    bool          wgrad;      /* x is present: compute dW */
+    bool          to_main_grad; /* dW goes into main_grad, no gradient returned */
+    bool          accumulate; /* main_grad += dW (else =) */
+} linear_bwd;
+static const opf_field linear_bwd_fields[] = {
+    OPF_F_TENSOR_Q(linear_bwd, dy), OPF_F_TENSOR_Q(linear_bwd, w),
+    OPF_F_OPT(linear_bwd, x),
+    OPF_F(linear_bwd, main_grad, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL),
+    OPF_F_TENSOR(linear_bwd, weight),
+    OPF_F_QUANT(linear_bwd, dy_q),  OPF_F_QUANT(linear_bwd, dx_q),
+    OPF_F_ENUM(linear_bwd, dy_mode), OPF_F_ENUM(linear_bwd, act_dtype),
+    OPF_F_BOOL(linear_bwd, wgrad),  OPF_F_BOOL(linear_bwd, to_main_grad),
+    OPF_F_BOOL(linear_bwd, accumulate)};
+OPF_SCHEMA(linear_bwd_schema, linear_bwd, linear_bwd_fields);
+
+static const opf_field linear_kwargs_fields[] = {
+    OPF_F(opf_basic_linear_kwargs, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG)};
+OPF_SCHEMA(linear_kwargs_schema, opf_basic_linear_kwargs, linear_kwargs_fields);
+
+/* attrs of the op context */
+enum { AT_ACT_DTYPE, AT_WGRAD, AT_FIRST_MB, AT_ROWS, AT_QUANTIZED };
+
+static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
+static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
+static bool is_nvfp4(opf_scaling s) { return s == OPF_SCALING_NVFP4_1D || s == OPF_SCALING_NVFP4_2D; }
+
+/* Re-reports the thread's last error under the op's name (the message is
+ * copied first: opf_error writes into the buffer it lives in). */
+static opf_status fail(opf_ctx *ctx, const opf_op *op, opf_status st)
+{
+    char why[400];
+    snprintf(why, sizeof why, "%s", opf_last_error(NULL));
+    return opf_error(ctx, st, "basic_linear \"%s\": %s", opf_op_name(op), why);
+}
+
+/* ---- init ------------------------------------------------------------------ */
+
+/* Kaiming-uniform values of the file comment into v[n]. */
+static void kaiming_uniform(opf_ctx *ctx, float *v, int64_t n, int64_t fan_in)
+{
+    uint64_t seed, off;
+    opf_ctx_get_rng(ctx, &seed, NULL);
+    off = opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 4));
+    double bound = 1.0 / sqrt((double)fan_in);
+    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    for (int64_t g = 0; g * 4 < n; g++) {
+        uint64_t c = off + (uint64_t)g;
+        uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), LINW_TAG, 0}, w[4];
+        opf_philox4x32_10(ctr, key, w);
+        for (int j = 0; j < 4 && g * 4 + j < n; j++) {
+            double u = (double)(w[j] >> 8) * (1.0 / 16777216.0);
+            v[g * 4 + j] = (float)(bound * (2.0 * u - 1.0));
+        }
+    }
+}
+
+static opf_status init(opf_ctx *ctx, opf_op *op)
+{
+    const opf_basic_linear_config *c = opf_op_config(op);
+    const char *name = opf_op_name(op);
+    if (c->in_features < 1 || c->out_features < 1)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": in_features %lld and "
+                         "out_features %lld must both be >= 1", name, (long long)c->in_features,
+                         (long long)c->out_features);
+    if (!is_float_plain(c->dtype))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": dtype %s, expected f32, "
+                         "bf16 or f16", name, opf_dtype_name(c->dtype));
+    int64_t shape[2] = {c->out_features, c->in_features}, n = shape[0] * shape[1];
+    opf_spec s = opf_spec_make(2, shape, c->dtype);
+    int i = opf_op_add_param(ctx, op, "weight", &s);
+    if (i < 0) return (opf_status)-i;
+    opf_param *p = opf_op_param(op, i);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *v = opf_op_scratch(ctx, n);
+    opf_status st = v ? OPF_OK : opf_error(ctx, OPF_ERR_NO_MEMORY, "basic_linear \"%s\": no "
+                                           "memory for a %lld-element weight", name, (long long)n);
+    if (!st) {
+        kaiming_uniform(ctx, v, n, c->in_features);
+        st = opf_convert(v, OPF_F32, p->value.data[OPF_COMP_DATA], c->dtype, (size_t)n);
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    if (!st && c->accumulate_into_main_grad) {
+        opf_spec g = opf_spec_make(2, shape, OPF_F32);
+        if (!(st = opf_tensor_alloc(ctx, &g, &p->main_grad)))
+            memset(p->main_grad.data[OPF_COMP_DATA], 0, (size_t)n * sizeof(float));
+    }
+    return st;
+}
+
+static const opf_quantizer *input_quantizer(const opf_op *op)
+{
+    return opf_op_quantizer(op, OPF_ROLE_INPUT, 0);
+}
+
+static const opf_quantizer *grad_output_quantizer(const opf_op *op)
+{
+    return opf_op_quantizer(op, OPF_ROLE_GRAD_OUTPUT, 0);
+}
+
+/* ---- shared helpers -------------------------------------------------------------- */
+
+/* The op's quantizer for a role with the given copies (none without state). */
+static opf_quantizer role_q(const opf_op *op, opf_tensor_role role, unsigned usage)
+{
+    opf_quantizer q = opf_q_or_none(opf_op_quantizer(op, role, 0));
+    if (is_q(&q)) q.usage = usage;
+    return q;
+}
+
+/* Can quantized t serve as an operand of quantizer q's format with the
+ * copies in `need`? (Hadamard-rotated or not as q would make it.) */
+static bool fits(const opf_spec *t, const opf_quantizer *q, unsigned need)
+{
+    if (t->scaling != q->scaling || t->qdtype != q->qdtype || (t->usage & need) != need)
+        return false;
+    if (!(need & OPF_USAGE_COLUMNWISE)) return true;
+    return ((t->flags & OPF_SPEC_NVFP4_RHT) != 0) == (q->rht && is_nvfp4(q->scaling));
+}
+
+/* How to turn a (plain or quantized) input t into an operand for q. */
+static int operand_mode(const opf_spec *t, const opf_quantizer *q)
+{
+    if (t->scaling == OPF_SCALING_NONE) return is_q(q) ? OPND_QUANTIZE : OPND_AS_IS;
+    return is_q(q) && fits(t, q, q->usage) ? OPND_AS_IS : OPND_RECAST;
+}
+
+/* The operand's spec: t itself, its quantized spec, or (RECAST without a
+ * quantizer) plain in `plain_dt`. */
+static opf_status operand_spec(const opf_spec *t, int mode, const opf_quantizer *q,
+                               opf_dtype plain_dt, opf_spec *out)
+{
+    if (mode == OPND_AS_IS) {
+        *out = *t;
+        return OPF_OK;
+    }
+    opf_spec plain = opf_spec_make(t->ndim, t->shape, t->dtype);
+    plain.device = t->device;
+    if (!is_q(q)) plain.dtype = plain_dt;
+    return opf_op_out_spec(&plain, q, out);
+}
+
+/* A tensor of spec s in scratch memory, aligned like a buffer, zeroed. */
+static opf_status scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
+{
+    opf_layout L;
+    opf_status st = opf_spec_layout(s, &L);
+    if (st) return opf_error(ctx, st, "basic_linear: %s", opf_last_error(NULL));
+    size_t bytes = L.total_bytes + OPF_COMPONENT_ALIGN;
+    unsigned char *p = (unsigned char *)opf_op_scratch(ctx, (int64_t)((bytes + 3) / 4));
+    if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "basic_linear: no scratch for %zu bytes", bytes);
+    uintptr_t a = ((uintptr_t)p + OPF_COMPONENT_ALIGN - 1) & ~(uintptr_t)(OPF_COMPONENT_ALIGN - 1);
+    memset((void *)a, 0, L.total_bytes);
+    return opf_tensor_wrap(s, (void *)a, t);
+}
+
+/* Decodes quantized t to fp32 and writes it into out (plain: rounded to its
+ * dtype; quantized: with q, rounded to t's logical dtype first unless q is
+ * delayed, like any op output). */
+static opf_status recast(opf_ctx *ctx, const opf_tensor *t, const opf_quantizer *q, opf_tensor *out)
+{
+    int64_t n = opf_spec_numel(&t->spec);
+    float *ws = opf_op_scratch(ctx, n);
+    const float *v;
+    if (!ws) return opf_error(ctx, OPF_ERR_NO_MEMORY, "basic_linear: no scratch for %lld floats",
+                              (long long)n);
+    opf_status st = opf_op_load_f32(ctx, t, ws, &v);
+    return st ? st : opf_op_store_f32(ctx, v, t->spec.dtype, q, out);
+}
+
+/* D = gemm(a, b) into d, plain or quantized with out_q (per-tensor FP8 by
+ * the GEMM epilogue, other formats from the fp32 result in scratch). */
+static opf_status gemm_out(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
+                           opf_gemm_layout layout, const opf_quantizer *out_q, opf_dtype act,
+                           opf_tensor *d)
+{
+    opf_gemm_options o = opf_gemm_options_default();
+    if (!is_q(out_q)) return opf_gemm(ctx, a, b, layout, &o, d);
+    if (out_q->scaling == OPF_SCALING_TENSOR) {
+        o.out_quantizer = out_q;
+        return opf_gemm(ctx, a, b, layout, &o, d);
+    }
+    opf_spec s = opf_spec_make(d->spec.ndim, d->spec.shape, OPF_F32);
+    s.device = d->spec.device;
+    opf_tensor y;
+    opf_status st = scratch_tensor(ctx, &s, &y);
+    if (!st) st = opf_gemm(ctx, a, b, layout, &o, &y);
+    return st ? st : opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], act, out_q, d);
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
+{
+    const linear_fwd *a = args;
+    opf_spec xs, ws, ys;
+    opf_status st = operand_spec(&a->x.spec, a->x_mode, &a->x_q, a->x.spec.dtype, &xs);
+    if (st) return st;
+    if (a->x_mode != OPND_AS_IS) aux[0] = xs;
+    if (is_q(&a->w_q)) {
+        if ((st = opf_quantizer_spec(&a->w_q, &a->w.spec, &ws))) return st;
+        aux[1] = ws;
+    } else {
+        ws = a->w.spec;
+    }
+    if ((st = opf_gemm_out_spec(&ws, &xs, OPF_GEMM_TN, a->x.spec.dtype, &ys))) return st;
+    return opf_op_out_spec(&ys, &a->out_q, &outs[0]);
+}
+
+static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const linear_fwd *a = args;
+    const opf_tensor *x = &a->x, *w = &a->w;
+    opf_status st = OPF_OK;
+    if (a->x_mode == OPND_QUANTIZE) st = opf_quantize(ctx, &a->x_q, x, &aux[0]);
+    else if (a->x_mode == OPND_RECAST) st = recast(ctx, x, &a->x_q, &aux[0]);
+    if (st) return st;
+    if (a->x_mode != OPND_AS_IS) x = &aux[0];
+    if (is_q(&a->w_q)) {
+        if ((st = opf_quantize(ctx, &a->w_q, w, &aux[1]))) return st;
+        w = &aux[1];
+    }
+    return gemm_out(ctx, w, x, OPF_GEMM_TN, &a->out_q, a->x.spec.dtype, &outs[0]);
+}
+
+/* Input checks of resolve_fwd that need no recipe state. */
+static opf_status check_input(opf_ctx *ctx, const opf_op *op, const opf_tensor *x)
+{
+    const opf_basic_linear_config *c = opf_op_config_const(op);
+    const char *name = opf_op_name(op);
+    if (!is_float_plain(x->spec.dtype))
+        return opf_error(ctx, OPF_ERR_DTYPE, "basic_linear \"%s\": input dtype %s, expected f32, "
+                         "bf16 or f16", name, opf_dtype_name(x->spec.dtype));
+    int64_t k = x->spec.ndim ? x->spec.shape[x->spec.ndim - 1] : 0;
+    if (x->spec.ndim < 1 || k != c->in_features)
+        return opf_error(ctx, OPF_ERR_SHAPE, "basic_linear \"%s\": input has %lld features "
+                         "(ndim %d), weight expects %lld", name, (long long)k, x->spec.ndim,
+                         (long long)c->in_features);
+    if (x->spec.scaling != OPF_SCALING_NONE && !(x->spec.usage & OPF_USAGE_ROWWISE) &&
+        (x->spec.flags & OPF_SPEC_NVFP4_RHT))
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "basic_linear \"%s\": the input's only copy is "
+                         "a Hadamard-rotated columnwise copy; its values are not the input's", name);
+    return OPF_OK;
+}
+
+/* The recipe state follows env->recipe (the fuser resets it too; this
+ * covers ops driven on their own). */
+static opf_status ensure_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
+{
+    opf_recipe_state *rs = opf_op_recipe_state(op);
+    if (rs && opf_recipe_state_recipe(rs)->kind == r->kind) return OPF_OK;
+    opf_status st = opf_op_reset_recipe(ctx, op, r);
+    return st ? fail(ctx, op, st) : OPF_OK;
+}
+
+/* is_first_microbatch == 1: W (both copies) into a fresh param->qvalue. */
+static opf_status cache_weight(opf_ctx *ctx, opf_op *op, opf_param *p, const opf_quantizer *wq)
+{
+    opf_tensor t;
+    opf_status st = opf_quantize_alloc(ctx, wq, &p->value, &t);
+    if (st) return fail(ctx, op, st);
+    opf_tensor_release(&p->qvalue);
+    p->qvalue = t;
+    p->qvalue_valid = true;
+    return OPF_OK;
+}
+
+/* is_first_microbatch == 0: the cache must exist and match the recipe. */
+static opf_status check_cache(opf_ctx *ctx, const opf_op *op, const opf_param *p,
+                              const opf_quantizer *wq)
+{
+    opf_spec want;
+    opf_status st = opf_quantizer_spec(wq, &p->value.spec, &want);
+    if (st) return fail(ctx, op, st);
+    if (!p->qvalue_valid || !p->qvalue.data[OPF_COMP_DATA])
+        return opf_error(ctx, OPF_ERR_STATE, "basic_linear \"%s\": is_first_microbatch=0 reuses "
+                         "the cached quantized weight, but there is none (run with "
+                         "is_first_microbatch=1 first; recipe changes and optimizer steps drop it)",
+                         opf_op_name(op));
+    if (!opf_spec_equal(&want, &p->qvalue.spec)) {
+        char h[160], w[160];
+        opf_spec_str(&p->qvalue.spec, h, sizeof h);
+        opf_spec_str(&want, w, sizeof w);
+        return opf_error(ctx, OPF_ERR_STATE, "basic_linear \"%s\": the cached weight is %s, the "
+                         "recipe makes %s (run with is_first_microbatch=1)", opf_op_name(op), h, w);
+    }
+    return OPF_OK;
+}
+
+static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    linear_fwd *a = args;
+    opf_ctx *ctx = env->ctx;
+    const opf_basic_linear_config *c = opf_op_config(op);
+    opf_param *p = opf_op_param(op, 0);
+    const opf_basic_linear_kwargs *kw = env->kwargs;
+    int first = kw ? kw->is_first_microbatch : -1;
+    bool quant = env->recipe != NULL;
+    opf_status st = check_input(ctx, op, env->x);
+    if (st) return st;
+    if (first < -1 || first > 1)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": is_first_microbatch %d "
+                         "must be -1, 0 or 1", opf_op_name(op), first);
+    if (quant && env->recipe->kind == OPF_RECIPE_NVFP4 &&
+        (env->x->spec.dtype == OPF_F16 || c->dtype == OPF_F16))
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "basic_linear \"%s\": nvfp4 GEMMs cannot write "
+                         "f16 (input %s, weight %s); use bf16 or f32", opf_op_name(op),
+                         opf_dtype_name(env->x->spec.dtype), opf_dtype_name(c->dtype));
+    if (quant && (st = ensure_recipe(ctx, op, env->recipe))) return st;
+    const unsigned both = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+    a->wgrad = env->requires_grad && p->requires_grad;
+    a->is_first_microbatch = first;
+    a->x = *env->x;
+    a->x_q = quant ? role_q(op, OPF_ROLE_INPUT, a->wgrad ? both : OPF_USAGE_ROWWISE)
+                   : opf_quantizer_default();
+    a->x_mode = operand_mode(&a->x.spec, &a->x_q);
+    a->out_q = opf_q_or_none(env->next_input_q);
+    a->w = p->value;
+    /* dgrad reads W's columnwise copy; a cached copy keeps both for any call */
+    unsigned wu = env->requires_grad || first != -1 ? both : OPF_USAGE_ROWWISE;
+    a->w_q = quant ? role_q(op, OPF_ROLE_WEIGHT, wu) : opf_quantizer_default();
+    if (is_q(&a->w_q) && first == 0) {
+        if ((st = check_cache(ctx, op, p, &a->w_q))) return st;
+        a->w = p->qvalue;
+        a->w_q = opf_quantizer_default();
+    }
+    /* Every shape and format check of the fake, under the op's name, before
+     * anything changes. */
+    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
+    if ((st = forward_fake(a, o, x))) return fail(ctx, op, st);
+    if (is_q(&a->w_q) && first == 1) {
+        if ((st = cache_weight(ctx, op, p, &a->w_q))) return st;
+        a->w = p->qvalue;
+        a->w_q = opf_quantizer_default();
+    }
+    return OPF_OK;
+}
+
+static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
+                                const opf_tensor *outs, const opf_tensor *aux)
+{
+    const linear_fwd *a = args;
+    int64_t m, k;
+    opf_shape_2d(&a->x.spec, &m, &k);
+    opf_tensor_retain(is_q(&a->w_q) ? &aux[1] : &a->w, &octx->saved[0]);
+    octx->n_saved = 1;
+    if (a->wgrad)
+        opf_tensor_retain(a->x_mode != OPND_AS_IS ? &aux[0] : &a->x, &octx->saved[octx->n_saved++]);
+    octx->attrs[AT_ACT_DTYPE] = a->x.spec.dtype;
+    octx->attrs[AT_WGRAD] = a->wgrad;
+    octx->attrs[AT_FIRST_MB] = a->is_first_microbatch;
+    octx->attrs[AT_ROWS] = m;
+    octx->attrs[AT_QUANTIZED] = octx->saved[0].spec.scaling != OPF_SCALING_NONE;
+    return OPF_OK;
+}
+
+/* ---- backward ----------------------------------------------------------------------- */
+
+/* The dy operand's spec (RECAST without a quantizer decodes to fp32). */
+static opf_status dy_spec(const linear_bwd *b, opf_spec *out)
+{
+    return operand_spec(&b->dy.spec, b->dy_mode, &b->dy_q, OPF_F32, out);
+}
+
+static opf_status backward_fake(const void *bargs, opf_spec *grads)
+{
+    const linear_bwd *b = bargs;
+    opf_spec ds, dxs, dws;
+    opf_status st = dy_spec(b, &ds);
+    if (st || (st = opf_gemm_out_spec(&b->w.spec, &ds, OPF_GEMM_NN, (opf_dtype)b->act_dtype, &dxs)) ||
+        (st = opf_op_out_spec(&dxs, &b->dx_q, &grads[0])))
+        return st;
+    if (!b->wgrad) return OPF_OK;
+    if ((st = opf_gemm_out_spec(&b->x.spec, &ds, OPF_GEMM_NT, b->weight.spec.dtype, &dws))) return st;
+    if (!b->to_main_grad) grads[1] = b->weight.spec;
+    return OPF_OK;
+}
+
+/* Makes the dy operand in scratch when it is not dy itself. */
+static opf_status dy_operand(opf_ctx *ctx, const linear_bwd *b, opf_tensor *t, const opf_tensor **out)
+{
+    *out = &b->dy;
+    if (b->dy_mode == OPND_AS_IS) return OPF_OK;
+    opf_spec s;
+    opf_status st = dy_spec(b, &s);
+    if (st || (st = scratch_tensor(ctx, &s, t))) return st;
+    *out = t;
+    if (b->dy_mode == OPND_QUANTIZE) return opf_quantize(ctx, &b->dy_q, &b->dy, t);
+    if (!is_q(&b->dy_q)) {
+        const float *v;
+        return opf_op_load_f32(ctx, &b->dy, t->data[OPF_COMP_DATA], &v);
+    }
+    return recast(ctx, &b->dy, &b->dy_q, t);
+}
+
+static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
+{
+    const linear_bwd *b = bargs;
+    opf_tensor dyq;
+    const opf_tensor *dy;
+    opf_status st = dy_operand(ctx, b, &dyq, &dy);
+    if (st || (st = gemm_out(ctx, &b->w, dy, OPF_GEMM_NN, &b->dx_q, (opf_dtype)b->act_dtype,
+                             &grads[0])))
+        return st;
+    if (!b->wgrad) return OPF_OK;
+    if (!b->to_main_grad) return opf_gemm(ctx, &b->x, dy, OPF_GEMM_NT, NULL, &grads[1]);
+    opf_gemm_options o = opf_gemm_options_default();
+    o.accumulate = b->accumulate;
+    opf_tensor mg = b->main_grad;  /* written in place: the fp32 accumulator */
+    return opf_gemm(ctx, &b->x, dy, OPF_GEMM_NT, &o, &mg);
+}
+
+static opf_status check_dy(opf_ctx *ctx, const opf_op *op, const opf_op_ctx *octx, const opf_tensor *dy)
+{
+    const opf_basic_linear_config *c = opf_op_config_const(op);
+    int64_t m, n;
+    opf_shape_2d(&dy->spec, &m, &n);
+    if (!is_float_plain(dy->spec.dtype))
+        return opf_error(ctx, OPF_ERR_DTYPE, "basic_linear \"%s\": gradient dtype %s, expected "
+                         "f32, bf16 or f16", opf_op_name(op), opf_dtype_name(dy->spec.dtype));
+    if (dy->spec.ndim < 1 || n != c->out_features || m != octx->attrs[AT_ROWS])
+        return opf_error(ctx, OPF_ERR_SHAPE, "basic_linear \"%s\": gradient is [%lld, %lld] as "
+                         "2D, the output was [%lld, %lld]", opf_op_name(op), (long long)m,
+                         (long long)n, (long long)octx->attrs[AT_ROWS], (long long)c->out_features);
+    return OPF_OK;
+}
+
+static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *bargs)
+{
+    linear_bwd *b = bargs;
+    opf_ctx *ctx = env->ctx;
+    const opf_basic_linear_config *c = opf_op_config(op);
+    opf_param *p = opf_op_param(op, 0);
+    opf_status st = check_dy(ctx, op, octx, env->dy);
+    if (st) return st;
+    bool wgrad = octx->attrs[AT_WGRAD] != 0, quant = octx->attrs[AT_QUANTIZED] != 0;
+    b->dy = *env->dy;
+    b->w = octx->saved[0];
+    b->weight = p->value;
+    b->act_dtype = (int)octx->attrs[AT_ACT_DTYPE];
+    b->accumulate = octx->attrs[AT_FIRST_MB] != 1;
+    b->dx_q = octx->prev_grad_q;
+    b->dy_q = opf_quantizer_default();
+    if (quant) {
+        b->dy_q = role_q(op, OPF_ROLE_GRAD_OUTPUT,
+                         OPF_USAGE_ROWWISE | (wgrad ? OPF_USAGE_COLUMNWISE : 0));
+        if (!is_q(&b->dy_q))
+            return opf_error(ctx, OPF_ERR_STATE, "basic_linear \"%s\": the forward was quantized "
+                             "but the op has no recipe now (reset between forward and backward)",
+                             opf_op_name(op));
+    }
+    b->dy_mode = operand_mode(&b->dy.spec, &b->dy_q);
+    if (wgrad) {
+        b->x = octx->saved[1];
+        /* wgrad reads x's columnwise copy only (per-tensor FP8 cannot hold
+         * a columnwise copy alone). */
+        if (b->x.spec.scaling != OPF_SCALING_NONE && b->x.spec.scaling != OPF_SCALING_TENSOR &&
+            b->x.spec.usage == (OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE) &&
+            (st = opf_tensor_update_usage(ctx, &b->x, OPF_USAGE_COLUMNWISE)))
+            return fail(ctx, op, st);
+        b->wgrad = true;
+        b->to_main_grad = c->accumulate_into_main_grad;
+        if (b->to_main_grad) b->main_grad = p->main_grad;
+    }
+    opf_spec g[2 + OPF_OP_MAX_EXTRA];
+    for (int i = 0; i < 2; i++) g[i].ndim = OPF_SPEC_NONE_NDIM;
+    if ((st = backward_fake(b, g))) return fail(ctx, op, st);
+    return OPF_OK;
+}
+
+const opf_op_class opf_op_class_basic_linear = {
+    .abi_version = OPF_OP_ABI_VERSION,
+    .name = "basic_linear",
+    .module_type = "linear",
+    .config_size = sizeof(opf_basic_linear_config),
+    .fwd_schema = &linear_fwd_schema,
+    .bwd_schema = &linear_bwd_schema,
+    .kwargs_schema = &linear_kwargs_schema,
+    .n_gemms = 1,
+    .fusible = true,
+    .init = init,
+    .input_quantizer = input_quantizer,
+    .grad_output_quantizer = grad_output_quantizer,
+    .resolve_fwd = resolve_fwd,
+    .setup_context = setup_context,
+    .resolve_bwd = resolve_bwd,
+    .forward_fake = forward_fake,
+    .forward_impl = forward_impl,
+    .backward_fake = backward_fake,
+    .backward_impl = backward_impl,
+};

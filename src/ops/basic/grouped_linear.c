@@ -1,0 +1,629 @@
+/* grouped_linear.c: G independent linears over consecutive row groups of one
+ * input (the anchor's GroupedLinear, te-ops.md 5). Extra input 0 holds the
+ * split sizes, a plain i64 [G] tensor that sums to the rows of x (its 2D
+ * view); group g computes y_g = x_g W_g^T (+ b_g) on its rows with the
+ * BasicLinear data flow of docs/numerics.md 5.2 and the quantizers of GEMM g
+ * of the op's recipe state: fprop gemm(W_g, x_g, TN), dgrad gemm(W_g, dy_g,
+ * NN), wgrad gemm(x_g, dy_g, NT). db_g is the fp32 column sum of the plain
+ * dy_g (5.5). The split sizes get no gradient.
+ *
+ * Like the anchor's split-quantize path, the split sizes are read on the
+ * host in resolve_fwd and become values of the args (a new split is a new
+ * guard for a compiled graph). The per-group quantized x_g and W_g live in
+ * two packed byte buffers (aux[0], aux[1]) whose layout is a pure function of
+ * the specs, so the fake describes them and backward finds them again.
+ *
+ * Quantized data do not cross the op's boundary: a quantized x (or dy) is
+ * decoded first, y and dx are plain in the activation dtype, and the class
+ * hands neighbours no input / grad-output quantizer (one quantizer cannot
+ * cover G groups). The bias is added in the GEMM epilogue in its own dtype.
+ *
+ * Limits of the op contract: parameters are at most OPF_OP_MAX_PARAMS (so G
+ * <= 8, or <= 4 with bias), and the class's n_gemms is fixed, so the recipe
+ * state is built for GL_MAX GEMMs and groups use the first G.
+ *
+ * Weights: Kaiming-uniform per group, with the Philox mapping of
+ * basic_linear.c (one rng_advance per weight); biases start at zero. */
+#include <math.h>
+
+#include "ops/ops-impl.h"
+#include "opfuse/gemm.h"
+
+#define GL_MAX   OPF_OP_MAX_PARAMS
+#define LINW_TAG 0x4C494E57u  /* Philox counter word 2 of weight init ("LINW") */
+
+typedef struct grouped_fwd {
+    opf_tensor    x;              /* [..., in]: plain, or quantized (decoded into aux[2]) */
+    opf_tensor    p[GL_MAX];      /* weight0..G-1, then bias0..G-1 */
+    opf_quantizer x_q, w_q;       /* group 0's; under delayed scaling group g uses slot + 3g */
+    int64_t       rows[GL_MAX];   /* split sizes */
+    int64_t       groups;
+    bool          bias, wgrad;
+} grouped_fwd;
+
+#define GL_P(st, i) OPF_F(st, p[i], OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL)
+#define GL_PS(st) GL_P(st, 0), GL_P(st, 1), GL_P(st, 2), GL_P(st, 3), GL_P(st, 4), GL_P(st, 5), \
+                  GL_P(st, 6), GL_P(st, 7)
+#define GL_ROWS(st) OPF_F_INT(st, rows[0]), OPF_F_INT(st, rows[1]), OPF_F_INT(st, rows[2]), \
+                    OPF_F_INT(st, rows[3]), OPF_F_INT(st, rows[4]), OPF_F_INT(st, rows[5]), \
+                    OPF_F_INT(st, rows[6]), OPF_F_INT(st, rows[7])
+_Static_assert(GL_MAX == 8, "the schema tables list 8 parameters and 8 groups");
+
+static const opf_field grouped_fwd_fields[] = {
+    OPF_F_TENSOR_Q(grouped_fwd, x), GL_PS(grouped_fwd),
+    OPF_F_QUANT(grouped_fwd, x_q),  OPF_F_QUANT(grouped_fwd, w_q),
+    GL_ROWS(grouped_fwd),           OPF_F_INT(grouped_fwd, groups),
+    OPF_F_BOOL(grouped_fwd, bias),  OPF_F_BOOL(grouped_fwd, wgrad)};
+OPF_SCHEMA(grouped_fwd_schema, grouped_fwd, grouped_fwd_fields);
+
+typedef struct grouped_bwd {
+    opf_tensor    dy;             /* [..., out], plain or quantized (decoded) */
+    opf_tensor    x;              /* saved: plain x, or the pack of quantized x_g; absent without wgrad */
+    opf_tensor    wpack;          /* saved pack of quantized W_g; absent: plain p[] */
+    opf_tensor    p[GL_MAX];      /* weights then biases: plain operands, gradient specs */
+    opf_quantizer x_q, w_q, dy_q; /* group 0's (pack layouts; dy quantization) */
+    int64_t       rows[GL_MAX];
+    int64_t       groups;
+    int           act_dtype;
+    bool          bias, wgrad;
+} grouped_bwd;
+static const opf_field grouped_bwd_fields[] = {
+    OPF_F_TENSOR_Q(grouped_bwd, dy), OPF_F(grouped_bwd, x, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL),
+    OPF_F(grouped_bwd, wpack, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL), GL_PS(grouped_bwd),
+    OPF_F_QUANT(grouped_bwd, x_q),   OPF_F_QUANT(grouped_bwd, w_q), OPF_F_QUANT(grouped_bwd, dy_q),
+    GL_ROWS(grouped_bwd),            OPF_F_INT(grouped_bwd, groups),
+    OPF_F_ENUM(grouped_bwd, act_dtype), OPF_F_BOOL(grouped_bwd, bias),
+    OPF_F_BOOL(grouped_bwd, wgrad)};
+OPF_SCHEMA(grouped_bwd_schema, grouped_bwd, grouped_bwd_fields);
+
+/* aux slots of the forward, saved slots, attrs */
+enum { AUX_XPACK, AUX_WPACK, AUX_XDEC, AUX_ROWS };
+enum { SV_ROWS, SV_WPACK, SV_X, SV_COUNT };
+enum { AT_ACT_DTYPE, AT_WGRAD, AT_QUANTIZED, AT_ROWS };
+
+static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
+static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
+
+static opf_status fail(opf_ctx *ctx, const opf_op *op, opf_status st)
+{
+    char why[400];
+    snprintf(why, sizeof why, "%s", opf_last_error(NULL));
+    return opf_error(ctx, st, "grouped_linear \"%s\": %s", opf_op_name(op), why);
+}
+
+/* Group g's quantizer from group 0's: delayed slots step by `stride` per
+ * GEMM (forward [input, weight, output], backward [grad_output,
+ * grad_input]; numerics.md 3). */
+static opf_quantizer group_q(const opf_quantizer *q0, int g, int stride)
+{
+    opf_quantizer q = *q0;
+    if (q.delayed) q.slot += stride * g;
+    return q;
+}
+
+/* ---- packed per-group quantized tensors ---------------------------------------- */
+
+typedef struct pack_plan {
+    opf_spec spec[GL_MAX];  /* ndim < 0: empty group, nothing stored */
+    size_t   off[GL_MAX];
+    size_t   total;
+} pack_plan;
+
+/* Layout of G quantized tensors of the plain specs plain[g] in one buffer. */
+static opf_status plan_pack(const opf_quantizer *q, const opf_spec *plain, int G, pack_plan *pp)
+{
+    pp->total = 0;
+    for (int g = 0; g < G; g++) {
+        pp->spec[g].ndim = OPF_SPEC_NONE_NDIM;
+        pp->off[g] = pp->total;
+        if (opf_spec_numel(&plain[g]) == 0) continue;
+        opf_layout L;
+        opf_status st = opf_quantizer_spec(q, &plain[g], &pp->spec[g]);
+        if (!st) st = opf_spec_layout(&pp->spec[g], &L);
+        if (st) {
+            char why[320];
+            snprintf(why, sizeof why, "%s", opf_last_error(NULL));
+            return opf_error(NULL, st, "group %d (%lld rows): %s", g, (long long)plain[g].shape[0], why);
+        }
+        pp->total += (size_t)opf_round_up((int64_t)L.total_bytes, OPF_COMPONENT_ALIGN);
+    }
+    return OPF_OK;
+}
+
+static opf_spec pack_spec(const pack_plan *pp)
+{
+    int64_t n = pp->total ? (int64_t)pp->total : 1;
+    return opf_spec_make(1, &n, OPF_U8);
+}
+
+static opf_status pack_view(const opf_tensor *pack, const pack_plan *pp, int g, opf_tensor *out)
+{
+    return opf_tensor_wrap(&pp->spec[g], (unsigned char *)pack->data[OPF_COMP_DATA] + pp->off[g], out);
+}
+
+/* The plain specs of x_g ([rows_g, in], dtype dt) and of the weights. */
+static void x_specs(const int64_t *rows, int G, int64_t in, opf_dtype dt, opf_spec *out)
+{
+    for (int g = 0; g < G; g++) out[g] = opf_spec_make(2, (int64_t[]){rows[g], in}, dt);
+}
+
+static void w_specs(const opf_tensor *p, int G, opf_spec *out)
+{
+    for (int g = 0; g < G; g++) out[g] = p[g].spec;
+}
+
+/* Rows [off, off + m) of a plain tensor, as a 2D [m, K] view. */
+static opf_tensor row_view(const opf_tensor *t, int64_t off, int64_t m)
+{
+    int64_t M, K;
+    opf_shape_2d(&t->spec, &M, &K);
+    opf_spec s = opf_spec_make(2, (int64_t[]){m, K}, t->spec.dtype);
+    s.device = t->spec.device;
+    opf_tensor v;
+    opf_tensor_wrap(&s, (unsigned char *)t->data[OPF_COMP_DATA] +
+                            opf_dtype_nbytes(t->spec.dtype, (size_t)(off * K)), &v);
+    return v;
+}
+
+static void zero_plain(opf_tensor *t)
+{
+    memset(t->data[OPF_COMP_DATA], 0, opf_dtype_nbytes(t->spec.dtype, (size_t)opf_spec_numel(&t->spec)));
+}
+
+/* A tensor of spec s in scratch memory, aligned like a buffer, zeroed. */
+static opf_status scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
+{
+    opf_layout L;
+    opf_status st = opf_spec_layout(s, &L);
+    if (st) return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
+    size_t bytes = L.total_bytes + OPF_COMPONENT_ALIGN;
+    unsigned char *p = (unsigned char *)opf_op_scratch(ctx, (int64_t)((bytes + 3) / 4));
+    if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no scratch for %zu bytes", bytes);
+    uintptr_t a = ((uintptr_t)p + OPF_COMPONENT_ALIGN - 1) & ~(uintptr_t)(OPF_COMPONENT_ALIGN - 1);
+    memset((void *)a, 0, L.total_bytes);
+    return opf_tensor_wrap(s, (void *)a, t);
+}
+
+/* ---- init ---------------------------------------------------------------------------- */
+
+static opf_status kaiming_uniform(opf_ctx *ctx, opf_tensor *w, int64_t fan_in)
+{
+    int64_t n = opf_spec_numel(&w->spec);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *v = opf_op_scratch(ctx, n);
+    if (!v) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no memory for %lld floats",
+                             (long long)n);
+    uint64_t seed, off;
+    opf_ctx_get_rng(ctx, &seed, NULL);
+    off = opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 4));
+    double bound = 1.0 / sqrt((double)fan_in);
+    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    for (int64_t g = 0; g * 4 < n; g++) {
+        uint64_t c = off + (uint64_t)g;
+        uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), LINW_TAG, 0}, r[4];
+        opf_philox4x32_10(ctr, key, r);
+        for (int j = 0; j < 4 && g * 4 + j < n; j++)
+            v[g * 4 + j] = (float)(bound * (2.0 * ((double)(r[j] >> 8) * (1.0 / 16777216.0)) - 1.0));
+    }
+    opf_status st = opf_convert(v, OPF_F32, w->data[OPF_COMP_DATA], w->spec.dtype, (size_t)n);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status init(opf_ctx *ctx, opf_op *op)
+{
+    const opf_grouped_linear_config *c = opf_op_config(op);
+    const char *name = opf_op_name(op);
+    int per = c->bias ? 2 : 1;
+    if (c->groups < 1 || c->groups * per > GL_MAX)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": %d groups%s need %d "
+                         "parameters; an op holds 1..%d", name, c->groups,
+                         c->bias ? " with bias" : "", c->groups * per, GL_MAX);
+    if (c->in_features < 1 || c->out_features < 1)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": in_features %lld and "
+                         "out_features %lld must both be >= 1", name, (long long)c->in_features,
+                         (long long)c->out_features);
+    if (!is_float_plain(c->dtype))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": dtype %s, expected "
+                         "f32, bf16 or f16", name, opf_dtype_name(c->dtype));
+    opf_spec ws = opf_spec_make(2, (int64_t[]){c->out_features, c->in_features}, c->dtype);
+    opf_spec bs = opf_spec_make(1, &c->out_features, c->dtype);
+    char pn[32];
+    for (int i = 0; i < c->groups * per; i++) {
+        bool w = i < c->groups;
+        snprintf(pn, sizeof pn, "%s%d", w ? "weight" : "bias", w ? i : i - c->groups);
+        int k = opf_op_add_param(ctx, op, pn, w ? &ws : &bs);
+        if (k < 0) return (opf_status)-k;
+        opf_status st = w ? kaiming_uniform(ctx, &opf_op_param(op, k)->value, c->in_features) : OPF_OK;
+        if (st) return st;
+    }
+    return OPF_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+static opf_dtype act_dtype(const grouped_fwd *a) { return a->x.spec.dtype; }
+
+static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
+{
+    const grouped_fwd *a = args;
+    int G = (int)a->groups;
+    int64_t M, K, N = a->p[0].spec.shape[0];
+    opf_shape_2d(&a->x.spec, &M, &K);
+    opf_spec xs[GL_MAX], ws[GL_MAX], y;
+    x_specs(a->rows, G, K, act_dtype(a), xs);
+    w_specs(a->p, G, ws);
+    opf_status st;
+    if (a->x.spec.scaling != OPF_SCALING_NONE) {
+        aux[AUX_XDEC] = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, act_dtype(a));
+        aux[AUX_XDEC].device = a->x.spec.device;
+    }
+    if (is_q(&a->x_q)) {
+        pack_plan px, pw;
+        if ((st = plan_pack(&a->x_q, xs, G, &px)) || (st = plan_pack(&a->w_q, ws, G, &pw))) return st;
+        aux[AUX_XPACK] = pack_spec(&px);
+        aux[AUX_WPACK] = pack_spec(&pw);
+        for (int g = 0; g < G; g++)
+            if (px.spec[g].ndim >= 0) xs[g] = px.spec[g], ws[g] = pw.spec[g];
+    }
+    for (int g = 0; g < G; g++)  /* every group's GEMM must be possible */
+        if (a->rows[g] && (st = opf_gemm_out_spec(&ws[g], &xs[g], OPF_GEMM_TN, act_dtype(a), &y)))
+            return st;
+    aux[AUX_ROWS] = opf_spec_make(1, &a->groups, OPF_I64);
+    outs[0] = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, act_dtype(a));
+    outs[0].shape[outs[0].ndim - 1] = N;
+    outs[0].device = a->x.spec.device;
+    return OPF_OK;
+}
+
+/* Group g: quantize x_g and W_g into the packs (under a recipe), then the
+ * fprop GEMM into y's rows. */
+static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const opf_tensor *x,
+                                int64_t off, const pack_plan *px, const pack_plan *pw,
+                                opf_tensor *aux, opf_tensor *y)
+{
+    int G = (int)a->groups;
+    opf_tensor xg = row_view(x, off, a->rows[g]), yg = row_view(y, off, a->rows[g]), xq, wq;
+    const opf_tensor *xo = &xg, *wo = &a->p[g];
+    opf_status st;
+    if (is_q(&a->x_q)) {
+        opf_quantizer qx = group_q(&a->x_q, g, 3), qw = group_q(&a->w_q, g, 3);
+        if ((st = pack_view(&aux[AUX_XPACK], px, g, &xq)) || (st = opf_quantize(ctx, &qx, &xg, &xq)) ||
+            (st = pack_view(&aux[AUX_WPACK], pw, g, &wq)) || (st = opf_quantize(ctx, &qw, wo, &wq)))
+            return st;
+        xo = &xq, wo = &wq;
+    }
+    opf_gemm_options o = opf_gemm_options_default();
+    o.bias = a->bias ? &a->p[G + g] : NULL;
+    return opf_gemm(ctx, wo, xo, OPF_GEMM_TN, &o, &yg);
+}
+
+static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const grouped_fwd *a = args;
+    int G = (int)a->groups;
+    const opf_tensor *x = &a->x;
+    opf_status st;
+    if (x->spec.scaling != OPF_SCALING_NONE) {  /* decode once, then split */
+        int64_t n = opf_spec_numel(&x->spec);
+        float *ws = opf_op_scratch(ctx, n);
+        const float *v;
+        if (!ws) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no scratch");
+        if ((st = opf_op_load_f32(ctx, x, ws, &v)) ||
+            (st = opf_op_store_f32(ctx, v, act_dtype(a), NULL, &aux[AUX_XDEC])))
+            return st;
+        x = &aux[AUX_XDEC];
+    }
+    memcpy(aux[AUX_ROWS].data[OPF_COMP_DATA], a->rows, sizeof(int64_t) * (size_t)G);
+    pack_plan px, pw;
+    if (is_q(&a->x_q)) {
+        opf_spec xs[GL_MAX], ws[GL_MAX];
+        x_specs(a->rows, G, a->p[0].spec.shape[1], act_dtype(a), xs);
+        w_specs(a->p, G, ws);
+        if ((st = plan_pack(&a->x_q, xs, G, &px)) || (st = plan_pack(&a->w_q, ws, G, &pw)))
+            return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
+    }
+    int64_t off = 0;
+    for (int g = 0; g < G; off += a->rows[g], g++)
+        if (a->rows[g] && (st = forward_group(ctx, a, g, x, off, &px, &pw, aux, &outs[0]))) return st;
+    return OPF_OK;
+}
+
+/* x, split sizes, dtypes: every check that needs no recipe state. */
+static opf_status check_inputs(opf_ctx *ctx, const opf_op *op, const opf_fwd_env *env, int64_t *rows)
+{
+    const opf_grouped_linear_config *c = opf_op_config_const(op);
+    const char *name = opf_op_name(op);
+    const opf_tensor *x = env->x, *s = env->extra_in[0];
+    int64_t M, K;
+    opf_shape_2d(&x->spec, &M, &K);
+    if (!is_float_plain(x->spec.dtype))
+        return opf_error(ctx, OPF_ERR_DTYPE, "grouped_linear \"%s\": input dtype %s, expected "
+                         "f32, bf16 or f16", name, opf_dtype_name(x->spec.dtype));
+    if (x->spec.ndim < 1 || K != c->in_features)
+        return opf_error(ctx, OPF_ERR_SHAPE, "grouped_linear \"%s\": input has %lld features, "
+                         "weights expect %lld", name, (long long)K, (long long)c->in_features);
+    if (!s || !s->data[OPF_COMP_DATA])
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": extra input 0 (split "
+                         "sizes) is missing", name);
+    if (s->spec.scaling != OPF_SCALING_NONE || s->spec.dtype != OPF_I64 || s->spec.ndim != 1 ||
+        s->spec.shape[0] != c->groups) {
+        char b[160];
+        opf_spec_str(&s->spec, b, sizeof b);
+        return opf_error(ctx, OPF_ERR_SHAPE, "grouped_linear \"%s\": split sizes are %s, expected "
+                         "plain i64[%d]", name, b, c->groups);
+    }
+    int64_t sum = 0;
+    for (int g = 0; g < c->groups; g++) {
+        rows[g] = ((const int64_t *)s->data[OPF_COMP_DATA])[g];
+        if (rows[g] < 0)
+            return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": split size %d is "
+                             "%lld", name, g, (long long)rows[g]);
+        sum += rows[g];
+    }
+    if (sum != M)
+        return opf_error(ctx, OPF_ERR_SHAPE, "grouped_linear \"%s\": split sizes sum to %lld, the "
+                         "input has %lld rows", name, (long long)sum, (long long)M);
+    if (env->recipe && env->recipe->kind == OPF_RECIPE_NVFP4 &&
+        (x->spec.dtype == OPF_F16 || c->dtype == OPF_F16))
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "grouped_linear \"%s\": nvfp4 GEMMs cannot "
+                         "write f16 (input %s, weights %s); use bf16 or f32", name,
+                         opf_dtype_name(x->spec.dtype), opf_dtype_name(c->dtype));
+    return OPF_OK;
+}
+
+/* Group 0's quantizer for a role, usage narrowed; every group's must be it
+ * up to the delayed slot (they share one rule per role). */
+static opf_status role_q(opf_ctx *ctx, const opf_op *op, opf_tensor_role role, int stride,
+                         unsigned usage, opf_quantizer *out)
+{
+    int G = ((const opf_grouped_linear_config *)opf_op_config_const(op))->groups;
+    opf_quantizer q0 = opf_q_or_none(opf_op_quantizer(op, role, 0));
+    q0.usage = usage;
+    for (int g = 1; g < G; g++) {
+        opf_quantizer q = opf_q_or_none(opf_op_quantizer(op, role, g)), want = group_q(&q0, g, stride);
+        q.usage = usage;
+        if (!opf_quantizer_equal(&q, &want))
+            return opf_error(ctx, OPF_ERR_UNSUPPORTED, "grouped_linear \"%s\": the %s quantizer of "
+                             "group %d differs from group 0's beyond its delayed-scaling slot",
+                             opf_op_name(op), opf_role_name(role), g);
+    }
+    if (!is_q(&q0))
+        return opf_error(ctx, OPF_ERR_STATE, "grouped_linear \"%s\": no %s quantizer (no recipe "
+                         "state, or the recipe quantizes no %s)", opf_op_name(op),
+                         opf_role_name(role), opf_role_name(role));
+    *out = q0;
+    return OPF_OK;
+}
+
+static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    grouped_fwd *a = args;
+    opf_ctx *ctx = env->ctx;
+    const opf_grouped_linear_config *c = opf_op_config(op);
+    int64_t rows[GL_MAX];
+    opf_status st = check_inputs(ctx, op, env, rows);
+    if (st) return st;
+    const opf_recipe *r = env->recipe;
+    opf_recipe_state *rs = opf_op_recipe_state(op);
+    if (r && !(rs && opf_recipe_state_recipe(rs)->kind == r->kind) &&
+        (st = opf_op_reset_recipe(ctx, op, r)))
+        return fail(ctx, op, st);
+    a->x = *env->x;
+    a->groups = c->groups;
+    a->bias = c->bias;
+    a->wgrad = false;
+    for (int i = 0; i < opf_op_num_params(op); i++) {
+        a->p[i] = opf_op_param(op, i)->value;
+        a->wgrad |= i < c->groups && env->requires_grad && opf_op_param(op, i)->requires_grad;
+    }
+    for (int g = 0; g < c->groups; g++) a->rows[g] = rows[g];
+    const unsigned both = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+    a->x_q = a->w_q = opf_quantizer_default();
+    if (r && ((st = role_q(ctx, op, OPF_ROLE_INPUT, 3, a->wgrad ? both : OPF_USAGE_ROWWISE, &a->x_q)) ||
+              (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3, env->requires_grad ? both : OPF_USAGE_ROWWISE,
+                           &a->w_q))))
+        return st;
+    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
+    if ((st = forward_fake(a, o, x))) return fail(ctx, op, st);
+    return OPF_OK;
+}
+
+static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
+                                const opf_tensor *outs, const opf_tensor *aux)
+{
+    const grouped_fwd *a = args;
+    bool quant = is_q(&a->x_q);
+    int64_t M, K;
+    opf_shape_2d(&a->x.spec, &M, &K);
+    opf_tensor_retain(&aux[AUX_ROWS], &octx->saved[SV_ROWS]);
+    if (quant) opf_tensor_retain(&aux[AUX_WPACK], &octx->saved[SV_WPACK]);
+    if (a->wgrad) {
+        const opf_tensor *x = quant ? &aux[AUX_XPACK]
+                              : a->x.spec.scaling != OPF_SCALING_NONE ? &aux[AUX_XDEC] : &a->x;
+        opf_tensor_retain(x, &octx->saved[SV_X]);
+    }
+    octx->n_saved = SV_COUNT;
+    octx->attrs[AT_ACT_DTYPE] = act_dtype(a);
+    octx->attrs[AT_WGRAD] = a->wgrad;
+    octx->attrs[AT_QUANTIZED] = quant;
+    octx->attrs[AT_ROWS] = M;
+    return OPF_OK;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+static opf_status backward_fake(const void *bargs, opf_spec *grads)
+{
+    const grouped_bwd *b = bargs;
+    int G = (int)b->groups;
+    int64_t K = b->p[0].spec.shape[1];
+    grads[0] = opf_spec_make(b->dy.spec.ndim, b->dy.spec.shape, (opf_dtype)b->act_dtype);
+    grads[0].shape[grads[0].ndim - 1] = K;
+    grads[0].device = b->dy.spec.device;
+    for (int g = 0; g < G; g++) {
+        if (b->wgrad) grads[1 + g] = b->p[g].spec;
+        if (b->bias) grads[1 + G + g] = b->p[G + g].spec;
+    }
+    if (!is_q(&b->dy_q)) return OPF_OK;
+    opf_spec ds[GL_MAX];
+    x_specs(b->rows, G, b->p[0].spec.shape[0], b->dy.spec.dtype, ds);
+    for (int g = 0; g < G; g++) {  /* each group's dy must quantize */
+        opf_spec q;
+        opf_status st = b->rows[g] ? opf_quantizer_spec(&b->dy_q, &ds[g], &q) : OPF_OK;
+        if (st) {
+            char why[320];
+            snprintf(why, sizeof why, "%s", opf_last_error(NULL));
+            return opf_error(NULL, st, "group %d gradient: %s", g, why);
+        }
+    }
+    return OPF_OK;
+}
+
+/* db_g = column sums of the plain dy_g, fp32 in row order. */
+static opf_status dbias(opf_ctx *ctx, const opf_tensor *dyg, opf_tensor *db)
+{
+    int64_t m, n;
+    opf_shape_2d(&dyg->spec, &m, &n);
+    float *ws = opf_op_scratch(ctx, m * n), *s = opf_op_scratch(ctx, n);
+    const float *v;
+    if (!ws || !s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no scratch");
+    opf_status st = opf_op_load_f32(ctx, dyg, ws, &v);
+    if (st) return st;
+    for (int64_t j = 0; j < n; j++) s[j] = 0.0f;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < n; j++) s[j] += v[r * n + j];
+    return opf_convert(s, OPF_F32, db->data[OPF_COMP_DATA], db->spec.dtype, (size_t)n);
+}
+
+/* The packs' layouts of the saved operands (as the forward laid them out). */
+static opf_status plan_saved(const grouped_bwd *b, pack_plan *px, pack_plan *pw)
+{
+    int G = (int)b->groups;
+    opf_spec xs[GL_MAX], ws[GL_MAX];
+    x_specs(b->rows, G, b->p[0].spec.shape[1], (opf_dtype)b->act_dtype, xs);
+    w_specs(b->p, G, ws);
+    opf_status st = b->wgrad ? plan_pack(&b->x_q, xs, G, px) : OPF_OK;
+    return st ? st : plan_pack(&b->w_q, ws, G, pw);
+}
+
+/* Group g of the backward: dy_g (quantized under a recipe), dgrad into dx's
+ * rows, wgrad, dbias. */
+static opf_status backward_group(opf_ctx *ctx, const grouped_bwd *b, int g, const opf_tensor *dy,
+                                 int64_t off, const pack_plan *px, const pack_plan *pw,
+                                 opf_tensor *grads)
+{
+    int G = (int)b->groups;
+    bool quant = is_q(&b->dy_q), wgrad = b->wgrad;
+    opf_tensor dyg = row_view(dy, off, b->rows[g]), dxg = row_view(&grads[0], off, b->rows[g]);
+    opf_tensor dyq, wq, xq, xg;
+    const opf_tensor *dyo = &dyg, *wo = &b->p[g], *xo = &xg;
+    opf_status st = b->bias ? dbias(ctx, &dyg, &grads[1 + G + g]) : OPF_OK;
+    if (st) return st;
+    if (quant) {
+        opf_quantizer q = group_q(&b->dy_q, g, 2);
+        opf_spec s;
+        if ((st = opf_quantizer_spec(&q, &dyg.spec, &s)) || (st = scratch_tensor(ctx, &s, &dyq)) ||
+            (st = opf_quantize(ctx, &q, &dyg, &dyq)) || (st = pack_view(&b->wpack, pw, g, &wq)))
+            return st;
+        dyo = &dyq, wo = &wq;
+        if (wgrad && (st = pack_view(&b->x, px, g, &xq))) return st;
+        xo = &xq;
+    } else if (wgrad) {
+        xg = row_view(&b->x, off, b->rows[g]);
+    }
+    if ((st = opf_gemm(ctx, wo, dyo, OPF_GEMM_NN, NULL, &dxg))) return st;
+    return wgrad ? opf_gemm(ctx, xo, dyo, OPF_GEMM_NT, NULL, &grads[1 + g]) : OPF_OK;
+}
+
+static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
+{
+    const grouped_bwd *b = bargs;
+    int G = (int)b->groups;
+    opf_tensor dyd;
+    const opf_tensor *dy = &b->dy;
+    opf_status st;
+    if (dy->spec.scaling != OPF_SCALING_NONE) {  /* decode once to fp32, then split */
+        opf_spec s = opf_spec_make(dy->spec.ndim, dy->spec.shape, OPF_F32);
+        const float *v;
+        if ((st = scratch_tensor(ctx, &s, &dyd)) ||
+            (st = opf_op_load_f32(ctx, dy, dyd.data[OPF_COMP_DATA], &v)))
+            return st;
+        dy = &dyd;
+    }
+    pack_plan px, pw;
+    if (is_q(&b->dy_q) && (st = plan_saved(b, &px, &pw)))
+        return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
+    int64_t off = 0;
+    for (int g = 0; g < G; off += b->rows[g], g++) {
+        if (!b->rows[g]) {  /* an empty group: zero gradients */
+            if (b->wgrad) zero_plain(&grads[1 + g]);
+            if (b->bias) zero_plain(&grads[1 + G + g]);
+            continue;
+        }
+        size_t mark = opf_ctx_scratch_mark(ctx);
+        st = backward_group(ctx, b, g, dy, off, &px, &pw, grads);
+        opf_ctx_scratch_pop(ctx, mark);
+        if (st) return st;
+    }
+    return OPF_OK;
+}
+
+static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *bargs)
+{
+    grouped_bwd *b = bargs;
+    opf_ctx *ctx = env->ctx;
+    const opf_grouped_linear_config *c = opf_op_config(op);
+    const opf_tensor *dy = env->dy;
+    int64_t m, n;
+    opf_shape_2d(&dy->spec, &m, &n);
+    if (!is_float_plain(dy->spec.dtype))
+        return opf_error(ctx, OPF_ERR_DTYPE, "grouped_linear \"%s\": gradient dtype %s, expected "
+                         "f32, bf16 or f16", opf_op_name(op), opf_dtype_name(dy->spec.dtype));
+    if (dy->spec.ndim < 1 || n != c->out_features || m != octx->attrs[AT_ROWS])
+        return opf_error(ctx, OPF_ERR_SHAPE, "grouped_linear \"%s\": gradient is [%lld, %lld] as "
+                         "2D, the output was [%lld, %lld]", opf_op_name(op), (long long)m,
+                         (long long)n, (long long)octx->attrs[AT_ROWS], (long long)c->out_features);
+    bool wgrad = octx->attrs[AT_WGRAD] != 0;
+    b->dy = *dy;
+    b->x = octx->saved[SV_X];
+    b->wpack = octx->saved[SV_WPACK];
+    for (int i = 0; i < opf_op_num_params(op); i++) b->p[i] = opf_op_param(op, i)->value;
+    b->groups = c->groups;
+    b->bias = c->bias;
+    b->wgrad = wgrad;
+    b->act_dtype = (int)octx->attrs[AT_ACT_DTYPE];
+    memcpy(b->rows, octx->saved[SV_ROWS].data[OPF_COMP_DATA], sizeof(int64_t) * (size_t)c->groups);
+    const unsigned both = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+    b->x_q = b->w_q = b->dy_q = opf_quantizer_default();
+    opf_status st;
+    if (octx->attrs[AT_QUANTIZED] &&
+        ((st = role_q(ctx, op, OPF_ROLE_INPUT, 3, wgrad ? both : OPF_USAGE_ROWWISE, &b->x_q)) ||
+         (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3, both, &b->w_q)) ||
+         (st = role_q(ctx, op, OPF_ROLE_GRAD_OUTPUT, 2, wgrad ? both : OPF_USAGE_ROWWISE, &b->dy_q))))
+        return st;
+    opf_spec g[1 + GL_MAX + 1];
+    for (int i = 0; i < 2 + GL_MAX; i++) g[i].ndim = OPF_SPEC_NONE_NDIM;
+    if ((st = backward_fake(b, g))) return fail(ctx, op, st);
+    return OPF_OK;
+}
+
+const opf_op_class opf_op_class_grouped_linear = {
+    .abi_version = OPF_OP_ABI_VERSION,
+    .name = "grouped_linear",
+    .module_type = "grouped_linear",
+    .config_size = sizeof(opf_grouped_linear_config),
+    .fwd_schema = &grouped_fwd_schema,
+    .bwd_schema = &grouped_bwd_schema,
+    .n_extra_in = 1,
+    .n_gemms = GL_MAX,
+    .fusible = true,
+    .init = init,
+    .resolve_fwd = resolve_fwd,
+    .setup_context = setup_context,
+    .resolve_bwd = resolve_bwd,
+    .forward_fake = forward_fake,
+    .forward_impl = forward_impl,
+    .backward_fake = backward_fake,
+    .backward_impl = backward_impl,
+};
