@@ -132,6 +132,17 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
 void opf_optim_destroy(opf_optim *opt);
 opf_status opf_optim_step(opf_optim *opt);
 
+/* The optimizer's state, for checkpoints: one slot per parameter of the seq
+ * (opf_seq_for_each_param order) with its fp32 master copy and moments (m:
+ * SGD momentum or AdamW first moment, NULL when unused; v: AdamW second
+ * moment or NULL), each of *n floats, readable and writable. */
+opf_optim_kind opf_optim_kind_of(const opf_optim *opt);
+int opf_optim_num_slots(const opf_optim *opt);
+opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master, float **m,
+                          float **v, int64_t *n);
+int64_t opf_optim_step_count(const opf_optim *opt);
+void opf_optim_set_step_count(opf_optim *opt, int64_t steps);
+
 #ifdef __cplusplus
 }
 #endif

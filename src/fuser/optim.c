@@ -147,3 +147,23 @@ opf_status opf_optim_step(opf_optim *opt)
     }
     return OPF_OK;
 }
+
+opf_optim_kind opf_optim_kind_of(const opf_optim *opt) { return opt->kind; }
+int opf_optim_num_slots(const opf_optim *opt) { return opt->n; }
+int64_t opf_optim_step_count(const opf_optim *opt) { return opt->step; }
+void opf_optim_set_step_count(opf_optim *opt, int64_t steps) { opt->step = steps; }
+
+opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master, float **m,
+                          float **v, int64_t *n)
+{
+    if (!opt || i < 0 || i >= opt->n)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_optim_slot: slot %d outside 0..%d", i,
+                         opt ? opt->n - 1 : -1);
+    slot *s = &opt->s[i];
+    if (param) *param = s->p;
+    if (master) *master = s->master;
+    if (m) *m = s->m;
+    if (v) *v = s->v;
+    if (n) *n = s->n;
+    return OPF_OK;
+}
