@@ -1,0 +1,131 @@
+/* add_extra_input.c: y = x + extra (a residual added from an extra input);
+ * dx = dy (passed through) and d(extra) = a copy of dy.
+ *
+ * The sum is one fp32 add of the decoded values, stored in the output dtype:
+ * x's dtype, or with in_place the extra input's dtype (the anchor adds into
+ * the extra buffer, so the result has its dtype). Our tensors are immutable
+ * views, so in_place still writes a new output; it is accepted for API parity
+ * and tells the fuser that ForwardLinearBiasAdd may accumulate the GEMM into
+ * the extra input's buffer. A NULL config means not in place. */
+#include "ops/ops-impl.h"
+
+typedef struct add_fwd {
+    opf_tensor x;
+    opf_tensor extra;
+    bool       in_place;
+} add_fwd;
+static const opf_field add_fwd_fields[] = {
+    OPF_F_TENSOR_Q(add_fwd, x), OPF_F_TENSOR_Q(add_fwd, extra), OPF_F_BOOL(add_fwd, in_place)};
+OPF_SCHEMA(add_fwd_schema, add_fwd, add_fwd_fields);
+
+typedef struct add_bwd {
+    opf_tensor dy;
+} add_bwd;
+static const opf_field add_bwd_fields[] = {OPF_F_TENSOR_Q(add_bwd, dy)};
+OPF_SCHEMA(add_bwd_schema, add_bwd, add_bwd_fields);
+
+static const opf_inplace_config default_config = {.in_place = false};
+
+static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
+
+static bool same_shape(const opf_spec *a, const opf_spec *b)
+{
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+static opf_status check_inputs(opf_ctx *ctx, const opf_op *op, const opf_tensor *x,
+                               const opf_tensor *extra)
+{
+    const char *name = opf_op_name(op);
+    if (!extra)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "add_extra_input \"%s\": extra input 0 is missing",
+                         name);
+    if (!is_float(x->spec.dtype) || !is_float(extra->spec.dtype))
+        return opf_error(ctx, OPF_ERR_DTYPE, "add_extra_input \"%s\": input dtype %s, extra input "
+                         "dtype %s, both must be f32/bf16/f16", name, opf_dtype_name(x->spec.dtype),
+                         opf_dtype_name(extra->spec.dtype));
+    if (!same_shape(&x->spec, &extra->spec)) {
+        char a[160], b[160];
+        opf_spec_str(&x->spec, a, sizeof a);
+        opf_spec_str(&extra->spec, b, sizeof b);
+        return opf_error(ctx, OPF_ERR_SHAPE, "add_extra_input \"%s\": input is %s, extra input is %s; "
+                         "shapes must match", name, a, b);
+    }
+    return OPF_OK;
+}
+
+static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    add_fwd *a = args;
+    opf_status st = check_inputs(env->ctx, op, env->x, env->extra_in[0]);
+    if (st) return st;
+    a->x = *env->x;
+    a->extra = *env->extra_in[0];
+    a->in_place = ((const opf_inplace_config *)opf_op_config(op))->in_place;
+    return OPF_OK;
+}
+
+static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
+{
+    const add_fwd *a = args;
+    opf_dtype dt = a->in_place ? a->extra.spec.dtype : a->x.spec.dtype;
+    outs[0] = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, dt);
+    return OPF_OK;
+}
+
+static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const add_fwd *a = args;
+    int64_t n = opf_spec_numel(&a->x.spec);
+    float *xs = opf_op_scratch(ctx, n), *es = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, n);
+    const float *x, *e;
+    if (!xs || !es || !y)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "add_extra_input: no scratch for %lld floats",
+                         (long long)n);
+    opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
+    if (!st) st = opf_op_load_f32(ctx, &a->extra, es, &e);
+    if (st) return st;
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] + e[i];
+    return opf_op_store_f32(ctx, y, outs[0].spec.dtype, NULL, &outs[0]);
+}
+
+static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
+{
+    ((add_bwd *)args)->dy = *env->dy;
+    return OPF_OK;
+}
+
+/* dx passes dy through; the extra input's gradient is dy's copy (same spec,
+ * so a quantized dy stays quantized bit for bit). */
+static opf_status backward_fake(const void *args, opf_spec *grads)
+{
+    grads[0].ndim = OPF_GRAD_PASSTHROUGH;
+    grads[1] = ((const add_bwd *)args)->dy.spec;
+    return OPF_OK;
+}
+
+static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+{
+    return opf_op_copy_tensor(ctx, "add_extra_input", &((const add_bwd *)args)->dy, &grads[1]);
+}
+
+const opf_op_class opf_op_class_add_extra_input = {
+    .abi_version = OPF_OP_ABI_VERSION,
+    .name = "add_extra_input",
+    .config_size = sizeof(opf_inplace_config),
+    .config_default = &default_config,
+    .fwd_schema = &add_fwd_schema,
+    .bwd_schema = &add_bwd_schema,
+    .n_extra_in = 1,
+    .fusible = true,
+    .resolve_fwd = resolve_fwd,
+    .resolve_bwd = resolve_bwd,
+    .forward_fake = forward_fake,
+    .forward_impl = forward_impl,
+    .backward_fake = backward_fake,
+    .backward_impl = backward_impl,
+};

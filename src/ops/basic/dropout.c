@@ -1,0 +1,196 @@
+/* dropout.c: in training, y = x * mask / (1 - p) with a Bernoulli(1 - p) keep
+ * mask drawn from the context's Philox stream; dx = dy * mask / (1 - p) with
+ * the saved mask. In eval (kwargs training = false), y = x (a copy) and dy
+ * passes through. NULL kwargs mean training.
+ *
+ * The mask is defined so that CPU and CUDA draw the same bits: a forward
+ * reserves ceil(n / 4) Philox counters with opf_ctx_rng_advance (offset o,
+ * key seed); element e takes word e % 4 of
+ *     philox4x32_10(counter {lo32(o + e/4), hi32(o + e/4), 0, 0},
+ *                   key {lo32(seed), hi32(seed)})
+ * and is kept when that word >= (uint32_t)(p * 2^32). Kept values are
+ * fl32(v * s) with s = fl32(1 / (1 - p)) (the quotient in double), dropped
+ * ones v * 0. The mask is saved as a U8 tensor (1 = kept) for backward. */
+#include <math.h>
+
+#include "ops/ops-impl.h"
+
+typedef struct dropout_fwd {
+    opf_tensor x;
+    double     p;
+    bool       training;  /* kwarg */
+} dropout_fwd;
+static const opf_field dropout_fwd_fields[] = {
+    OPF_F_TENSOR_Q(dropout_fwd, x), OPF_F_FLOAT(dropout_fwd, p),
+    OPF_F(dropout_fwd, training, OPF_FIELD_BOOL, OPF_FIELD_KWARG)};
+OPF_SCHEMA(dropout_fwd_schema, dropout_fwd, dropout_fwd_fields);
+
+typedef struct dropout_bwd {
+    opf_tensor dy;
+    opf_tensor mask;      /* U8, present only when training */
+    double     p;
+    bool       training;
+} dropout_bwd;
+static const opf_field dropout_bwd_fields[] = {
+    OPF_F_TENSOR_Q(dropout_bwd, dy), OPF_F_OPT(dropout_bwd, mask), OPF_F_FLOAT(dropout_bwd, p),
+    OPF_F_BOOL(dropout_bwd, training)};
+OPF_SCHEMA(dropout_bwd_schema, dropout_bwd, dropout_bwd_fields);
+
+static const opf_field dropout_kwargs_fields[] = {
+    OPF_F(opf_dropout_kwargs, training, OPF_FIELD_BOOL, OPF_FIELD_KWARG)};
+OPF_SCHEMA(dropout_kwargs_schema, opf_dropout_kwargs, dropout_kwargs_fields);
+
+static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
+
+static opf_status init(opf_ctx *ctx, opf_op *op)
+{
+    double p = ((const opf_dropout_config *)opf_op_config(op))->p;
+    if (!(p >= 0.0 && p < 1.0))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "dropout \"%s\": p %g outside [0, 1)",
+                         opf_op_name(op), p);
+    return OPF_OK;
+}
+
+static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    dropout_fwd *a = args;
+    const opf_dropout_kwargs *kw = env->kwargs;
+    bool training = kw ? kw->training : true;
+    if (training && !is_float(env->x->spec.dtype))
+        return opf_error(env->ctx, OPF_ERR_DTYPE, "dropout \"%s\": input dtype %s, expected "
+                         "f32/bf16/f16", opf_op_name(op), opf_dtype_name(env->x->spec.dtype));
+    a->x = *env->x;
+    a->p = ((const opf_dropout_config *)opf_op_config(op))->p;
+    a->training = training;
+    return OPF_OK;
+}
+
+static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
+{
+    const dropout_fwd *a = args;
+    if (!a->training) {
+        outs[0] = a->x.spec;
+        return OPF_OK;
+    }
+    outs[0] = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, a->x.spec.dtype);
+    aux[0] = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, OPF_U8);
+    return OPF_OK;
+}
+
+/* mask[e] for e < n from counters starting at `offset` (see the header). */
+static void draw_mask(uint64_t seed, uint64_t offset, double p, int64_t n, uint8_t *mask)
+{
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    const uint32_t thr = (uint32_t)(p * 4294967296.0);
+    int64_t groups = (n + 3) / 4;
+    #pragma omp parallel for schedule(static) if (groups > 16384)
+    for (int64_t g = 0; g < groups; g++) {
+        uint64_t c = offset + (uint64_t)g;
+        const uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), 0, 0};
+        uint32_t w[4];
+        opf_philox4x32_10(ctr, key, w);
+        for (int j = 0; j < 4 && 4 * g + j < n; j++) mask[4 * g + j] = w[j] >= thr;
+    }
+}
+
+/* out[e] = v[e] * (mask[e] ? s : 0) in fp32. */
+static void apply_mask(const float *v, const uint8_t *mask, double p, int64_t n, float *out)
+{
+    const float s = (float)(1.0 / (1.0 - p));
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) out[i] = v[i] * (mask[i] ? s : 0.0f);
+}
+
+static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const dropout_fwd *a = args;
+    if (!a->training) return opf_op_copy_tensor(ctx, "dropout", &a->x, &outs[0]);
+    int64_t n = opf_spec_numel(&a->x.spec);
+    float *xs = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, n);
+    const float *x;
+    if (!xs || !y)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "dropout: no scratch for %lld floats", (long long)n);
+    opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
+    if (st) return st;
+    uint64_t seed = 0;
+    opf_ctx_get_rng(ctx, &seed, NULL);
+    uint64_t offset = opf_ctx_rng_advance(ctx, (uint64_t)((n + 3) / 4));
+    draw_mask(seed, offset, a->p, n, aux[0].data[0]);
+    apply_mask(x, aux[0].data[0], a->p, n, y);
+    return opf_op_store_f32(ctx, y, a->x.spec.dtype, NULL, &outs[0]);
+}
+
+/* attrs[0] = training; saved[0] = the mask when training. */
+static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
+                                const opf_tensor *outs, const opf_tensor *aux)
+{
+    const dropout_fwd *a = args;
+    octx->attrs[0] = a->training;
+    if (a->training) opf_tensor_retain(&aux[0], &octx->saved[octx->n_saved++]);
+    return OPF_OK;
+}
+
+static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
+{
+    dropout_bwd *a = args;
+    bool training = octx->attrs[0] != 0;
+    const opf_tensor *dy = env->dy;
+    if (training) {
+        const opf_tensor *m = &octx->saved[0];
+        if (opf_spec_numel(&dy->spec) != opf_spec_numel(&m->spec) || !is_float(dy->spec.dtype)) {
+            char b[160], c[160];
+            opf_spec_str(&dy->spec, b, sizeof b);
+            opf_spec_str(&m->spec, c, sizeof c);
+            return opf_error(env->ctx, opf_spec_numel(&dy->spec) != opf_spec_numel(&m->spec)
+                             ? OPF_ERR_SHAPE : OPF_ERR_DTYPE,
+                             "dropout \"%s\": gradient %s does not fit the forward's mask %s "
+                             "(a float gradient of the output's size)", opf_op_name(op), b, c);
+        }
+        a->mask = *m;
+    }
+    a->dy = *dy;
+    a->p = ((const opf_dropout_config *)opf_op_config(op))->p;
+    a->training = training;
+    return OPF_OK;
+}
+
+static opf_status backward_fake(const void *args, opf_spec *grads)
+{
+    const dropout_bwd *a = args;
+    if (a->training) grads[0] = opf_spec_make(a->dy.spec.ndim, a->dy.spec.shape, a->dy.spec.dtype);
+    else grads[0].ndim = OPF_GRAD_PASSTHROUGH;
+    return OPF_OK;
+}
+
+static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+{
+    const dropout_bwd *a = args;
+    if (!a->training) return OPF_OK;  /* the runner passes dy on */
+    int64_t n = opf_spec_numel(&a->dy.spec);
+    float *ds = opf_op_scratch(ctx, n), *dx = opf_op_scratch(ctx, n);
+    const float *dy;
+    if (!ds || !dx)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "dropout: no scratch for %lld floats", (long long)n);
+    opf_status st = opf_op_load_f32(ctx, &a->dy, ds, &dy);
+    if (st) return st;
+    apply_mask(dy, a->mask.data[0], a->p, n, dx);
+    return opf_op_store_f32(ctx, dx, a->dy.spec.dtype, NULL, &grads[0]);
+}
+
+const opf_op_class opf_op_class_dropout = {
+    .abi_version = OPF_OP_ABI_VERSION,
+    .name = "dropout",
+    .config_size = sizeof(opf_dropout_config),
+    .fwd_schema = &dropout_fwd_schema,
+    .bwd_schema = &dropout_bwd_schema,
+    .kwargs_schema = &dropout_kwargs_schema,
+    .fusible = true,
+    .init = init,
+    .resolve_fwd = resolve_fwd,
+    .setup_context = setup_context,
+    .resolve_bwd = resolve_bwd,
+    .forward_fake = forward_fake,
+    .forward_impl = forward_impl,
+    .backward_fake = backward_fake,
+    .backward_impl = backward_impl,
+};

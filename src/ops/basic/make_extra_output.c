@@ -1,0 +1,123 @@
+/* make_extra_output.c: y = x and extra output 0 = x (a residual branch taken
+ * off the main path; both are copies, a quantized x stays quantized);
+ * dx = dy + d(extra), where a missing extra gradient counts as zero (then dy
+ * passes through unchanged). The sum is one fp32 add of the decoded values,
+ * stored plain in dy's dtype.
+ *
+ * in_place is accepted for API parity: it tells the fuser that
+ * BackwardLinearAdd may accumulate its dgrad into the extra gradient. A NULL
+ * config means not in place. */
+#include "ops/ops-impl.h"
+
+typedef struct make_fwd {
+    opf_tensor x;
+} make_fwd;
+static const opf_field make_fwd_fields[] = {OPF_F_TENSOR_Q(make_fwd, x)};
+OPF_SCHEMA(make_fwd_schema, make_fwd, make_fwd_fields);
+
+typedef struct make_bwd {
+    opf_tensor dy;
+    opf_tensor dextra;      /* present only when has_dextra */
+    bool       has_dextra;  /* a value, so the fake never looks at data */
+} make_bwd;
+static const opf_field make_bwd_fields[] = {
+    OPF_F_TENSOR_Q(make_bwd, dy), OPF_F_OPT(make_bwd, dextra), OPF_F_BOOL(make_bwd, has_dextra)};
+OPF_SCHEMA(make_bwd_schema, make_bwd, make_bwd_fields);
+
+static const opf_inplace_config default_config = {.in_place = false};
+
+static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
+
+static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    ((make_fwd *)args)->x = *env->x;
+    return OPF_OK;
+}
+
+static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
+{
+    outs[0] = outs[1] = ((const make_fwd *)args)->x.spec;
+    return OPF_OK;
+}
+
+static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const opf_tensor *x = &((const make_fwd *)args)->x;
+    opf_status st = opf_op_copy_tensor(ctx, "make_extra_output", x, &outs[0]);
+    return st ? st : opf_op_copy_tensor(ctx, "make_extra_output", x, &outs[1]);
+}
+
+static opf_status check_grads(opf_ctx *ctx, const opf_op *op, const opf_tensor *dy,
+                              const opf_tensor *de)
+{
+    const char *name = opf_op_name(op);
+    if (!is_float(dy->spec.dtype) || !is_float(de->spec.dtype))
+        return opf_error(ctx, OPF_ERR_DTYPE, "make_extra_output \"%s\": gradient dtype %s, extra "
+                         "gradient dtype %s, both must be f32/bf16/f16", name,
+                         opf_dtype_name(dy->spec.dtype), opf_dtype_name(de->spec.dtype));
+    bool same = dy->spec.ndim == de->spec.ndim;
+    for (int i = 0; same && i < dy->spec.ndim; i++) same = dy->spec.shape[i] == de->spec.shape[i];
+    if (same) return OPF_OK;
+    char a[160], b[160];
+    opf_spec_str(&dy->spec, a, sizeof a);
+    opf_spec_str(&de->spec, b, sizeof b);
+    return opf_error(ctx, OPF_ERR_SHAPE, "make_extra_output \"%s\": gradient is %s, extra output "
+                     "gradient is %s; shapes must match", name, a, b);
+}
+
+static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
+{
+    make_bwd *a = args;
+    const opf_tensor *de = env->dextra_out[0];
+    if (de) {
+        opf_status st = check_grads(env->ctx, op, env->dy, de);
+        if (st) return st;
+        a->dextra = *de;
+    }
+    a->dy = *env->dy;
+    a->has_dextra = de != NULL;
+    return OPF_OK;
+}
+
+static opf_status backward_fake(const void *args, opf_spec *grads)
+{
+    const make_bwd *a = args;
+    if (a->has_dextra) grads[0] = opf_spec_make(a->dy.spec.ndim, a->dy.spec.shape, a->dy.spec.dtype);
+    else grads[0].ndim = OPF_GRAD_PASSTHROUGH;
+    return OPF_OK;
+}
+
+static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+{
+    const make_bwd *a = args;
+    if (!a->has_dextra) return OPF_OK;  /* pass-through: the runner hands dy on */
+    int64_t n = opf_spec_numel(&a->dy.spec);
+    float *ds = opf_op_scratch(ctx, n), *es = opf_op_scratch(ctx, n), *dx = opf_op_scratch(ctx, n);
+    const float *dy, *de;
+    if (!ds || !es || !dx)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "make_extra_output: no scratch for %lld floats",
+                         (long long)n);
+    opf_status st = opf_op_load_f32(ctx, &a->dy, ds, &dy);
+    if (!st) st = opf_op_load_f32(ctx, &a->dextra, es, &de);
+    if (st) return st;
+    #pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] + de[i];
+    return opf_op_store_f32(ctx, dx, a->dy.spec.dtype, NULL, &grads[0]);
+}
+
+const opf_op_class opf_op_class_make_extra_output = {
+    .abi_version = OPF_OP_ABI_VERSION,
+    .name = "make_extra_output",
+    .config_size = sizeof(opf_inplace_config),
+    .config_default = &default_config,
+    .fwd_schema = &make_fwd_schema,
+    .bwd_schema = &make_bwd_schema,
+    .n_extra_out = 1,
+    .fusible = true,
+    .resolve_fwd = resolve_fwd,
+    .resolve_bwd = resolve_bwd,
+    .forward_fake = forward_fake,
+    .forward_impl = forward_impl,
+    .backward_fake = backward_fake,
+    .backward_impl = backward_impl,
+};
