@@ -1,17 +1,6 @@
 /* backend.c: the kernel table of each device. */
 #include "backend/backend-impl.h"
 
-/* Parallel work in flight: kernels land one family at a time. */
-#pragma weak opf_cpu_quantize_tensor_fp8
-#pragma weak opf_cpu_quantize_mxfp8
-#pragma weak opf_cpu_quantize_block
-#pragma weak opf_cpu_quantize_nvfp4
-#pragma weak opf_cpu_dequantize_tensor_fp8
-#pragma weak opf_cpu_dequantize_mxfp8
-#pragma weak opf_cpu_dequantize_block
-#pragma weak opf_cpu_dequantize_nvfp4
-#pragma weak opf_cpu_gemm
-
 static const opf_backend_i cpu_backend = {
     .name = "cpu",
     .quantize = {

@@ -1,15 +1,10 @@
 /* builtins.c: registers every built-in op class once. */
 #include "ops/ops-impl.h"
 
-/* Classes land file by file; a missing one is simply not registered. */
-#define OPF_DO_PRAGMA(x) _Pragma(#x)
-#define OPF_WEAK_CLASS(n) OPF_DO_PRAGMA(weak opf_op_class_##n)
-OPF_BUILTIN_OPS(OPF_WEAK_CLASS)
-
 void opf_ops_register_builtins(void)
 {
 #define OPF_REGISTER(n) \
-    if (&opf_op_class_##n) OPF_ASSERT(opf_op_class_register_builtin(&opf_op_class_##n) == OPF_OK);
+    OPF_ASSERT(opf_op_class_register_builtin(&opf_op_class_##n) == OPF_OK);
     OPF_BUILTIN_OPS(OPF_REGISTER)
 #undef OPF_REGISTER
 }
