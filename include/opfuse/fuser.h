@@ -103,6 +103,30 @@ int opf_seq_plan(opf_seq *seq, int group, bool backward, opf_plan_entry *entries
 /* Index of the first basic op that needed a backward in the last forward. */
 int opf_seq_first_requiring_backward(const opf_seq *seq);
 
+/* ---- fusions -------------------------------------------------------------------
+ * Three ordered registries of fusion functions: joint (the fused op runs in
+ * both plans), forward-only and backward-only. For each group the fuser runs
+ * the joint functions in order on the group's basic ops, then the forward
+ * functions and, independently, the backward functions on the joint result.
+ * A function reads ops_in[0..n) (basic ops and fused ops from earlier
+ * functions) and writes a list to ops_out (capacity n) where some contiguous
+ * runs of ops_in are replaced by fused ops it created with
+ * opf_fused_op_create; everything else must be copied unchanged. The fuser
+ * maps the result back to the basic ops by identity and rejects a function
+ * that drops, duplicates or reorders ops, naming it. Fused ops returned are
+ * owned by the seq from then on. recipe is NULL without quantization. */
+/* opf_fusion_fn and the scan helpers are declared in op.h. */
+/* Registers fn under a unique name (thread-safe); prepend puts it first in its
+ * registry. Plans built after the call use it. */
+opf_status opf_register_forward_fusion(const char *name, opf_fusion_fn fn, void *user, bool prepend);
+opf_status opf_register_backward_fusion(const char *name, opf_fusion_fn fn, void *user,
+                                        bool prepend);
+opf_status opf_register_joint_fusion(const char *name, opf_fusion_fn fn, void *user, bool prepend);
+/* Removes a registered function by name (OPF_ERR_INVALID_ARG if unknown). */
+opf_status opf_unregister_fusion(const char *name);
+/* Turns every fusion on or off for this seq (on by default); rebuilds plans. */
+void opf_seq_set_fusions(opf_seq *seq, bool enabled);
+
 /* ---- training ------------------------------------------------------------- */
 
 /* Zeroes every parameter gradient (and main_grad) of the seq. */

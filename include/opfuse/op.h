@@ -38,6 +38,7 @@ extern "C" {
 #define OPF_OP_MAX_SAVED   8    /* tensors a context keeps */
 #define OPF_OP_MAX_QUANT   8    /* quantizers per direction */
 #define OPF_OP_ARGS_MAX    2048 /* bytes of one args struct */
+#define OPF_OP_MAX_GRADS   32   /* dx + parameter grads + extra-input grads of one (fused) op */
 
 typedef struct opf_op opf_op;
 typedef struct opf_op_class opf_op_class;
@@ -193,7 +194,62 @@ struct opf_op_class {
     /* The config copied when opf_op_create gets NULL (config_size bytes);
      * NULL: a config is required. */
     const void *config_default;
+
+    /* Fused ops (see "fused ops" below): covers > 0 is the number of basic
+     * ops one instance covers. A forward-only fused op has no backward_impl,
+     * a backward-only one no forward_impl; a joint one has both. */
+    int covers;
+    /* Called once on each basic op before its first plan is built. */
+    void (*pre_first_forward)(opf_op *op);
 };
+
+/* ---- fused ops ------------------------------------------------------------------
+ * A fused op is an op instance over a contiguous run of basic ops. It holds
+ * no parameters of its own: opf_op_num_params / opf_op_param enumerate the
+ * covered basic ops' parameters in order, and its extra inputs and outputs
+ * are those of the covered ops in order. The fuser calls it like a basic op,
+ * except that octx points at the covered ops' contexts (one per basic op, in
+ * order), env->kwargs at an array of the covered ops' kwargs, and
+ * setup_context must leave in each basic op's context what that op's own
+ * backward expects (forward-only fusions), while resolve_bwd reads what
+ * their forwards saved (backward-only fusions). */
+
+/* Creates a fused op of a registered class with cls->covers == n over
+ * basic[0..n) (not owned). Destroy with opf_op_destroy (the basic ops stay). */
+opf_status opf_fused_op_create(opf_ctx *ctx, const char *class_name, opf_op *const *basic, int n,
+                               opf_op **out);
+/* A fusion function (registered with the fuser, fuser.h): reads
+ * ops_in[0..n) and writes to ops_out (capacity n) a list where some
+ * contiguous runs are replaced by fused ops it created with
+ * opf_fused_op_create; everything else is copied unchanged. */
+typedef opf_status (*opf_fusion_fn)(opf_ctx *ctx, opf_op *const *ops_in, int n,
+                                    const opf_recipe *recipe, void *user, opf_op **ops_out,
+                                    int *n_out);
+
+/* Helpers that make the common fusion shapes one call. match returns how
+ * many ops starting at ops[0] (n_avail of them) form a fusion (0: none);
+ * build creates the fused op over them. opf_fusion_scan walks the list
+ * left to right and replaces every match (a greedy anchor scan); a fixed
+ * k-wide sliding window is a match that returns k or 0. Fused ops in the
+ * input are never matched again. */
+typedef int (*opf_fusion_match_fn)(opf_op *const *ops, int n_avail, const opf_recipe *recipe,
+                                   void *user);
+typedef opf_status (*opf_fusion_build_fn)(opf_ctx *ctx, opf_op *const *ops, int n,
+                                          const opf_recipe *recipe, void *user, opf_op **fused);
+opf_status opf_fusion_scan(opf_ctx *ctx, opf_op *const *ops_in, int n, const opf_recipe *recipe,
+                           opf_fusion_match_fn match, opf_fusion_build_fn build, void *user,
+                           opf_op **ops_out, int *n_out);
+/* The common builder: user is the fused class name (a const char *). */
+opf_status opf_fusion_build_class(opf_ctx *ctx, opf_op *const *ops, int n, const opf_recipe *recipe,
+                                  void *user, opf_op **fused);
+
+/* Number of basic ops an op covers (1 for a basic op) and the i-th of them. */
+int opf_op_num_basic(const opf_op *op);
+opf_op *opf_op_basic(const opf_op *op, int i);
+bool opf_op_is_fused(const opf_op *op);
+/* Extra inputs and outputs of an op (summed over covered ops when fused). */
+int opf_op_num_extra_in(const opf_op *op);
+int opf_op_num_extra_out(const opf_op *op);
 
 /* Registers a class; OPF_ERR_INVALID_ARG for a duplicate or non-lower-case
  * name, a wrong abi_version or a missing required entry. Thread-safe. The
@@ -218,7 +274,7 @@ const opf_op_class *opf_op_class_of(const opf_op *op);
 const char *opf_op_name(const opf_op *op);
 void *opf_op_config(opf_op *op);
 const void *opf_op_config_const(const opf_op *op);
-int opf_op_num_params(const opf_op *op);
+int opf_op_num_params(const opf_op *op);  /* fused: all covered ops' parameters */
 opf_param *opf_op_param(opf_op *op, int i);
 const opf_param *opf_op_param_const(const opf_op *op, int i);
 

@@ -61,18 +61,19 @@ static opf_status prepare(opf_seq *seq, const opf_seq_call *call, int first_req)
     return OPF_OK;
 }
 
-/* The neighbours' quantizers of basic op i, copied into q[0] (prev grad) and
- * q[1] (next input); NULL pointers where there is none. */
-static void neighbour_quantizers(const opf_seq *seq, int i, opf_quantizer q[2],
+/* The neighbours' quantizers of the basic ops [first, last]: q[0] the
+ * previous op's grad-output quantizer, q[1] the next op's input quantizer
+ * (te-ops.md 3.7: basic-op neighbours, even inside another fused op). */
+static void neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
                                  const opf_quantizer *p[2])
 {
     p[0] = p[1] = NULL;
-    if (i > 0 && seq->ops[i - 1]->cls->grad_output_quantizer) {
-        const opf_quantizer *g = seq->ops[i - 1]->cls->grad_output_quantizer(seq->ops[i - 1]);
+    if (first > 0 && seq->ops[first - 1]->cls->grad_output_quantizer) {
+        const opf_quantizer *g = seq->ops[first - 1]->cls->grad_output_quantizer(seq->ops[first - 1]);
         if (g) q[0] = *g, p[0] = &q[0];
     }
-    if (i + 1 < seq->n && seq->ops[i + 1]->cls->input_quantizer) {
-        const opf_quantizer *n = seq->ops[i + 1]->cls->input_quantizer(seq->ops[i + 1]);
+    if (last + 1 < seq->n && seq->ops[last + 1]->cls->input_quantizer) {
+        const opf_quantizer *n = seq->ops[last + 1]->cls->input_quantizer(seq->ops[last + 1]);
         if (n) q[1] = *n, p[1] = &q[1];
     }
 }
@@ -110,33 +111,43 @@ static opf_status check_call(opf_seq *seq, const opf_tensor *x, const opf_seq_ca
     return OPF_OK;
 }
 
-/* Runs basic op i (plan entry) forward; *cur is replaced by its output. */
-static opf_status forward_one(opf_seq *seq, int i, const opf_seq_call *call, opf_tensor *cur,
-                              bool *cur_owned)
+/* Runs one plan entry forward; *cur is replaced by its output. Extra inputs
+ * produced inside the entry are left NULL: a fused op wires them itself. */
+static opf_status forward_entry(opf_seq *seq, const opf_plan_entry *e, const opf_seq_call *call,
+                                opf_tensor *cur, bool *cur_owned)
 {
-    opf_op *op = seq->ops[i];
+    opf_op *op = e->op;
+    int first = e->first, last = e->first + e->count - 1;
     opf_quantizer qv[2];
     const opf_quantizer *qp[2];
-    neighbour_quantizers(seq, i, qv, qp);
+    neighbour_quantizers(seq, first, last, qv, qp);
+    const void *kw[OPF_FUSED_MAX] = {0};
+    for (int k = 0; call->kwargs && k < e->count; k++) kw[k] = call->kwargs[first + k];
     opf_fwd_env env = {.ctx = seq->ctx, .x = cur, .prev_grad_q = qp[0], .next_input_q = qp[1],
                        .recipe = seq->has_recipe ? &seq->recipe : NULL,
-                       .requires_grad = i >= seq->first_req,
-                       .kwargs = call->kwargs ? call->kwargs[i] : NULL};
-    for (int j = 0; j < op->cls->n_extra_in; j++) {
-        const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
-        env.extra_in[j] = s->op < 0 ? &call->extra_in[s->pub] : &seq->chan[s->op * OPF_OP_MAX_EXTRA + s->slot];
-    }
+                       .requires_grad = last >= seq->first_req,
+                       .kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0]};
+    int slot = 0;
+    for (int i = first; i <= last; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
+            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
+            env.extra_in[slot] = s->op < 0 ? &call->extra_in[s->pub]
+                               : s->op >= first ? NULL
+                               : &seq->chan[s->op * OPF_OP_MAX_EXTRA + s->slot];
+        }
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
-    opf_status st = opf_op_forward(op, &env, &seq->octx[i], outs);
+    opf_status st = opf_op_forward(op, &env, &seq->octx[first], outs);
     if (st) return st;
     if (*cur_owned) opf_tensor_release(cur);
     *cur = outs[0];
     *cur_owned = true;
-    for (int j = 0; j < op->cls->n_extra_out; j++) {
-        opf_tensor *c = &seq->chan[i * OPF_OP_MAX_EXTRA + j];
-        opf_tensor_release(c);
-        *c = outs[1 + j];
-    }
+    slot = 0;
+    for (int i = first; i <= last; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++, slot++) {
+            opf_tensor *c = &seq->chan[i * OPF_OP_MAX_EXTRA + j];
+            opf_tensor_release(c);
+            *c = outs[1 + slot];
+        }
     return OPF_OK;
 }
 
@@ -162,7 +173,7 @@ opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call
     bool owned = false;
     for (int g = 0; g < seq->n_groups && !st; g++) {
         const opf_group *gr = &seq->groups[g];
-        for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_one(seq, gr->fwd[k].first, call, &cur, &owned);
+        for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(seq, &gr->fwd[k], call, &cur, &owned);
     }
     if (st) {
         if (owned) opf_tensor_release(&cur);
@@ -223,36 +234,42 @@ static opf_status add_grad(opf_ctx *ctx, opf_tensor *acc, const opf_tensor *g)
     return OPF_OK;
 }
 
-/* Backward of basic op i: dy in *cur (replaced by dx). */
-static opf_status backward_one(opf_seq *seq, int i, const opf_tensor *dextra_out, opf_tensor *cur,
-                               opf_tensor *dextra_in)
+/* Backward of one plan entry: dy in *cur (replaced by dx). Gradients of
+ * extra outputs consumed inside the entry are the fused op's business. */
+static opf_status backward_entry(opf_seq *seq, const opf_plan_entry *e, const opf_tensor *dextra_out,
+                                 opf_tensor *cur, opf_tensor *dextra_in)
 {
-    opf_op *op = seq->ops[i];
+    opf_op *op = e->op;
     opf_ctx *ctx = seq->ctx;
+    int first = e->first, last = e->first + e->count - 1;
     opf_quantizer qv[2];
     const opf_quantizer *qp[2];
-    neighbour_quantizers(seq, i, qv, qp);
+    neighbour_quantizers(seq, first, last, qv, qp);
     opf_bwd_env env = {.ctx = ctx, .dy = cur, .prev_grad_q = qp[0]};
     opf_status st = OPF_OK;
-    for (int j = 0; j < op->cls->n_extra_out && !st; j++) {
-        opf_tensor *cg = &seq->chan_grad[i * OPF_OP_MAX_EXTRA + j];
-        int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
-        if (pub >= 0 && dextra_out) st = add_grad(ctx, cg, &dextra_out[pub]);
-        env.dextra_out[j] = cg->data[0] || cg->data[OPF_COMP_COL_DATA] ? cg : NULL;
-    }
+    int slot = 0;
+    for (int i = first; i <= last && !st; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_out && !st; j++, slot++) {
+            opf_tensor *cg = &seq->chan_grad[i * OPF_OP_MAX_EXTRA + j];
+            int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
+            if (pub >= 0 && dextra_out) st = add_grad(ctx, cg, &dextra_out[pub]);
+            env.dextra_out[slot] = cg->data[0] || cg->data[OPF_COMP_COL_DATA] ? cg : NULL;
+        }
     opf_tensor dx, dxi[OPF_OP_MAX_EXTRA];
     memset(dxi, 0, sizeof dxi);
-    if (!st) st = opf_op_backward(op, &seq->octx[i], &env, &dx, dxi);
+    if (!st) st = opf_op_backward(op, &seq->octx[first], &env, &dx, dxi);
     if (st) return st;
-    for (int j = 0; j < op->cls->n_extra_in && !st; j++) {
-        const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
-        if (s->op < 0) {
-            if (dextra_in) opf_tensor_retain(&dxi[j], &dextra_in[s->pub]);
-        } else {
-            st = add_grad(ctx, &seq->chan_grad[s->op * OPF_OP_MAX_EXTRA + s->slot], &dxi[j]);
+    slot = 0;
+    for (int i = first; i <= last; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
+            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
+            if (s->op < 0) {
+                if (dextra_in && !st) opf_tensor_retain(&dxi[slot], &dextra_in[s->pub]);
+            } else if (s->op < first && !st) {
+                st = add_grad(ctx, &seq->chan_grad[s->op * OPF_OP_MAX_EXTRA + s->slot], &dxi[slot]);
+            }
+            opf_tensor_release(&dxi[slot]);
         }
-        opf_tensor_release(&dxi[j]);
-    }
     opf_tensor_release(cur);
     *cur = dx;
     return st;
@@ -276,13 +293,13 @@ opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor
     for (int g = seq->n_groups - 1; g >= 0 && !st; g--) {
         const opf_group *gr = &seq->groups[g];
         for (int k = gr->n_bwd - 1; k >= 0 && !st; k--) {
-            int i = gr->bwd[k].first;
-            if (i < seq->first_req) {  /* early stop: nothing before needs gradients */
+            const opf_plan_entry *e = &gr->bwd[k];
+            if (e->first + e->count - 1 < seq->first_req) {  /* early stop: nothing before needs gradients */
                 opf_tensor_release(&cur);
                 g = -1;
                 break;
             }
-            st = backward_one(seq, i, dextra_out, &cur, dextra_in);
+            st = backward_entry(seq, e, dextra_out, &cur, dextra_in);
         }
     }
     if (st) {

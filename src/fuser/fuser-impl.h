@@ -42,7 +42,15 @@ struct opf_seq {
     int             key_first_req, key_hist;
     opf_recipe      recipe;                   /* the recipe of the last forward */
     bool            has_recipe;
+    /* fusions */
+    bool            fusions;                  /* on unless opf_seq_set_fusions(false) */
+    opf_op        **fused;                    /* fused ops the plans use, owned */
+    int             n_fused;
+    bool            first_forward_done;       /* pre_first_forward ran */
 };
+
+/* fusion.c */
+void opf_seq_destroy_fused(opf_seq *seq);
 
 /* seq.c: groups, channels, plans. */
 opf_status opf_seq_build(opf_seq *seq);

@@ -13,6 +13,7 @@ opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out)
     opf_seq *s = calloc(1, sizeof *s);
     if (!s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_seq_create: out of memory");
     s->ctx = ctx;
+    s->fusions = true;
     *out = s;
     return OPF_OK;
 }
@@ -30,6 +31,9 @@ void opf_seq_unbuild(opf_seq *seq)
         free(seq->groups[g].fwd);
         free(seq->groups[g].bwd);
     }
+    opf_seq_destroy_fused(seq);
+    free(seq->fused);
+    seq->fused = NULL;
     free(seq->groups), free(seq->octx), free(seq->in_src), free(seq->out_pub);
     free(seq->chan), free(seq->chan_grad);
     seq->groups = NULL, seq->octx = NULL, seq->in_src = NULL, seq->out_pub = NULL;
@@ -220,20 +224,6 @@ opf_status opf_seq_build(opf_seq *seq)
     }
     for (int i = 0; i < seq->n; i++) seq->ops[i]->locked = true;
     seq->built = true;
-    return OPF_OK;
-}
-
-/* Plans of every group: one entry per basic op until fusions exist. */
-opf_status opf_seq_plan_build(opf_seq *seq)
-{
-    for (int g = 0; g < seq->n_groups; g++) {
-        opf_group *gr = &seq->groups[g];
-        for (int k = 0; k < gr->count; k++) {
-            gr->fwd[k] = gr->bwd[k] = (opf_plan_entry){seq->ops[gr->first + k], gr->first + k, 1};
-        }
-        gr->n_fwd = gr->n_bwd = gr->count;
-    }
-    seq->planned = true;
     return OPF_OK;
 }
 

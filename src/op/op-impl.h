@@ -10,8 +10,13 @@ typedef struct opf_channel_bind {
     bool to_caller;  /* extra outputs only */
 } opf_channel_bind;
 
+#define OPF_FUSED_MAX 8  /* basic ops one fused op may cover */
+
 struct opf_op {
     const opf_op_class *cls;
+    int                 n_basic;      /* 0: a basic op; else the covered ops */
+    opf_op             *basic[OPF_FUSED_MAX];
+    int                 n_extra_in, n_extra_out;
     char                name[64];
     void               *config;       /* cls->config_size bytes, owned */
     int                 n_params;

@@ -29,8 +29,16 @@ opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *confi
         free(cfg);
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
     }
+    if (cls->covers > 0) {
+        free(op);
+        free(cfg);
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s is a fused class; use opf_fused_op_create",
+                         fn, class_name);
+    }
     if (cfg) memcpy(cfg, config, cls->config_size);
     op->cls = cls;
+    op->n_extra_in = cls->n_extra_in;
+    op->n_extra_out = cls->n_extra_out;
     op->config = cfg;
     snprintf(op->name, sizeof op->name, "%s", name ? name : class_name);
     opf_status st = cls->init ? cls->init(ctx, op) : OPF_OK;
@@ -62,11 +70,81 @@ const opf_op_class *opf_op_class_of(const opf_op *op) { return op->cls; }
 const char *opf_op_name(const opf_op *op) { return op->name; }
 void *opf_op_config(opf_op *op) { return op->config; }
 const void *opf_op_config_const(const opf_op *op) { return op->config; }
-int opf_op_num_params(const opf_op *op) { return op->n_params; }
-opf_param *opf_op_param(opf_op *op, int i) { return i >= 0 && i < op->n_params ? &op->params[i] : NULL; }
-const opf_param *opf_op_param_const(const opf_op *op, int i)
+int opf_op_num_params(const opf_op *op)
 {
-    return i >= 0 && i < op->n_params ? &op->params[i] : NULL;
+    if (!op->n_basic) return op->n_params;
+    int n = 0;
+    for (int k = 0; k < op->n_basic; k++) n += op->basic[k]->n_params;
+    return n;
+}
+
+opf_param *opf_op_param(opf_op *op, int i)
+{
+    if (i < 0) return NULL;
+    if (!op->n_basic) return i < op->n_params ? &op->params[i] : NULL;
+    for (int k = 0; k < op->n_basic; k++) {
+        if (i < op->basic[k]->n_params) return &op->basic[k]->params[i];
+        i -= op->basic[k]->n_params;
+    }
+    return NULL;
+}
+
+const opf_param *opf_op_param_const(const opf_op *op, int i) { return opf_op_param((opf_op *)op, i); }
+
+int opf_op_num_basic(const opf_op *op) { return op->n_basic ? op->n_basic : 1; }
+opf_op *opf_op_basic(const opf_op *op, int i)
+{
+    if (!op->n_basic) return i == 0 ? (opf_op *)op : NULL;
+    return i >= 0 && i < op->n_basic ? op->basic[i] : NULL;
+}
+bool opf_op_is_fused(const opf_op *op) { return op->n_basic > 0; }
+int opf_op_num_extra_in(const opf_op *op) { return op->n_extra_in; }
+int opf_op_num_extra_out(const opf_op *op) { return op->n_extra_out; }
+
+opf_status opf_fused_op_create(opf_ctx *ctx, const char *class_name, opf_op *const *basic, int n,
+                               opf_op **out)
+{
+    const char *fn = "opf_fused_op_create";
+    OPF_CHECK_NULL(ctx, fn, out);
+    *out = NULL;
+    OPF_CHECK_NULL(ctx, fn, class_name);
+    OPF_CHECK_NULL(ctx, fn, basic);
+    const opf_op_class *cls = opf_op_class_find(class_name);
+    if (!cls || cls->covers <= 0)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: \"%s\" is not a registered fused class", fn,
+                         class_name);
+    if (n != cls->covers || n > OPF_FUSED_MAX)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s covers %d ops, got %d", fn, class_name,
+                         cls->covers, n);
+    int ein = 0, eout = 0;
+    for (int k = 0; k < n; k++) {
+        if (!basic[k] || basic[k]->n_basic)
+            return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s: op %d is %s", fn, class_name, k,
+                             basic[k] ? "itself fused (fusions never nest)" : "NULL");
+        ein += basic[k]->n_extra_in;
+        eout += basic[k]->n_extra_out;
+    }
+    if (ein > OPF_OP_MAX_EXTRA || eout > OPF_OP_MAX_EXTRA)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s: %d/%d extra inputs/outputs > %d", fn,
+                         class_name, ein, eout, OPF_OP_MAX_EXTRA);
+    opf_op *op = calloc(1, sizeof *op);
+    if (!op) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+    op->cls = cls;
+    op->n_basic = n;
+    memcpy(op->basic, basic, sizeof *basic * (size_t)n);
+    op->n_extra_in = ein;
+    op->n_extra_out = eout;
+    int len = snprintf(op->name, sizeof op->name, "%s(", class_name);
+    for (int k = 0; k < n && len > 0 && (size_t)len < sizeof op->name; k++)
+        len += snprintf(op->name + len, sizeof op->name - (size_t)len, "%s%s", k ? "," : "", basic[k]->name);
+    if (len > 0 && (size_t)len < sizeof op->name) snprintf(op->name + len, sizeof op->name - (size_t)len, ")");
+    opf_status st = cls->init ? cls->init(ctx, op) : OPF_OK;
+    if (st) {
+        opf_op_destroy(op);
+        return st;
+    }
+    *out = op;
+    return OPF_OK;
 }
 void *opf_op_user(opf_op *op) { return op->user; }
 void opf_op_set_user(opf_op *op, void *user) { op->user = user; }
@@ -139,13 +217,13 @@ static opf_status bind(opf_op *op, opf_channel_bind *b, int n, int index, const 
 opf_status opf_op_set_extra_input(opf_op *op, int index, const char *channel)
 {
     OPF_CHECK_NULL(NULL, "opf_op_set_extra_input", op);
-    return bind(op, op->extra_in, op->cls->n_extra_in, index, channel, false, "input");
+    return bind(op, op->extra_in, op->n_extra_in, index, channel, false, "input");
 }
 
 opf_status opf_op_set_extra_output(opf_op *op, int index, const char *channel, bool to_caller)
 {
     OPF_CHECK_NULL(NULL, "opf_op_set_extra_output", op);
-    return bind(op, op->extra_out, op->cls->n_extra_out, index, channel, to_caller, "output");
+    return bind(op, op->extra_out, op->n_extra_out, index, channel, to_caller, "output");
 }
 
 void opf_op_ctx_clear(opf_op_ctx *c)

@@ -36,7 +36,7 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
 {
     const opf_op_class *c = op->cls;
     opf_ctx *ctx = env->ctx;
-    int n_out = 1 + c->n_extra_out;
+    int n_out = 1 + op->n_extra_out, n_ctx = opf_op_num_basic(op);
     memset(op->fwd_args, 0, c->fwd_schema->size);
     opf_status st = c->resolve_fwd(op, env, op->fwd_args);
     if (st) return st;
@@ -57,8 +57,11 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
     st = c->forward_impl(ctx, op->fwd_args, outs, aux);
     opf_ctx_scratch_pop(ctx, mark);
     if (!st && env->requires_grad && octx) {
-        opf_op_ctx_clear(octx);
-        octx->requires_grad = true;
+        for (int k = 0; k < n_ctx; k++) {
+            opf_op_ctx_clear(&octx[k]);
+            octx[k].requires_grad = true;
+        }
+        /* the dx quantizer of a fused op belongs to its first basic op */
         octx->prev_grad_q = env->prev_grad_q ? *env->prev_grad_q : opf_quantizer_default();
         if (c->setup_context) {
             st = c->setup_context(op, octx, op->fwd_args, outs, aux);
@@ -67,7 +70,7 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
                 if (aux[i].data[0] || aux[i].data[OPF_COMP_COL_DATA])
                     opf_tensor_retain(&aux[i], &octx->saved[octx->n_saved++]);
         }
-        octx->valid = !st;
+        for (int k = 0; k < n_ctx; k++) octx[k].valid = !st;
     }
     release_all(aux, OPF_OP_MAX_AUX);
     if (st) release_all(outs, n_out);
@@ -103,7 +106,10 @@ opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
 {
     const opf_op_class *c = op->cls;
     opf_ctx *ctx = env->ctx;
-    if (!octx || !octx->valid)
+    int n_ctx = opf_op_num_basic(op), n_params = opf_op_num_params(op);
+    bool valid = octx != NULL;
+    for (int k = 0; valid && k < n_ctx; k++) valid = octx[k].valid;
+    if (!valid)
         return opf_error(ctx, OPF_ERR_STATE, "%s: backward without a forward that saved for it "
                          "(forward not run, run without requires_grad, or backward already done)",
                          op->name);
@@ -112,27 +118,31 @@ opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
     memset(op->bwd_args, 0, c->bwd_schema->size);
     opf_status st = c->resolve_bwd(op, octx, env, op->bwd_args);
     if (st) return st;
-    int n = 1 + op->n_params + c->n_extra_in;
-    opf_spec gs[1 + OPF_OP_MAX_PARAMS + OPF_OP_MAX_EXTRA];
+    int n = 1 + n_params + op->n_extra_in;
+    if (n > OPF_OP_MAX_GRADS)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: %d gradients exceed %d", op->name, n,
+                         OPF_OP_MAX_GRADS);
+    opf_spec gs[OPF_OP_MAX_GRADS];
     none_specs(gs, n);
     if (c->backward_fake && (st = c->backward_fake(op->bwd_args, gs)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
     bool pass = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
     if (pass) gs[0].ndim = OPF_SPEC_NONE_NDIM;
-    opf_tensor g[1 + OPF_OP_MAX_PARAMS + OPF_OP_MAX_EXTRA];
+    opf_tensor g[OPF_OP_MAX_GRADS];
     if ((st = alloc_specs(ctx, gs, g, n))) return st;
     size_t mark = opf_ctx_scratch_mark(ctx);
     st = c->backward_impl(ctx, op->bwd_args, g);
     opf_ctx_scratch_pop(ctx, mark);
-    for (int i = 0; !st && i < op->n_params; i++)
-        if (g[1 + i].data[0] && op->params[i].requires_grad)
-            st = accumulate(ctx, &op->params[i], &g[1 + i]);
+    for (int i = 0; !st && i < n_params; i++) {
+        opf_param *p = opf_op_param(op, i);
+        if (g[1 + i].data[0] && p->requires_grad) st = accumulate(ctx, p, &g[1 + i]);
+    }
     if (!st) {
         if (pass) opf_tensor_retain(env->dy, dx);
         else *dx = g[0], memset(&g[0], 0, sizeof g[0]);
-        for (int i = 0; i < c->n_extra_in; i++)
-            dextra_in[i] = g[1 + op->n_params + i], memset(&g[1 + op->n_params + i], 0, sizeof g[0]);
-        opf_op_ctx_clear(octx);
+        for (int i = 0; i < op->n_extra_in; i++)
+            dextra_in[i] = g[1 + n_params + i], memset(&g[1 + n_params + i], 0, sizeof g[0]);
+        for (int k = 0; k < n_ctx; k++) opf_op_ctx_clear(&octx[k]);
     }
     release_all(g, n);
     return st;
@@ -140,8 +150,8 @@ opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
 
 void opf_op_zero_grad(opf_op *op)
 {
-    for (int i = 0; i < op->n_params; i++) {
-        opf_param *p = &op->params[i];
+    for (int i = 0; i < opf_op_num_params(op); i++) {
+        opf_param *p = opf_op_param(op, i);
         opf_layout L;
         if (opf_spec_layout(&p->grad.spec, &L) == OPF_OK && p->grad.data[0])
             memset(p->grad.data[0], 0, L.comp[0].nbytes);

@@ -46,4 +46,15 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
 OPF_BUILTIN_OPS(OPF_DECLARE_CLASS)
 #undef OPF_DECLARE_CLASS
 
+/* The built-in fusion functions (src/ops/fused/), in registration order;
+ * the fuser registers them on first use. NULL-terminated. */
+enum { OPF_FUSION_JOINT = 0, OPF_FUSION_FORWARD = 1, OPF_FUSION_BACKWARD = 2 };
+typedef struct opf_builtin_fusion {
+    int           which;  /* OPF_FUSION_* */
+    const char   *name;
+    opf_fusion_fn fn;
+    void         *user;
+} opf_builtin_fusion;
+const opf_builtin_fusion *opf_builtin_fusions(void);
+
 #endif
