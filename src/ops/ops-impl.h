@@ -42,9 +42,31 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
     X(add_extra_input) X(make_extra_output) X(quantize) X(dropout)             \
     X(grouped_linear)
 
+/* Built-in fused op classes (src/ops/fused/, one file each) and basic ops
+ * that only fused paths need. */
+#define OPF_BUILTIN_FUSED_OPS(X)                                               \
+    X(scaled_swiglu)                                                           \
+    X(forward_linear_bias_activation) X(forward_linear_bias_add)               \
+    X(forward_linear_scale_add) X(backward_linear_add) X(backward_linear_scale) \
+    X(backward_activation_bias) X(backward_add_rmsnorm) X(grouped_mlp)
+
 #define OPF_DECLARE_CLASS(n) extern const opf_op_class opf_op_class_##n;
 OPF_BUILTIN_OPS(OPF_DECLARE_CLASS)
+OPF_BUILTIN_FUSED_OPS(OPF_DECLARE_CLASS)
 #undef OPF_DECLARE_CLASS
+
+/* The fusion function of each built-in fused op, defined in its file. */
+#define OPF_BUILTIN_FUSION_FNS(X)                                              \
+    X(JOINT, grouped_mlp)                                                      \
+    X(FORWARD, forward_linear_bias_add) X(FORWARD, forward_linear_bias_activation) \
+    X(FORWARD, forward_linear_scale_add)                                       \
+    X(BACKWARD, backward_linear_add) X(BACKWARD, backward_linear_scale)        \
+    X(BACKWARD, backward_activation_bias) X(BACKWARD, backward_add_rmsnorm)
+#define OPF_DECLARE_FUSION(w, n)                                               \
+    opf_status opf_fuse_##n(opf_ctx *ctx, opf_op *const *ops_in, int n, const opf_recipe *recipe, \
+                            void *user, opf_op **ops_out, int *n_out);
+OPF_BUILTIN_FUSION_FNS(OPF_DECLARE_FUSION)
+#undef OPF_DECLARE_FUSION
 
 /* The built-in fusion functions (src/ops/fused/), in registration order;
  * the fuser registers them on first use. NULL-terminated. */
