@@ -80,6 +80,21 @@ struct opf_schema {
     const opf_field *fields;
 };
 
+/* Schema shorthands for a class's args struct st:
+ *     static const opf_field f[] = {OPF_F_TENSOR(my_fwd, x), OPF_F_FLOAT(my_fwd, eps)};
+ *     OPF_SCHEMA(my_fwd_schema, my_fwd, f);                                      */
+#define OPF_F(st, m, kind, flags) {#m, offsetof(st, m), kind, flags, NULL}
+#define OPF_F_TENSOR(st, m)   OPF_F(st, m, OPF_FIELD_TENSOR, 0)
+#define OPF_F_TENSOR_Q(st, m) OPF_F(st, m, OPF_FIELD_TENSOR_Q, 0)
+#define OPF_F_OPT(st, m)      OPF_F(st, m, OPF_FIELD_TENSOR_Q, OPF_FIELD_OPTIONAL)
+#define OPF_F_QUANT(st, m)    OPF_F(st, m, OPF_FIELD_QUANTIZER, 0)
+#define OPF_F_INT(st, m)      OPF_F(st, m, OPF_FIELD_INT, 0)
+#define OPF_F_FLOAT(st, m)    OPF_F(st, m, OPF_FIELD_FLOAT, 0)
+#define OPF_F_BOOL(st, m)     OPF_F(st, m, OPF_FIELD_BOOL, 0)
+#define OPF_F_ENUM(st, m)     OPF_F(st, m, OPF_FIELD_ENUM, 0)
+#define OPF_SCHEMA(var, st, fields) \
+    static const opf_schema var = {#st, sizeof(st), (int)(sizeof(fields) / sizeof(fields[0])), fields}
+
 /* A tensor slot of flattened args: where it lives and what kind it is. */
 typedef struct opf_slot {
     const opf_field *field;

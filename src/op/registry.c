@@ -38,11 +38,20 @@ static opf_status check_class(const opf_op_class *c)
         return opf_error(NULL, OPF_ERR_INVALID_ARG,
                          "%s: class name \"%s\" must be non-empty lower-case [a-z0-9_]", fn,
                          c->name ? c->name : "(null)");
-    if (!c->fwd_schema || !c->resolve_fwd || !c->forward_impl)
+    if (c->covers < 0 || c->covers > OPF_FUSED_MAX)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: class \"%s\" covers %d ops (0..%d)", fn,
+                         c->name, c->covers, OPF_FUSED_MAX);
+    if (c->covers == 0 && (!c->fwd_schema || !c->resolve_fwd || !c->forward_impl))
         return opf_error(NULL, OPF_ERR_INVALID_ARG,
                          "%s: class \"%s\" needs fwd_schema, resolve_fwd and forward_impl", fn,
                          c->name);
-    if (c->fwd_schema->size > OPF_OP_ARGS_MAX || (c->bwd_schema && c->bwd_schema->size > OPF_OP_ARGS_MAX))
+    if (c->covers > 0 && !c->forward_impl && !c->backward_impl)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG,
+                         "%s: fused class \"%s\" has neither a forward nor a backward", fn, c->name);
+    if (c->forward_impl && (!c->fwd_schema || !c->resolve_fwd))
+        return opf_error(NULL, OPF_ERR_INVALID_ARG,
+                         "%s: class \"%s\" has forward_impl but no fwd_schema/resolve_fwd", fn, c->name);
+    if ((c->fwd_schema && c->fwd_schema->size > OPF_OP_ARGS_MAX) || (c->bwd_schema && c->bwd_schema->size > OPF_OP_ARGS_MAX))
         return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: class \"%s\" args exceed %d bytes", fn,
                          c->name, OPF_OP_ARGS_MAX);
     if (c->backward_impl && (!c->bwd_schema || !c->resolve_bwd))

@@ -37,6 +37,9 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
     const opf_op_class *c = op->cls;
     opf_ctx *ctx = env->ctx;
     int n_out = 1 + op->n_extra_out, n_ctx = opf_op_num_basic(op);
+    if (!c->forward_impl)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: the op has no forward (backward-only fusion)",
+                         op->name);
     memset(op->fwd_args, 0, c->fwd_schema->size);
     opf_status st = c->resolve_fwd(op, env, op->fwd_args);
     if (st) return st;

@@ -11,19 +11,6 @@
 #include "op/op-impl.h"
 #include "opfuse/ops.h"
 
-/* Schema field shorthands: F_T(struct, member) etc. */
-#define OPF_F(st, m, kind, flags) {#m, offsetof(st, m), kind, flags, NULL}
-#define OPF_F_TENSOR(st, m)   OPF_F(st, m, OPF_FIELD_TENSOR, 0)
-#define OPF_F_TENSOR_Q(st, m) OPF_F(st, m, OPF_FIELD_TENSOR_Q, 0)
-#define OPF_F_OPT(st, m)      OPF_F(st, m, OPF_FIELD_TENSOR_Q, OPF_FIELD_OPTIONAL)
-#define OPF_F_QUANT(st, m)    OPF_F(st, m, OPF_FIELD_QUANTIZER, 0)
-#define OPF_F_INT(st, m)      OPF_F(st, m, OPF_FIELD_INT, 0)
-#define OPF_F_FLOAT(st, m)    OPF_F(st, m, OPF_FIELD_FLOAT, 0)
-#define OPF_F_BOOL(st, m)     OPF_F(st, m, OPF_FIELD_BOOL, 0)
-#define OPF_F_ENUM(st, m)     OPF_F(st, m, OPF_FIELD_ENUM, 0)
-#define OPF_SCHEMA(var, st, fields) \
-    static const opf_schema var = {#st, sizeof(st), (int)(sizeof(fields) / sizeof(fields[0])), fields}
-
 /* Registers one built-in class (used only by opf_ops_register_builtins). */
 opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 
