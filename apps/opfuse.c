@@ -18,6 +18,7 @@ static const command commands[] = {
     {"bench", "quantize", opf_bench_quantize, "quantize GB/s per format vs memcpy"},
     {"bench", "gemm", opf_bench_gemm, "opf_gemm vs OpenBLAS sgemm"},
     {"bench", "ops", opf_bench_ops, "host time per op; LayerNorm-MLP step vs PyTorch CPU"},
+    {"bench", "fusion", opf_bench_fusion, "LayerNorm-MLP step with fusions on vs off"},
 };
 
 static void usage(void)

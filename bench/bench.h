@@ -17,4 +17,8 @@ int opf_bench_gemm(int argc, char **argv);
  *     opfuse bench ops [tokens hidden ffn] */
 int opf_bench_ops(int argc, char **argv);
 
+/* The LayerNorm-MLP step with fusions on and off, per recipe (bench_ops.c).
+ *     opfuse bench fusion [tokens hidden ffn] */
+int opf_bench_fusion(int argc, char **argv);
+
 #endif

@@ -53,13 +53,17 @@ static double host_us_per_op(opf_ctx *ctx, const char *cls, const void *cfg, int
     return t[REPS / 2];
 }
 
-static double ln_mlp_ms(opf_ctx *ctx, int64_t tokens, int64_t hidden, int64_t ffn, int steps)
+/* Median ms of a training step of the LayerNorm-MLP, fusions on or off,
+ * under recipe r (NULL: none). */
+static double ln_mlp_ms(opf_ctx *ctx, int64_t tokens, int64_t hidden, int64_t ffn, int steps,
+                        bool fusions, const opf_recipe *r)
 {
     opf_seq *seq;
     opf_optim *opt;
     if (opf_model_ln_mlp(ctx, hidden, ffn, OPF_F32, &seq) ||
         opf_optim_create(ctx, seq, OPF_OPTIM_ADAMW, NULL, &opt))
         return -1;
+    opf_seq_set_fusions(seq, fusions);
     float *xv = malloc(sizeof(float) * (size_t)(tokens * hidden));
     float *tv = malloc(sizeof(float) * (size_t)(tokens * hidden));
     for (int64_t i = 0; i < tokens * hidden; i++) xv[i] = (float)((i * 7919) % 1000) / 500.0f - 1, tv[i] = 0.1f;
@@ -67,6 +71,7 @@ static double ln_mlp_ms(opf_ctx *ctx, int64_t tokens, int64_t hidden, int64_t ff
     opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {tokens, hidden}, .dtype = OPF_F32}, xv, &x);
     opf_seq_call call = opf_seq_call_default();
     call.input_requires_grad = false;
+    call.recipe = r;
     double *t = malloc(sizeof(double) * (size_t)steps);
     for (int s = -1; s < steps; s++) {
         double t0 = now_s(), loss;
@@ -126,7 +131,7 @@ int opf_bench_ops(int argc, char **argv)
                host_us_per_op(ctx, ops[i], cfg, 32, true, &x));
     }
     int steps = 20, threads = omp_get_max_threads();
-    double ours = ln_mlp_ms(ctx, tokens, hidden, ffn, steps);
+    double ours = ln_mlp_ms(ctx, tokens, hidden, ffn, steps, true, NULL);
     double peer = torch_ms(tokens, hidden, ffn, steps, threads);
     printf("\nLayerNorm-MLP training step (fp32, AdamW), tokens %lld, hidden %lld, ffn %lld, %d threads\n\n",
            (long long)tokens, (long long)hidden, (long long)ffn, threads);
@@ -138,4 +143,29 @@ int opf_bench_ops(int argc, char **argv)
     else printf("| %-22s | %10s |\n", "PyTorch CPU eager", "not installed (pip install torch into .venv)");
     opf_ctx_destroy(ctx);
     return ours < 0;
+}
+
+int opf_bench_fusion(int argc, char **argv)
+{
+    int64_t tokens = argc >= 3 ? atoll(argv[0]) : 128, hidden = argc >= 3 ? atoll(argv[1]) : 256,
+            ffn = argc >= 3 ? atoll(argv[2]) : 1024;
+    opf_ctx *ctx;
+    if (opf_ctx_create(NULL, &ctx)) return 1;
+    printf("LayerNorm-MLP training step, fusions on vs off (tokens %lld, hidden %lld, ffn %lld)\n\n",
+           (long long)tokens, (long long)hidden, (long long)ffn);
+    printf("| %-12s | %12s | %12s | %8s |\n", "recipe", "fused ms", "unfused ms", "speed-up");
+    printf("|--------------|--------------|--------------|----------|\n");
+    static const opf_recipe_kind kinds[] = {OPF_RECIPE_NONE, OPF_RECIPE_DELAYED, OPF_RECIPE_CURRENT,
+                                            OPF_RECIPE_MXFP8, OPF_RECIPE_NVFP4};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        opf_recipe r = opf_recipe_default(kinds[i]);
+        const opf_recipe *rp = kinds[i] == OPF_RECIPE_NONE ? NULL : &r;
+        double on = ln_mlp_ms(ctx, tokens, hidden, ffn, 10, true, rp);
+        double off = ln_mlp_ms(ctx, tokens, hidden, ffn, 10, false, rp);
+        rc |= on < 0 || off < 0;
+        printf("| %-12s | %12.3f | %12.3f | %7.2fx |\n", opf_recipe_name(kinds[i]), on, off, off / on);
+    }
+    opf_ctx_destroy(ctx);
+    return rc;
 }

@@ -22,6 +22,11 @@ struct opf_ctx {
     /* scratch stack: chunks reused across calls, freed with the context */
     struct opf_scratch_chunk { char *mem; size_t size, used; } scratch[16];
     int             n_scratch, scratch_top;
+    /* size-class cache of freed blocks (default allocator only): a repeated
+     * step reuses its buffers instead of going back to malloc and the kernel */
+    bool            caching;
+    void           *cache[256];
+    size_t          cached_bytes;
 };
 
 #endif

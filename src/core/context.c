@@ -20,6 +20,8 @@ static void default_free(void *user, void *p)
     free(p);
 }
 
+static void cache_drain(opf_ctx *ctx);
+
 static void default_warn(void *user, const char *msg)
 {
     (void)user;
@@ -64,6 +66,7 @@ opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
     if (!c->allocator.alloc) {
         c->allocator.alloc = default_alloc;
         c->allocator.free = default_free;
+        c->caching = true;
     }
     c->warn = o.warn ? o.warn : default_warn;
     c->warn_user = o.warn_user;
@@ -77,6 +80,7 @@ void opf_ctx_destroy(opf_ctx *ctx)
     opf_ctx_free(ctx, ctx->workspace, ctx->workspace_bytes);
     for (int i = 0; i < ctx->n_scratch; i++)
         opf_ctx_free(ctx, ctx->scratch[i].mem, ctx->scratch[i].size);
+    cache_drain(ctx);
     free(ctx);
 }
 
@@ -95,9 +99,46 @@ void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...)
     ctx->warn(ctx->warn_user, msg);
 }
 
+/* Size classes: 4 KiB, then four steps per power of two (at most 25% slack). */
+enum { CACHE_MAX_BYTES = 512u << 20 };
+
+static int size_class(size_t bytes, size_t *class_bytes)
+{
+    if (bytes <= 4096) {
+        *class_bytes = 4096;
+        return 0;
+    }
+    int lg = 63 - __builtin_clzll((unsigned long long)bytes);  /* 2^lg <= bytes */
+    size_t step = (size_t)1 << (lg - 2);
+    size_t cls = (bytes + step - 1) / step * step;
+    int idx = (lg - 12) * 4 + (int)(cls / step) - 4 + 1;
+    *class_bytes = cls;
+    return idx < 256 ? idx : -1;
+}
+
+static void cache_drain(opf_ctx *ctx)
+{
+    for (int i = 0; i < 256; i++)
+        while (ctx->cache[i]) {
+            void *p = ctx->cache[i];
+            ctx->cache[i] = *(void **)p;
+            ctx->allocator.free(ctx->allocator.user, p);
+        }
+    ctx->cached_bytes = 0;
+}
+
 void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
 {
-    void *p = ctx->allocator.alloc(ctx->allocator.user, bytes, OPF_COMPONENT_ALIGN);
+    size_t cls_bytes = bytes;
+    int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
+    void *p = NULL;
+    if (cls >= 0 && ctx->cache[cls]) {
+        p = ctx->cache[cls];
+        ctx->cache[cls] = *(void **)p;
+        ctx->cached_bytes -= cls_bytes;
+    } else {
+        p = ctx->allocator.alloc(ctx->allocator.user, cls >= 0 ? cls_bytes : bytes, OPF_COMPONENT_ALIGN);
+    }
     if (!p) return NULL;
     ctx->stats.n_alloc++;
     ctx->stats.bytes_live += bytes;
@@ -108,7 +149,15 @@ void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
 void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
 {
     if (!ptr) return;
-    ctx->allocator.free(ctx->allocator.user, ptr);
+    size_t cls_bytes = bytes;
+    int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
+    if (cls >= 0 && ctx->cached_bytes + cls_bytes <= CACHE_MAX_BYTES) {
+        *(void **)ptr = ctx->cache[cls];
+        ctx->cache[cls] = ptr;
+        ctx->cached_bytes += cls_bytes;
+    } else {
+        ctx->allocator.free(ctx->allocator.user, ptr);
+    }
     ctx->stats.n_free++;
     ctx->stats.bytes_live -= bytes;
 }
