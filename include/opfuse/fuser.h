@@ -85,6 +85,12 @@ opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call
  * into each parameter's grad (or main_grad). */
 opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor *dextra_out,
                             opf_tensor *dx, opf_tensor *dextra_in);
+/* Builds groups, the recipe state of every op for recipe (NULL: none) and
+ * the plans, as the first forward with that recipe would, without running
+ * anything: a checkpoint can then be loaded into the fresh state. A later
+ * forward with an equal recipe keeps that state. */
+opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe);
+
 /* Drops the saved state of a forward whose backward will not run. */
 void opf_seq_discard(opf_seq *seq);
 

@@ -21,7 +21,9 @@ extern "C" {
 
 /* "identity", "quantize", "add_extra_input", "make_extra_output" and the
  * activations "gelu", "qgelu", "relu", "srelu", "silu", "glu", "geglu",
- * "qgeglu", "reglu", "sreglu", "swiglu" take no config (NULL). */
+ * "qgeglu", "reglu", "sreglu", "swiglu" take no config (NULL).
+ * "scaled_swiglu" (no config) takes extra input 0: per-row scales f32 [rows];
+ * y = swiglu(x) * scales[row]. */
 
 typedef struct opf_reshape_config {
     int     ndim;

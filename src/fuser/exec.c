@@ -28,36 +28,62 @@ static int first_requiring_backward(const opf_seq *seq, const opf_seq_call *call
     return seq->n;
 }
 
-static int history_len(const opf_recipe *r)
+/* Recipes are equal when every value field is (the factory by identity). */
+static bool recipe_equal(const opf_recipe *a, const opf_recipe *b)
 {
-    return r && r->kind == OPF_RECIPE_DELAYED ? r->amax_history_len : 0;
+    if (!a || !b) return a == b;
+    return a->kind == b->kind && a->format == b->format && a->margin == b->margin &&
+           a->amax_history_len == b->amax_history_len && a->amax_algo == b->amax_algo &&
+           a->reduce_amax == b->reduce_amax && a->power_2_scales == b->power_2_scales &&
+           a->amax_epsilon == b->amax_epsilon && a->x_block_dim == b->x_block_dim &&
+           a->w_block_dim == b->w_block_dim && a->grad_block_dim == b->grad_block_dim &&
+           a->mxfp8_2d_weights == b->mxfp8_2d_weights && a->nvfp4_rht == b->nvfp4_rht &&
+           a->nvfp4_stochastic == b->nvfp4_stochastic && a->nvfp4_2d_weights == b->nvfp4_2d_weights &&
+           a->factory == b->factory && a->factory_user == b->factory_user;
 }
 
-/* Plan cache (te-ops.md 3.3): a new recipe kind resets every op's recipe
- * state; any key change rebuilds the plans. */
+/* Plan cache (te-ops.md 3.3). The key is the recipe (kind, format, history
+ * length and every other field: a different one needs other quantizers) and
+ * the first op needing backward. A new recipe resets every op's recipe state
+ * and rebuilds the plans; a new first op rebuilds the plans only. */
 static opf_status prepare(opf_seq *seq, const opf_seq_call *call, int first_req)
 {
-    opf_recipe_kind kind = call->recipe ? call->recipe->kind : OPF_RECIPE_NONE;
-    int hist = history_len(call->recipe);
-    bool reset = !seq->planned || kind != seq->key_kind || hist != seq->key_hist;
     if (call->recipe) {
         opf_status st = opf_recipe_validate(call->recipe);
         if (st) return opf_error(seq->ctx, st, "seq: %s", opf_last_error(NULL));
     }
-    if (reset)
+    bool reset = !seq->key_valid || !recipe_equal(seq->has_recipe ? &seq->recipe : NULL, call->recipe);
+    if (reset) {
+        seq->key_valid = false;
         for (int i = 0; i < seq->n; i++) {
             opf_status st = opf_op_reset_recipe(seq->ctx, seq->ops[i], call->recipe);
             if (st) return st;
         }
-    if (reset || first_req != seq->key_first_req) {
+        /* the fusion functions see this call's recipe */
+        seq->has_recipe = call->recipe != NULL;
+        if (call->recipe) seq->recipe = *call->recipe;
+        seq->key_valid = true;
+    }
+    if (reset || !seq->planned || first_req != seq->key_first_req) {
         opf_status st = opf_seq_plan_build(seq);
         if (st) return st;
     }
-    seq->key_kind = kind;
-    seq->key_hist = hist;
     seq->key_first_req = first_req;
-    seq->has_recipe = call->recipe != NULL;
-    if (call->recipe) seq->recipe = *call->recipe;
+    return OPF_OK;
+}
+
+opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe)
+{
+    OPF_CHECK_NULL(NULL, "opf_seq_prepare", seq);
+    if (seq->pending)
+        return opf_error(seq->ctx, OPF_ERR_STATE, "opf_seq_prepare: a backward is pending; run "
+                         "opf_seq_backward or opf_seq_discard first");
+    opf_status st = opf_seq_build(seq);
+    if (st) return st;
+    opf_seq_call call = opf_seq_call_default();
+    call.recipe = recipe;
+    if ((st = prepare(seq, &call, seq->n))) return st;
+    seq->key_first_req = -1;  /* the next forward sets it and rebuilds the plans only */
     return OPF_OK;
 }
 

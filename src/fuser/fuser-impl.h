@@ -38,8 +38,8 @@ struct opf_seq {
     int         first_req;
     /* plan cache key */
     bool            planned;
-    opf_recipe_kind key_kind;
-    int             key_first_req, key_hist;
+    bool            key_valid;                /* recipe states match `recipe` */
+    int             key_first_req;
     opf_recipe      recipe;                   /* the recipe of the last forward */
     bool            has_recipe;
     /* fusions */

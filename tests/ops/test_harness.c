@@ -41,7 +41,7 @@ static const op_row rows[] = {
     {"swiglu", NULL, COLS, true},            {"clamped_swiglu", &clamp_cfg, COLS, false},
     {"add_extra_input", NULL, COLS, true},   {"make_extra_output", NULL, COLS, true},
     {"quantize", NULL, COLS, true},          {"dropout", &drop_cfg, COLS, false},
-    {"grouped_linear", &grouped_cfg, COLS, true},
+    {"grouped_linear", &grouped_cfg, COLS, true}, {"scaled_swiglu", NULL, COLS, true},
 };
 enum { NROWS = sizeof rows / sizeof rows[0] };
 
@@ -190,9 +190,15 @@ static void run_row(opf_ctx *ctx, const op_row *row, opf_dtype dt, opf_recipe_ki
     opf_tensor_wrap(&x.spec, xr, &extra);
     int64_t split_v[2] = {3, ROWS - 3};
     opf_tensor_wrap(&(opf_spec){.ndim = 1, .shape = {2}, .dtype = OPF_I64}, split_v, &splits);
+    float scale_v[ROWS];
+    for (int i = 0; i < ROWS; i++) scale_v[i] = 0.5f + 0.03f * (float)i;
+    opf_tensor scales;
+    opf_tensor_wrap(&(opf_spec){.ndim = 1, .shape = {ROWS}, .dtype = OPF_F32}, scale_v, &scales);
     opf_fwd_env env = {.ctx = ctx, .x = &x, .requires_grad = true,
                        .next_input_q = (!own_recipe && rk != OPF_RECIPE_NONE) ? &nq : NULL};
-    if (cls->n_extra_in) env.extra_in[0] = !strcmp(row->cls, "grouped_linear") ? &splits : &extra;
+    if (cls->n_extra_in)
+        env.extra_in[0] = !strcmp(row->cls, "grouped_linear") ? &splits
+                        : !strcmp(row->cls, "scaled_swiglu") ? &scales : &extra;
     opf_op_ctx octx;
     memset(&octx, 0, sizeof octx);
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
@@ -259,8 +265,9 @@ int main(void)
                 total++;
                 run_row(ctx, &rows[r], dtypes[d], recipes[k], &covered);
             }
-    /* every registered built-in class has a row */
+    /* every registered basic class has a row (fused classes are tested in tests/fusion/) */
     for (int i = 0; i < opf_op_class_count(); i++) {
+        if (opf_op_class_at(i)->covers > 0) continue;
         const char *n = opf_op_class_at(i)->name;
         bool found = false;
         for (int r = 0; r < NROWS; r++) found |= !strcmp(rows[r].cls, n);

@@ -28,7 +28,7 @@
 #include <math.h>
 #include <omp.h>
 
-#include "ops/ops-impl.h"
+#include "ops/basic/norm-impl.h"
 
 typedef struct rms_fwd {
     opf_tensor    x;       /* [..., H], plain or quantized */
@@ -42,18 +42,14 @@ static const opf_field rms_fwd_fields[] = {
     OPF_F_FLOAT(rms_fwd, eps),  OPF_F_BOOL(rms_fwd, zero_centered)};
 OPF_SCHEMA(rms_fwd_schema, rms_fwd, rms_fwd_fields);
 
-typedef struct rms_bwd {
-    opf_tensor    dy;      /* [..., H] */
-    opf_tensor    x;       /* the forward input */
-    opf_tensor    rsigma;  /* [rows] fp32 */
-    opf_tensor    weight;
-    opf_quantizer dx_q;    /* the previous op's grad-output quantizer, or none */
-    bool          zero_centered;
-} rms_bwd;
+/* The backward args live in norm-impl.h: BackwardAddRMSNorm shares them. */
+typedef opf_rmsnorm_bwd rms_bwd;
 static const opf_field rms_bwd_fields[] = {
     OPF_F_TENSOR_Q(rms_bwd, dy),   OPF_F_TENSOR_Q(rms_bwd, x), OPF_F_TENSOR(rms_bwd, rsigma),
     OPF_F_TENSOR(rms_bwd, weight), OPF_F_QUANT(rms_bwd, dx_q), OPF_F_BOOL(rms_bwd, zero_centered)};
-OPF_SCHEMA(rms_bwd_schema, rms_bwd, rms_bwd_fields);
+const opf_schema opf_rmsnorm_bwd_schema = {"rms_bwd", sizeof(rms_bwd),
+                                           (int)(sizeof rms_bwd_fields / sizeof rms_bwd_fields[0]),
+                                           rms_bwd_fields};
 
 enum { RMS_PAR_MIN = 1 << 15, RMS_COL_BLOCK = 64, RMS_LANES = 32 };
 
@@ -309,15 +305,13 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
     return opf_op_out_spec(&plain, &a->dx_q, &grads[0]);
 }
 
-static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+opf_status opf_rmsnorm_bwd_f32(opf_ctx *ctx, const opf_rmsnorm_bwd *a, float *dx, float *dg)
 {
-    const rms_bwd *a = args;
     opf_dtype act = a->weight.spec.dtype;
     int64_t H = a->weight.spec.shape[0], n = opf_spec_numel(&a->x.spec), rows = n / H;
     float *xs = opf_op_scratch(ctx, n), *dzs = opf_op_scratch(ctx, n), *g = opf_op_scratch(ctx, H);
-    float *y = opf_op_scratch(ctx, n), *dx = opf_op_scratch(ctx, n), *dg = opf_op_scratch(ctx, H);
-    if (!xs || !dzs || !g || !y || !dx || !dg)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "rmsnorm: no scratch");
+    float *y = opf_op_scratch(ctx, n);
+    if (!xs || !dzs || !g || !y) return opf_error(ctx, OPF_ERR_NO_MEMORY, "rmsnorm: no scratch");
     const float *x, *dz;
     opf_status st = load_as(ctx, &a->x, act, xs, &x);
     if (!st) st = load_as(ctx, &a->dy, act, dzs, &dz);
@@ -330,8 +324,18 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
     for (int64_t r = 0; r < rows; r++)
         rms_row_bwd(x + r * H, dz + r * H, H, rn, rs[r], g, y + r * H, dx + r * H);
     column_dot(dz, y, rows, H, dg, nt);
-    st = opf_convert(dg, OPF_F32, grads[1].data[0], grads[1].spec.dtype, (size_t)H);
-    if (!st) st = opf_op_store_f32(ctx, dx, act, &a->dx_q, &grads[0]);
+    return OPF_OK;
+}
+
+static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+{
+    const rms_bwd *a = args;
+    int64_t H = a->weight.spec.shape[0], n = opf_spec_numel(&a->x.spec);
+    float *dx = opf_op_scratch(ctx, n), *dg = opf_op_scratch(ctx, H);
+    if (!dx || !dg) return opf_error(ctx, OPF_ERR_NO_MEMORY, "rmsnorm: no scratch");
+    opf_status st = opf_rmsnorm_bwd_f32(ctx, a, dx, dg);
+    if (!st) st = opf_convert(dg, OPF_F32, grads[1].data[0], grads[1].spec.dtype, (size_t)H);
+    if (!st) st = opf_op_store_f32(ctx, dx, a->weight.spec.dtype, &a->dx_q, &grads[0]);
     return st;
 }
 
@@ -341,7 +345,7 @@ const opf_op_class opf_op_class_rmsnorm = {
     .module_type = "rmsnorm",
     .config_size = sizeof(opf_norm_config),
     .fwd_schema = &rms_fwd_schema,
-    .bwd_schema = &rms_bwd_schema,
+    .bwd_schema = &opf_rmsnorm_bwd_schema,
     .fusible = true,
     .init = init,
     .resolve_fwd = resolve_fwd,
