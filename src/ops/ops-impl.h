@@ -34,6 +34,7 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
 #define OPF_BUILTIN_FUSED_OPS(X)                                               \
     X(scaled_swiglu)                                                           \
     X(forward_linear_bias_activation) X(forward_linear_bias_add)               \
+    X(forward_linear_bias) X(forward_linear_add)                               \
     X(forward_linear_scale_add) X(backward_linear_add) X(backward_linear_scale) \
     X(backward_activation_bias) X(backward_add_rmsnorm) X(grouped_mlp)
 

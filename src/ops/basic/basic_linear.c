@@ -38,59 +38,40 @@
  * Backward saves the weight operand and (for wgrad) the x operand; the x
  * copy keeps only its columnwise data where the format allows. With
  * accumulate_into_main_grad, wgrad writes the fp32 param->main_grad (added
- * unless is_first_microbatch == 1, numerics 5.5) and returns no gradient. */
+ * unless is_first_microbatch == 1, numerics 5.5) and returns no gradient.
+ *
+ * The fused ops built around this op (forward_linear_*, backward_linear_*)
+ * reuse its args, resolve, saved state and GEMMs through linear-impl.h; the
+ * GEMM helpers therefore take alpha, a bias and a tensor to accumulate onto
+ * (numerics 5.3: D = alpha * acc (+ bias) + beta * C). */
 #include <math.h>
 
-#include "ops/ops-impl.h"
-#include "opfuse/gemm.h"
-
-/* How forward_impl (backward_impl) makes the x (dy) GEMM operand. */
-enum { OPND_AS_IS = 0, OPND_QUANTIZE = 1, OPND_RECAST = 2, OPND_MODE_COUNT };
+#include "ops/basic/linear-impl.h"
 
 #define LINW_TAG 0x4C494E57u  /* Philox counter word 2 of weight init */
 
-typedef struct linear_fwd {
-    opf_tensor    x;        /* input [..., in], plain or quantized */
-    opf_tensor    w;        /* the plain weight, or its cached quantized copy */
-    opf_quantizer x_q;      /* QUANTIZE / RECAST: x operand into aux[0] (RECAST + none: plain) */
-    opf_quantizer w_q;      /* quantize w into aux[1]; none: w is the operand */
-    opf_quantizer out_q;    /* next op's input quantizer; none: plain y */
-    int           x_mode;   /* OPND_* */
-    bool          wgrad;    /* save x for the weight gradient */
-    int           is_first_microbatch;
-} linear_fwd;
 static const opf_field linear_fwd_fields[] = {
-    OPF_F_TENSOR_Q(linear_fwd, x),  OPF_F_TENSOR_Q(linear_fwd, w),
-    OPF_F_QUANT(linear_fwd, x_q),   OPF_F_QUANT(linear_fwd, w_q),
-    OPF_F_QUANT(linear_fwd, out_q), OPF_F_ENUM(linear_fwd, x_mode),
-    OPF_F_BOOL(linear_fwd, wgrad),
-    OPF_F(linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG)};
-OPF_SCHEMA(linear_fwd_schema, linear_fwd, linear_fwd_fields);
+    OPF_F_TENSOR_Q(opf_linear_fwd, x),  OPF_F_TENSOR_Q(opf_linear_fwd, w),
+    OPF_F_QUANT(opf_linear_fwd, x_q),   OPF_F_QUANT(opf_linear_fwd, w_q),
+    OPF_F_QUANT(opf_linear_fwd, out_q), OPF_F_ENUM(opf_linear_fwd, x_mode),
+    OPF_F_BOOL(opf_linear_fwd, wgrad),
+    OPF_F(opf_linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG)};
+const opf_schema opf_linear_fwd_schema = {
+    "linear_fwd", sizeof(opf_linear_fwd),
+    (int)(sizeof linear_fwd_fields / sizeof linear_fwd_fields[0]), linear_fwd_fields};
 
-typedef struct linear_bwd {
-    opf_tensor    dy;         /* [..., out], plain or quantized */
-    opf_tensor    w;          /* saved weight operand */
-    opf_tensor    x;          /* saved x operand; absent without wgrad */
-    opf_tensor    main_grad;  /* fp32 [out, in] accumulator, or absent */
-    opf_tensor    weight;     /* the parameter (spec of dW) */
-    opf_quantizer dy_q;       /* QUANTIZE / RECAST target; none: plain */
-    opf_quantizer dx_q;       /* previous op's grad-output quantizer; none: plain dx */
-    int           dy_mode;    /* OPND_* */
-    int           act_dtype;  /* dtype of dx */
-    bool          wgrad;      /* x is present: compute dW */
-    bool          to_main_grad; /* dW goes into main_grad, no gradient returned */
-    bool          accumulate; /* main_grad += dW (else =) */
-} linear_bwd;
 static const opf_field linear_bwd_fields[] = {
-    OPF_F_TENSOR_Q(linear_bwd, dy), OPF_F_TENSOR_Q(linear_bwd, w),
-    OPF_F_OPT(linear_bwd, x),
-    OPF_F(linear_bwd, main_grad, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL),
-    OPF_F_TENSOR(linear_bwd, weight),
-    OPF_F_QUANT(linear_bwd, dy_q),  OPF_F_QUANT(linear_bwd, dx_q),
-    OPF_F_ENUM(linear_bwd, dy_mode), OPF_F_ENUM(linear_bwd, act_dtype),
-    OPF_F_BOOL(linear_bwd, wgrad),  OPF_F_BOOL(linear_bwd, to_main_grad),
-    OPF_F_BOOL(linear_bwd, accumulate)};
-OPF_SCHEMA(linear_bwd_schema, linear_bwd, linear_bwd_fields);
+    OPF_F_TENSOR_Q(opf_linear_bwd, dy), OPF_F_TENSOR_Q(opf_linear_bwd, w),
+    OPF_F_OPT(opf_linear_bwd, x),
+    OPF_F(opf_linear_bwd, main_grad, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL),
+    OPF_F_TENSOR(opf_linear_bwd, weight),
+    OPF_F_QUANT(opf_linear_bwd, dy_q),  OPF_F_QUANT(opf_linear_bwd, dx_q),
+    OPF_F_ENUM(opf_linear_bwd, dy_mode), OPF_F_ENUM(opf_linear_bwd, act_dtype),
+    OPF_F_BOOL(opf_linear_bwd, wgrad),  OPF_F_BOOL(opf_linear_bwd, to_main_grad),
+    OPF_F_BOOL(opf_linear_bwd, accumulate)};
+const opf_schema opf_linear_bwd_schema = {
+    "linear_bwd", sizeof(opf_linear_bwd),
+    (int)(sizeof linear_bwd_fields / sizeof linear_bwd_fields[0]), linear_bwd_fields};
 
 static const opf_field linear_kwargs_fields[] = {
     OPF_F(opf_basic_linear_kwargs, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG)};
@@ -199,8 +180,8 @@ static bool fits(const opf_spec *t, const opf_quantizer *q, unsigned need)
 /* How to turn a (plain or quantized) input t into an operand for q. */
 static int operand_mode(const opf_spec *t, const opf_quantizer *q)
 {
-    if (t->scaling == OPF_SCALING_NONE) return is_q(q) ? OPND_QUANTIZE : OPND_AS_IS;
-    return is_q(q) && fits(t, q, q->usage) ? OPND_AS_IS : OPND_RECAST;
+    if (t->scaling == OPF_SCALING_NONE) return is_q(q) ? OPF_LIN_QUANTIZE : OPF_LIN_AS_IS;
+    return is_q(q) && fits(t, q, q->usage) ? OPF_LIN_AS_IS : OPF_LIN_RECAST;
 }
 
 /* The operand's spec: t itself, its quantized spec, or (RECAST without a
@@ -208,7 +189,7 @@ static int operand_mode(const opf_spec *t, const opf_quantizer *q)
 static opf_status operand_spec(const opf_spec *t, int mode, const opf_quantizer *q,
                                opf_dtype plain_dt, opf_spec *out)
 {
-    if (mode == OPND_AS_IS) {
+    if (mode == OPF_LIN_AS_IS) {
         *out = *t;
         return OPF_OK;
     }
@@ -219,7 +200,7 @@ static opf_status operand_spec(const opf_spec *t, int mode, const opf_quantizer 
 }
 
 /* A tensor of spec s in scratch memory, aligned like a buffer, zeroed. */
-static opf_status scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
+opf_status opf_linear_scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(s, &L);
@@ -246,38 +227,59 @@ static opf_status recast(opf_ctx *ctx, const opf_tensor *t, const opf_quantizer 
     return st ? st : opf_op_store_f32(ctx, v, t->spec.dtype, q, out);
 }
 
-/* D = gemm(a, b) into d, plain or quantized with out_q (per-tensor FP8 by
- * the GEMM epilogue, other formats from the fp32 result in scratch). */
+/* dst[0..n) = the values of t (decoded when not plain f32). */
+static opf_status load_into(opf_ctx *ctx, const opf_tensor *t, float *dst)
+{
+    const float *v;
+    opf_status st = opf_op_load_f32(ctx, t, dst, &v);
+    if (!st && v != dst) memcpy(dst, v, (size_t)opf_spec_numel(&t->spec) * sizeof(float));
+    return st;
+}
+
+/* D = alpha * gemm(a, b) (+ bias) (+ c) into d, plain or quantized with
+ * out_q: per-tensor FP8 by the GEMM epilogue (it cannot accumulate), other
+ * cases from an fp32 result in scratch. c goes straight into a plain d of
+ * its own dtype (the GEMM then adds into d), else into the fp32 result. */
 static opf_status gemm_out(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
-                           opf_gemm_layout layout, const opf_quantizer *out_q, opf_dtype act,
+                           opf_gemm_layout layout, const opf_gemm_options *opts,
+                           const opf_tensor *c, const opf_quantizer *out_q, opf_dtype act,
                            opf_tensor *d)
 {
-    opf_gemm_options o = opf_gemm_options_default();
-    if (!is_q(out_q)) return opf_gemm(ctx, a, b, layout, &o, d);
-    if (out_q->scaling == OPF_SCALING_TENSOR) {
+    opf_gemm_options o = opts ? *opts : opf_gemm_options_default();
+    o.accumulate = c != NULL;
+    o.beta = 1.0f;
+    o.out_quantizer = NULL;
+    bool c_fits = c && c->spec.scaling == OPF_SCALING_NONE && c->spec.dtype == d->spec.dtype;
+    opf_status st;
+    if (!is_q(out_q) && (!c || c_fits)) {
+        if (c && (st = opf_op_copy_tensor(ctx, "basic_linear", c, d))) return st;
+        return opf_gemm(ctx, a, b, layout, &o, d);
+    }
+    if (!c && out_q->scaling == OPF_SCALING_TENSOR) {
         o.out_quantizer = out_q;
         return opf_gemm(ctx, a, b, layout, &o, d);
     }
     opf_spec s = opf_spec_make(d->spec.ndim, d->spec.shape, OPF_F32);
     s.device = d->spec.device;
     opf_tensor y;
-    opf_status st = scratch_tensor(ctx, &s, &y);
+    st = opf_linear_scratch_tensor(ctx, &s, &y);
+    if (!st && c) st = load_into(ctx, c, y.data[OPF_COMP_DATA]);
     if (!st) st = opf_gemm(ctx, a, b, layout, &o, &y);
     return st ? st : opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], act, out_q, d);
 }
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
+opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 {
-    const linear_fwd *a = args;
+    const opf_linear_fwd *a = args;
     opf_spec xs, ws, ys;
     opf_status st = operand_spec(&a->x.spec, a->x_mode, &a->x_q, a->x.spec.dtype, &xs);
     if (st) return st;
-    if (a->x_mode != OPND_AS_IS) aux[0] = xs;
+    if (a->x_mode != OPF_LIN_AS_IS) aux[OPF_LIN_AUX_X] = xs;
     if (is_q(&a->w_q)) {
         if ((st = opf_quantizer_spec(&a->w_q, &a->w.spec, &ws))) return st;
-        aux[1] = ws;
+        aux[OPF_LIN_AUX_W] = ws;
     } else {
         ws = a->w.spec;
     }
@@ -285,23 +287,31 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return opf_op_out_spec(&ys, &a->out_q, &outs[0]);
 }
 
-static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+opf_status opf_linear_fprop(opf_ctx *ctx, const opf_linear_fwd *a, opf_tensor *aux,
+                            const opf_gemm_options *opts, const opf_tensor *c,
+                            const opf_quantizer *out_q, opf_tensor *d)
 {
-    const linear_fwd *a = args;
     const opf_tensor *x = &a->x, *w = &a->w;
+    opf_tensor *ax = &aux[OPF_LIN_AUX_X], *aw = &aux[OPF_LIN_AUX_W];
     opf_status st = OPF_OK;
-    if (a->x_mode == OPND_QUANTIZE) st = opf_quantize(ctx, &a->x_q, x, &aux[0]);
-    else if (a->x_mode == OPND_RECAST) st = recast(ctx, x, &a->x_q, &aux[0]);
+    if (a->x_mode == OPF_LIN_QUANTIZE) st = opf_quantize(ctx, &a->x_q, x, ax);
+    else if (a->x_mode == OPF_LIN_RECAST) st = recast(ctx, x, &a->x_q, ax);
     if (st) return st;
-    if (a->x_mode != OPND_AS_IS) x = &aux[0];
+    if (a->x_mode != OPF_LIN_AS_IS) x = ax;
     if (is_q(&a->w_q)) {
-        if ((st = opf_quantize(ctx, &a->w_q, w, &aux[1]))) return st;
-        w = &aux[1];
+        if ((st = opf_quantize(ctx, &a->w_q, w, aw))) return st;
+        w = aw;
     }
-    return gemm_out(ctx, w, x, OPF_GEMM_TN, &a->out_q, a->x.spec.dtype, &outs[0]);
+    return gemm_out(ctx, w, x, OPF_GEMM_TN, opts, c, out_q, a->x.spec.dtype, d);
 }
 
-/* Input checks of resolve_fwd that need no recipe state. */
+static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const opf_linear_fwd *a = args;
+    return opf_linear_fprop(ctx, a, aux, NULL, NULL, &a->out_q, &outs[0]);
+}
+
+/* Input checks of opf_linear_resolve_fwd that need no recipe state. */
 static opf_status check_input(opf_ctx *ctx, const opf_op *op, const opf_tensor *x)
 {
     const opf_basic_linear_config *c = opf_op_config_const(op);
@@ -365,9 +375,9 @@ static opf_status check_cache(opf_ctx *ctx, const opf_op *op, const opf_param *p
     return OPF_OK;
 }
 
-static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
-    linear_fwd *a = args;
+    opf_linear_fwd *a = args;
     opf_ctx *ctx = env->ctx;
     const opf_basic_linear_config *c = opf_op_config(op);
     opf_param *p = opf_op_param(op, 0);
@@ -405,7 +415,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     /* Every shape and format check of the fake, under the op's name, before
      * anything changes. */
     opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = forward_fake(a, o, x))) return fail(ctx, op, st);
+    if ((st = opf_linear_forward_fake(a, o, x))) return fail(ctx, op, st);
     if (is_q(&a->w_q) && first == 1) {
         if ((st = cache_weight(ctx, op, p, &a->w_q))) return st;
         a->w = p->qvalue;
@@ -414,16 +424,17 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     return OPF_OK;
 }
 
-static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
+opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                 const opf_tensor *outs, const opf_tensor *aux)
 {
-    const linear_fwd *a = args;
+    const opf_linear_fwd *a = args;
     int64_t m, k;
     opf_shape_2d(&a->x.spec, &m, &k);
-    opf_tensor_retain(is_q(&a->w_q) ? &aux[1] : &a->w, &octx->saved[0]);
+    opf_tensor_retain(is_q(&a->w_q) ? &aux[OPF_LIN_AUX_W] : &a->w, &octx->saved[0]);
     octx->n_saved = 1;
     if (a->wgrad)
-        opf_tensor_retain(a->x_mode != OPND_AS_IS ? &aux[0] : &a->x, &octx->saved[octx->n_saved++]);
+        opf_tensor_retain(a->x_mode != OPF_LIN_AS_IS ? &aux[OPF_LIN_AUX_X] : &a->x,
+                          &octx->saved[octx->n_saved++]);
     octx->attrs[AT_ACT_DTYPE] = a->x.spec.dtype;
     octx->attrs[AT_WGRAD] = a->wgrad;
     octx->attrs[AT_FIRST_MB] = a->is_first_microbatch;
@@ -435,14 +446,14 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
 /* ---- backward ----------------------------------------------------------------------- */
 
 /* The dy operand's spec (RECAST without a quantizer decodes to fp32). */
-static opf_status dy_spec(const linear_bwd *b, opf_spec *out)
+static opf_status dy_spec(const opf_linear_bwd *b, opf_spec *out)
 {
     return operand_spec(&b->dy.spec, b->dy_mode, &b->dy_q, OPF_F32, out);
 }
 
-static opf_status backward_fake(const void *bargs, opf_spec *grads)
+opf_status opf_linear_backward_fake(const void *bargs, opf_spec *grads)
 {
-    const linear_bwd *b = bargs;
+    const opf_linear_bwd *b = bargs;
     opf_spec ds, dxs, dws;
     opf_status st = dy_spec(b, &ds);
     if (st || (st = opf_gemm_out_spec(&b->w.spec, &ds, OPF_GEMM_NN, (opf_dtype)b->act_dtype, &dxs)) ||
@@ -455,15 +466,15 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 }
 
 /* Makes the dy operand in scratch when it is not dy itself. */
-static opf_status dy_operand(opf_ctx *ctx, const linear_bwd *b, opf_tensor *t, const opf_tensor **out)
+static opf_status dy_operand(opf_ctx *ctx, const opf_linear_bwd *b, opf_tensor *t, const opf_tensor **out)
 {
     *out = &b->dy;
-    if (b->dy_mode == OPND_AS_IS) return OPF_OK;
+    if (b->dy_mode == OPF_LIN_AS_IS) return OPF_OK;
     opf_spec s;
     opf_status st = dy_spec(b, &s);
-    if (st || (st = scratch_tensor(ctx, &s, t))) return st;
+    if (st || (st = opf_linear_scratch_tensor(ctx, &s, t))) return st;
     *out = t;
-    if (b->dy_mode == OPND_QUANTIZE) return opf_quantize(ctx, &b->dy_q, &b->dy, t);
+    if (b->dy_mode == OPF_LIN_QUANTIZE) return opf_quantize(ctx, &b->dy_q, &b->dy, t);
     if (!is_q(&b->dy_q)) {
         const float *v;
         return opf_op_load_f32(ctx, &b->dy, t->data[OPF_COMP_DATA], &v);
@@ -471,21 +482,27 @@ static opf_status dy_operand(opf_ctx *ctx, const linear_bwd *b, opf_tensor *t, c
     return recast(ctx, &b->dy, &b->dy_q, t);
 }
 
-static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
+opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alpha,
+                               const opf_tensor *c, opf_tensor *grads)
 {
-    const linear_bwd *b = bargs;
     opf_tensor dyq;
     const opf_tensor *dy;
+    opf_gemm_options o = opf_gemm_options_default();
+    o.alpha = alpha;
     opf_status st = dy_operand(ctx, b, &dyq, &dy);
-    if (st || (st = gemm_out(ctx, &b->w, dy, OPF_GEMM_NN, &b->dx_q, (opf_dtype)b->act_dtype,
-                             &grads[0])))
+    if (st || (st = gemm_out(ctx, &b->w, dy, OPF_GEMM_NN, &o, c, &b->dx_q,
+                             (opf_dtype)b->act_dtype, &grads[0])))
         return st;
     if (!b->wgrad) return OPF_OK;
-    if (!b->to_main_grad) return opf_gemm(ctx, &b->x, dy, OPF_GEMM_NT, NULL, &grads[1]);
-    opf_gemm_options o = opf_gemm_options_default();
+    if (!b->to_main_grad) return opf_gemm(ctx, &b->x, dy, OPF_GEMM_NT, &o, &grads[1]);
     o.accumulate = b->accumulate;
     opf_tensor mg = b->main_grad;  /* written in place: the fp32 accumulator */
     return opf_gemm(ctx, &b->x, dy, OPF_GEMM_NT, &o, &mg);
+}
+
+static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
+{
+    return opf_linear_backward(ctx, bargs, 1.0f, NULL, grads);
 }
 
 static opf_status check_dy(opf_ctx *ctx, const opf_op *op, const opf_op_ctx *octx, const opf_tensor *dy)
@@ -503,9 +520,9 @@ static opf_status check_dy(opf_ctx *ctx, const opf_op *op, const opf_op_ctx *oct
     return OPF_OK;
 }
 
-static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *bargs)
+opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *bargs)
 {
-    linear_bwd *b = bargs;
+    opf_linear_bwd *b = bargs;
     opf_ctx *ctx = env->ctx;
     const opf_basic_linear_config *c = opf_op_config(op);
     opf_param *p = opf_op_param(op, 0);
@@ -542,7 +559,7 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     }
     opf_spec g[2 + OPF_OP_MAX_EXTRA];
     for (int i = 0; i < 2; i++) g[i].ndim = OPF_SPEC_NONE_NDIM;
-    if ((st = backward_fake(b, g))) return fail(ctx, op, st);
+    if ((st = opf_linear_backward_fake(b, g))) return fail(ctx, op, st);
     return OPF_OK;
 }
 
@@ -551,19 +568,19 @@ const opf_op_class opf_op_class_basic_linear = {
     .name = "basic_linear",
     .module_type = "linear",
     .config_size = sizeof(opf_basic_linear_config),
-    .fwd_schema = &linear_fwd_schema,
-    .bwd_schema = &linear_bwd_schema,
+    .fwd_schema = &opf_linear_fwd_schema,
+    .bwd_schema = &opf_linear_bwd_schema,
     .kwargs_schema = &linear_kwargs_schema,
     .n_gemms = 1,
     .fusible = true,
     .init = init,
     .input_quantizer = input_quantizer,
     .grad_output_quantizer = grad_output_quantizer,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
+    .resolve_fwd = opf_linear_resolve_fwd,
+    .setup_context = opf_linear_setup_context,
+    .resolve_bwd = opf_linear_resolve_bwd,
+    .forward_fake = opf_linear_forward_fake,
     .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
+    .backward_fake = opf_linear_backward_fake,
     .backward_impl = backward_impl,
 };

@@ -1,0 +1,174 @@
+/* linear-impl.h: the pieces of basic_linear (basic_linear.c) that the fused
+ * ops built around it reuse (src/ops/fused/forward_linear_*.c,
+ * backward_linear_*.c): its argument structs and schemas, its traced half
+ * (resolve, setup_context: what it saves for backward), and its math with
+ * the GEMM options a fusion folds in (alpha, bias, accumulation into a
+ * given tensor). A fused op resolves the linear part through
+ * opf_linear_resolve_fwd / opf_linear_resolve_bwd on the basic op, so the
+ * quantizers, operand modes, weight cache and saved tensors are exactly the
+ * basic op's; it then adds its epilogue through the options below. */
+#ifndef OPFUSE_LINEAR_IMPL_H
+#define OPFUSE_LINEAR_IMPL_H
+
+#include "ops/ops-impl.h"
+#include "opfuse/gemm.h"
+
+/* How the forward (backward) makes the x (dy) GEMM operand. */
+enum {
+    OPF_LIN_AS_IS    = 0,  /* the input itself */
+    OPF_LIN_QUANTIZE = 1,  /* a plain input quantized with the op's quantizer */
+    OPF_LIN_RECAST   = 2,  /* a quantized input of another format, decoded and requantized */
+    OPF_LIN_MODE_COUNT
+};
+
+/* The aux slots the linear forward fills (a fused op may use the slots
+ * after OPF_LIN_NUM_AUX for its own parts). */
+enum { OPF_LIN_AUX_X = 0, OPF_LIN_AUX_W = 1, OPF_LIN_NUM_AUX = 2 };
+
+typedef struct opf_linear_fwd {
+    opf_tensor    x;        /* input [..., in], plain or quantized */
+    opf_tensor    w;        /* the plain weight, or its cached quantized copy */
+    opf_quantizer x_q;      /* QUANTIZE / RECAST: x operand into aux[0] (RECAST + none: plain) */
+    opf_quantizer w_q;      /* quantize w into aux[1]; none: w is the operand */
+    opf_quantizer out_q;    /* next op's input quantizer; none: plain y */
+    int           x_mode;   /* OPF_LIN_* */
+    bool          wgrad;    /* save x for the weight gradient */
+    int           is_first_microbatch;
+} opf_linear_fwd;
+
+typedef struct opf_linear_bwd {
+    opf_tensor    dy;         /* [..., out], plain or quantized */
+    opf_tensor    w;          /* saved weight operand */
+    opf_tensor    x;          /* saved x operand; absent without wgrad */
+    opf_tensor    main_grad;  /* fp32 [out, in] accumulator, or absent */
+    opf_tensor    weight;     /* the parameter (spec of dW) */
+    opf_quantizer dy_q;       /* QUANTIZE / RECAST target; none: plain */
+    opf_quantizer dx_q;       /* previous op's grad-output quantizer; none: plain dx */
+    int           dy_mode;    /* OPF_LIN_* */
+    int           act_dtype;  /* dtype of dx */
+    bool          wgrad;      /* x is present: compute dW */
+    bool          to_main_grad; /* dW goes into main_grad, no gradient returned */
+    bool          accumulate; /* main_grad += dW (else =) */
+} opf_linear_bwd;
+
+extern const opf_schema opf_linear_fwd_schema;
+extern const opf_schema opf_linear_bwd_schema;
+
+/* A schema field that nests the linear's args in a fused op's args. */
+#define OPF_F_LINEAR_FWD(st, m) {#m, offsetof(st, m), OPF_FIELD_BUNDLE, 0, &opf_linear_fwd_schema}
+#define OPF_F_LINEAR_BWD(st, m) {#m, offsetof(st, m), OPF_FIELD_BUNDLE, 0, &opf_linear_bwd_schema}
+
+/* ---- forward ---------------------------------------------------------------
+ * The class entries of basic_linear. op is the basic_linear op; env->kwargs
+ * its own kwargs (opf_basic_linear_kwargs or NULL); env->next_input_q sets
+ * out_q. resolve runs every check of the fake under the op's name. */
+opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args);
+opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *aux);
+/* Saves (weight operand, x operand when wgrad) and the attrs the backward
+ * reads; aux is the forward's aux (slots OPF_LIN_AUX_*). */
+opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
+                                    const opf_tensor *outs, const opf_tensor *aux);
+
+/* fprop: d = alpha * x W^T (+ bias) (+ c), numerics.md 5.3/5.5. The x and W
+ * operands are made into aux[OPF_LIN_AUX_X / _W] as a says. opts: NULL or
+ * the alpha and bias to fold in (its accumulate and out_quantizer are
+ * ignored). c: NULL, or a tensor of d's shape added with beta = 1 (into d
+ * directly when it is plain in d's dtype, else through an fp32 copy). d is
+ * plain (rounded to its dtype) or quantized with out_q: per-tensor FP8 by
+ * the GEMM's FP8 output when there is no c; every other case from the fp32
+ * result through opf_op_store_f32 (rounded to x's dtype first unless out_q
+ * is delayed scaling). */
+opf_status opf_linear_fprop(opf_ctx *ctx, const opf_linear_fwd *a, opf_tensor *aux,
+                            const opf_gemm_options *opts, const opf_tensor *c,
+                            const opf_quantizer *out_q, opf_tensor *d);
+
+/* ---- backward ------------------------------------------------------------- */
+
+/* The class entries: octx is the linear's own context, env->dy its output
+ * gradient. resolve runs the checks of the fake under the op's name. */
+opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
+                                  void *bargs);
+opf_status opf_linear_backward_fake(const void *bargs, opf_spec *grads);
+/* dgrad into grads[0]: dx = alpha * dy W (+ c), plain or quantized with
+ * b->dx_q (as opf_linear_fprop treats d); wgrad (when b->wgrad) with the
+ * same alpha: dW = alpha * dy^T x into grads[1], or into main_grad. */
+opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alpha,
+                               const opf_tensor *c, opf_tensor *grads);
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+/* A tensor of spec s in scratch memory (opf_op_scratch), zeroed. */
+opf_status opf_linear_scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t);
+
+/* The env basic op k of a fused op would get for its own part: its kwargs
+ * (env->kwargs of a fused op is the array of the covered ops' kwargs), no
+ * extra inputs, and no next-op quantizer (the fused op quantizes its own
+ * output). */
+static inline opf_fwd_env opf_fused_part_env(const opf_fwd_env *env, int k)
+{
+    opf_fwd_env e = *env;
+    e.kwargs = env->kwargs ? ((const void *const *)env->kwargs)[k] : NULL;
+    e.next_input_q = NULL;
+    for (int i = 0; i < OPF_OP_MAX_EXTRA; i++) e.extra_in[i] = NULL;
+    return e;
+}
+
+/* For a forward-only fused op's setup_context: the runner gives octx[0] the
+ * previous op's grad-output quantizer; every later covered op gets what the
+ * unfused runner would have given it, its basic predecessor's (te-ops 3.7;
+ * e.g. the Bias after a Linear keeps the Linear's, which
+ * BackwardActivationBias reads). */
+static inline void opf_fused_chain_grad_q(opf_op *fused, opf_op_ctx *octx)
+{
+    for (int k = 1; k < opf_op_num_basic(fused); k++) {
+        opf_op *prev = opf_op_basic(fused, k - 1);
+        const opf_op_class *c = opf_op_class_of(prev);
+        const opf_quantizer *q = c->grad_output_quantizer ? c->grad_output_quantizer(prev) : NULL;
+        octx[k].prev_grad_q = q ? *q : opf_quantizer_default();
+    }
+}
+
+/* Re-reports the thread's last error (a pure fake's) under the fused op's
+ * name: "<op name>: <message>" (the op name lists its class and parts). */
+static inline opf_status opf_fused_fail(opf_ctx *ctx, const opf_op *op, opf_status st)
+{
+    char why[400];
+    snprintf(why, sizeof why, "%s", opf_last_error(NULL));
+    return opf_error(ctx, st, "%s: %s", opf_op_name(op), why);
+}
+
+/* The output spec of an in-place add_extra_input fed by y: y's shape in the
+ * extra input's dtype, which must be a float dtype with y's exact shape. */
+static inline opf_status opf_fused_add_out_spec(const opf_spec *y, const opf_spec *e, opf_spec *out)
+{
+    if (e->dtype != OPF_F32 && e->dtype != OPF_BF16 && e->dtype != OPF_F16)
+        return opf_error(NULL, OPF_ERR_DTYPE, "extra input dtype %s, expected f32/bf16/f16",
+                         opf_dtype_name(e->dtype));
+    bool same = y->ndim == e->ndim;
+    for (int i = 0; same && i < y->ndim; i++) same = y->shape[i] == e->shape[i];
+    if (!same) {
+        char ys[160], es[160];
+        opf_spec_str(y, ys, sizeof ys);
+        opf_spec_str(e, es, sizeof es);
+        return opf_error(NULL, OPF_ERR_SHAPE, "the linear's output is %s, the extra input %s; "
+                         "shapes must match", ys, es);
+    }
+    *out = opf_spec_make(y->ndim, y->shape, e->dtype);
+    out->device = y->device;
+    return OPF_OK;
+}
+
+/* Is op of the class named `name`? (fused ops never match a basic name) */
+static inline bool opf_op_is_class(const opf_op *op, const char *name)
+{
+    return !opf_op_is_fused(op) && !strcmp(opf_op_class_of(op)->name, name);
+}
+
+/* The in_place flag of add_extra_input / make_extra_output (their config
+ * always exists: NULL at creation copies the default). */
+static inline bool opf_op_in_place(const opf_op *op)
+{
+    return ((const opf_inplace_config *)opf_op_config_const(op))->in_place;
+}
+
+#endif
