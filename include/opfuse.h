@@ -10,4 +10,5 @@
 #include "opfuse/op.h"
 #include "opfuse/ops.h"
 #include "opfuse/fuser.h"
+#include "opfuse/io.h"
 #endif

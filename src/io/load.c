@@ -1,0 +1,291 @@
+/* load.c: opf_checkpoint_load in two phases. Phase one parses the file and
+ * checks it against the seq (metadata, then every tensor's name, dtype and
+ * shape), allocating whatever the result needs (quantized weight copies) on
+ * the side; nothing the caller can see changes. Phase two copies the bytes
+ * in and swaps the copies in, and cannot fail. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "io/io-impl.h"
+
+typedef struct loader {
+    opf_ctx           *ctx;
+    opf_seq           *seq;
+    opf_optim         *opt;
+    const char        *who;
+    opf_st_file        f;
+    opf_tensor        *staged;  /* [n * OPF_OP_MAX_PARAMS] quantized copies read from the file */
+    opf_tensor       **qv;      /* pointers into staged, NULL where the file has none */
+    uint64_t           rng[2];
+    int64_t            step;
+    opf_ck_list        items;
+    const opf_st_entry **src;   /* the file's entry for each item */
+} loader;
+
+#define BAD(...) opf_error(L->ctx, OPF_ERR_CORRUPT, __VA_ARGS__)
+
+/* A metadata value that must be there. */
+static opf_status need(loader *L, const char *key, const char **out)
+{
+    *out = opf_st_meta_get(&L->f, key);
+    if (!*out) return BAD("checkpoint \"%s\": metadata \"%s\" is missing", L->who, key);
+    return OPF_OK;
+}
+
+/* Plain decimal digits, no sign, no spaces. */
+static bool parse_count(const char *s, int64_t *out)
+{
+    int64_t v = 0;
+    size_t n = strlen(s);
+    if (n == 0 || n > 18) return false;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return true;
+}
+
+static opf_status check_value(loader *L, const char *key, const char *want, const char *hint)
+{
+    const char *v;
+    opf_status st = need(L, key, &v);
+    if (!st && strcmp(v, want))
+        st = BAD("checkpoint \"%s\": metadata \"%s\" is \"%s\", expected \"%s\"%s", L->who, key, v,
+                 want, hint);
+    return st;
+}
+
+/* Each op: same class, same name, same recipe as at save time. */
+static opf_status check_op(loader *L, int i)
+{
+    const opf_op *op = L->seq->ops[i];
+    char key[64], recipe[512];
+    const char *v;
+    opf_status st;
+    snprintf(key, sizeof key, "ops.%d.class", i);
+    if ((st = need(L, key, &v))) return st;
+    if (strcmp(v, opf_op_class_of(op)->name))
+        return BAD("checkpoint \"%s\": op %d is a \"%s\" in the checkpoint, the seq's op \"%s\" is "
+                   "a \"%s\"", L->who, i, v, opf_op_name(op), opf_op_class_of(op)->name);
+    snprintf(key, sizeof key, "ops.%d.name", i);
+    if ((st = need(L, key, &v))) return st;
+    if (strcmp(v, opf_op_name(op)))
+        return BAD("checkpoint \"%s\": op %d is called \"%s\" in the checkpoint, \"%s\" in the seq",
+                   L->who, i, v, opf_op_name(op));
+    snprintf(key, sizeof key, "ops.%d.recipe", i);
+    if ((st = need(L, key, &v))) return st;
+    opf_ck_recipe_str(op, recipe, sizeof recipe);
+    if (strcmp(v, recipe))
+        return BAD("checkpoint \"%s\": op %d \"%s\" was saved with recipe \"%s\", the seq's op has "
+                   "\"%s\" (build the seq's recipe state with opf_checkpoint_prepare and the "
+                   "same recipe)", L->who, i, opf_op_name(op), v, recipe);
+    return OPF_OK;
+}
+
+static opf_status check_optim(loader *L)
+{
+    const char *kind = opf_st_meta_get(&L->f, "optim.kind");
+    const char *step = opf_st_meta_get(&L->f, "optim.step");
+    if (!L->opt) return OPF_OK;  /* the optimizer's part is skipped */
+    if (!kind)
+        return BAD("checkpoint \"%s\": it holds no optimizer state (saved without one); load it "
+                   "with opt = NULL", L->who);
+    const char *want = opf_optim_kind_of(L->opt) == OPF_OPTIM_ADAMW ? "adamw" : "sgd";
+    if (strcmp(kind, want))
+        return BAD("checkpoint \"%s\": optimizer \"%s\" in the checkpoint, \"%s\" given", L->who,
+                   kind, want);
+    if (!step || !parse_count(step, &L->step))
+        return BAD("checkpoint \"%s\": metadata \"optim.step\" is %s%s%s, not a step count", L->who,
+                   step ? "\"" : "", step ? step : "missing", step ? "\"" : "");
+    return OPF_OK;
+}
+
+static opf_status check_meta(loader *L)
+{
+    opf_status st = check_value(L, "format", OPF_CK_FORMAT, " (not an opfuse checkpoint)");
+    if (!st) st = check_value(L, "version", OPF_CK_VERSION, " (written by another opfuse version)");
+    const char *v;
+    int64_t n;
+    if (!st && !(st = need(L, "ops", &v)) && (!parse_count(v, &n) || n != L->seq->n))
+        st = BAD("checkpoint \"%s\": it holds \"%s\" ops, the seq has %d", L->who, v, L->seq->n);
+    for (int i = 0; i < L->seq->n && !st; i++) st = check_op(L, i);
+    if (!st) st = check_optim(L);
+    return st;
+}
+
+/* "<param>.q" in the metadata: allocate the copy the file's bytes go to. */
+static opf_status stage_qvalues(loader *L)
+{
+    for (int i = 0; i < L->seq->n; i++)
+        for (int j = 0; j < L->seq->ops[i]->n_params; j++) {
+            char key[OPF_CK_NAME_MAX + 8];
+            opf_ck_param_name(L->seq, i, j, key, sizeof key - 2);
+            strcat(key, ".q");
+            const char *v = opf_st_meta_get(&L->f, key);
+            if (!v) continue;
+            opf_spec q;
+            const opf_param *p = &L->seq->ops[i]->params[j];
+            if (!opf_ck_qspec_parse(v, &p->value.spec, &q))
+                return BAD("checkpoint \"%s\": metadata \"%s\" is \"%s\", not a quantized spec for "
+                           "a %s parameter of this shape", L->who, key, v,
+                           opf_dtype_name(p->value.spec.dtype));
+            opf_tensor *t = &L->staged[i * OPF_OP_MAX_PARAMS + j];
+            opf_status st = opf_tensor_alloc(L->ctx, &q, t);
+            if (st) return st;
+            L->qv[i * OPF_OP_MAX_PARAMS + j] = t;
+        }
+    return OPF_OK;
+}
+
+static opf_status match_item(loader *L, int k)
+{
+    const opf_ck_item *it = &L->items.v[k];
+    const opf_st_entry *e = opf_st_find(&L->f, it->name);
+    if (!e) return BAD("checkpoint \"%s\": tensor \"%s\" is missing", L->who, it->name);
+    bool same = e->ndim == it->ndim;
+    for (int d = 0; same && d < it->ndim; d++) same = e->shape[d] == it->shape[d];
+    if (e->dtype != it->dtype || !same) {
+        char hs[160], ws[160];
+        opf_st_shape_str(e->ndim, e->shape, hs, sizeof hs);
+        opf_st_shape_str(it->ndim, it->shape, ws, sizeof ws);
+        return BAD("checkpoint \"%s\": tensor \"%s\" is %s %s, the seq expects %s %s", L->who,
+                   it->name, opf_st_dtype_name(e->dtype), hs, opf_st_dtype_name(it->dtype), ws);
+    }
+    L->src[k] = e;
+    return OPF_OK;
+}
+
+/* Every tensor and metadata key of the file must have been asked for. */
+static opf_status check_unknown(loader *L)
+{
+    for (int i = 0; i < L->f.n; i++) {
+        opf_st_entry *e = &L->f.e[i];
+        if (!L->opt && !strncmp(e->name, "optim.", 6) && opf_st_meta_get(&L->f, "optim.kind"))
+            continue;  /* weights-only load: the optimizer's tensors are skipped */
+        if (!e->used)
+            return BAD("checkpoint \"%s\": unknown tensor \"%s\" (%s); this seq has no such "
+                       "tensor", L->who, e->name, opf_st_dtype_name(e->dtype));
+    }
+    for (int i = 0; i < L->f.n_meta; i++)
+        if (!L->f.m[i].used)
+            return BAD("checkpoint \"%s\": unknown metadata \"%s\" = \"%s\"", L->who, L->f.m[i].key,
+                       L->f.m[i].value);
+    return OPF_OK;
+}
+
+static opf_status check_all(loader *L)
+{
+    opf_status st = check_meta(L);
+    if (!st) st = stage_qvalues(L);
+    opf_ck_src src = {L->ctx, L->seq, L->opt, L->qv, L->rng, L->who};
+    if (!st) st = opf_ck_collect(&src, &L->items);
+    if (!st && !(L->src = calloc((size_t)(L->items.n ? L->items.n : 1), sizeof *L->src)))
+        st = opf_error(L->ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", L->who);
+    for (int k = 0; !st && k < L->items.n; k++) st = match_item(L, k);
+    if (!st) st = check_unknown(L);
+    return st;
+}
+
+/* Phase two: nothing here can fail. */
+static void apply(loader *L)
+{
+    for (int k = 0; k < L->items.n; k++)
+        if (L->items.v[k].nbytes)
+            memcpy(L->items.v[k].ptr, L->f.buf + L->src[k]->begin, L->items.v[k].nbytes);
+    for (int i = 0; i < L->seq->n; i++)
+        for (int j = 0; j < L->seq->ops[i]->n_params; j++) {
+            opf_param *p = &L->seq->ops[i]->params[j];
+            opf_tensor *t = L->qv[i * OPF_OP_MAX_PARAMS + j];
+            p->qvalue_valid = t != NULL;
+            if (!t) continue;
+            opf_tensor_release(&p->qvalue);
+            p->qvalue = *t;
+            memset(t, 0, sizeof *t);
+        }
+    if (L->opt) opf_optim_set_step_count(L->opt, L->step);
+    opf_ctx_set_rng(L->ctx, L->rng[0], L->rng[1]);
+}
+
+opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const void *data,
+                                   size_t size, const char *name)
+{
+    const char *fn = "opf_checkpoint_load";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    OPF_CHECK_NULL(ctx, fn, seq);
+    if (!data && size) return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: data is NULL", fn);
+    if (seq->pending)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: a backward is pending; load between steps", fn);
+    loader L = {.ctx = ctx, .seq = seq, .opt = opt, .who = name ? name : "<memory>"};
+    size_t np = (size_t)(seq->n ? seq->n : 1) * OPF_OP_MAX_PARAMS;
+    L.staged = calloc(np, sizeof *L.staged);
+    L.qv = calloc(np, sizeof *L.qv);
+    opf_status st = L.staged && L.qv ? OPF_OK
+                  : opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+    for (int k = 0; !st && opt && k < opf_optim_num_slots(opt); k++) {
+        opf_param *p;
+        int i, j;
+        opf_optim_slot(opt, k, &p, NULL, NULL, NULL, NULL);
+        if (!opf_ck_find_param(seq, p, &i, &j))
+            st = opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: optimizer slot %d holds a parameter "
+                           "that is not in this seq", fn, k);
+    }
+    if (!st) st = opf_st_parse(ctx, L.who, data ? data : (const void *)"", size, &L.f);
+    if (!st) st = check_all(&L);
+    if (!st) apply(&L);
+    for (size_t i = 0; L.staged && i < np; i++) opf_tensor_release(&L.staged[i]);
+    free(L.staged), free(L.qv), free(L.src);
+    opf_ck_list_free(&L.items);
+    opf_st_free(&L.f);
+    return st;
+}
+
+/* The whole file into memory: size it, then read it. */
+static opf_status read_file(opf_ctx *ctx, const char *path, unsigned char **out, size_t *size)
+{
+    const char *fn = "opf_checkpoint_load";
+    FILE *f = fopen(path, "rb");
+    if (!f) return opf_error(ctx, OPF_ERR_IO, "%s: cannot open \"%s\": %s", fn, path, strerror(errno));
+    struct stat sb;
+    opf_status st = OPF_OK;
+    unsigned char *buf = NULL;
+    if (fstat(fileno(f), &sb))
+        st = opf_error(ctx, OPF_ERR_IO, "%s: cannot stat \"%s\": %s", fn, path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        st = opf_error(ctx, OPF_ERR_IO, "%s: \"%s\" is not a regular file", fn, path);
+    else if (!(buf = malloc(sb.st_size ? (size_t)sb.st_size : 1)))
+        st = opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: \"%s\": no memory for its %lld bytes", fn,
+                       path, (long long)sb.st_size);
+    else if (fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
+        st = opf_error(ctx, OPF_ERR_IO, "%s: cannot read \"%s\": %s", fn, path,
+                       ferror(f) ? strerror(errno) : "the file shrank while being read");
+    fclose(f);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    *size = (size_t)sb.st_size;
+    return OPF_OK;
+}
+
+opf_status opf_checkpoint_load(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const char *path)
+{
+    const char *fn = "opf_checkpoint_load";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    OPF_CHECK_NULL(ctx, fn, seq);
+    OPF_CHECK_NULL(ctx, fn, path);
+    if (seq->pending)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: a backward is pending; load between steps", fn);
+    unsigned char *data = NULL;
+    size_t size = 0;
+    opf_status st = read_file(ctx, path, &data, &size);
+    if (st) return st;
+    st = opf_checkpoint_load_mem(ctx, seq, opt, data, size, path);
+    free(data);
+    return st;
+}

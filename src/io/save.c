@@ -1,0 +1,179 @@
+/* save.c: opf_checkpoint_save: the metadata, then an atomic write (a
+ * temporary file beside the target, flushed, synced and renamed over it,
+ * then the directory synced) so a crash leaves the old file or the new one,
+ * never a mix. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/io-impl.h"
+
+static bool meta_add(cJSON *m, const char *key, const char *value)
+{
+    return cJSON_AddStringToObject(m, key, value) != NULL;
+}
+
+/* Format, ops (class, name, recipe), quantized specs, optimizer. */
+static cJSON *metadata(const opf_seq *seq, opf_optim *opt, opf_tensor **qv)
+{
+    cJSON *m = cJSON_CreateObject();
+    char key[OPF_CK_NAME_MAX + 8], val[512];
+    bool ok = m && meta_add(m, "format", OPF_CK_FORMAT) && meta_add(m, "version", OPF_CK_VERSION);
+    snprintf(val, sizeof val, "%d", seq->n);
+    ok = ok && meta_add(m, "ops", val);
+    for (int i = 0; ok && i < seq->n; i++) {
+        const opf_op *op = seq->ops[i];
+        snprintf(key, sizeof key, "ops.%d.class", i);
+        ok = meta_add(m, key, opf_op_class_of(op)->name);
+        snprintf(key, sizeof key, "ops.%d.name", i);
+        ok = ok && meta_add(m, key, opf_op_name(op));
+        snprintf(key, sizeof key, "ops.%d.recipe", i);
+        opf_ck_recipe_str(op, val, sizeof val);
+        ok = ok && meta_add(m, key, val);
+        for (int j = 0; ok && j < op->n_params; j++) {
+            const opf_tensor *q = qv[i * OPF_OP_MAX_PARAMS + j];
+            if (!q) continue;
+            opf_ck_param_name(seq, i, j, key, sizeof key - 2);
+            strcat(key, ".q");
+            opf_ck_qspec_str(&q->spec, val, sizeof val);
+            ok = meta_add(m, key, val);
+        }
+    }
+    if (ok && opt) {
+        snprintf(val, sizeof val, "%lld", (long long)opf_optim_step_count(opt));
+        ok = meta_add(m, "optim.kind", opf_optim_kind_of(opt) == OPF_OPTIM_ADAMW ? "adamw" : "sgd") &&
+             meta_add(m, "optim.step", val);
+    }
+    if (!ok) cJSON_Delete(m);
+    return ok ? m : NULL;
+}
+
+/* Wider elements first, in list order otherwise: every tensor then starts
+ * at a multiple of its element size (the buffer starts 8-byte aligned), so
+ * readers may use the data in place. */
+static opf_status align_order(opf_ctx *ctx, opf_ck_list *l)
+{
+    opf_ck_item *v = malloc(sizeof *v * (size_t)(l->n ? l->n : 1));
+    if (!v) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_checkpoint_save: out of memory");
+    int n = 0;
+    for (size_t size = 8; size >= 1; size /= 2)
+        for (int i = 0; i < l->n; i++)
+            if (opf_st_dtype_size(l->v[i].dtype) == size) v[n++] = l->v[i];
+    OPF_ASSERT(n == l->n);
+    free(l->v);
+    l->v = v;
+    l->cap = l->n;
+    return OPF_OK;
+}
+
+static opf_status io_error(opf_ctx *ctx, const char *what, const char *path, int err)
+{
+    return opf_error(ctx, OPF_ERR_IO, "opf_checkpoint_save: %s \"%s\": %s", what, path,
+                     strerror(err));
+}
+
+/* header length, header, then every tensor's bytes */
+static int write_all(FILE *f, const char *hdr, size_t hlen, const opf_ck_list *items)
+{
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    if (fwrite(len, 1, 8, f) != 8 || fwrite(hdr, 1, hlen, f) != hlen) return errno ? errno : EIO;
+    for (int i = 0; i < items->n; i++) {
+        size_t nb = items->v[i].nbytes;
+        if (nb && fwrite(items->v[i].ptr, 1, nb, f) != nb) return errno ? errno : EIO;
+    }
+    return fflush(f) ? errno : 0;
+}
+
+/* The replaced file's permission bits, else 0644. */
+static mode_t target_mode(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (sb.st_mode & 07777) : 0644;
+}
+
+static int sync_dir(const char *path)
+{
+    char *dir = strdup(path);
+    if (!dir) return ENOMEM;
+    char *slash = strrchr(dir, '/');
+    const char *d = !slash ? "." : slash == dir ? "/" : (*slash = '\0', dir);
+    int fd = open(d, O_RDONLY | O_DIRECTORY), err = 0;
+    if (fd < 0 || fsync(fd)) err = errno;
+    if (fd >= 0) close(fd);
+    free(dir);
+    return err;
+}
+
+static opf_status write_atomic(opf_ctx *ctx, const char *path, const char *hdr, size_t hlen,
+                               const opf_ck_list *items)
+{
+    size_t n = strlen(path);
+    char *tmp = malloc(n + 12);
+    if (!tmp) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_checkpoint_save: out of memory");
+    memcpy(tmp, path, n);
+    memcpy(tmp + n, ".tmp.XXXXXX", 12);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        opf_status st = io_error(ctx, "cannot create a temporary file beside", path, errno);
+        free(tmp);
+        return st;
+    }
+    FILE *f = fdopen(fd, "wb");
+    int err = f ? 0 : errno;
+    errno = 0;
+    if (!err) err = write_all(f, hdr, hlen, items);
+    if (!err && (fchmod(fd, target_mode(path)) || fsync(fd))) err = errno;
+    int rc = f ? fclose(f) : close(fd);
+    if (rc && !err) err = errno;
+    const char *what = "cannot write the temporary file for";
+    if (!err && rename(tmp, path)) err = errno, what = "cannot rename the temporary file over";
+    if (err) {
+        unlink(tmp);
+        free(tmp);
+        return io_error(ctx, what, path, err);
+    }
+    free(tmp);
+    if ((err = sync_dir(path))) return io_error(ctx, "cannot sync the directory of", path, err);
+    return OPF_OK;
+}
+
+opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const char *path)
+{
+    const char *fn = "opf_checkpoint_save";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    OPF_CHECK_NULL(ctx, fn, seq);
+    OPF_CHECK_NULL(ctx, fn, path);
+    if (seq->pending)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: a backward is pending; save between steps", fn);
+    opf_tensor **qv = calloc((size_t)(seq->n ? seq->n : 1) * OPF_OP_MAX_PARAMS, sizeof *qv);
+    if (!qv) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+    for (int i = 0; i < seq->n; i++)
+        for (int j = 0; j < seq->ops[i]->n_params; j++) {
+            opf_param *p = &seq->ops[i]->params[j];
+            if (p->qvalue_valid && (p->qvalue.data[OPF_COMP_DATA] || p->qvalue.data[OPF_COMP_COL_DATA]))
+                qv[i * OPF_OP_MAX_PARAMS + j] = &p->qvalue;
+        }
+    uint64_t rng[2];
+    opf_ctx_get_rng(ctx, &rng[0], &rng[1]);
+    opf_ck_src src = {ctx, seq, opt, qv, rng, path};
+    opf_ck_list items;
+    opf_status st = opf_ck_collect(&src, &items);
+    char *hdr = NULL;
+    size_t hlen = 0;
+    if (!st) st = align_order(ctx, &items);
+    if (!st) {
+        cJSON *meta = metadata(seq, opt, qv);
+        st = opf_st_header(ctx, &items, meta, &hdr, &hlen);
+    }
+    if (!st) st = write_atomic(ctx, path, hdr, hlen, &items);
+    free(hdr);
+    opf_ck_list_free(&items);
+    free(qv);
+    return st;
+}
