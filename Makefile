@@ -4,11 +4,12 @@
 #               suite under AddressSanitizer + UBSan (build-san/)
 #   make demo   build and run the demo on the CPU
 #   make bench  run every CPU benchmark (results: bench/RESULTS.md)
+#   make fuzz   fuzz the checkpoint loader for 5 minutes (clang, libFuzzer)
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST ?= ctest --output-on-failure -j $(JOBS)
 LABELS_EXCLUDE ?= gpu|mpi|long
 
-.PHONY: all setup build build-san test test-normal test-san demo bench clean
+.PHONY: all setup build build-san test test-normal test-san demo bench fuzz clean
 
 all: build
 
@@ -38,6 +39,9 @@ demo: build
 bench: build
 	@./scripts/setup.sh --bench
 	@./build/opfuse bench all
+
+fuzz: setup
+	@./fuzz/run.sh 300
 
 clean:
 	rm -rf build build-san
