@@ -20,7 +20,8 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
     return q ? *q : opf_quantizer_default();
 }
 
-/* The list of built-in classes; each file under src/ops/basic/ defines one. */
+/* The list of built-in classes; each defined in its own file under src/ops/basic/
+ * (shared code: act.c, norm_common.c). */
 #define OPF_BUILTIN_OPS(X)                                                     \
     X(identity) X(reshape) X(constant_scale) X(bias) X(basic_linear)           \
     X(layernorm) X(rmsnorm) X(l2normalization)                                 \

@@ -18,11 +18,11 @@
  *   dx_j = r * fl(dy_j - fl(c * y_j))
  * eps = 0 with an all-zero row gives r = inf and NaN outputs, as in TE. Rows
  * run in parallel and each row is sequential, so the bits never depend on the
- * thread count. */
+ * thread count. The sums, loads and checks it shares with layernorm.c and
+ * rmsnorm.c are in norm_common.c. */
 #include <math.h>
-#include <omp.h>
 
-#include "ops/ops-impl.h"
+#include "ops/basic/norm-impl.h"
 
 typedef struct l2n_fwd {
     opf_tensor x;  /* [..., H], plain or quantized */
@@ -40,50 +40,18 @@ static const opf_field l2n_bwd_fields[] = {
     OPF_F_TENSOR_Q(l2n_bwd, dy), OPF_F_TENSOR_Q(l2n_bwd, x), OPF_F_TENSOR(l2n_bwd, rnorm)};
 OPF_SCHEMA(l2n_bwd_schema, l2n_bwd, l2n_bwd_fields);
 
-enum { L2N_PAR_MIN = 1 << 15, L2N_LANES = 32 };
-
-static bool is_act_dtype(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
-static int l2n_threads(opf_ctx *ctx, int64_t work)
-{
-    int t = opf_ctx_num_threads(ctx);
-    if (work < L2N_PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
-/* S(t_0 .. t_{n-1}) as in the file comment: 32 lanes, lane l adds t_l,
- * t_{l+32}, ... left to right, then the lanes fold in halves. */
-static float lane_sum(const float *t, int64_t n)
-{
-    float p[L2N_LANES] = {0};
-    int64_t j0 = 0;
-    for (; j0 + L2N_LANES <= n; j0 += L2N_LANES)
-        for (int l = 0; l < L2N_LANES; l++) p[l] += t[j0 + l];
-    for (int64_t l = 0; j0 + l < n; l++) p[l] += t[j0 + l];
-    for (int off = L2N_LANES / 2; off; off >>= 1)
-        for (int l = 0; l < off; l++) p[l] += p[l + off];
-    return p[0];
-}
-
 /* A quantized input is seen as TE's dequantize returns it: decoded to fp32,
  * then rounded to its logical dtype. */
 static opf_status load_x(opf_ctx *ctx, const opf_tensor *t, float *ws, const float **out)
 {
-    opf_status st = opf_op_load_f32(ctx, t, ws, out);
-    opf_dtype dt = t->spec.dtype;
-    if (st || dt == OPF_F32 || t->spec.scaling == OPF_SCALING_NONE) return st;
-    int64_t n = opf_spec_numel(&t->spec);
-    for (int64_t i = 0; i < n; i++)
-        ws[i] = dt == OPF_BF16 ? opf_bf16_to_f32(opf_f32_to_bf16(ws[i]))
-                               : opf_f16_to_f32(opf_f32_to_f16(ws[i]));
-    return OPF_OK;
+    return opf_norm_load_as(ctx, t, t->spec.dtype, ws, out);
 }
 
 /* The output row doubles as the buffer of the terms being summed. */
 static void l2n_row_fwd(const float *x, int64_t H, float eps, float *y, float *r_out)
 {
     for (int64_t j = 0; j < H; j++) y[j] = x[j] * x[j];
-    float r = 1.0f / sqrtf(lane_sum(y, H) + eps);
+    float r = 1.0f / sqrtf(opf_norm_lane_sum(y, H) + eps);
     for (int64_t j = 0; j < H; j++) y[j] = x[j] * r;
     *r_out = r;
 }
@@ -94,7 +62,7 @@ static void l2n_row_bwd(const float *x, const float *dy, int64_t H, float r, flo
         float y = x[j] * r;
         dx[j] = dy[j] * y;
     }
-    float c = lane_sum(dx, H);
+    float c = opf_norm_lane_sum(dx, H);
     for (int64_t j = 0; j < H; j++) {
         float y = x[j] * r;
         float cy = c * y;
@@ -106,12 +74,7 @@ static void l2n_row_bwd(const float *x, const float *dy, int64_t H, float r, flo
 
 static opf_status init(opf_ctx *ctx, opf_op *op)
 {
-    const opf_l2norm_config *c = opf_op_config(op);
-    if (!(c->eps >= 0.0) || !isfinite(c->eps))
-        return opf_error(ctx, OPF_ERR_INVALID_ARG,
-                         "l2normalization \"%s\": eps %g must be finite and >= 0", opf_op_name(op),
-                         c->eps);
-    return OPF_OK;
+    return opf_norm_check_eps(ctx, op, ((const opf_l2norm_config *)opf_op_config(op))->eps);
 }
 
 /* t: at least 1-D with a float logical dtype. */
@@ -120,11 +83,7 @@ static opf_status check_input(opf_ctx *ctx, const opf_op *op, const char *what, 
     if (t->spec.ndim < 1)
         return opf_error(ctx, OPF_ERR_SHAPE, "l2normalization \"%s\": %s is a scalar (0-D), "
                          "need at least one dim", opf_op_name(op), what);
-    if (!is_act_dtype(t->spec.dtype))
-        return opf_error(ctx, OPF_ERR_DTYPE,
-                         "l2normalization \"%s\": %s dtype %s, expected f32, bf16 or f16",
-                         opf_op_name(op), what, opf_dtype_name(t->spec.dtype));
-    return OPF_OK;
+    return opf_norm_check_dtype(ctx, op, what, t);
 }
 
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
@@ -157,7 +116,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     opf_status st = load_x(ctx, &a->x, xs, &x);
     if (st) return st;
     float eps = (float)a->eps, *r = aux[0].data[0];
-    int nt = l2n_threads(ctx, n);
+    int nt = opf_norm_threads(ctx, n);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < rows; i++) l2n_row_fwd(x + i * H, H, eps, y + i * H, &r[i]);
     return opf_op_store_f32(ctx, y, a->x.spec.dtype, NULL, &outs[0]);
@@ -166,22 +125,17 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                 const opf_tensor *outs, const opf_tensor *aux)
 {
-    opf_tensor_retain(&((const l2n_fwd *)args)->x, &octx->saved[0]);
-    opf_tensor_retain(&aux[0], &octx->saved[1]);
-    octx->n_saved = 2;
+    opf_norm_save(octx, &((const l2n_fwd *)args)->x, aux, 1);
     return OPF_OK;
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
 {
     l2n_bwd *a = args;
-    if (octx->n_saved != 2)
-        return opf_error(env->ctx, OPF_ERR_STATE,
-                         "l2normalization \"%s\": context holds %d tensors, want 2",
-                         opf_op_name(op), octx->n_saved);
-    const opf_tensor *x = &octx->saved[0];
-    opf_status st = check_input(env->ctx, op, "gradient", env->dy);
+    opf_status st = opf_norm_check_saved(env->ctx, op, octx, 2);
+    if (!st) st = check_input(env->ctx, op, "gradient", env->dy);
     if (st) return st;
+    const opf_tensor *x = &octx->saved[0];
     const opf_spec *ds = &env->dy->spec, *xs = &x->spec;
     if (ds->shape[ds->ndim - 1] != xs->shape[xs->ndim - 1] || opf_spec_numel(ds) != opf_spec_numel(xs))
         return opf_error(env->ctx, OPF_ERR_SHAPE,
@@ -214,26 +168,10 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
     if (!st) st = opf_op_load_f32(ctx, &a->dy, dys, &dy);
     if (st) return st;
     const float *r = a->rnorm.data[0];
-    int nt = l2n_threads(ctx, n);
+    int nt = opf_norm_threads(ctx, n);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < rows; i++) l2n_row_bwd(x + i * H, dy + i * H, H, r[i], dx + i * H);
     return opf_op_store_f32(ctx, dx, a->x.spec.dtype, NULL, &grads[0]);
 }
 
-const opf_op_class opf_op_class_l2normalization = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "l2normalization",
-    .module_type = "l2normalization",
-    .config_size = sizeof(opf_l2norm_config),
-    .fwd_schema = &l2n_fwd_schema,
-    .bwd_schema = &l2n_bwd_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
-};
+OPF_NORM_CLASS(l2normalization, opf_l2norm_config, &l2n_fwd_schema, &l2n_bwd_schema);
