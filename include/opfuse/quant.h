@@ -132,6 +132,19 @@ typedef struct opf_quantizer_request {
 typedef opf_status (*opf_quantizer_factory)(void *user, const opf_quantizer_role *role,
                                             opf_quantizer_request *out);
 
+/* What the backward GEMMs of a linear read (numerics.md 3.7; not allowed
+ * with delayed scaling). The forward stays quantized either way; the
+ * backward quantizes nothing (no dy, dx or grad-output quantizer) and runs
+ * dgrad and wgrad as plain GEMMs in the compute dtype on
+ *   HIGH_PRECISION  the original input and weight, kept unquantized;
+ *   DEQUANTIZED     the forward's quantized operands, decoded. */
+typedef enum opf_backward_override {
+    OPF_BACKWARD_NONE           = 0,
+    OPF_BACKWARD_HIGH_PRECISION = 1,
+    OPF_BACKWARD_DEQUANTIZED    = 2,
+    OPF_BACKWARD_OVERRIDE_COUNT
+} opf_backward_override;
+
 typedef struct opf_recipe {
     opf_recipe_kind kind;
     opf_format      format;           /* E4M3 or HYBRID (FP8 kinds), E2M1 (NVFP4) */
@@ -156,12 +169,15 @@ typedef struct opf_recipe {
     /* custom */
     opf_quantizer_factory factory;
     void                 *factory_user;
+    /* backward GEMMs (3.7): none, or not quantized (none for DELAYED) */
+    opf_backward_override backward_override; /* none */
 } opf_recipe;
 
 /* Defaults of numerics.md section 3 for a kind. */
 opf_recipe opf_recipe_default(opf_recipe_kind kind);
 /* OPF_ERR_INVALID_ARG with a message for inconsistent fields (history length
- * < 1, E5M2 for training, 2D x 2D block GEMMs, custom without factory...). */
+ * < 1, E5M2 for training, 2D x 2D block GEMMs, custom without factory, a
+ * backward override with delayed scaling...). */
 opf_status opf_recipe_validate(const opf_recipe *r);
 
 /* The built-in rule of a recipe for one role: what quantizer a tensor of that

@@ -39,11 +39,13 @@ static bool recipe_equal(const opf_recipe *a, const opf_recipe *b)
            a->w_block_dim == b->w_block_dim && a->grad_block_dim == b->grad_block_dim &&
            a->mxfp8_2d_weights == b->mxfp8_2d_weights && a->nvfp4_rht == b->nvfp4_rht &&
            a->nvfp4_stochastic == b->nvfp4_stochastic && a->nvfp4_2d_weights == b->nvfp4_2d_weights &&
-           a->factory == b->factory && a->factory_user == b->factory_user;
+           a->factory == b->factory && a->factory_user == b->factory_user &&
+           a->backward_override == b->backward_override;
 }
 
 /* Plan cache (te-ops.md 3.3). The key is the recipe (kind, format, history
- * length and every other field: a different one needs other quantizers) and
+ * length, backward override and every other field: a different one needs
+ * other quantizers or other fusions) and
  * the first op needing backward. A new recipe resets every op's recipe state
  * and rebuilds the plans; a new first op rebuilds the plans only. */
 static opf_status prepare(opf_seq *seq, const opf_seq_call *call, int first_req)

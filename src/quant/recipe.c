@@ -25,6 +25,13 @@ static const char *const role_names[] = {
 _Static_assert(sizeof(role_names) / sizeof(role_names[0]) == OPF_ROLE_COUNT,
                "role_names must list every role");
 
+static const char *const override_names[] = {
+    [OPF_BACKWARD_NONE] = "none", [OPF_BACKWARD_HIGH_PRECISION] = "high_precision",
+    [OPF_BACKWARD_DEQUANTIZED] = "dequantized",
+};
+_Static_assert(sizeof(override_names) / sizeof(override_names[0]) == OPF_BACKWARD_OVERRIDE_COUNT,
+               "override_names must list every backward override");
+
 const char *opf_recipe_name(opf_recipe_kind k)
 {
     return (unsigned)k < OPF_RECIPE_COUNT ? recipe_names[k] : "invalid";
@@ -52,10 +59,26 @@ opf_recipe opf_recipe_default(opf_recipe_kind kind)
     r.nvfp4_rht = true;
     r.nvfp4_stochastic = true;
     r.nvfp4_2d_weights = true;
+    r.backward_override = OPF_BACKWARD_NONE;
     if (kind == OPF_RECIPE_BLOCK || kind == OPF_RECIPE_MXFP8) r.format = OPF_FORMAT_E4M3;
     if (kind == OPF_RECIPE_BLOCK) r.power_2_scales = true;
     if (kind == OPF_RECIPE_NVFP4) r.format = OPF_FORMAT_E2M1;
     return r;
+}
+
+/* 3.7: every recipe but delayed scaling takes a backward override; the
+ * anchor refuses it there, so a delayed backward is always quantized. */
+static opf_status validate_override(const opf_recipe *r, const char *fn, const char *name)
+{
+    opf_backward_override o = r->backward_override;
+    if ((unsigned)o >= OPF_BACKWARD_OVERRIDE_COUNT)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: backward_override %d outside 0..%d", fn,
+                         name, (int)o, OPF_BACKWARD_OVERRIDE_COUNT - 1);
+    if (o != OPF_BACKWARD_NONE && r->kind == OPF_RECIPE_DELAYED)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: backward_override %s: "
+                         "backward_override must be none for fp8-delayed", fn, name,
+                         override_names[o]);
+    return OPF_OK;
 }
 
 opf_status opf_recipe_validate(const opf_recipe *r)
@@ -103,7 +126,7 @@ opf_status opf_recipe_validate(const opf_recipe *r)
     }
     if (r->kind == OPF_RECIPE_CUSTOM && !r->factory)
         return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s custom: no quantizer factory", fn);
-    return OPF_OK;
+    return validate_override(r, fn, name);
 }
 
 static opf_dtype fp8_dtype(opf_format f, opf_tensor_role role)

@@ -1,6 +1,6 @@
-/* test_recipe.c: recipe defaults and validation, the per-role quantizer
- * rules, recipe state (delayed slots, custom factories), quantizer specs,
- * update_usage and requantize. */
+/* test_recipe.c: recipe defaults and validation (backward override
+ * included), the per-role quantizer rules, recipe state (delayed slots,
+ * custom factories), quantizer specs, update_usage and requantize. */
 #include "test.h"
 
 static opf_quantizer role_q(const opf_recipe *r, const char *mt, opf_tensor_role t)
@@ -81,6 +81,75 @@ static void test_validate(void)
     CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "nvfp4", "E2M1");
     r.kind = (opf_recipe_kind)42;
     CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "kind 42");
+}
+
+static bool same_quantizers(const opf_recipe *a, const opf_recipe *b)
+{
+    for (int t = 0; t < OPF_ROLE_COUNT; t++) {
+        opf_quantizer_role role = {"linear", (opf_tensor_role)t, "fc1"};
+        opf_quantizer qa, qb;
+        if (opf_recipe_quantizer(a, &role, &qa) || opf_recipe_quantizer(b, &role, &qb) ||
+            !opf_quantizer_equal(&qa, &qb))
+            return false;
+    }
+    return true;
+}
+
+static opf_status noop_factory(void *user, const opf_quantizer_role *role, opf_quantizer_request *out)
+{
+    (void)user, (void)role;
+    out->quantizer.scaling = OPF_SCALING_TENSOR;
+    return OPF_OK;
+}
+
+/* numerics.md 3.7: every recipe but delayed scaling takes an override, which
+ * leaves the quantizer rules alone (the ops honour it). */
+static void test_backward_override(opf_ctx *ctx)
+{
+    static const opf_recipe_kind ok_kinds[] = {OPF_RECIPE_NONE, OPF_RECIPE_CURRENT, OPF_RECIPE_BLOCK,
+                                               OPF_RECIPE_MXFP8, OPF_RECIPE_NVFP4, OPF_RECIPE_CUSTOM};
+    for (int k = 0; k < OPF_RECIPE_COUNT; k++)
+        CHECK(opf_recipe_default((opf_recipe_kind)k).backward_override == OPF_BACKWARD_NONE,
+              "%s: default override none", opf_recipe_name((opf_recipe_kind)k));
+    for (size_t k = 0; k < sizeof ok_kinds / sizeof ok_kinds[0]; k++)
+        for (int o = 0; o < OPF_BACKWARD_OVERRIDE_COUNT; o++) {
+            opf_recipe r = opf_recipe_default(ok_kinds[k]), plain;
+            r.factory = noop_factory;
+            plain = r;
+            r.backward_override = (opf_backward_override)o;
+            CHECK(opf_recipe_validate(&r) == OPF_OK, "%s override %d: %s",
+                  opf_recipe_name(ok_kinds[k]), o, opf_last_error(NULL));
+            CHECK(same_quantizers(&r, &plain), "%s override %d: same quantizers",
+                  opf_recipe_name(ok_kinds[k]), o);
+        }
+    opf_recipe r = opf_recipe_default(OPF_RECIPE_DELAYED);
+    r.backward_override = OPF_BACKWARD_HIGH_PRECISION;
+    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG,
+                "backward_override must be none for fp8-delayed", "high_precision");
+    r.backward_override = OPF_BACKWARD_DEQUANTIZED;
+    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG,
+                "backward_override must be none for fp8-delayed", "dequantized");
+    opf_quantizer_role role = {"linear", OPF_ROLE_INPUT, "fc1"};
+    opf_quantizer q = opf_quantizer_default();
+    CHECK_FAILS(NULL, opf_recipe_quantizer(&r, &role, &q), OPF_ERR_INVALID_ARG, "fp8-delayed",
+                "backward_override");
+    CHECK(q.scaling == OPF_SCALING_NONE, "quantizer untouched on error");
+    opf_recipe_state *rs = (opf_recipe_state *)&r;
+    CHECK_FAILS(ctx, opf_recipe_state_create(ctx, &r, "linear", "fc1", 1, &rs), OPF_ERR_INVALID_ARG,
+                "backward_override must be none for fp8-delayed");
+    CHECK(rs == NULL, "no state on error");
+    r = opf_recipe_default(OPF_RECIPE_MXFP8);
+    r.backward_override = OPF_BACKWARD_OVERRIDE_COUNT;
+    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "mxfp8", "backward_override 3",
+                "0..2");
+    r.backward_override = (opf_backward_override)-1;
+    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "backward_override -1");
+    r = opf_recipe_default(OPF_RECIPE_NVFP4);
+    r.backward_override = OPF_BACKWARD_DEQUANTIZED;
+    CHECK_OK(ctx, opf_recipe_state_create(ctx, &r, "linear", "fc1", 1, &rs));
+    CHECK(opf_recipe_state_recipe(rs)->backward_override == OPF_BACKWARD_DEQUANTIZED,
+          "the state keeps the override");
+    opf_recipe_state_destroy(rs);
 }
 
 static void test_state(opf_ctx *ctx)
@@ -325,6 +394,7 @@ int main(void)
     if (opf_ctx_create(NULL, &ctx)) return 1;
     test_rules();
     test_validate();
+    test_backward_override(ctx);
     test_state(ctx);
     test_custom(ctx);
     test_quantizer_spec();

@@ -40,6 +40,22 @@
  * accumulate_into_main_grad, wgrad writes the fp32 param->main_grad (added
  * unless is_first_microbatch == 1, numerics 5.5) and returns no gradient.
  *
+ * Backward override (the recipe's backward_override, numerics.md 3.7,
+ * te-ops.md 5 notes): fprop is quantized as always, x and W with their
+ * rowwise copies only (nothing reads a columnwise copy); the backward
+ * quantizes nothing: the op offers no grad-output quantizer (so the ops
+ * before it emit plain gradients and BackwardActivationBias does not
+ * apply), dy stays plain (a quantized dy is decoded), dx is plain, and
+ * dgrad / wgrad are plain GEMMs on
+ *   high_precision  the original W (the parameter) and x, saved instead of
+ *                   the operands; so that x is the original, the op offers
+ *                   no input quantizer either and quantizes x itself (the
+ *                   neighbour's plain output rounded to the activation
+ *                   dtype, then quantized: the same bits the neighbour
+ *                   would have made, so the forward is unchanged);
+ *   dequantized     the saved quantized operands, their rowwise copies
+ *                   decoded to the activation dtype.
+ *
  * The fused ops built around this op (forward_linear_*, backward_linear_*)
  * reuse its args, resolve, saved state and GEMMs through linear-impl.h; the
  * GEMM helpers therefore take alpha, a bias and a tensor to accumulate onto
@@ -55,7 +71,8 @@ static const opf_field linear_fwd_fields[] = {
     OPF_F_QUANT(opf_linear_fwd, x_q),   OPF_F_QUANT(opf_linear_fwd, w_q),
     OPF_F_QUANT(opf_linear_fwd, out_q), OPF_F_ENUM(opf_linear_fwd, x_mode),
     OPF_F_BOOL(opf_linear_fwd, wgrad),
-    OPF_F(opf_linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG)};
+    OPF_F(opf_linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG),
+    OPF_F_ENUM(opf_linear_fwd, bwd_override)};
 const opf_schema opf_linear_fwd_schema = {
     "linear_fwd", sizeof(opf_linear_fwd),
     (int)(sizeof linear_fwd_fields / sizeof linear_fwd_fields[0]), linear_fwd_fields};
@@ -68,7 +85,7 @@ static const opf_field linear_bwd_fields[] = {
     OPF_F_QUANT(opf_linear_bwd, dy_q),  OPF_F_QUANT(opf_linear_bwd, dx_q),
     OPF_F_ENUM(opf_linear_bwd, dy_mode), OPF_F_ENUM(opf_linear_bwd, act_dtype),
     OPF_F_BOOL(opf_linear_bwd, wgrad),  OPF_F_BOOL(opf_linear_bwd, to_main_grad),
-    OPF_F_BOOL(opf_linear_bwd, accumulate)};
+    OPF_F_BOOL(opf_linear_bwd, accumulate), OPF_F_ENUM(opf_linear_bwd, bwd_override)};
 const opf_schema opf_linear_bwd_schema = {
     "linear_bwd", sizeof(opf_linear_bwd),
     (int)(sizeof linear_bwd_fields / sizeof linear_bwd_fields[0]), linear_bwd_fields};
@@ -78,7 +95,7 @@ static const opf_field linear_kwargs_fields[] = {
 OPF_SCHEMA(linear_kwargs_schema, opf_basic_linear_kwargs, linear_kwargs_fields);
 
 /* attrs of the op context */
-enum { AT_ACT_DTYPE, AT_WGRAD, AT_FIRST_MB, AT_ROWS, AT_QUANTIZED };
+enum { AT_ACT_DTYPE, AT_WGRAD, AT_FIRST_MB, AT_ROWS, AT_QUANTIZED, AT_OVERRIDE };
 
 static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
@@ -147,13 +164,24 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     return st;
 }
 
+/* The backward override of the op's recipe state (none without one). */
+static opf_backward_override op_override(const opf_op *op)
+{
+    const opf_recipe_state *rs = opf_op_recipe_state(op);
+    return rs ? opf_recipe_state_recipe(rs)->backward_override : OPF_BACKWARD_NONE;
+}
+
+/* High precision: the op keeps its original input, so it takes it plain. */
 static const opf_quantizer *input_quantizer(const opf_op *op)
 {
+    if (op_override(op) == OPF_BACKWARD_HIGH_PRECISION) return NULL;
     return opf_op_quantizer(op, OPF_ROLE_INPUT, 0);
 }
 
+/* Any override: the backward quantizes no gradient. */
 static const opf_quantizer *grad_output_quantizer(const opf_op *op)
 {
+    if (op_override(op) != OPF_BACKWARD_NONE) return NULL;
     return opf_op_quantizer(op, OPF_ROLE_GRAD_OUTPUT, 0);
 }
 
@@ -336,7 +364,9 @@ static opf_status check_input(opf_ctx *ctx, const opf_op *op, const opf_tensor *
 static opf_status ensure_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
 {
     opf_recipe_state *rs = opf_op_recipe_state(op);
-    if (rs && opf_recipe_state_recipe(rs)->kind == r->kind) return OPF_OK;
+    const opf_recipe *have = rs ? opf_recipe_state_recipe(rs) : NULL;
+    if (have && have->kind == r->kind && have->backward_override == r->backward_override)
+        return OPF_OK;
     opf_status st = opf_op_reset_recipe(ctx, op, r);
     return st ? fail(ctx, op, st) : OPF_OK;
 }
@@ -384,6 +414,7 @@ opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args
     const opf_basic_linear_kwargs *kw = env->kwargs;
     int first = kw ? kw->is_first_microbatch : -1;
     bool quant = env->recipe != NULL;
+    opf_backward_override ovr = quant ? env->recipe->backward_override : OPF_BACKWARD_NONE;
     opf_status st = check_input(ctx, op, env->x);
     if (st) return st;
     if (first < -1 || first > 1)
@@ -398,14 +429,19 @@ opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args
     const unsigned both = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
     a->wgrad = env->requires_grad && p->requires_grad;
     a->is_first_microbatch = first;
+    a->bwd_override = ovr;
     a->x = *env->x;
-    a->x_q = quant ? role_q(op, OPF_ROLE_INPUT, a->wgrad ? both : OPF_USAGE_ROWWISE)
+    /* wgrad reads x's columnwise copy, unless an override keeps it out of
+     * the backward's quantized GEMMs */
+    bool colwise_x = a->wgrad && ovr == OPF_BACKWARD_NONE;
+    a->x_q = quant ? role_q(op, OPF_ROLE_INPUT, colwise_x ? both : OPF_USAGE_ROWWISE)
                    : opf_quantizer_default();
     a->x_mode = operand_mode(&a->x.spec, &a->x_q);
     a->out_q = opf_q_or_none(env->next_input_q);
     a->w = p->value;
     /* dgrad reads W's columnwise copy; a cached copy keeps both for any call */
-    unsigned wu = env->requires_grad || first != -1 ? both : OPF_USAGE_ROWWISE;
+    bool colwise_w = env->requires_grad && ovr == OPF_BACKWARD_NONE;
+    unsigned wu = colwise_w || first != -1 ? both : OPF_USAGE_ROWWISE;
     a->w_q = quant ? role_q(op, OPF_ROLE_WEIGHT, wu) : opf_quantizer_default();
     if (is_q(&a->w_q) && first == 0) {
         if ((st = check_cache(ctx, op, p, &a->w_q))) return st;
@@ -430,16 +466,22 @@ opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *ar
     const opf_linear_fwd *a = args;
     int64_t m, k;
     opf_shape_2d(&a->x.spec, &m, &k);
-    opf_tensor_retain(is_q(&a->w_q) ? &aux[OPF_LIN_AUX_W] : &a->w, &octx->saved[0]);
+    /* high precision keeps the originals: the parameter (not its quantized
+     * or cached copy) and the input as it came */
+    bool orig = a->bwd_override == OPF_BACKWARD_HIGH_PRECISION;
+    const opf_tensor *w = orig ? &opf_op_param(op, 0)->value
+                        : is_q(&a->w_q) ? &aux[OPF_LIN_AUX_W] : &a->w;
+    opf_tensor_retain(w, &octx->saved[0]);
     octx->n_saved = 1;
     if (a->wgrad)
-        opf_tensor_retain(a->x_mode != OPF_LIN_AS_IS ? &aux[OPF_LIN_AUX_X] : &a->x,
+        opf_tensor_retain(a->x_mode != OPF_LIN_AS_IS && !orig ? &aux[OPF_LIN_AUX_X] : &a->x,
                           &octx->saved[octx->n_saved++]);
     octx->attrs[AT_ACT_DTYPE] = a->x.spec.dtype;
     octx->attrs[AT_WGRAD] = a->wgrad;
     octx->attrs[AT_FIRST_MB] = a->is_first_microbatch;
     octx->attrs[AT_ROWS] = m;
     octx->attrs[AT_QUANTIZED] = octx->saved[0].spec.scaling != OPF_SCALING_NONE;
+    octx->attrs[AT_OVERRIDE] = a->bwd_override;
     return OPF_OK;
 }
 
@@ -451,16 +493,27 @@ static opf_status dy_spec(const opf_linear_bwd *b, opf_spec *out)
     return operand_spec(&b->dy.spec, b->dy_mode, &b->dy_q, OPF_F32, out);
 }
 
+/* The spec of a saved w or x as a backward GEMM operand: itself, or under
+ * an override, when quantized, its plain decoded copy in act_dtype. */
+static opf_spec saved_operand_spec(const opf_linear_bwd *b, const opf_spec *t)
+{
+    if (b->bwd_override == OPF_BACKWARD_NONE || t->scaling == OPF_SCALING_NONE) return *t;
+    opf_spec s = opf_spec_make(t->ndim, t->shape, (opf_dtype)b->act_dtype);
+    s.device = t->device;
+    return s;
+}
+
 opf_status opf_linear_backward_fake(const void *bargs, opf_spec *grads)
 {
     const opf_linear_bwd *b = bargs;
-    opf_spec ds, dxs, dws;
+    opf_spec ds, dxs, dws, ws = saved_operand_spec(b, &b->w.spec);
     opf_status st = dy_spec(b, &ds);
-    if (st || (st = opf_gemm_out_spec(&b->w.spec, &ds, OPF_GEMM_NN, (opf_dtype)b->act_dtype, &dxs)) ||
+    if (st || (st = opf_gemm_out_spec(&ws, &ds, OPF_GEMM_NN, (opf_dtype)b->act_dtype, &dxs)) ||
         (st = opf_op_out_spec(&dxs, &b->dx_q, &grads[0])))
         return st;
     if (!b->wgrad) return OPF_OK;
-    if ((st = opf_gemm_out_spec(&b->x.spec, &ds, OPF_GEMM_NT, b->weight.spec.dtype, &dws))) return st;
+    opf_spec xs = saved_operand_spec(b, &b->x.spec);
+    if ((st = opf_gemm_out_spec(&xs, &ds, OPF_GEMM_NT, b->weight.spec.dtype, &dws))) return st;
     if (!b->to_main_grad) grads[1] = b->weight.spec;
     return OPF_OK;
 }
@@ -482,22 +535,40 @@ static opf_status dy_operand(opf_ctx *ctx, const opf_linear_bwd *b, opf_tensor *
     return recast(ctx, &b->dy, &b->dy_q, t);
 }
 
+/* A saved w or x as the backward operand: itself, or (override) its
+ * rowwise copy, the one fprop read, decoded into scratch; a tensor with a
+ * columnwise copy only (an input that came so) decodes that one. */
+static opf_status saved_operand(opf_ctx *ctx, const opf_linear_bwd *b, const opf_tensor *t,
+                                opf_tensor *tmp, const opf_tensor **out)
+{
+    *out = t;
+    if (b->bwd_override == OPF_BACKWARD_NONE || t->spec.scaling == OPF_SCALING_NONE) return OPF_OK;
+    opf_spec s = saved_operand_spec(b, &t->spec);
+    opf_status st = opf_linear_scratch_tensor(ctx, &s, tmp);
+    unsigned which = t->spec.usage & OPF_USAGE_ROWWISE ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
+    if (!st) st = opf_dequantize(ctx, t, which, tmp);
+    if (!st) *out = tmp;
+    return st;
+}
+
 opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alpha,
                                const opf_tensor *c, opf_tensor *grads)
 {
-    opf_tensor dyq;
-    const opf_tensor *dy;
+    opf_tensor dyq, wt, xt;
+    const opf_tensor *dy, *w, *x = NULL;
     opf_gemm_options o = opf_gemm_options_default();
     o.alpha = alpha;
     opf_status st = dy_operand(ctx, b, &dyq, &dy);
-    if (st || (st = gemm_out(ctx, &b->w, dy, OPF_GEMM_NN, &o, c, &b->dx_q,
-                             (opf_dtype)b->act_dtype, &grads[0])))
+    if (!st) st = saved_operand(ctx, b, &b->w, &wt, &w);
+    if (!st && b->wgrad) st = saved_operand(ctx, b, &b->x, &xt, &x);
+    if (st || (st = gemm_out(ctx, w, dy, OPF_GEMM_NN, &o, c, &b->dx_q, (opf_dtype)b->act_dtype,
+                             &grads[0])))
         return st;
     if (!b->wgrad) return OPF_OK;
-    if (!b->to_main_grad) return opf_gemm(ctx, &b->x, dy, OPF_GEMM_NT, &o, &grads[1]);
+    if (!b->to_main_grad) return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &grads[1]);
     o.accumulate = b->accumulate;
     opf_tensor mg = b->main_grad;  /* written in place: the fp32 accumulator */
-    return opf_gemm(ctx, &b->x, dy, OPF_GEMM_NT, &o, &mg);
+    return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &mg);
 }
 
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
@@ -529,14 +600,17 @@ opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_
     opf_status st = check_dy(ctx, op, octx, env->dy);
     if (st) return st;
     bool wgrad = octx->attrs[AT_WGRAD] != 0, quant = octx->attrs[AT_QUANTIZED] != 0;
+    int ovr = (int)octx->attrs[AT_OVERRIDE];
     b->dy = *env->dy;
     b->w = octx->saved[0];
     b->weight = p->value;
     b->act_dtype = (int)octx->attrs[AT_ACT_DTYPE];
     b->accumulate = octx->attrs[AT_FIRST_MB] != 1;
-    b->dx_q = octx->prev_grad_q;
+    b->bwd_override = ovr;
+    /* an override quantizes no gradient, whatever the previous op offered */
+    b->dx_q = ovr == OPF_BACKWARD_NONE ? octx->prev_grad_q : opf_quantizer_default();
     b->dy_q = opf_quantizer_default();
-    if (quant) {
+    if (quant && ovr == OPF_BACKWARD_NONE) {
         b->dy_q = role_q(op, OPF_ROLE_GRAD_OUTPUT,
                          OPF_USAGE_ROWWISE | (wgrad ? OPF_USAGE_COLUMNWISE : 0));
         if (!is_q(&b->dy_q))
@@ -548,8 +622,9 @@ opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_
     if (wgrad) {
         b->x = octx->saved[1];
         /* wgrad reads x's columnwise copy only (per-tensor FP8 cannot hold
-         * a columnwise copy alone). */
-        if (b->x.spec.scaling != OPF_SCALING_NONE && b->x.spec.scaling != OPF_SCALING_TENSOR &&
+         * a columnwise copy alone); an override decodes the rowwise one. */
+        if (ovr == OPF_BACKWARD_NONE && b->x.spec.scaling != OPF_SCALING_NONE &&
+            b->x.spec.scaling != OPF_SCALING_TENSOR &&
             b->x.spec.usage == (OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE) &&
             (st = opf_tensor_update_usage(ctx, &b->x, OPF_USAGE_COLUMNWISE)))
             return fail(ctx, op, st);

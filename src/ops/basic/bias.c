@@ -1,14 +1,21 @@
 /* bias.c: y = x + b along the last dim; db = sum of dy over the other dims,
- * dx = dy. Computed in fp32, stored in the activation dtype. */
+ * dx = dy. Computed in fp32, stored in the activation dtype.
+ *
+ * The context records the previous op's grad-output quantizer ("prevQ",
+ * te-ops.md 5), which BackwardActivationBias reads through the fuser, and
+ * drops it under a backward override, which quantizes no gradient. dx = dy
+ * passes through as it came: the op that consumes it quantizes it. */
 #include "ops/ops-impl.h"
 
 typedef struct bias_fwd {
     opf_tensor    x;       /* [..., n], plain or quantized (decoded) */
     opf_tensor    b;       /* [n] */
     opf_quantizer next_q;  /* quantize the output for the next op */
+    int           bwd_override; /* the recipe's opf_backward_override */
 } bias_fwd;
 static const opf_field bias_fwd_fields[] = {
-    OPF_F_TENSOR_Q(bias_fwd, x), OPF_F_TENSOR(bias_fwd, b), OPF_F_QUANT(bias_fwd, next_q)};
+    OPF_F_TENSOR_Q(bias_fwd, x), OPF_F_TENSOR(bias_fwd, b), OPF_F_QUANT(bias_fwd, next_q),
+    OPF_F_ENUM(bias_fwd, bwd_override)};
 OPF_SCHEMA(bias_fwd_schema, bias_fwd, bias_fwd_fields);
 
 typedef struct bias_bwd {
@@ -41,6 +48,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     a->x = *x;
     a->b = opf_op_param(op, 0)->value;
     a->next_q = opf_q_or_none(env->next_input_q);
+    a->bwd_override = env->recipe ? env->recipe->backward_override : OPF_BACKWARD_NONE;
     return OPF_OK;
 }
 
@@ -64,6 +72,15 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < n; j++) y[r * n + j] = x[r * n + j] + b[j];
     return opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
+}
+
+/* The runner filled octx->prev_grad_q; an override nulls it. */
+static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
+                                const opf_tensor *outs, const opf_tensor *aux)
+{
+    const bias_fwd *a = args;
+    if (a->bwd_override != OPF_BACKWARD_NONE) octx->prev_grad_q = opf_quantizer_default();
+    return OPF_OK;
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
@@ -107,6 +124,7 @@ const opf_op_class opf_op_class_bias = {
     .fusible = true,
     .init = init,
     .resolve_fwd = resolve_fwd,
+    .setup_context = setup_context,
     .resolve_bwd = resolve_bwd,
     .forward_fake = forward_fake,
     .forward_impl = forward_impl,

@@ -34,6 +34,7 @@ typedef struct opf_linear_fwd {
     int           x_mode;   /* OPF_LIN_* */
     bool          wgrad;    /* save x for the weight gradient */
     int           is_first_microbatch;
+    int           bwd_override; /* the recipe's opf_backward_override: what is saved */
 } opf_linear_fwd;
 
 typedef struct opf_linear_bwd {
@@ -49,6 +50,8 @@ typedef struct opf_linear_bwd {
     bool          wgrad;      /* x is present: compute dW */
     bool          to_main_grad; /* dW goes into main_grad, no gradient returned */
     bool          accumulate; /* main_grad += dW (else =) */
+    int           bwd_override; /* opf_backward_override: a quantized w or x is decoded
+                                   to act_dtype; dy_q and dx_q are none */
 } opf_linear_bwd;
 
 extern const opf_schema opf_linear_fwd_schema;
@@ -65,7 +68,9 @@ extern const opf_schema opf_linear_bwd_schema;
 opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args);
 opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *aux);
 /* Saves (weight operand, x operand when wgrad) and the attrs the backward
- * reads; aux is the forward's aux (slots OPF_LIN_AUX_*). */
+ * reads; aux is the forward's aux (slots OPF_LIN_AUX_*). Under a
+ * high-precision backward override it saves the original weight and input
+ * instead of the operands. */
 opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                     const opf_tensor *outs, const opf_tensor *aux);
 
@@ -91,7 +96,9 @@ opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_
 opf_status opf_linear_backward_fake(const void *bargs, opf_spec *grads);
 /* dgrad into grads[0]: dx = alpha * dy W (+ c), plain or quantized with
  * b->dx_q (as opf_linear_fprop treats d); wgrad (when b->wgrad) with the
- * same alpha: dW = alpha * dy^T x into grads[1], or into main_grad. */
+ * same alpha: dW = alpha * dy^T x into grads[1], or into main_grad. Under a
+ * backward override, quantized w and x are first decoded (their rowwise
+ * copy, the one fprop read) into scratch in act_dtype. */
 opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alpha,
                                const opf_tensor *c, opf_tensor *grads);
 

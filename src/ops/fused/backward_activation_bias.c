@@ -12,8 +12,9 @@
  * Unfused, the activation rounds dx first and the bias sums the rounded
  * values: dbias agrees within the dtype's tolerance (bit for bit in f32).
  *
- * Applies only under a recipe and when X's grad-output quantizer exists, as
- * in the anchor. The fused op consumes what the unfused forwards saved:
+ * Applies only under a recipe without a backward override and when X's
+ * grad-output quantizer exists, as in the anchor (an override quantizes no
+ * gradient, so there is nothing to fuse the quantization into). The fused op consumes what the unfused forwards saved:
  * nothing for the bias, the input for the activation (read through the
  * activation's own resolve_bwd). */
 #include "ops/basic/act-impl.h"
@@ -117,10 +118,12 @@ static bool has_grad_output_q(const opf_op *x)
     return c->grad_output_quantizer && c->grad_output_quantizer(last);
 }
 
-/* ops[i], ops[i + 1] = Bias, GELU|ReLU after an X with a quantizer. */
+/* ops[i], ops[i + 1] = Bias, GELU|ReLU after an X with a quantizer, with
+ * no backward override. */
 static bool matches_at(opf_op *const *ops, int n, int i, const opf_recipe *recipe)
 {
-    if (!recipe || i < 1 || i + 1 >= n || opf_op_is_fused(ops[i]) || opf_op_is_fused(ops[i + 1]))
+    if (!recipe || recipe->backward_override != OPF_BACKWARD_NONE || i < 1 || i + 1 >= n ||
+        opf_op_is_fused(ops[i]) || opf_op_is_fused(ops[i + 1]))
         return false;
     return !strcmp(opf_op_class_of(ops[i])->name, "bias") && is_fusable_act(ops[i + 1]) &&
            has_grad_output_q(ops[i - 1]);
