@@ -1095,6 +1095,23 @@ static void test_bad_inputs(void)
     for (int i = 0; i < 5; i++) opf_tensor_release(ts[i]);
 }
 
+/* A backward override turns the Quantize op's backward quantization off. */
+static void test_quantize_override(void)
+{
+    opf_quantize_config c = {true, true};
+    opf_op *op;
+    CHECK_OK(ctx, opf_op_create(ctx, "quantize", &c, "q", &op));
+    opf_recipe r = opf_recipe_default(OPF_RECIPE_MXFP8);
+    CHECK_OK(ctx, opf_op_reset_recipe(ctx, op, &r));
+    const opf_op_class *cls = opf_op_class_of(op);
+    CHECK(cls->grad_output_quantizer(op) != NULL, "backward quantizer without override");
+    r.backward_override = OPF_BACKWARD_HIGH_PRECISION;
+    CHECK_OK(ctx, opf_op_reset_recipe(ctx, op, &r));
+    CHECK(cls->grad_output_quantizer(op) == NULL, "no backward quantizer under an override");
+    CHECK(cls->input_quantizer(op) != NULL, "the forward still quantizes");
+    opf_op_destroy(op);
+}
+
 int main(void)
 {
     opf_ctx_options o = opf_ctx_options_default();
@@ -1108,6 +1125,7 @@ int main(void)
     test_add_extra_input();
     test_make_extra_output();
     test_quantize();
+    test_quantize_override();
     test_dropout();
     test_bad_configs();
     test_backward_order();

@@ -24,11 +24,17 @@ OPF_SCHEMA(quantize_bwd_schema, quantize_bwd, quantize_bwd_fields);
 
 static const opf_quantize_config default_config = {.forward = true, .backward = false};
 
-/* The op's quantizer for a role when that direction is on, else NULL. */
+/* The op's quantizer for a role when that direction is on, else NULL. A
+ * recipe's backward override turns the backward quantization off (the anchor
+ * runs the backward in high precision then, numerics.md 3.7). */
 static const opf_quantizer *role_q(const opf_op *op, opf_tensor_role role)
 {
     const opf_quantize_config *c = opf_op_config_const(op);
     bool on = role == OPF_ROLE_INPUT ? c->forward : c->backward;
+    const opf_recipe_state *rs = opf_op_recipe_state(op);
+    if (role == OPF_ROLE_GRAD_OUTPUT && rs &&
+        opf_recipe_state_recipe(rs)->backward_override != OPF_BACKWARD_NONE)
+        on = false;
     return on ? opf_op_quantizer(op, role, 0) : NULL;
 }
 
