@@ -2,13 +2,15 @@
  * functions, so hot loops in any layer (quantize kernels, loaders) inline them;
  * dtype.c wraps each one as the exported opf_f32_to_X / opf_X_to_f32.
  *
- * Encoders work on the fp32 bit pattern with integer arithmetic only, so the
- * result cannot depend on the FPU rounding mode or on flush-to-zero /
- * denormals-are-zero flags the host program may have set. They are written as
- * straight-line selects (no data-dependent branches) so the compiler can
- * vectorize a loop over them. Decoders are exact and integer-only too (an
- * fp32 operation, even an exact one, would keep GCC from if-converting them
- * while -ftrapping-math is on).
+ * Encoders work on the fp32 bit pattern, with integer arithmetic except the
+ * one fp32 add that rounds FP8/FP4 subnormals (opf_narrow_encode_impl), so no
+ * flush-to-zero / denormals-are-zero flag the host program may have set can
+ * change a result. They are written as straight-line selects (no
+ * data-dependent branches) so the compiler can vectorize a loop over them;
+ * files with hot loops over the FP8/FP4 encoders are compiled with
+ * -fno-trapping-math, without which GCC will not if-convert that fp32 add.
+ * Decoders are exact and integer-only (an fp32 operation, even an exact one,
+ * would keep GCC from if-converting them while -ftrapping-math is on).
  *
  * NaN conventions (numerics.md 1.3 for the narrow formats; the rest follow
  * ml_dtypes / numpy, which the oracle test checks bit for bit):
@@ -28,58 +30,43 @@
 #define OPF_F32_INF_BITS 0x7F800000u
 #define OPF_F32_QNAN_BITS 0x7FC00000u
 
-/* The FP8 and FP4 encoders work on a 16-bit key: the top half of the fp32
- * pattern with "some low-half bit is set" folded into bit 0. Every decision
- * they make reads the same on the key as on the full pattern: they round at
- * fp32 bit 20 or higher (bits 16.. of the sticky region stay non-zero exactly
- * when they were), and every boundary they compare against has its low 17
- * bits zero. 16-bit lanes halve the vector work of the hot loops. */
-static inline uint16_t opf_f32_key16_impl(float x)
-{
-    uint32_t u = opf_f32_bits(x);
-    return (uint16_t)((u >> 16) | ((u & 0xFFFFu) != 0));
-}
-
-/* How many entries of the ascending table t[0..n) the magnitude key a
- * exceeds. Codes of a sign-magnitude format grow with the magnitude, so the
- * count of decision boundaries passed is the code. A boundary where the tie
- * rounds up (to the even code above) is stored as its key minus 1. */
-static inline int16_t opf_count_above_impl(int16_t a, const int16_t *t, int n)
-{
-    int16_t c = 0;
-#pragma GCC unroll 8
-    for (int k = 0; k < n; k++) c = (int16_t)(c + (a > t[k]));
-    return c;
-}
-
-/* fp32 -> FP8 on the key (numerics.md 1.3): RNE, saturating, NaN -> 0x7F,
- * the sign kept otherwise (zeros too). rebias is the key of 2^-bias, where
- * the format's exponent field 0 sits; shift drops the key's surplus mantissa
- * bits. The magnitude is clamped to [2^-bias, max]: everything above max
- * (inf included) then encodes to max exactly. Below the smallest normal the
- * normal formula gives at most the true code and the subnormal boundary count
- * gives it exactly (on normals the count stops at the smallest normal code
- * and the formula is exact), so the code is the larger of the two. */
-static inline uint8_t opf_fp8_encode_impl(float x, int16_t rebias, int shift, int16_t max_key,
-                                          const int16_t *sub, int nsub)
-{
-    uint16_t h = opf_f32_key16_impl(x);
-    int16_t s = (int16_t)((h >> 8) & 0x80), a = (int16_t)(h & 0x7FFF);
-    int16_t ac = a < max_key ? a : max_key;
-    ac = ac > rebias ? ac : rebias;
-    int16_t r = (int16_t)(ac - rebias);
-    int16_t c = (int16_t)((r + (1 << (shift - 1)) - 1 + ((r >> shift) & 1)) >> shift);
-    int16_t cs = opf_count_above_impl(a, sub, nsub);
-    c = c > cs ? c : cs;
-    return (uint8_t)(a > 0x7F80 ? 0x7F : (s | c));
-}
-
 /* Drops the low `shift` bits of v with round to nearest even. A carry out of
  * the mantissa moves into the exponent field, which is the correct result. */
 static inline uint32_t opf_rne_shift_impl(uint32_t v, unsigned shift)
 {
     uint32_t half_minus_1 = (1u << (shift - 1)) - 1u;
     return (v + half_minus_1 + ((v >> shift) & 1u)) >> shift;
+}
+
+/* fp32 -> a narrow sign-magnitude float format (FP8, FP4; numerics.md 1.3):
+ * RNE, saturating at max (inf too), NaN -> nan_code, the sign (moved down
+ * by sign_shift) kept otherwise, zeros too.
+ * Normal codes are the fp32 pattern rebased and shifted: rebias is the fp32
+ * pattern of the value whose code would be 0 (2^(1 - bias - 1)), shift the
+ * number of fp32 mantissa bits dropped, rounded to nearest even; a carry
+ * moves into the exponent field, which is the correct code. rebias has its
+ * low shift + 1 bits clear, so the parity bit is read on |x| itself and the
+ * constants fold into one add.
+ * Below the smallest normal the code is |x| in units of the smallest
+ * subnormal, rounded to nearest even by one fp32 add: magic is 2^23 units,
+ * so the sum's ulp is one unit (the classic denormal trick of float -> half).
+ * The add rounds the way every fp32 operation of the kernels rounds (the
+ * default nearest-even mode); flush-to-zero and denormals-are-zero cannot
+ * change it (magic is far from the subnormals, and a subnormal |x| encodes
+ * to 0 either way).
+ * Straight-line selects on 32-bit lanes, narrowed once at the end: the form
+ * GCC vectorizes best (measured: about 0.16 ns per element with AVX-512). */
+static inline uint32_t opf_narrow_encode_impl(float x, uint32_t max_bits, uint32_t norm_bits,
+                                              uint32_t rebias, unsigned shift, float magic,
+                                              unsigned sign_shift, uint32_t nan_code)
+{
+    uint32_t u = opf_f32_bits(x), a = u & OPF_F32_ABS_MASK;
+    uint32_t c = a < max_bits ? a : max_bits;
+    uint32_t normal = (c + ((1u << (shift - 1)) - 1u - rebias) + ((c >> shift) & 1u)) >> shift;
+    uint32_t sub = opf_f32_bits(opf_bits_f32(c) + magic) - opf_f32_bits(magic);
+    uint32_t code = c < norm_bits ? sub : normal;
+    uint32_t sign = (u >> sign_shift) & (0x80000000u >> sign_shift);
+    return a > OPF_F32_INF_BITS ? nan_code : (code | sign);
 }
 
 /* fp32 bits of m * 2^k for 0 <= m < 2^w, w <= 10 (exact; the result must be
@@ -165,15 +152,10 @@ static inline float opf_f16_to_f32_impl(uint16_t h)
 
 static inline uint8_t opf_f32_to_e4m3_impl(float x)
 {
-    /* Keys of the boundaries between subnormal codes k and k+1, (k + 1/2) *
-     * 2^-9; for odd k the tie goes up to the even code, hence the - 1. The
-     * last one leads to code 8, the smallest normal 2^-6. */
-    static const int16_t sub[8] = {
-        0x3A80, 0x3B40 - 1, 0x3BA0, 0x3BE0 - 1, 0x3C10, 0x3C30 - 1, 0x3C50, 0x3C70 - 1,
-    };
-    /* Exponent rebias 127 -> 7 (key 0x3C00 = 2^-7), 3 mantissa bits kept of
-     * the key's 7, max 448 = key 0x43E0. */
-    return opf_fp8_encode_impl(x, 0x3C00, 4, 0x43E0, sub, 8);
+    /* max 448 = 0x43E00000, smallest normal 2^-6, code 0 at 2^-7, 3 of 23
+     * mantissa bits kept, subnormal unit 2^-9 (magic 2^14), NaN 0x7F. */
+    return (uint8_t)opf_narrow_encode_impl(x, 0x43E00000u, 0x3C800000u, 0x3C000000u, 20, 0x1p14f,
+                                           24, 0x7Fu);
 }
 
 static inline float opf_e4m3_to_f32_impl(uint8_t q)
@@ -190,11 +172,10 @@ static inline float opf_e4m3_to_f32_impl(uint8_t q)
 
 static inline uint8_t opf_f32_to_e5m2_impl(float x)
 {
-    /* Subnormal boundaries (k + 1/2) * 2^-16, odd-k ties round up. */
-    static const int16_t sub[4] = {0x3700, 0x37C0 - 1, 0x3820, 0x3860 - 1};
-    /* Rebias 127 -> 15 (key 0x3800 = 2^-15), 2 of 7 mantissa bits kept,
-     * max 57344 = key 0x4760. */
-    return opf_fp8_encode_impl(x, 0x3800, 5, 0x4760, sub, 4);
+    /* max 57344 = 0x47600000, smallest normal 2^-14, code 0 at 2^-15, 2
+     * mantissa bits kept, subnormal unit 2^-16 (magic 2^7), NaN 0x7F. */
+    return (uint8_t)opf_narrow_encode_impl(x, 0x47600000u, 0x38800000u, 0x38000000u, 21, 0x1p7f,
+                                           24, 0x7Fu);
 }
 
 static inline float opf_e5m2_to_f32_impl(uint8_t q)
@@ -211,15 +192,11 @@ static inline float opf_e5m2_to_f32_impl(uint8_t q)
 
 static inline uint8_t opf_f32_to_e2m1_impl(float x)
 {
-    /* Keys of 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5: ties at 0.75, 1.75 and 3.5
-     * go up to the even code. */
-    static const int16_t bounds[7] = {
-        0x3E80, 0x3F40 - 1, 0x3FA0, 0x3FE0 - 1, 0x4020, 0x4060 - 1, 0x40A0,
-    };
-    uint16_t h = opf_f32_key16_impl(x);
-    int16_t s = (int16_t)((h >> 12) & 0x8), a = (int16_t)(h & 0x7FFF);
-    int16_t c = (int16_t)(s | opf_count_above_impl(a, bounds, 7));  /* inf passes all: 6 */
-    return (uint8_t)(a > 0x7F80 ? 0x7 : c);
+    /* The decision table of 1.3 is this format's RNE: max 6 = 0x40C00000,
+     * smallest normal 1, code 0 at 0.5, 1 mantissa bit kept, subnormal unit
+     * 0.5 (magic 2^22), sign in bit 3, NaN -> +6 (code 7). */
+    return (uint8_t)opf_narrow_encode_impl(x, 0x40C00000u, 0x3F800000u, 0x3F000000u, 22, 0x1p22f,
+                                           28, 0x7u);
 }
 
 static inline float opf_e2m1_to_f32_impl(uint8_t code)

@@ -1,11 +1,15 @@
 /* scale-impl.h: the scale-from-amax primitives of docs/numerics.md section 2,
- * shared by the per-tensor FP8, FP8 block, delayed-state and NVFP4 code. */
+ * shared by the per-tensor FP8, FP8 block, delayed-state and NVFP4 code, and
+ * the helpers of the quantizers that are not per-element loops: the FP8
+ * decode table, the byte transpose of the transposed columnwise copies and
+ * the Hadamard transform of NVFP4 column blocks. */
 #ifndef OPFUSE_SCALE_IMPL_H
 #define OPFUSE_SCALE_IMPL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/core-impl.h"
 #include "opfuse/dtype.h"
 
 /* Largest finite value of an FP8 element dtype: 448 (e4m3), 57344 (e5m2);
@@ -22,6 +26,22 @@ float opf_input_max_finite(opf_dtype in_dtype);
  * value_for_inf; pow2 keeps only sign and exponent. */
 float opf_scale_from_amax(float amax, float fp8_max, bool pow2, float eps, float value_for_inf);
 
+/* The same as straight-line selects (the special cases tested on the bit
+ * pattern), so that a loop over many block amaxes vectorizes; the kernels'
+ * files are compiled with -fno-trapping-math, which lets GCC evaluate the
+ * quotient unconditionally. */
+static inline float opf_scale_from_amax_impl(float amax, float fp8_max, bool pow2, float eps,
+                                             float value_for_inf)
+{
+    float a = amax < eps ? eps : amax;  /* a NaN amax fails the test and stays NaN */
+    uint32_t ab = opf_f32_bits(a) & 0x7FFFFFFFu;
+    float s = fp8_max / a;
+    s = (opf_f32_bits(s) & 0x7FFFFFFFu) == 0x7F800000u ? value_for_inf : s;
+    /* Largest power of two <= s: drop the mantissa bits. */
+    s = pow2 ? opf_bits_f32(opf_f32_bits(s) & 0xFF800000u) : s;
+    return ab >= 0x7F800000u || ab == 0 ? 1.0f : s;
+}
+
 /* numerics.md 2.2: the delayed-scaling scale fl(scaled_max / amax) when amax
  * is finite and > 0, else prev; an infinite result becomes FLT_MAX. */
 float opf_delayed_scale(float amax, float scaled_max, float prev);
@@ -30,16 +50,19 @@ float opf_delayed_scale(float amax, float scaled_max, float prev);
  * (equal to the correctly rounded fp32 reciprocal). */
 static inline float opf_block_scale_inv(float s) { return (float)(1.0 / (double)s); }
 
-/* The scaling step every FP8 recipe shares: q[i] = cvt(fl(x[i] * s)) with the
- * saturating RNE conversion of 1.3 to qdtype (e4m3 or e5m2). */
-void opf_fp8_scale_cast(const float *restrict x, int64_t n, float s, opf_dtype qdtype,
-                        uint8_t *restrict q);
-
-/* The same with one scale per element: q[i] = cvt(fl(x[i] * s[i])). */
-void opf_fp8_scale_cast_each(const float *restrict x, const float *restrict s, int64_t n,
-                             opf_dtype qdtype, uint8_t *restrict q);
-
 /* lut[b] = the fp32 value of FP8 byte b of qdtype (e4m3 or e5m2), exact. */
 void opf_fp8_decode_table(opf_dtype qdtype, float lut[256]);
+
+/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: the byte
+ * transpose behind every transposed columnwise copy. */
+void opf_transpose_bytes(const uint8_t *src, int64_t lds, uint8_t *dst, int64_t ldd, int64_t rows,
+                         int64_t cols);
+
+/* numerics.md 3.4.3 on the columns of a 16 x w fp32 tile: column k of x
+ * (x[r * ldx + k], r = 0..15) is transformed as opf_rht16 does (the same
+ * summation order, see rht.c) into column k of y (y[c * ldy + k]). x and y
+ * may be the same tile. */
+void opf_rht16_cols(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t w,
+                    uint16_t sign_mask);
 
 #endif

@@ -219,6 +219,8 @@ def ref_current(X, qd, pow2, eps, reduced_amax=None):
 CUR_CASES = [
     ((4, 5), ct.F32), ((64, 96), ct.BF16), ((17, 33), ct.F16), ((2, 8, 48), ct.F32),
     ((1, 1), ct.F32), ((130, 70), ct.BF16),
+    # large 16-bit inputs: the kernel switches to a 65536-entry byte table
+    ((512, 640), ct.BF16), ((600, 480), ct.F16),
 ]
 
 
@@ -578,11 +580,12 @@ def test_thread_count_independent():
     cases = [quantizer(ct.SCALING_TENSOR, ct.E4M3), quantizer(ct.SCALING_BLOCK_1D, ct.E4M3),
              quantizer(ct.SCALING_BLOCK_2D, ct.E5M2), quantizer(ct.SCALING_MXFP8, ct.E4M3),
              quantizer(ct.SCALING_MXFP8, ct.E4M3, swizzled=True, mxfp8_2d=True)]
-    for q in cases:
+    big_b, _ = make_input(rng, (640, 512), ct.F16, "wide")  # the table path of per-tensor
+    for q, x, dt in [(q, xb, ct.BF16) for q in cases] + [(cases[0], big_b, ct.F16)]:
         outs = []
         for nt in (1, 2):
             with ct.Ctx(num_threads=nt) as c:
-                t, L = ct.quantize(c, q, xb, ct.BF16)
+                t, L = ct.quantize(c, q, x, dt)
                 outs.append([None if comp(t, i, L) is None else comp(t, i, L).tobytes()
                              for i in range(6)])
                 ct.lib.opf_tensor_release(C.byref(t))

@@ -188,29 +188,36 @@ static void test_quantize_accumulates(void)
     opf_ctx_destroy(ctx);
 }
 
+/* Forward-direction create with the arguments the bad-input table varies. */
+static opf_status mk(opf_ctx *ctx, opf_format f, float margin, int len, opf_amax_algo algo,
+                     int slots, opf_delayed_state **out)
+{
+    return opf_delayed_state_create(ctx, f, margin, len, algo, false, slots, out);
+}
+
 static void test_bad_inputs(void)
 {
     opf_ctx *ctx = new_ctx();
     opf_delayed_state *s = (opf_delayed_state *)&hook_calls;  /* must stay untouched */
     const char *fn = "opf_delayed_state_create";
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0, 0, OPF_AMAX_MAX, false, 3, &s),
-                OPF_ERR_INVALID_ARG, fn, "history length 0");
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0, -2, OPF_AMAX_MAX, false, 3, &s),
-                OPF_ERR_INVALID_ARG, fn, "history length -2");
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0, 4, OPF_AMAX_MAX, false, 0, &s),
-                OPF_ERR_INVALID_ARG, fn, "0 slots");
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_E2M1, 0, 4, OPF_AMAX_MAX, false, 1, &s),
-                OPF_ERR_INVALID_ARG, fn, "format 3");
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, (opf_format)42, 0, 4, OPF_AMAX_MAX, false, 1, &s),
-                OPF_ERR_INVALID_ARG, fn, "format 42");
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, 0, 4, (opf_amax_algo)7, false, 1, &s),
-                OPF_ERR_INVALID_ARG, fn, "algorithm 7");
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, NAN, 4, OPF_AMAX_MAX, false, 1, &s),
-                OPF_ERR_INVALID_ARG, fn, "margin");
-    CHECK_FAILS(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, 0, 4, OPF_AMAX_MAX, false, 1, NULL),
-                OPF_ERR_INVALID_ARG, fn, "out is NULL");
-    CHECK_FAILS(NULL, opf_delayed_state_create(NULL, OPF_FORMAT_E4M3, 0, 4, OPF_AMAX_MAX, false, 1, &s),
-                OPF_ERR_INVALID_ARG, fn, "ctx is NULL");
+    CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_HYBRID, 0, 0, OPF_AMAX_MAX, 3, &s), OPF_ERR_INVALID_ARG,
+                fn, "history length 0");
+    CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_HYBRID, 0, -2, OPF_AMAX_MAX, 3, &s), OPF_ERR_INVALID_ARG,
+                fn, "history length -2");
+    CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_HYBRID, 0, 4, OPF_AMAX_MAX, 0, &s), OPF_ERR_INVALID_ARG,
+                fn, "0 slots");
+    CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_E2M1, 0, 4, OPF_AMAX_MAX, 1, &s), OPF_ERR_INVALID_ARG, fn,
+                "format 3");
+    CHECK_FAILS(ctx, mk(ctx, (opf_format)42, 0, 4, OPF_AMAX_MAX, 1, &s), OPF_ERR_INVALID_ARG, fn,
+                "format 42");
+    CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_E4M3, 0, 4, (opf_amax_algo)7, 1, &s), OPF_ERR_INVALID_ARG,
+                fn, "algorithm 7");
+    CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_E4M3, NAN, 4, OPF_AMAX_MAX, 1, &s), OPF_ERR_INVALID_ARG,
+                fn, "margin");
+    CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_E4M3, 0, 4, OPF_AMAX_MAX, 1, NULL), OPF_ERR_INVALID_ARG,
+                fn, "out is NULL");
+    CHECK_FAILS(NULL, mk(NULL, OPF_FORMAT_E4M3, 0, 4, OPF_AMAX_MAX, 1, &s), OPF_ERR_INVALID_ARG,
+                fn, "ctx is NULL");
     CHECK(s == (opf_delayed_state *)&hook_calls, "out untouched on failure");
     CHECK_FAILS(ctx, opf_delayed_state_update(ctx, NULL, NULL, NULL), OPF_ERR_INVALID_ARG,
                 "opf_delayed_state_update", "NULL");

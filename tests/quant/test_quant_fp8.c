@@ -148,7 +148,8 @@ static void test_threads(void)
     opf_ctx *c1 = new_ctx(1), *c2 = new_ctx(2);
     const int64_t shape[2] = {256, 384};  /* large enough to run in parallel */
     int64_t n = shape[0] * shape[1];
-    float *x = malloc((size_t)n * sizeof *x), *y1 = malloc((size_t)n * 4), *y2 = malloc((size_t)n * 4);
+    float *x = malloc((size_t)n * sizeof *x);
+    float *y1 = malloc((size_t)n * 4), *y2 = malloc((size_t)n * 4);
     uint16_t *store = malloc((size_t)n * 2);
     fill_input(99, x, store, OPF_BF16, n);
     store[7] = 0x7FC0;  /* a NaN and an inf among the values */
@@ -160,8 +161,10 @@ static void test_threads(void)
     CHECK_OK(c1, opf_tensor_wrap(&ys, y2, &yt2));
     for (int c = 0; c < NCASES; c++) {
         opf_delayed_state *d1, *d2;
-        CHECK_OK(c1, opf_delayed_state_create(c1, OPF_FORMAT_HYBRID, 0, 2, OPF_AMAX_MAX, false, 1, &d1));
-        CHECK_OK(c2, opf_delayed_state_create(c2, OPF_FORMAT_HYBRID, 0, 2, OPF_AMAX_MAX, false, 1, &d2));
+        CHECK_OK(c1, opf_delayed_state_create(c1, OPF_FORMAT_HYBRID, 0, 2, OPF_AMAX_MAX, false, 1,
+                                              &d1));
+        CHECK_OK(c2, opf_delayed_state_create(c2, OPF_FORMAT_HYBRID, 0, 2, OPF_AMAX_MAX, false, 1,
+                                              &d2));
         opf_quantizer q1 = make_q(&cases[c], d1), q2 = make_q(&cases[c], d2);
         opf_tensor o1, o2;
         CHECK_OK(c1, opf_quantize_alloc(c1, &q1, &in, &o1));
@@ -226,13 +229,15 @@ static void test_bad_inputs(void)
     opf_tensor_release(&out);
 
     opf_delayed_state *ds;
-    CHECK_OK(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0, 3, OPF_AMAX_MAX, true, 2, &ds));
+    CHECK_OK(ctx,
+             opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0, 3, OPF_AMAX_MAX, true, 2, &ds));
     q = opf_quantizer_default();
     q.scaling = OPF_SCALING_TENSOR;
     q.qdtype = OPF_E5M2;
     q.delayed = ds;
     q.slot = 2;
-    CHECK_FAILS(ctx, opf_quantize_alloc(ctx, &q, &in, &out), OPF_ERR_INVALID_ARG, "slot 2", "2 slots");
+    CHECK_FAILS(ctx, opf_quantize_alloc(ctx, &q, &in, &out), OPF_ERR_INVALID_ARG, "slot 2",
+                "2 slots");
     q.slot = 1;
     q.qdtype = OPF_E4M3;
     CHECK_FAILS(ctx, opf_quantize_alloc(ctx, &q, &in, &out), OPF_ERR_DTYPE, "e4m3", "e5m2");

@@ -4,8 +4,17 @@
  * Copies. The rowwise copy quantizes x [M, K] in 1x16 blocks along K. The
  * columnwise copy is stored transposed, [K, M], in 1x16 blocks along M; with
  * q->rht every such block is first rounded to bf16 (exact for bf16 inputs;
- * the anchor only accepts bf16) and rotated by opf_rht16. In 2D mode every
- * 16x16 tile is quantized once and both copies hold the same codes.
+ * the anchor only accepts bf16) and rotated as opf_rht16 does. In 2D mode
+ * every 16x16 tile is quantized once and both copies hold the same codes.
+ *
+ * Passes. The rowwise copy alone streams row by row. Anything else runs
+ * over groups of 16 rows, column panel by column panel: the group's input is
+ * loaded once (giving the rowwise blocks of its rows too), rotated when RHT
+ * is on, scaled per column (1D columnwise blocks, or 16x16 tiles), cast, and
+ * its columnwise codes are packed two rows per byte and transposed into
+ * [K, M/2] for 8 groups at a time. With RHT a first pass over the groups
+ * gives both global amaxes (A_col needs the rotated values), so the
+ * transform runs twice per element.
  *
  * Stochastic rounding (3.4.5), our Philox mapping, to be reproduced by the
  * CUDA kernel: for the stored element e of a copy (row-major index inside
@@ -36,6 +45,7 @@
 #include "backend/cpu/cpu-impl.h"
 #include "core/codec-impl.h"
 #include "core/core-impl.h"
+#include "quant/scale-impl.h"
 
 #define NVFP4_BLOCK 16
 #define NVFP4_PAR_MIN (1 << 14)
@@ -84,29 +94,22 @@ static nvfp4_global nvfp4_global_scale(float amax)
     return g;
 }
 
-/* amax of n fp32 values (NaN ignored, from 0) on the bit patterns: |x| of
- * non-NaN values orders like its integer bits, NaN patterns lie above inf's.
- * Branch-free so that the compiler vectorizes it. */
-static float nvfp4_amax(const float *v, int64_t n)
+/* 3.4.2 steps 2-4 for n blocks with amaxes b: the e4m3 block scales sf and
+ * the encode factors enc. d and e are never NaN (b is an amax, S_enc > 0),
+ * so compares clamp; sf = 0 gives e = +inf, clamped to FLT_MAX. Selects and
+ * one division per block, so that the loop vectorizes across blocks. */
+static void nvfp4_block_scales(const float *restrict b, int64_t n, const nvfp4_global *g,
+                               uint8_t *restrict sf, float *restrict enc)
 {
-    uint32_t m = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t a = opf_f32_bits(v[i]) & 0x7FFFFFFFu;
-        a = a > 0x7F800000u ? 0u : a;
-        m = a > m ? a : m;
+    float div6 = g->enc_div6, dec = g->dec;
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) {
+        float d = b[j] * div6;
+        uint8_t f = opf_f32_to_e4m3_impl(d < FLT_MAX ? d : FLT_MAX);
+        float e = 1.0f / (opf_e4m3_to_f32_impl(f) * dec);
+        sf[j] = f;
+        enc[j] = e < FLT_MAX ? e : FLT_MAX;
     }
-    return opf_bits_f32(m);
-}
-
-/* 3.4.2 steps 2-4: the e4m3 block scale of block amax b and its encode factor. */
-static uint8_t nvfp4_block_scale(float b, const nvfp4_global *g, float *enc)
-{
-    float d = b * g->enc_div6;
-    /* d and e are never NaN (b is an amax, S_enc > 0), so compares clamp. */
-    uint8_t sf = opf_f32_to_e4m3_impl(d < FLT_MAX ? d : FLT_MAX);
-    float e = 1.0f / (opf_e4m3_to_f32_impl(sf) * g->dec);  /* sf = 0 gives +inf */
-    *enc = e < FLT_MAX ? e : FLT_MAX;
-    return sf;
 }
 
 /* 3.4.5: the documented software stochastic rounding of v to an e2m1 code:
@@ -115,7 +118,7 @@ static uint8_t nvfp4_block_scale(float b, const nvfp4_global *g, float *enc)
  * is exact and one rounded add is the fma. floor(t / step(t)) * step(t) is
  * the largest E2M1 magnitude <= t (the grid spacing is step(t) on each of
  * [0,2), [2,4), [4,inf)), so q is counted off the grid, branch-free. */
-static uint8_t nvfp4_round_sr(float v, uint8_t r8)
+static inline uint8_t nvfp4_round_sr(float v, uint8_t r8)
 {
     uint32_t bits = opf_f32_bits(v), abits = bits & 0x7FFFFFFFu;
     float a = opf_bits_f32(abits), u = (float)r8 * (1.0f / 256.0f);
@@ -125,7 +128,7 @@ static uint8_t nvfp4_round_sr(float v, uint8_t r8)
     uint32_t code = (uint32_t)(t >= 0.5f) + (t >= 1.0f) + (t >= 1.5f) + (t >= 2.0f) +
                     (t >= 3.0f) + (t >= 4.0f) + (t >= 6.0f);
     code |= (bits >> 28) & 0x8u;
-    return (uint8_t)(abits > 0x7F800000u ? 0x7u : code);  /* NaN -> +6 */
+    return (uint8_t)(abits > 0x7F800000u ? 0x7u : code);
 }
 
 /* The 16 random bytes of element group b of a copy (see the file comment). */
@@ -139,47 +142,46 @@ static void nvfp4_random16(const nvfp4_src *s, uint32_t copy_id, uint64_t b, uin
     for (int i = 0; i < 16; i++) r8[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
 }
 
-/* Casts n <= 16 values scaled by enc; r8 NULL means round to nearest even. */
-static void nvfp4_cast(const float *v, int n, float enc, const uint8_t *r8, uint8_t *codes)
+/* codes[i] = the e2m1 code of fl(v[i] * enc[i]): round to nearest even, or
+ * stochastic with the random bytes r8 when r8 is not NULL. */
+static void nvfp4_codes(const float *restrict v, const float *restrict enc, int64_t n,
+                        const uint8_t *restrict r8, uint8_t *restrict codes)
 {
     if (r8) {
-        for (int i = 0; i < n; i++) codes[i] = nvfp4_round_sr(v[i] * enc, r8[i]);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) codes[i] = nvfp4_round_sr(v[i] * enc[i], r8[i]);
         return;
     }
-    for (int i = 0; i < n; i++) codes[i] = opf_f32_to_e2m1_impl(v[i] * enc);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) codes[i] = opf_f32_to_e2m1_impl(v[i] * enc[i]);
 }
 
-/* Packs 16 codes into stored row `row` of dst starting at element col
- * (a multiple of 16: even elements in the low nibble). */
-static void nvfp4_put16(const nvfp4_dst *d, int64_t row, int64_t col, const uint8_t *codes)
+/* Two codes per byte, the even element in the low nibble (1.2). */
+static void nvfp4_pack(const uint8_t *restrict codes, int64_t n, uint8_t *restrict out)
 {
-    uint8_t *p = d->data + (row * d->cols + col) / 2;
-    for (int i = 0; i < NVFP4_BLOCK; i += 2) p[i / 2] = (uint8_t)(codes[i] | (codes[i + 1] << 4));
+#pragma omp simd
+    for (int64_t i = 0; i < n / 2; i++)
+        out[i] = (uint8_t)(codes[2 * i] | codes[2 * i + 1] << 4);
 }
 
-static void nvfp4_put_scale(const nvfp4_dst *d, int64_t i, int64_t j, uint8_t sf)
+static inline void nvfp4_put_scale(const nvfp4_dst *d, int64_t i, int64_t j, uint8_t sf)
 {
-    size_t at = d->swizzled ? opf_swizzle_index(i, j, d->scale_cols)
+    size_t at = d->swizzled ? opf_cpu_swizzle_index(i, j, d->scale_cols)
                             : (size_t)(i * d->scale_cols + j);
     d->scale[at] = sf;
 }
 
-/* Quantizes one stored block (1D): values v of stored row `row`, elements
- * col..col+15. */
-static void nvfp4_block_1d(const nvfp4_src *s, const nvfp4_dst *d, int64_t row, int64_t col,
-                           const float *v)
-{
-    float enc;
-    uint8_t sf = nvfp4_block_scale(nvfp4_amax(v, NVFP4_BLOCK), &d->g, &enc);
-    uint8_t r8[16], codes[16];
-    if (d->stochastic)
-        nvfp4_random16(s, d->copy_id, (uint64_t)(row * d->cols + col) / NVFP4_BLOCK, r8);
-    nvfp4_cast(v, NVFP4_BLOCK, enc, d->stochastic ? r8 : NULL, codes);
-    nvfp4_put16(d, row, col, codes);
-    nvfp4_put_scale(d, row, col / NVFP4_BLOCK, sf);
-}
-
 /* ---- the passes --------------------------------------------------------- */
+
+enum {
+    BLK = NVFP4_BLOCK,
+    RUN = 512,     /* elements of a row handled at a time: short enough that
+                    * loading a run and casting it overlap */
+    CP = 512,      /* columns per work item of the passes over 16-row groups */
+    GROUPS = 8,    /* 16-row groups per work item: 64 bytes per columnwise row */
+};
+
+_Static_assert(CP <= RUN, "nvfp4_row_run takes the rows of a group: CP elements");
 
 /* Threads for a pass over n elements: one below NVFP4_PAR_MIN, where the
  * fork costs more than the work. */
@@ -190,123 +192,213 @@ static int nvfp4_threads(opf_ctx *ctx, int64_t n)
     return t > 0 ? t : omp_get_max_threads();
 }
 
-/* Loads the 16 x 16 input tile at (m0, k0) into t[i][j] = x[m0+i][k0+j]. */
-static void nvfp4_load_tile(const nvfp4_src *s, int64_t m0, int64_t k0, float t[16][16])
-{
-    for (int i = 0; i < NVFP4_BLOCK; i++)
-        opf_cpu_load_f32(s->x, s->dt, (m0 + i) * s->k + k0, NVFP4_BLOCK, t[i]);
-}
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* Column j of a tile as the columnwise block: bf16-rounded and rotated with
- * RHT (3.4.3), the raw values otherwise. */
-static void nvfp4_col_block(const nvfp4_src *s, float t[16][16], int j, float v[16])
+/* Rowwise 1x16 blocks of row m, elements [k0, k0 + n) of it, from their fp32
+ * values v: block amaxes, scales across the blocks, one cast of the run. */
+static void nvfp4_row_run(const nvfp4_src *s, const nvfp4_dst *d, int64_t m, int64_t k0,
+                          int64_t n, const float *v)
 {
-    for (int i = 0; i < NVFP4_BLOCK; i++) v[i] = t[i][j];
-    if (!s->rht) return;
-    if (s->dt != OPF_BF16)  /* the anchor takes bf16 only: round f32/f16 inputs to it */
-        for (int i = 0; i < NVFP4_BLOCK; i++)
-            v[i] = opf_bf16_to_f32_impl(opf_f32_to_bf16_impl(v[i]));
-    opf_rht16(v, v, s->sign_mask);
+    int64_t nb = n / BLK;
+    float b[RUN / BLK] = {0}, enc[RUN / BLK], e[RUN];  /* = {0}: for -Wmaybe-uninitialized */
+    uint8_t sf[RUN / BLK], r8[RUN], codes[RUN];
+    for (int64_t j = 0; j < nb; j++) b[j] = opf_cpu_amax(v + j * BLK, BLK);
+    nvfp4_block_scales(b, nb, &d->g, sf, enc);
+    for (int64_t j = 0; j < nb; j++)
+        for (int i = 0; i < BLK; i++) e[j * BLK + i] = enc[j];
+    if (d->stochastic)
+        for (int64_t j = 0; j < nb; j++)
+            nvfp4_random16(s, d->copy_id, (uint64_t)(m * d->cols + k0) / BLK + j, r8 + j * BLK);
+    nvfp4_codes(v, e, n, d->stochastic ? r8 : NULL, codes);
+    nvfp4_pack(codes, n, d->data + (m * d->cols + k0) / 2);
+    for (int64_t j = 0; j < nb; j++) nvfp4_put_scale(d, m, k0 / BLK + j, sf[j]);
 }
 
 /* A_row: amax of the whole input. */
 static float nvfp4_amax_rows(const nvfp4_src *s)
 {
-    float a = 0.0f;
-    int64_t n = s->m * s->k;
-#pragma omp parallel for num_threads(s->threads) reduction(max : a) schedule(static)
-    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
-        float v[1024];
-        int64_t len = n - i0 < 1024 ? n - i0 : 1024;
-        opf_cpu_load_f32(s->x, s->dt, i0, len, v);
-        float b = nvfp4_amax(v, len);
-        if (b > a) a = b;
-    }
-    return a;
+    return opf_cpu_input_amax(s->x, s->dt, s->m * s->k, s->threads);
 }
 
-/* A_col with RHT: amax of the bf16-rounded rotated values. */
-static float nvfp4_amax_rht(const nvfp4_src *s)
+/* Loads the 16 x w input tile at (m0, k0) into t (row stride CP). */
+static void nvfp4_load_group(const nvfp4_src *s, int64_t m0, int64_t k0, int64_t w, float *t)
 {
-    float a = 0.0f;
-#pragma omp parallel for num_threads(s->threads) reduction(max : a) schedule(static)
-    for (int64_t m0 = 0; m0 < s->m; m0 += NVFP4_BLOCK) {
-        float t[16][16], v[16];
-        for (int64_t k0 = 0; k0 < s->k; k0 += NVFP4_BLOCK) {
-            nvfp4_load_tile(s, m0, k0, t);
-            for (int j = 0; j < NVFP4_BLOCK; j++) {
-                nvfp4_col_block(s, t, j, v);
-                float b = nvfp4_amax(v, NVFP4_BLOCK);
-                if (b > a) a = b;
-            }
+    for (int r = 0; r < BLK; r++)
+        opf_cpu_load_f32(s->x, s->dt, (m0 + r) * s->k + k0, w, t + r * CP);
+}
+
+/* With RHT (3.4.3), each column of the loaded tile becomes its rotated
+ * block, rounded to bf16 first (exact for bf16 inputs; the anchor only
+ * accepts bf16). */
+static void nvfp4_rotate_group(const nvfp4_src *s, int64_t w, float *t)
+{
+    if (!s->rht) return;
+    if (s->dt != OPF_BF16)
+        for (int r = 0; r < BLK; r++) {
+            float *restrict row = t + r * CP;
+#pragma omp simd
+            for (int64_t k = 0; k < w; k++)
+                row[k] = opf_bf16_to_f32_impl(opf_f32_to_bf16_impl(row[k]));
+        }
+    opf_rht16_cols(t, CP, t, CP, w, s->sign_mask);
+}
+
+/* b[k] = amax of column k of the 16 x w tile t (row stride CP). */
+static void nvfp4_column_amax(const float *t, int64_t w, float *b)
+{
+    int32_t cm[CP];
+    for (int64_t k = 0; k < w; k++) cm[k] = 0;
+    for (int r = 0; r < BLK; r++) {
+        const float *restrict row = t + r * CP;
+#pragma omp simd
+        for (int64_t k = 0; k < w; k++) {
+            int32_t key = opf_cpu_amax_key(row[k]);
+            cm[k] = key > cm[k] ? key : cm[k];
         }
     }
-    return a;
+    for (int64_t k = 0; k < w; k++) b[k] = opf_bits_f32((uint32_t)cm[k]);
+}
+
+/* With RHT, one pass gives both amaxes: A_row of the input and A_col of the
+ * bf16-rounded rotated values. */
+static void nvfp4_amax_rht(const nvfp4_src *s, float *a_row, float *a_col)
+{
+    int64_t ng = s->m / BLK, nc = opf_ceil_div(s->k, CP);
+    float ar = 0.0f, ac = 0.0f;
+#pragma omp parallel for num_threads(s->threads) reduction(max : ar, ac) schedule(static)
+    for (int64_t t = 0; t < ng * nc; t++) {
+        int64_t m0 = t / nc * BLK, k0 = t % nc * CP, w = min64(CP, s->k - k0);
+        float tile[BLK * CP];
+        nvfp4_load_group(s, m0, k0, w, tile);
+        for (int r = 0; r < BLK; r++) {
+            float b = opf_cpu_amax(tile + r * CP, w);
+            ar = b > ar ? b : ar;
+        }
+        nvfp4_rotate_group(s, w, tile);
+        for (int r = 0; r < BLK; r++) {
+            float b = opf_cpu_amax(tile + r * CP, w);
+            ac = b > ac ? b : ac;
+        }
+    }
+    *a_row = ar;
+    *a_col = ac;
 }
 
 static void nvfp4_rowwise_1d(const nvfp4_src *s, const nvfp4_dst *d)
 {
 #pragma omp parallel for num_threads(s->threads) schedule(static)
     for (int64_t m = 0; m < s->m; m++) {
-        float v[16];
-        for (int64_t k0 = 0; k0 < s->k; k0 += NVFP4_BLOCK) {
-            opf_cpu_load_f32(s->x, s->dt, m * s->k + k0, NVFP4_BLOCK, v);
-            nvfp4_block_1d(s, d, m, k0, v);
+        float v[RUN];
+        for (int64_t k0 = 0; k0 < s->k; k0 += RUN) {
+            int64_t n = min64(RUN, s->k - k0);
+            opf_cpu_load_f32(s->x, s->dt, m * s->k + k0, n, v);
+            opf_cpu_prefetch(s->x, s->dt, m * s->k + k0 + n, RUN, s->m * s->k);
+            nvfp4_row_run(s, d, m, k0, n, v);
         }
     }
 }
 
-/* Columnwise copy [K, M]: block (k, m0..m0+15) is column k of the tile. */
-static void nvfp4_colwise_1d(const nvfp4_src *s, const nvfp4_dst *d)
+/* What a pass over 16-row groups writes: the rowwise copy of 1D blocks
+ * (row1d), and for 2D tiles or the columnwise copy the codes of the group,
+ * scaled per column (2D: per tile, a function of the column too). */
+typedef struct nvfp4_pass {
+    const nvfp4_dst *row1d;  /* rowwise 1x16 blocks, or NULL */
+    const nvfp4_dst *row2d;  /* rowwise copy of 16x16 tiles, or NULL */
+    const nvfp4_dst *col;    /* columnwise copy, or NULL */
+    bool             two_d;
+} nvfp4_pass;
+
+/* The per-column encode factors of one group: 1D columnwise blocks (the
+ * scales go to the columnwise copy), or 16x16 tiles (to both copies). */
+static void nvfp4_group_scales(const nvfp4_pass *p, const float *t, int64_t m0, int64_t k0,
+                               int64_t w, float *enc)
 {
+    float b[CP], eb[CP / BLK];
+    uint8_t sf[CP];
+    nvfp4_column_amax(t, w, b);
+    if (!p->two_d) {
+        nvfp4_block_scales(b, w, &p->col->g, sf, enc);
+        for (int64_t k = 0; k < w; k++) nvfp4_put_scale(p->col, k0 + k, m0 / BLK, sf[k]);
+        return;
+    }
+    const nvfp4_dst *any = p->row2d ? p->row2d : p->col;
+    for (int64_t j = 0; j < w / BLK; j++) b[j] = opf_cpu_amax(b + j * BLK, BLK);
+    nvfp4_block_scales(b, w / BLK, &any->g, sf, eb);
+    for (int64_t j = 0; j < w / BLK; j++) {
+        for (int i = 0; i < BLK; i++) enc[j * BLK + i] = eb[j];
+        for (int i = 0; p->row2d && i < BLK; i++)
+            nvfp4_put_scale(p->row2d, m0 + i, (k0 / BLK) + j, sf[j]);
+        for (int i = 0; p->col && i < BLK; i++)
+            nvfp4_put_scale(p->col, k0 + j * BLK + i, m0 / BLK, sf[j]);
+    }
+}
+
+/* The random bytes of the group's codes: 2D tiles draw with the rowwise
+ * indices (copy 0), columnwise blocks with theirs (see the file comment). */
+static void nvfp4_group_random(const nvfp4_src *s, const nvfp4_pass *p, int64_t m0, int64_t k0,
+                               int64_t w, uint8_t *r8)
+{
+    uint8_t b[16];
+    if (p->two_d) {
+        for (int r = 0; r < BLK; r++)
+            for (int64_t j = 0; j < w / BLK; j++)
+                nvfp4_random16(s, 0, (uint64_t)((m0 + r) * s->k + k0) / BLK + j,
+                               r8 + r * CP + j * BLK);
+        return;
+    }
+    for (int64_t k = 0; k < w; k++) {
+        nvfp4_random16(s, 1, (uint64_t)((k0 + k) * s->m + m0) / BLK, b);
+        for (int r = 0; r < BLK; r++) r8[r * CP + k] = b[r];
+    }
+}
+
+/* One 16-row group at (m0, k0), w columns: rowwise 1D blocks of its rows,
+ * then the codes scaled per column; the 2D rowwise copy takes them along
+ * the rows, the columnwise copy as pairs of rows packed into 8 rows of pk
+ * (row stride CP), to be transposed by the caller. */
+static void nvfp4_group(const nvfp4_src *s, const nvfp4_pass *p, int64_t m0, int64_t k0,
+                        int64_t w, uint8_t *pk)
+{
+    float t[BLK * CP], enc[CP];
+    uint8_t codes[BLK * CP], r8[BLK * CP];
+    nvfp4_load_group(s, m0, k0, w, t);
+    /* The rowwise copy takes the input rows, before any rotation. */
+    for (int r = 0; p->row1d && r < BLK; r++) nvfp4_row_run(s, p->row1d, m0 + r, k0, w, t + r * CP);
+    if (!p->row2d && !p->col) return;
+    nvfp4_rotate_group(s, w, t);
+    nvfp4_group_scales(p, t, m0, k0, w, enc);
+    bool sr = (p->col ? p->col : p->row2d)->stochastic;
+    if (sr) nvfp4_group_random(s, p, m0, k0, w, r8);
+    for (int r = 0; r < BLK; r++)
+        nvfp4_codes(t + r * CP, enc, w, sr ? r8 + r * CP : NULL, codes + r * CP);
+    if (p->row2d)
+        for (int r = 0; r < BLK; r++)
+            nvfp4_pack(codes + r * CP, w, p->row2d->data + ((m0 + r) * s->k + k0) / 2);
+    if (!p->col) return;
+    for (int j = 0; j < BLK / 2; j++) {
+        const uint8_t *restrict lo = codes + 2 * j * CP, *restrict hi = lo + CP;
+        uint8_t *restrict out = pk + j * CP;
+#pragma omp simd
+        for (int64_t k = 0; k < w; k++) out[k] = (uint8_t)(lo[k] | hi[k] << 4);
+    }
+}
+
+/* The passes over 16-row groups, in work items of GROUPS groups x CP
+ * columns; the columnwise bytes of a work item are transposed into [K, M/2]
+ * at its end, 8 * GROUPS bytes per columnwise row. */
+static void nvfp4_group_pass(const nvfp4_src *s, const nvfp4_pass *p)
+{
+    int64_t rows = GROUPS * BLK, ni = opf_ceil_div(s->m, rows), nc = opf_ceil_div(s->k, CP);
 #pragma omp parallel for num_threads(s->threads) schedule(static)
-    for (int64_t m0 = 0; m0 < s->m; m0 += NVFP4_BLOCK) {
-        float t[16][16], v[16];
-        for (int64_t k0 = 0; k0 < s->k; k0 += NVFP4_BLOCK) {
-            nvfp4_load_tile(s, m0, k0, t);
-            for (int j = 0; j < NVFP4_BLOCK; j++) {
-                nvfp4_col_block(s, t, j, v);
-                nvfp4_block_1d(s, d, k0 + j, m0, v);
-            }
-        }
-    }
-}
-
-/* Quantizes one 16x16 tile (3.4.4) into codes[i][j] and returns its scale. */
-static uint8_t nvfp4_tile_2d(const nvfp4_src *s, const nvfp4_global *g, bool sr, int64_t m0,
-                             int64_t k0, uint8_t codes[16][16])
-{
-    float t[16][16], enc;
-    nvfp4_load_tile(s, m0, k0, t);
-    uint8_t sf = nvfp4_block_scale(nvfp4_amax(&t[0][0], 256), g, &enc);
-    for (int i = 0; i < NVFP4_BLOCK; i++) {
-        uint8_t r8[16];
-        if (sr) nvfp4_random16(s, 0, (uint64_t)((m0 + i) * s->k + k0) / NVFP4_BLOCK, r8);
-        nvfp4_cast(t[i], NVFP4_BLOCK, enc, sr ? r8 : NULL, codes[i]);
-    }
-    return sf;
-}
-
-/* 2D: each tile is quantized once and written to whichever copies exist
- * (row or col NULL when absent); both share the same global scale. */
-static void nvfp4_quantize_2d(const nvfp4_src *s, const nvfp4_dst *row, const nvfp4_dst *col)
-{
-    const nvfp4_dst *any = row ? row : col;
-#pragma omp parallel for num_threads(s->threads) schedule(static)
-    for (int64_t m0 = 0; m0 < s->m; m0 += NVFP4_BLOCK) {
-        uint8_t codes[16][16], ct[16];
-        for (int64_t k0 = 0; k0 < s->k; k0 += NVFP4_BLOCK) {
-            uint8_t sf = nvfp4_tile_2d(s, &any->g, any->stochastic, m0, k0, codes);
-            for (int i = 0; row && i < NVFP4_BLOCK; i++) {
-                nvfp4_put16(row, m0 + i, k0, codes[i]);
-                nvfp4_put_scale(row, m0 + i, k0 / NVFP4_BLOCK, sf);
-            }
-            for (int j = 0; col && j < NVFP4_BLOCK; j++) {
-                for (int i = 0; i < NVFP4_BLOCK; i++) ct[i] = codes[i][j];
-                nvfp4_put16(col, k0 + j, m0, ct);
-                nvfp4_put_scale(col, k0 + j, m0 / NVFP4_BLOCK, sf);
-            }
-        }
+    for (int64_t t = 0; t < ni * nc; t++) {
+        int64_t m0 = t / nc * rows, k0 = t % nc * CP, w = min64(CP, s->k - k0);
+        int64_t ng = min64(GROUPS, (s->m - m0) / BLK);
+        uint8_t pk[GROUPS * BLK / 2 * CP];
+        for (int64_t g = 0; g < ng; g++)
+            nvfp4_group(s, p, m0 + g * BLK, k0, w, pk + g * (BLK / 2) * CP);
+        if (p->col)
+            opf_transpose_bytes(pk, CP, p->col->data + (k0 * p->col->cols + m0) / 2,
+                                p->col->cols / 2, ng * BLK / 2, w);
     }
 }
 
@@ -363,8 +455,8 @@ static opf_status nvfp4_amaxes(opf_ctx *ctx, const opf_quantizer *q, const nvfp4
 {
     float a[2];
     int n = 0;
-    a[n++] = nvfp4_amax_rows(s);
-    if (s->rht) a[n++] = nvfp4_amax_rht(s);
+    if (s->rht) nvfp4_amax_rht(s, &a[0], &a[1]), n = 2;
+    else a[n++] = nvfp4_amax_rows(s);
     if (q->amax_reduce) {
         opf_status st = q->amax_reduce(q->amax_reduce_user, a, n);
         if (st != OPF_OK)
@@ -402,11 +494,15 @@ opf_status opf_cpu_quantize_nvfp4(opf_ctx *ctx, const opf_quantizer *q, const op
     nvfp4_dst dr = {0}, dc = {0};
     if (row) dr = nvfp4_make_dst(out, &L, false, a_row, q->stochastic);
     if (col) dc = nvfp4_make_dst(out, &L, true, a_col, q->stochastic);
-    if (is2d) {
-        nvfp4_quantize_2d(&s, row ? &dr : NULL, col ? &dc : NULL);
+    /* Rowwise 1D blocks alone stream row by row; everything else runs over
+     * 16-row groups, which also give the rowwise blocks when both copies
+     * are wanted, so the input is read from memory once. */
+    if (!is2d && !col) {
+        nvfp4_rowwise_1d(&s, &dr);
     } else {
-        if (row) nvfp4_rowwise_1d(&s, &dr);
-        if (col) nvfp4_colwise_1d(&s, &dc);
+        nvfp4_pass p = {!is2d && row ? &dr : NULL, is2d && row ? &dr : NULL, col ? &dc : NULL,
+                        is2d};
+        nvfp4_group_pass(&s, &p);
     }
     if (out->data[OPF_COMP_AMAX]) *(float *)out->data[OPF_COMP_AMAX] = a_row;
     if (out->data[OPF_COMP_COL_AMAX]) *(float *)out->data[OPF_COMP_COL_AMAX] = a_col;

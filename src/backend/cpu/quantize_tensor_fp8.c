@@ -10,13 +10,20 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu/cpu-impl.h"
+#include "core/codec-impl.h"
 #include "core/core-impl.h"
 #include "quant/scale-impl.h"
 
 enum {
     CHUNK = 4096,          /* elements per unit of parallel work in flat passes */
-    TILE = 64,             /* tile edge of the transposing passes */
+    TILE = 64,             /* tile edge of the dequantizing transpose */
+    STRIP_M = 512,         /* rows per strip of the transposing pass... */
+    STRIP_K = 512,         /* ...and columns: 256 KiB of bytes that stay in L2, and
+                            * runs of 512 bytes per columnwise row, which keep the
+                            * strided writes cheap (measured: shorter runs, or
+                            * strips of whole rows, were 15-60% slower) */
     PAR_MIN = 1 << 15,     /* below this many elements one thread is faster */
+    LUT_MIN = 1 << 18,     /* from this many 16-bit inputs a byte table pays off */
 };
 
 static int nthreads(opf_ctx *ctx, int64_t n)
@@ -26,72 +33,62 @@ static int nthreads(opf_ctx *ctx, int64_t n)
     return t > 0 ? t : omp_get_max_threads();
 }
 
-/* amax of a plain f32/bf16/f16 array (NaN ignored, from 0), exact. For
- * non-NaN values |x| orders like the integer bits with the sign cleared, so
- * an integer max reduction gives it; NaN patterns lie above infinity's. */
-static float input_amax(const void *x, opf_dtype dt, int64_t n, int nt)
-{
-    if (dt == OPF_F32) {
-        const uint32_t *u = x;
-        uint32_t m = 0;
-#pragma omp parallel for simd num_threads(nt) reduction(max : m) schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t a = u[i] & 0x7FFFFFFFu;
-            a = a > 0x7F800000u ? 0u : a;
-            m = a > m ? a : m;
-        }
-        return opf_bits_f32(m);
-    }
-    const uint16_t *h = x;
-    unsigned inf = dt == OPF_BF16 ? 0x7F80u : 0x7C00u, m = 0;
-#pragma omp parallel for simd num_threads(nt) reduction(max : m) schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        unsigned a = h[i] & 0x7FFFu;
-        a = a > inf ? 0u : a;
-        m = a > m ? a : m;
-    }
-    return dt == OPF_BF16 ? opf_bf16_to_f32((uint16_t)m) : opf_f16_to_f32((uint16_t)m);
-}
-
-/* q[i] = cvt(fl(x_f[i] * s)) over the flat tensor. */
-static void cast_flat(const void *x, opf_dtype dt, int64_t n, float s, opf_dtype qd, uint8_t *q,
-                      int nt)
+/* q = cvt(fl(x_f * s)) over the flat tensor, straight from the input dtype;
+ * the columnwise copy, when wanted, is transposed from q afterwards (a pass
+ * over the bytes costs less than casting in short strided strips). lut, if
+ * not NULL, holds the byte of every 16-bit input pattern. */
+static void cast_flat(const void *x, opf_dtype dt, int64_t n, float s, opf_dtype qd,
+                      const uint8_t *lut, uint8_t *q, int nt)
 {
     int64_t nchunks = opf_ceil_div(n, CHUNK);
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t c = 0; c < nchunks; c++) {
-        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
-        if (dt == OPF_F32) {
-            opf_fp8_scale_cast((const float *)x + i0, len, s, qd, q + i0);
+    for (int64_t k = 0; k < nchunks; k++) {
+        int64_t i0 = k * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        if (lut) {
+            const uint16_t *restrict h = (const uint16_t *)x + i0;
+            uint8_t *restrict out = q + i0;
+            for (int64_t i = 0; i < len; i++) out[i] = lut[h[i]];
         } else {
-            float buf[CHUNK];
-            opf_cpu_load_f32(x, dt, i0, len, buf);
-            opf_fp8_scale_cast(buf, len, s, qd, q + i0);
+            opf_cpu_fp8_cast_from(x, dt, i0, len, s, qd, q + i0);
         }
     }
 }
 
-/* Both copies in one pass over TILE x TILE tiles: the tile's bytes go to the
- * rowwise data as rows and to the columnwise data [K, M] transposed. The
- * local byte tile keeps the transposed reads in cache (rows of a large
- * power-of-two stride would all map to the same cache set). */
-static void cast_both(const void *x, opf_dtype dt, int64_t M, int64_t K, float s, opf_dtype qd,
-                      uint8_t *q, uint8_t *qt, int nt)
+/* Without wide SIMD (SSE2 only: a portable build), casting a 16-bit input
+ * costs more than looking its byte up: one scale for every element, so each
+ * of the 65536 input patterns has one output byte, cast once into lut by the
+ * same code. With AVX2 or more the vector cast is as fast or faster. */
+static const uint8_t *byte_table(const void *x, opf_dtype dt, int64_t n, float s, opf_dtype qd,
+                                 uint8_t lut[65536])
 {
-    int64_t tm = opf_ceil_div(M, TILE), tk = opf_ceil_div(K, TILE);
+#if defined(__AVX2__)
+    (void)x, (void)dt, (void)n, (void)s, (void)qd, (void)lut;
+    return NULL;
+#else
+    (void)x;
+    if (dt == OPF_F32 || n < LUT_MIN) return NULL;
+    uint16_t h[CHUNK];
+    for (int64_t h0 = 0; h0 < 65536; h0 += CHUNK) {
+        for (int64_t i = 0; i < CHUNK; i++) h[i] = (uint16_t)(h0 + i);
+        opf_cpu_fp8_cast_from(h, dt, 0, CHUNK, s, qd, lut + h0);
+    }
+    return lut;
+#endif
+}
+
+/* The columnwise copy [K, M] from the rowwise bytes, in strips of STRIP_M
+ * rows x STRIP_K columns: the strip's lines of q stay in cache between the
+ * blocks that read them, and every row of qt receives runs of STRIP_M bytes,
+ * long enough to keep the strided writes cheap. */
+static void transpose_all(const uint8_t *q, int64_t M, int64_t K, uint8_t *qt, int nt)
+{
+    int64_t tm = opf_ceil_div(M, STRIP_M), tk = opf_ceil_div(K, STRIP_K);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t t = 0; t < tm * tk; t++) {
-        int64_t m0 = t / tk * TILE, k0 = t % tk * TILE;
-        int64_t rows = M - m0 < TILE ? M - m0 : TILE, cols = K - k0 < TILE ? K - k0 : TILE;
-        float v[TILE];
-        uint8_t b[TILE][TILE];
-        for (int64_t r = 0; r < rows; r++) {
-            opf_cpu_load_f32(x, dt, (m0 + r) * K + k0, cols, v);
-            opf_fp8_scale_cast(v, cols, s, qd, b[r]);
-            memcpy(q + (m0 + r) * K + k0, b[r], (size_t)cols);
-        }
-        for (int64_t c = 0; c < cols; c++)
-            for (int64_t r = 0; r < rows; r++) qt[(k0 + c) * M + m0 + r] = b[r][c];
+        int64_t m0 = t / tk * STRIP_M, k0 = t % tk * STRIP_K;
+        int64_t rows = M - m0 < STRIP_M ? M - m0 : STRIP_M;
+        int64_t cols = K - k0 < STRIP_K ? K - k0 : STRIP_K;
+        opf_transpose_bytes(q + m0 * K + k0, K, qt + k0 * M + m0, M, rows, cols);
     }
 }
 
@@ -127,19 +124,19 @@ opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q, con
     int64_t n = M * K;
     int nt = nthreads(ctx, n);
     const void *x = in->data[OPF_COMP_DATA];
-    float amax = input_amax(x, in->spec.dtype, n, nt), scale = 1.0f, amax_rec = 0.0f;
+    float amax = opf_cpu_input_amax(x, in->spec.dtype, n, nt), scale = 1.0f, amax_rec = 0.0f;
     opf_status st = tensor_scale(ctx, q, amax, &scale, &amax_rec);
     if (st) return st;
 
     /* The columnwise copy is the byte transpose of the rowwise one (3.2). */
     uint8_t *row = out->data[OPF_COMP_DATA];
     float scale_inv = 1.0f / scale;  /* correctly rounded, as __frcp_rn (2.3) */
+    uint8_t lut[65536];  /* 64 KiB on the caller's stack: kernels do not allocate */
+    const uint8_t *table = byte_table(x, in->spec.dtype, n, scale, q->qdtype, lut);
+    cast_flat(x, in->spec.dtype, n, scale, q->qdtype, table, row, nt);
     if (out->spec.usage & OPF_USAGE_COLUMNWISE) {
-        cast_both(x, in->spec.dtype, M, K, scale, q->qdtype, row, out->data[OPF_COMP_COL_DATA],
-                  nt);
+        transpose_all(row, M, K, out->data[OPF_COMP_COL_DATA], nt);
         *(float *)out->data[OPF_COMP_COL_SCALE_INV] = scale_inv;
-    } else {
-        cast_flat(x, in->spec.dtype, n, scale, q->qdtype, row, nt);
     }
     *(float *)out->data[OPF_COMP_SCALE_INV] = scale_inv;
     *(float *)out->data[OPF_COMP_AMAX] = amax_rec;
