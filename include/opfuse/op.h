@@ -32,13 +32,13 @@ extern "C" {
 #endif
 
 #define OPF_OP_ABI_VERSION 1
-#define OPF_OP_MAX_PARAMS  8    /* parameters of one basic op */
+#define OPF_OP_MAX_PARAMS  64   /* parameters of one basic op */
 #define OPF_OP_MAX_EXTRA   4    /* extra inputs or outputs of one basic op */
 #define OPF_OP_MAX_AUX     6    /* tensors a forward may produce for backward */
 #define OPF_OP_MAX_SAVED   8    /* tensors a context keeps */
 #define OPF_OP_MAX_QUANT   8    /* quantizers per direction */
 #define OPF_OP_ARGS_MAX    2048 /* bytes of one args struct */
-#define OPF_OP_MAX_GRADS   32   /* dx + parameter grads + extra-input grads of one (fused) op */
+#define OPF_OP_MAX_GRADS   160  /* dx + parameter grads + extra-input grads of one (fused) op */
 
 typedef struct opf_op opf_op;
 typedef struct opf_op_class opf_op_class;

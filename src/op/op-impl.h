@@ -21,6 +21,7 @@ struct opf_op {
     void               *config;       /* cls->config_size bytes, owned */
     int                 n_params;
     opf_param           params[OPF_OP_MAX_PARAMS];
+    int                 n_gemms;      /* recipe-state GEMMs: cls->n_gemms unless init sets it */
     opf_recipe_state   *rs;           /* NULL without a recipe */
     opf_recipe_kind     recipe_kind;
     opf_channel_bind    extra_in[OPF_OP_MAX_EXTRA], extra_out[OPF_OP_MAX_EXTRA];

@@ -37,6 +37,7 @@ opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *confi
     }
     if (cfg) memcpy(cfg, config, cls->config_size);
     op->cls = cls;
+    op->n_gemms = cls->n_gemms;  /* the default; init may set a per-instance count */
     op->n_extra_in = cls->n_extra_in;
     op->n_extra_out = cls->n_extra_out;
     op->config = cfg;
@@ -130,6 +131,7 @@ opf_status opf_fused_op_create(opf_ctx *ctx, const char *class_name, opf_op *con
     opf_op *op = calloc(1, sizeof *op);
     if (!op) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
     op->cls = cls;
+    op->n_gemms = cls->n_gemms;
     op->n_basic = n;
     memcpy(op->basic, basic, sizeof *basic * (size_t)n);
     op->n_extra_in = ein;
@@ -175,11 +177,11 @@ int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec 
 opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
 {
     opf_recipe_kind kind = r ? r->kind : OPF_RECIPE_NONE;
-    if (op->cls->n_gemms == 0) return OPF_OK;
+    if (op->n_gemms == 0) return OPF_OK;
     opf_recipe_state *rs = NULL;
     if (kind != OPF_RECIPE_NONE) {
         opf_status st = opf_recipe_state_create(ctx, r, op->cls->module_type, op->name,
-                                                op->cls->n_gemms, &rs);
+                                                op->n_gemms, &rs);
         if (st) return st;
     }
     opf_recipe_state_destroy(op->rs);

@@ -965,9 +965,13 @@ static void test_grouped_recast(void)
 static void test_grouped_errors(void)
 {
     opf_op *op = NULL;
-    opf_grouped_linear_config bad = {5, 16, 16, true, OPF_BF16};
+    opf_grouped_linear_config bad = {33, 16, 16, true, OPF_BF16};
     CHECK_FAILS(ctx, opf_op_create(ctx, "grouped_linear", &bad, "gb", &op), OPF_ERR_INVALID_ARG,
-                "gb", "5 groups with bias", "10 parameters");
+                "gb", "33 groups with bias", "66 parameters", "1..64");
+    CHECK(!op, "no op after a bad config");
+    bad = (opf_grouped_linear_config){65, 16, 16, false, OPF_BF16};
+    CHECK_FAILS(ctx, opf_op_create(ctx, "grouped_linear", &bad, "gb", &op), OPF_ERR_INVALID_ARG,
+                "gb", "65 groups", "65 parameters", "1..64");
     CHECK(!op, "no op after a bad config");
     op = new_grouped("moe", OPF_BF16, true, NULL);
     int64_t xs[2] = {GROWS, GIN}, wsz[2] = {GROWS, GIN + 1};
@@ -1016,6 +1020,158 @@ static void test_grouped_errors(void)
     opf_op_destroy(op);
 }
 
+/* The plain data flow of a grouped op's last forward/backward against FP64
+ * on the given (original, unquantized) x, W_g, b_g, dy: dx, dW_g, db_g and,
+ * with check_y, y, all within the fp32-GEMM tolerance (te-ops 8.1). */
+static void check_grouped_plain(const char *tag, opf_op *op, const int64_t *split, int nG,
+                                int64_t in, int64_t out, const opf_tensor *x, const opf_tensor *dy,
+                                const opf_tensor *y, const opf_tensor *dx, bool check_y)
+{
+    bool bias = opf_op_num_params(op) > nG;
+    opf_dtype dt = x->spec.dtype;
+    double *xv = values(x, 0), *gv = values(dy, 0), *yv = values(y, 0), *dxv = values(dx, 0);
+    int64_t off = 0;
+    for (int g = 0; g < nG; off += split[g], g++) {
+        int64_t m = split[g];
+        double *w = values(&opf_op_param(op, g)->value, 0), *dw = values(&opf_op_param(op, g)->grad, 0);
+        double *yr = xmalloc((size_t)(m * out + 1) * 8), *ys = xmalloc((size_t)(m * out + 1) * 8),
+               *dxr = xmalloc((size_t)(m * in + 1) * 8), *dxs = xmalloc((size_t)(m * in + 1) * 8),
+               *dwr = xmalloc((size_t)(out * in) * 8), *dws = xmalloc((size_t)(out * in) * 8);
+        ref_fprop(xv + off * in, w, m, out, in, yr, ys);
+        ref_dgrad(gv + off * out, w, m, out, in, dxr, dxs);
+        ref_wgrad(gv + off * out, xv + off * in, m, out, in, dwr, dws);
+        if (bias) {
+            double *b = values(&opf_op_param(op, nG + g)->value, 0),
+                   *db = values(&opf_op_param(op, nG + g)->grad, 0);
+            double *dbr = xmalloc((size_t)out * 8), *dbs = xmalloc((size_t)out * 8);
+            for (int64_t j = 0; j < out; j++) {
+                dbr[j] = dbs[j] = 0;
+                for (int64_t i = 0; i < m; i++)
+                    dbr[j] += gv[(off + i) * out + j], dbs[j] += fabs(gv[(off + i) * out + j]);
+            }
+            for (int64_t i = 0; i < m * out; i++) yr[i] += b[i % out], ys[i] += fabs(b[i % out]);
+            check_gemm("db", tag, db, dbr, dbs, out, dt);
+            free(b), free(db), free(dbr), free(dbs);
+        }
+        if (check_y) check_gemm("y", tag, yv + off * out, yr, ys, m * out, dt);
+        check_gemm("dx", tag, dxv + off * in, dxr, dxs, m * in, dt);
+        check_gemm("dW", tag, dw, dwr, dws, out * in, dt);
+        free(w), free(dw), free(yr), free(ys), free(dxr), free(dxs), free(dwr), free(dws);
+    }
+    free(xv), free(gv), free(yv), free(dxv);
+}
+
+/* 12 groups with bias (24 parameters, past the old limit of 8): every
+ * group's y, dx, dW, db against FP64; the recipe state holds 12 GEMMs. */
+static void test_grouped_many(void)
+{
+    enum { NG = 12, MI = 32, MO = 16 };
+    static const int64_t split[NG] = {16, 0, 32, 16, 48, 16, 0, 32, 16, 16, 64, 32};
+    int64_t rows = 0;
+    for (int g = 0; g < NG; g++) rows += split[g];
+    opf_grouped_linear_config c = {NG, MI, MO, true, OPF_F32};
+    opf_op *op = NULL;
+    CHECK_OK(ctx, opf_op_create(ctx, "grouped_linear", &c, "experts12", &op));
+    if (!op) return;
+    CHECK(opf_op_num_params(op) == 2 * NG && op->n_gemms == NG, "12 groups: 24 parameters, 12 GEMMs");
+    for (int i = 0; i < NG; i++) {
+        opf_tensor b = rand_tensor(1, (int64_t[]){MO}, OPF_F32, 0.5f);
+        memcpy(opf_op_param(op, NG + i)->value.data[0], b.data[0], MO * sizeof(float));
+        opf_tensor_release(&b);
+    }
+    opf_tensor x = rand_tensor(2, (int64_t[]){rows, MI}, OPF_F32, 2.0f),
+               dy = rand_tensor(2, (int64_t[]){rows, MO}, OPF_F32, 0.5f), sp = split_tensor(split, NG),
+               y, dx, dsp;
+    opf_fwd_env env = {.ctx = ctx, .x = &x, .extra_in = {&sp}, .requires_grad = true};
+    opf_op_ctx oc = {0};
+    CHECK_OK(ctx, opf_op_forward(op, &env, &oc, &y));
+    const opf_tensor *aux[OPF_OP_MAX_AUX] = {NULL, NULL, NULL, &oc.saved[0]};
+    conform_fwd("grouped 12", op, &y, aux);
+    opf_bwd_env be = {.ctx = ctx, .dy = &dy};
+    opf_op_zero_grad(op);
+    CHECK_OK(ctx, opf_op_backward(op, &oc, &be, &dx, &dsp));
+    bool has[2 * NG];
+    for (int i = 0; i < 2 * NG; i++) has[i] = true;
+    conform_bwd("grouped 12", op, &dx, has);
+    check_grouped_plain("grouped 12", op, split, NG, MI, MO, &x, &dy, &y, &dx, true);
+    opf_recipe cur = opf_recipe_default(OPF_RECIPE_CURRENT);
+    CHECK_OK(ctx, opf_op_reset_recipe(ctx, op, &cur));
+    opf_quantizer q11 = op_q(op, OPF_ROLE_GRAD_OUTPUT, NG - 1);
+    CHECK(opf_op_recipe_state(op) && q11.scaling == OPF_SCALING_TENSOR,
+          "grouped 12: the recipe state has a quantizer for GEMM 11");
+    opf_tensor *t[] = {&x, &dy, &sp, &y, &dx};
+    for (int i = 0; i < 5; i++) opf_tensor_release(t[i]);
+    opf_op_destroy(op);
+}
+
+/* The recipe's backward override (numerics 3.7): the forward is bitwise the
+ * same; high_precision grads are plain GEMMs on the original x, W_g, dy;
+ * dequantized grads (plain GEMMs on the decoded saved operands) are within
+ * the recipe's tolerance of them. */
+static void test_grouped_override(const rcase *rc)
+{
+    char tag[96];
+    opf_recipe base = make_recipe(rc);
+    opf_dtype dt = OPF_BF16;
+    opf_op *ops[3];
+    opf_tensor y[3], dx[3], dsp;
+    int64_t xs[2] = {GROWS, GIN}, ys[2] = {GROWS, GOUT};
+    opf_tensor x = rand_tensor(2, xs, dt, 1.0f), dy = rand_tensor(2, ys, dt, 1.0f), sp = split_tensor(gsplit, G);
+    for (int k = 0; k < 3; k++) {
+        opf_recipe r = base;
+        r.backward_override = (opf_backward_override)k;
+        snprintf(tag, sizeof tag, "grouped override %s %d", rc->name, k);
+        ops[k] = new_grouped("experts_ovr", dt, true, NULL);
+        for (int i = 0; i < 2 * G; i++) {  /* op 0's weights everywhere, nonzero biases */
+            opf_param *p = opf_op_param(ops[k], i), *p0 = opf_op_param(ops[0], i);
+            if (k == 0 && i >= G) {
+                opf_tensor b = rand_tensor(1, (int64_t[]){GOUT}, dt, 0.5f);
+                memcpy(p->value.data[0], b.data[0], opf_dtype_nbytes(dt, GOUT));
+                opf_tensor_release(&b);
+            }
+            if (k) memcpy(p->value.data[0], p0->value.data[0],
+                          opf_dtype_nbytes(dt, (size_t)opf_spec_numel(&p->value.spec)));
+        }
+        opf_fwd_env env = {.ctx = ctx, .x = &x, .extra_in = {&sp}, .recipe = &r, .requires_grad = true};
+        opf_op_ctx oc = {0};
+        CHECK_OK(ctx, opf_op_forward(ops[k], &env, &oc, &y[k]));
+        /* high precision saves no packs: the plain x and the parameters */
+        const opf_tensor *aux[OPF_OP_MAX_AUX] = {k == 1 ? &AUX_UNSAVED : &oc.saved[2],
+                                                 k == 1 ? &AUX_UNSAVED : &oc.saved[1], NULL, &oc.saved[0]};
+        conform_fwd(tag, ops[k], &y[k], aux);
+        CHECK(k != 1 || (!oc.saved[1].data[0] && oc.saved[2].spec.scaling == OPF_SCALING_NONE &&
+                         oc.saved[2].data[0] == x.data[0]),
+              "%s: high precision keeps the original input, no packs", tag);
+        opf_bwd_env be = {.ctx = ctx, .dy = &dy};
+        opf_op_zero_grad(ops[k]);
+        set_rng(OFF0);
+        CHECK_OK(ctx, opf_op_backward(ops[k], &oc, &be, &dx[k], &dsp));
+        bool has[2 * G];
+        for (int i = 0; i < 2 * G; i++) has[i] = true;
+        conform_bwd(tag, ops[k], &dx[k], has);
+        CHECK(dx[k].spec.scaling == OPF_SCALING_NONE && dx[k].spec.dtype == dt, "%s: dx is plain", tag);
+        CHECK(bits_equal(&y[k], &y[0]), "%s: the forward is bitwise unchanged", tag);
+    }
+    CHECK(!bits_equal(&dx[1], &dx[0]) && !bits_equal(&dx[2], &dx[0]),
+          "grouped override %s: the overrides change the backward", rc->name);
+    snprintf(tag, sizeof tag, "grouped override %s high_precision", rc->name);
+    check_grouped_plain(tag, ops[1], gsplit, G, GIN, GOUT, &x, &dy, &y[1], &dx[1], false);
+    snprintf(tag, sizeof tag, "grouped override %s dequantized", rc->name);
+    double *a = values(&dx[2], 0), *b = values(&dx[1], 0);
+    check_fro("dx", tag, a, b, GROWS * GIN, rc->qtol_bwd);
+    free(a), free(b);
+    for (int i = 0; i < 2 * G; i++) {
+        if (i < G && !gsplit[i]) continue;
+        int64_t n = opf_spec_numel(&opf_op_param(ops[1], i)->grad.spec);
+        a = values(&opf_op_param(ops[2], i)->grad, 0), b = values(&opf_op_param(ops[1], i)->grad, 0);
+        check_fro(i < G ? "dW" : "db", tag, a, b, n, rc->qtol_bwd);
+        free(a), free(b);
+    }
+    for (int k = 0; k < 3; k++) opf_tensor_release(&y[k]), opf_tensor_release(&dx[k]), opf_op_destroy(ops[k]);
+    opf_tensor *t[] = {&x, &dy, &sp};
+    for (int i = 0; i < 3; i++) opf_tensor_release(t[i]);
+}
+
 int main(void)
 {
     opf_ctx_options o = opf_ctx_options_default();
@@ -1045,6 +1201,9 @@ int main(void)
     test_grouped_case(&recipes[3], OPF_F16, false);
     test_grouped_recast();
     test_grouped_errors();
+    test_grouped_many();
+    for (int ri = 3; ri < N_RECIPES; ri++)  /* every recipe that allows an override */
+        if (recipes[ri].dtypes & DT(OPF_BF16)) test_grouped_override(&recipes[ri]);
     opf_ctx_destroy(ctx);
     TEST_DONE();
 }

@@ -18,9 +18,22 @@
  * hands neighbours no input / grad-output quantizer (one quantizer cannot
  * cover G groups). The bias is added in the GEMM epilogue in its own dtype.
  *
- * Limits of the op contract: parameters are at most OPF_OP_MAX_PARAMS (so G
- * <= 8, or <= 4 with bias), and the class's n_gemms is fixed, so the recipe
- * state is built for GL_MAX GEMMs and groups use the first G.
+ * Limits: parameters are at most OPF_OP_MAX_PARAMS (so G <= 64, or <= 32
+ * with bias); init sets the op's own GEMM count to G, so its recipe state
+ * holds exactly G quantizers per role. The G weights (and biases) do not fit
+ * one args struct (OPF_OP_ARGS_MAX): the args carry group 0's weight and
+ * bias (their specs are every group's) and a reference to the op's
+ * parameter array, from which the real half reads group g's tensors.
+ *
+ * Backward override (the recipe's backward_override, numerics.md 3.7; as in
+ * basic_linear.c): fprop is quantized as always, x_g and W_g with rowwise
+ * copies only; the backward quantizes nothing (dy stays plain, dx is plain)
+ * and dgrad / wgrad are plain GEMMs per group on
+ *   high_precision  the original x (as it came, decoded if it came
+ *                   quantized) and the parameters W_g, saved instead of
+ *                   the packs;
+ *   dequantized     the saved packs' rowwise copies decoded to the
+ *                   activation dtype.
  *
  * Weights: Kaiming-uniform per group, with the Philox mapping of
  * basic_linear.c (one rng_advance per weight); biases start at zero. */
@@ -34,44 +47,49 @@
 
 typedef struct grouped_fwd {
     opf_tensor    x;              /* [..., in]: plain, or quantized (decoded into aux[2]) */
-    opf_tensor    p[GL_MAX];      /* weight0..G-1, then bias0..G-1 */
+    opf_tensor    w0, b0;         /* group 0's weight and bias (absent without): every group's specs */
+    opf_param    *params;         /* the op's weight0..G-1, then bias0..G-1 */
     opf_quantizer x_q, w_q;       /* group 0's; under delayed scaling group g uses slot + 3g */
     int64_t       rows[GL_MAX];   /* split sizes */
     int64_t       groups;
+    int64_t       ovr;            /* opf_backward_override: what setup_context saves */
     bool          bias, wgrad;
 } grouped_fwd;
 
-#define GL_P(st, i) OPF_F(st, p[i], OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL)
-#define GL_PS(st) GL_P(st, 0), GL_P(st, 1), GL_P(st, 2), GL_P(st, 3), GL_P(st, 4), GL_P(st, 5), \
-                  GL_P(st, 6), GL_P(st, 7)
-#define GL_ROWS(st) OPF_F_INT(st, rows[0]), OPF_F_INT(st, rows[1]), OPF_F_INT(st, rows[2]), \
-                    OPF_F_INT(st, rows[3]), OPF_F_INT(st, rows[4]), OPF_F_INT(st, rows[5]), \
-                    OPF_F_INT(st, rows[6]), OPF_F_INT(st, rows[7])
-_Static_assert(GL_MAX == 8, "the schema tables list 8 parameters and 8 groups");
+#define GL_R8(st, b) OPF_F_INT(st, rows[b + 0]), OPF_F_INT(st, rows[b + 1]), \
+    OPF_F_INT(st, rows[b + 2]), OPF_F_INT(st, rows[b + 3]), OPF_F_INT(st, rows[b + 4]), \
+    OPF_F_INT(st, rows[b + 5]), OPF_F_INT(st, rows[b + 6]), OPF_F_INT(st, rows[b + 7])
+#define GL_ROWS(st) GL_R8(st, 0), GL_R8(st, 8), GL_R8(st, 16), GL_R8(st, 24), GL_R8(st, 32), \
+                    GL_R8(st, 40), GL_R8(st, 48), GL_R8(st, 56)
+#define GL_W(st) OPF_F_TENSOR(st, w0), OPF_F(st, b0, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL), \
+                 OPF_F(st, params, OPF_FIELD_REF, 0)
+_Static_assert(GL_MAX == 64, "the schema tables list 64 groups");
 
 static const opf_field grouped_fwd_fields[] = {
-    OPF_F_TENSOR_Q(grouped_fwd, x), GL_PS(grouped_fwd),
+    OPF_F_TENSOR_Q(grouped_fwd, x), GL_W(grouped_fwd),
     OPF_F_QUANT(grouped_fwd, x_q),  OPF_F_QUANT(grouped_fwd, w_q),
-    GL_ROWS(grouped_fwd),           OPF_F_INT(grouped_fwd, groups),
+    GL_ROWS(grouped_fwd),           OPF_F_INT(grouped_fwd, groups), OPF_F_INT(grouped_fwd, ovr),
     OPF_F_BOOL(grouped_fwd, bias),  OPF_F_BOOL(grouped_fwd, wgrad)};
 OPF_SCHEMA(grouped_fwd_schema, grouped_fwd, grouped_fwd_fields);
 
 typedef struct grouped_bwd {
     opf_tensor    dy;             /* [..., out], plain or quantized (decoded) */
     opf_tensor    x;              /* saved: plain x, or the pack of quantized x_g; absent without wgrad */
-    opf_tensor    wpack;          /* saved pack of quantized W_g; absent: plain p[] */
-    opf_tensor    p[GL_MAX];      /* weights then biases: plain operands, gradient specs */
+    opf_tensor    wpack;          /* saved pack of quantized W_g; absent: the plain parameters */
+    opf_tensor    w0, b0;         /* group 0's weight and bias: gradient specs */
+    opf_param    *params;         /* the op's parameters: plain operands */
     opf_quantizer x_q, w_q, dy_q; /* group 0's (pack layouts; dy quantization) */
     int64_t       rows[GL_MAX];
     int64_t       groups;
+    int64_t       ovr;            /* opf_backward_override: decode packs, quantize nothing */
     int           act_dtype;
     bool          bias, wgrad;
 } grouped_bwd;
 static const opf_field grouped_bwd_fields[] = {
     OPF_F_TENSOR_Q(grouped_bwd, dy), OPF_F(grouped_bwd, x, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL),
-    OPF_F(grouped_bwd, wpack, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL), GL_PS(grouped_bwd),
+    OPF_F(grouped_bwd, wpack, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL), GL_W(grouped_bwd),
     OPF_F_QUANT(grouped_bwd, x_q),   OPF_F_QUANT(grouped_bwd, w_q), OPF_F_QUANT(grouped_bwd, dy_q),
-    GL_ROWS(grouped_bwd),            OPF_F_INT(grouped_bwd, groups),
+    GL_ROWS(grouped_bwd),            OPF_F_INT(grouped_bwd, groups), OPF_F_INT(grouped_bwd, ovr),
     OPF_F_ENUM(grouped_bwd, act_dtype), OPF_F_BOOL(grouped_bwd, bias),
     OPF_F_BOOL(grouped_bwd, wgrad)};
 OPF_SCHEMA(grouped_bwd_schema, grouped_bwd, grouped_bwd_fields);
@@ -79,7 +97,7 @@ OPF_SCHEMA(grouped_bwd_schema, grouped_bwd, grouped_bwd_fields);
 /* aux slots of the forward, saved slots, attrs */
 enum { AUX_XPACK, AUX_WPACK, AUX_XDEC, AUX_ROWS };
 enum { SV_ROWS, SV_WPACK, SV_X, SV_COUNT };
-enum { AT_ACT_DTYPE, AT_WGRAD, AT_QUANTIZED, AT_ROWS };
+enum { AT_ACT_DTYPE, AT_WGRAD, AT_QUANTIZED, AT_ROWS, AT_OVERRIDE };
 
 static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
@@ -147,9 +165,9 @@ static void x_specs(const int64_t *rows, int G, int64_t in, opf_dtype dt, opf_sp
     for (int g = 0; g < G; g++) out[g] = opf_spec_make(2, (int64_t[]){rows[g], in}, dt);
 }
 
-static void w_specs(const opf_tensor *p, int G, opf_spec *out)
+static void w_specs(const opf_tensor *w0, int G, opf_spec *out)
 {
-    for (int g = 0; g < G; g++) out[g] = p[g].spec;
+    for (int g = 0; g < G; g++) out[g] = w0->spec;
 }
 
 /* Rows [off, off + m) of a plain tensor, as a 2D [m, K] view. */
@@ -215,10 +233,10 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     const opf_grouped_linear_config *c = opf_op_config(op);
     const char *name = opf_op_name(op);
     int per = c->bias ? 2 : 1;
-    if (c->groups < 1 || c->groups * per > GL_MAX)
+    if (c->groups < 1 || c->groups * per > OPF_OP_MAX_PARAMS)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": %d groups%s need %d "
                          "parameters; an op holds 1..%d", name, c->groups,
-                         c->bias ? " with bias" : "", c->groups * per, GL_MAX);
+                         c->bias ? " with bias" : "", c->groups * per, OPF_OP_MAX_PARAMS);
     if (c->in_features < 1 || c->out_features < 1)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": in_features %lld and "
                          "out_features %lld must both be >= 1", name, (long long)c->in_features,
@@ -226,6 +244,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     if (!is_float_plain(c->dtype))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": dtype %s, expected "
                          "f32, bf16 or f16", name, opf_dtype_name(c->dtype));
+    op->n_gemms = c->groups;  /* one fprop/dgrad/wgrad set per group */
     opf_spec ws = opf_spec_make(2, (int64_t[]){c->out_features, c->in_features}, c->dtype);
     opf_spec bs = opf_spec_make(1, &c->out_features, c->dtype);
     char pn[32];
@@ -248,11 +267,11 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 {
     const grouped_fwd *a = args;
     int G = (int)a->groups;
-    int64_t M, K, N = a->p[0].spec.shape[0];
+    int64_t M, K, N = a->w0.spec.shape[0];
     opf_shape_2d(&a->x.spec, &M, &K);
     opf_spec xs[GL_MAX], ws[GL_MAX], y;
     x_specs(a->rows, G, K, act_dtype(a), xs);
-    w_specs(a->p, G, ws);
+    w_specs(&a->w0, G, ws);
     opf_status st;
     if (a->x.spec.scaling != OPF_SCALING_NONE) {
         aux[AUX_XDEC] = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, act_dtype(a));
@@ -284,7 +303,7 @@ static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const
 {
     int G = (int)a->groups;
     opf_tensor xg = row_view(x, off, a->rows[g]), yg = row_view(y, off, a->rows[g]), xq, wq;
-    const opf_tensor *xo = &xg, *wo = &a->p[g];
+    const opf_tensor *xo = &xg, *wo = &a->params[g].value;
     opf_status st;
     if (is_q(&a->x_q)) {
         opf_quantizer qx = group_q(&a->x_q, g, 3), qw = group_q(&a->w_q, g, 3);
@@ -294,7 +313,7 @@ static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const
         xo = &xq, wo = &wq;
     }
     opf_gemm_options o = opf_gemm_options_default();
-    o.bias = a->bias ? &a->p[G + g] : NULL;
+    o.bias = a->bias ? &a->params[G + g].value : NULL;
     return opf_gemm(ctx, wo, xo, OPF_GEMM_TN, &o, &yg);
 }
 
@@ -318,8 +337,8 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     pack_plan px, pw;
     if (is_q(&a->x_q)) {
         opf_spec xs[GL_MAX], ws[GL_MAX];
-        x_specs(a->rows, G, a->p[0].spec.shape[1], act_dtype(a), xs);
-        w_specs(a->p, G, ws);
+        x_specs(a->rows, G, a->w0.spec.shape[1], act_dtype(a), xs);
+        w_specs(&a->w0, G, ws);
         if ((st = plan_pack(&a->x_q, xs, G, &px)) || (st = plan_pack(&a->w_q, ws, G, &pw)))
             return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
     }
@@ -406,23 +425,30 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     if (st) return st;
     const opf_recipe *r = env->recipe;
     opf_recipe_state *rs = opf_op_recipe_state(op);
-    if (r && !(rs && opf_recipe_state_recipe(rs)->kind == r->kind) &&
+    const opf_recipe *have = rs ? opf_recipe_state_recipe(rs) : NULL;
+    if (r && !(have && have->kind == r->kind && have->backward_override == r->backward_override) &&
         (st = opf_op_reset_recipe(ctx, op, r)))
         return fail(ctx, op, st);
     a->x = *env->x;
     a->groups = c->groups;
     a->bias = c->bias;
+    a->ovr = r ? r->backward_override : OPF_BACKWARD_NONE;
     a->wgrad = false;
-    for (int i = 0; i < opf_op_num_params(op); i++) {
-        a->p[i] = opf_op_param(op, i)->value;
-        a->wgrad |= i < c->groups && env->requires_grad && opf_op_param(op, i)->requires_grad;
-    }
+    a->params = opf_op_param(op, 0);
+    a->w0 = a->params[0].value;
+    if (c->bias) a->b0 = a->params[c->groups].value;
+    else memset(&a->b0, 0, sizeof a->b0);
+    for (int i = 0; i < c->groups; i++)
+        a->wgrad |= env->requires_grad && opf_op_param(op, i)->requires_grad;
     for (int g = 0; g < c->groups; g++) a->rows[g] = rows[g];
+    /* the backward reads columnwise copies only when it runs quantized GEMMs */
     const unsigned both = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+    bool bq = a->ovr == OPF_BACKWARD_NONE;
     a->x_q = a->w_q = opf_quantizer_default();
-    if (r && ((st = role_q(ctx, op, OPF_ROLE_INPUT, 3, a->wgrad ? both : OPF_USAGE_ROWWISE, &a->x_q)) ||
-              (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3, env->requires_grad ? both : OPF_USAGE_ROWWISE,
-                           &a->w_q))))
+    if (r && ((st = role_q(ctx, op, OPF_ROLE_INPUT, 3, a->wgrad && bq ? both : OPF_USAGE_ROWWISE,
+                           &a->x_q)) ||
+              (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3,
+                           env->requires_grad && bq ? both : OPF_USAGE_ROWWISE, &a->w_q))))
         return st;
     opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
     if ((st = forward_fake(a, o, x))) return fail(ctx, op, st);
@@ -433,13 +459,15 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                 const opf_tensor *outs, const opf_tensor *aux)
 {
     const grouped_fwd *a = args;
-    bool quant = is_q(&a->x_q);
+    /* high precision keeps the originals: x as it came (decoded) and the
+     * parameters, which backward reads from the op */
+    bool quant = is_q(&a->x_q), packs = quant && a->ovr != OPF_BACKWARD_HIGH_PRECISION;
     int64_t M, K;
     opf_shape_2d(&a->x.spec, &M, &K);
     opf_tensor_retain(&aux[AUX_ROWS], &octx->saved[SV_ROWS]);
-    if (quant) opf_tensor_retain(&aux[AUX_WPACK], &octx->saved[SV_WPACK]);
+    if (packs) opf_tensor_retain(&aux[AUX_WPACK], &octx->saved[SV_WPACK]);
     if (a->wgrad) {
-        const opf_tensor *x = quant ? &aux[AUX_XPACK]
+        const opf_tensor *x = packs ? &aux[AUX_XPACK]
                               : a->x.spec.scaling != OPF_SCALING_NONE ? &aux[AUX_XDEC] : &a->x;
         opf_tensor_retain(x, &octx->saved[SV_X]);
     }
@@ -448,6 +476,7 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
     octx->attrs[AT_WGRAD] = a->wgrad;
     octx->attrs[AT_QUANTIZED] = quant;
     octx->attrs[AT_ROWS] = M;
+    octx->attrs[AT_OVERRIDE] = a->ovr;
     return OPF_OK;
 }
 
@@ -457,17 +486,17 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 {
     const grouped_bwd *b = bargs;
     int G = (int)b->groups;
-    int64_t K = b->p[0].spec.shape[1];
+    int64_t K = b->w0.spec.shape[1];
     grads[0] = opf_spec_make(b->dy.spec.ndim, b->dy.spec.shape, (opf_dtype)b->act_dtype);
     grads[0].shape[grads[0].ndim - 1] = K;
     grads[0].device = b->dy.spec.device;
     for (int g = 0; g < G; g++) {
-        if (b->wgrad) grads[1 + g] = b->p[g].spec;
-        if (b->bias) grads[1 + G + g] = b->p[G + g].spec;
+        if (b->wgrad) grads[1 + g] = b->w0.spec;
+        if (b->bias) grads[1 + G + g] = b->b0.spec;
     }
     if (!is_q(&b->dy_q)) return OPF_OK;
     opf_spec ds[GL_MAX];
-    x_specs(b->rows, G, b->p[0].spec.shape[0], b->dy.spec.dtype, ds);
+    x_specs(b->rows, G, b->w0.spec.shape[0], b->dy.spec.dtype, ds);
     for (int g = 0; g < G; g++) {  /* each group's dy must quantize */
         opf_spec q;
         opf_status st = b->rows[g] ? opf_quantizer_spec(&b->dy_q, &ds[g], &q) : OPF_OK;
@@ -501,34 +530,52 @@ static opf_status plan_saved(const grouped_bwd *b, pack_plan *px, pack_plan *pw)
 {
     int G = (int)b->groups;
     opf_spec xs[GL_MAX], ws[GL_MAX];
-    x_specs(b->rows, G, b->p[0].spec.shape[1], (opf_dtype)b->act_dtype, xs);
-    w_specs(b->p, G, ws);
+    x_specs(b->rows, G, b->w0.spec.shape[1], (opf_dtype)b->act_dtype, xs);
+    w_specs(&b->w0, G, ws);
     opf_status st = b->wgrad ? plan_pack(&b->x_q, xs, G, px) : OPF_OK;
     return st ? st : plan_pack(&b->w_q, ws, G, pw);
 }
 
-/* Group g of the backward: dy_g (quantized under a recipe), dgrad into dx's
- * rows, wgrad, dbias. */
+/* A saved pack view's rowwise copy (the one fprop read) decoded into
+ * scratch in the activation dtype: a dequantized-override operand. */
+static opf_status decoded(opf_ctx *ctx, const grouped_bwd *b, const opf_tensor *q, opf_tensor *out)
+{
+    opf_spec s = opf_spec_make(q->spec.ndim, q->spec.shape, (opf_dtype)b->act_dtype);
+    s.device = q->spec.device;
+    opf_status st = scratch_tensor(ctx, &s, out);
+    return st ? st : opf_dequantize(ctx, q, OPF_USAGE_ROWWISE, out);
+}
+
+/* Group g of the backward: dy_g (quantized under a recipe without an
+ * override), dgrad into dx's rows, wgrad, dbias. The W_g / x_g operands are
+ * the saved packs (decoded under the dequantized override) or, without
+ * packs, the plain parameter and the saved plain x's rows. */
 static opf_status backward_group(opf_ctx *ctx, const grouped_bwd *b, int g, const opf_tensor *dy,
                                  int64_t off, const pack_plan *px, const pack_plan *pw,
                                  opf_tensor *grads)
 {
     int G = (int)b->groups;
-    bool quant = is_q(&b->dy_q), wgrad = b->wgrad;
+    bool packed = is_q(&b->w_q), wgrad = b->wgrad, decode = b->ovr != OPF_BACKWARD_NONE;
     opf_tensor dyg = row_view(dy, off, b->rows[g]), dxg = row_view(&grads[0], off, b->rows[g]);
-    opf_tensor dyq, wq, xq, xg;
-    const opf_tensor *dyo = &dyg, *wo = &b->p[g], *xo = &xg;
+    opf_tensor dyq, wq, xq, xg, wd, xd;
+    const opf_tensor *dyo = &dyg, *wo = &b->params[g].value, *xo = &xg;
     opf_status st = b->bias ? dbias(ctx, &dyg, &grads[1 + G + g]) : OPF_OK;
     if (st) return st;
-    if (quant) {
+    if (is_q(&b->dy_q)) {
         opf_quantizer q = group_q(&b->dy_q, g, 2);
         opf_spec s;
         if ((st = opf_quantizer_spec(&q, &dyg.spec, &s)) || (st = scratch_tensor(ctx, &s, &dyq)) ||
-            (st = opf_quantize(ctx, &q, &dyg, &dyq)) || (st = pack_view(&b->wpack, pw, g, &wq)))
+            (st = opf_quantize(ctx, &q, &dyg, &dyq)))
             return st;
-        dyo = &dyq, wo = &wq;
+        dyo = &dyq;
+    }
+    if (packed) {
+        if ((st = pack_view(&b->wpack, pw, g, &wq))) return st;
         if (wgrad && (st = pack_view(&b->x, px, g, &xq))) return st;
-        xo = &xq;
+        wo = &wq, xo = &xq;
+        if (decode && ((st = decoded(ctx, b, &wq, &wd)) || (wgrad && (st = decoded(ctx, b, &xq, &xd)))))
+            return st;
+        if (decode) wo = &wd, xo = &xd;
     } else if (wgrad) {
         xg = row_view(&b->x, off, b->rows[g]);
     }
@@ -552,7 +599,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
         dy = &dyd;
     }
     pack_plan px, pw;
-    if (is_q(&b->dy_q) && (st = plan_saved(b, &px, &pw)))
+    if (is_q(&b->w_q) && (st = plan_saved(b, &px, &pw)))
         return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
     int64_t off = 0;
     for (int g = 0; g < G; off += b->rows[g], g++) {
@@ -585,11 +632,15 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
                          "2D, the output was [%lld, %lld]", opf_op_name(op), (long long)m,
                          (long long)n, (long long)octx->attrs[AT_ROWS], (long long)c->out_features);
     bool wgrad = octx->attrs[AT_WGRAD] != 0;
+    int64_t ovr = octx->attrs[AT_OVERRIDE];
     b->dy = *dy;
     b->x = octx->saved[SV_X];
     b->wpack = octx->saved[SV_WPACK];
-    for (int i = 0; i < opf_op_num_params(op); i++) b->p[i] = opf_op_param(op, i)->value;
+    b->params = opf_op_param(op, 0);
+    b->w0 = b->params[0].value;
+    if (c->bias) b->b0 = b->params[c->groups].value;
     b->groups = c->groups;
+    b->ovr = ovr;
     b->bias = c->bias;
     b->wgrad = wgrad;
     b->act_dtype = (int)octx->attrs[AT_ACT_DTYPE];
@@ -597,13 +648,19 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     const unsigned both = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
     b->x_q = b->w_q = b->dy_q = opf_quantizer_default();
     opf_status st;
-    if (octx->attrs[AT_QUANTIZED] &&
+    bool quant = octx->attrs[AT_QUANTIZED] != 0;
+    if (quant && ovr == OPF_BACKWARD_NONE &&
         ((st = role_q(ctx, op, OPF_ROLE_INPUT, 3, wgrad ? both : OPF_USAGE_ROWWISE, &b->x_q)) ||
          (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3, both, &b->w_q)) ||
          (st = role_q(ctx, op, OPF_ROLE_GRAD_OUTPUT, 2, wgrad ? both : OPF_USAGE_ROWWISE, &b->dy_q))))
         return st;
-    opf_spec g[1 + GL_MAX + 1];
-    for (int i = 0; i < 2 + GL_MAX; i++) g[i].ndim = OPF_SPEC_NONE_NDIM;
+    /* dequantized: the packs' layouts as the forward made them (rowwise only) */
+    if (quant && ovr == OPF_BACKWARD_DEQUANTIZED &&
+        ((st = role_q(ctx, op, OPF_ROLE_INPUT, 3, OPF_USAGE_ROWWISE, &b->x_q)) ||
+         (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3, OPF_USAGE_ROWWISE, &b->w_q))))
+        return st;
+    opf_spec g[2 + OPF_OP_MAX_PARAMS];
+    for (int i = 0; i < 2 + OPF_OP_MAX_PARAMS; i++) g[i].ndim = OPF_SPEC_NONE_NDIM;
     if ((st = backward_fake(b, g))) return fail(ctx, op, st);
     return OPF_OK;
 }
@@ -616,7 +673,7 @@ const opf_op_class opf_op_class_grouped_linear = {
     .fwd_schema = &grouped_fwd_schema,
     .bwd_schema = &grouped_bwd_schema,
     .n_extra_in = 1,
-    .n_gemms = GL_MAX,
+    .n_gemms = 1,  /* the default; init sets the op's own to its group count */
     .fusible = true,
     .init = init,
     .resolve_fwd = resolve_fwd,
