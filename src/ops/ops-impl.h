@@ -14,6 +14,21 @@
 /* Registers one built-in class (used only by opf_ops_register_builtins). */
 opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 
+/* A forward-only fused class over n basic ops whose file defines the
+ * static resolve_fwd, setup_context, forward_fake and forward_impl. */
+#define OPF_FORWARD_FUSED_CLASS(cls_name, n, schema) \
+    {                                                \
+        .abi_version = OPF_OP_ABI_VERSION,           \
+        .name = cls_name,                            \
+        .fwd_schema = (schema),                      \
+        .fusible = true,                             \
+        .resolve_fwd = resolve_fwd,                  \
+        .setup_context = setup_context,              \
+        .forward_fake = forward_fake,                \
+        .forward_impl = forward_impl,                \
+        .covers = (n),                               \
+    }
+
 /* The quantizer a plan neighbour handed over, or "none". */
 static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
 {

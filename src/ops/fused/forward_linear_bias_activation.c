@@ -143,22 +143,10 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
     return opf_op_class_of(act)->setup_context(act, &octx[2], &af, outs, NULL);
 }
 
-#define FLBA_CLASS(cls_name, n)            \
-    {                                      \
-        .abi_version = OPF_OP_ABI_VERSION, \
-        .name = cls_name,                  \
-        .fwd_schema = &flba_fwd_schema,    \
-        .fusible = true,                   \
-        .resolve_fwd = resolve_fwd,        \
-        .setup_context = setup_context,    \
-        .forward_fake = forward_fake,      \
-        .forward_impl = forward_impl,      \
-        .covers = (n),                     \
-    }
-
 const opf_op_class opf_op_class_forward_linear_bias_activation =
-    FLBA_CLASS("forward_linear_bias_activation", 3);
-const opf_op_class opf_op_class_forward_linear_bias = FLBA_CLASS("forward_linear_bias", 2);
+    OPF_FORWARD_FUSED_CLASS("forward_linear_bias_activation", 3, &flba_fwd_schema);
+const opf_op_class opf_op_class_forward_linear_bias =
+    OPF_FORWARD_FUSED_CLASS("forward_linear_bias", 2, &flba_fwd_schema);
 
 /* basic_linear + bias, then gelu | relu when one follows. */
 static int match(opf_op *const *ops, int n, const opf_recipe *recipe, void *user)

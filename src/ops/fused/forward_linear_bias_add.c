@@ -93,22 +93,10 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
     return st;
 }
 
-#define FLBADD_CLASS(cls_name, n)          \
-    {                                      \
-        .abi_version = OPF_OP_ABI_VERSION, \
-        .name = cls_name,                  \
-        .fwd_schema = &flbadd_fwd_schema,  \
-        .fusible = true,                   \
-        .resolve_fwd = resolve_fwd,        \
-        .setup_context = setup_context,    \
-        .forward_fake = forward_fake,      \
-        .forward_impl = forward_impl,      \
-        .covers = (n),                     \
-    }
-
 const opf_op_class opf_op_class_forward_linear_bias_add =
-    FLBADD_CLASS("forward_linear_bias_add", 3);
-const opf_op_class opf_op_class_forward_linear_add = FLBADD_CLASS("forward_linear_add", 2);
+    OPF_FORWARD_FUSED_CLASS("forward_linear_bias_add", 3, &flbadd_fwd_schema);
+const opf_op_class opf_op_class_forward_linear_add =
+    OPF_FORWARD_FUSED_CLASS("forward_linear_add", 2, &flbadd_fwd_schema);
 
 /* basic_linear, an optional bias, then an in-place add_extra_input. */
 static int match(opf_op *const *ops, int n, const opf_recipe *recipe, void *user)

@@ -78,17 +78,8 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
     return st;
 }
 
-const opf_op_class opf_op_class_forward_linear_scale_add = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "forward_linear_scale_add",
-    .fwd_schema = &flsadd_fwd_schema,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .covers = 3,
-};
+const opf_op_class opf_op_class_forward_linear_scale_add =
+    OPF_FORWARD_FUSED_CLASS("forward_linear_scale_add", 3, &flsadd_fwd_schema);
 
 /* basic_linear, constant_scale, then an in-place add_extra_input. */
 static int match(opf_op *const *ops, int n, const opf_recipe *recipe, void *user)
