@@ -10,5 +10,6 @@
 #include "opfuse/op.h"
 #include "opfuse/ops.h"
 #include "opfuse/fuser.h"
+#include "opfuse/compile.h"
 #include "opfuse/io.h"
 #endif

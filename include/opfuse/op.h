@@ -216,6 +216,10 @@ struct opf_op_class {
     int covers;
     /* Called once on each basic op before its first plan is built. */
     void (*pre_first_forward)(opf_op *op);
+    /* forward_impl stays correct when outs[0] shares its memory with the
+     * main input x (same layout, byte for byte): a compiled graph may then
+     * run the op in place. */
+    bool inplace;
 };
 
 /* ---- fused ops ------------------------------------------------------------------

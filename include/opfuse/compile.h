@@ -1,0 +1,180 @@
+/* opfuse/compile.h: compile a seq into a static graph and replay it.
+ *
+ * opf_compile traces the seq's forward and backward plans on specs only (the
+ * ops' fakes; no tensor data is read) into a graph with one node per plan
+ * entry, plans every activation, saved tensor and gradient into one arena
+ * reserved at compile time, and then replays the same *_impl functions the
+ * eager fuser calls, with no allocation and none of the traced half:
+ *
+ *     opf_compile_options o = opf_compile_options_default();
+ *     o.max_leading = 64;                        // any batch 1..64, one graph
+ *     opf_graph *g;
+ *     opf_compile(seq, &x_spec, &call, &o, &g);  // call: recipe, grad flags, kwargs
+ *     for (...) {
+ *         opf_graph_forward(g, &x, &call, &y, NULL);   // y: a view into the arena
+ *         opf_graph_backward(g, &dy, NULL, &dx, NULL);
+ *         opf_optim_step(opt);
+ *     }
+ *     opf_graph_destroy(g);
+ *
+ * The passes (src/compile/): trace, gate, guard, plan memory, execute, dump.
+ *
+ *  - A node per plan entry records the op's args flattened through its
+ *    schema: tensor slots refer to graph values (inputs, arena values, or
+ *    memory the op owns such as parameters), value fields are baked in.
+ *    Forward and backward keep their own fusion plans; fused ops are nodes
+ *    like any other.
+ *  - Gate: an op runs as an *eager node* (its traced half re-run on every
+ *    call, inside the graph) when its class has no fake, reports an
+ *    unsupported reason, or is handed kwargs its class does not declare.
+ *    opf_graph_reasons lists them; each reason is warned once per context.
+ *  - Guard: input specs, the recipe (hence every quantizer, which are values),
+ *    the grad flags and the value fields of the kwargs form the key of a
+ *    graph. Tensor kwargs (quantized ones included) are graph inputs: their
+ *    data may change on every call. opf_compiled keeps a bounded cache of
+ *    graphs by key and recompiles on a miss.
+ *  - Dynamic leading dimension: with max_leading > 0, one graph runs any
+ *    leading size of x in [1, max_leading] (traced at the maximum, sizes
+ *    patched per call; the fakes re-check each new size once).
+ *  - Memory: liveness over the node order, in-place reuse where an op class
+ *    allows it (opf_op_class.inplace), one arena per graph.
+ *  - Delayed scaling: the amax/scale updates after forward and backward are
+ *    nodes of the graph.
+ *
+ * Outputs (y, dx, extra outputs, extra-input gradients) are views into the
+ * graph's arena, valid until the graph's next forward; releasing them is a
+ * no-op. Parameter gradients accumulate into each parameter's grad exactly
+ * as eagerly. Inputs, parameters and kwargs are never written or freed by
+ * a graph, also when an eager node runs inside it.
+ *
+ * A graph references the seq's ops and their recipe state: it stays valid
+ * while the seq is not mutated and its recipe state is not rebuilt (a
+ * forward with another recipe, opf_seq_prepare). A stale graph refuses to
+ * run (OPF_ERR_STATE); opf_compiled recompiles it.
+ */
+#ifndef OPFUSE_COMPILE_H
+#define OPFUSE_COMPILE_H
+
+#include <stdio.h>
+
+#include "opfuse/fuser.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct opf_graph opf_graph;
+
+typedef struct opf_compile_options {
+    int64_t max_leading;   /* > 0: x's leading dimension may be 1..max_leading; 0: fixed */
+    int     max_variants;  /* opf_compiled: graphs kept; 8. At the limit it warns and evicts */
+} opf_compile_options;
+
+opf_compile_options opf_compile_options_default(void);
+
+/* Compiles seq for inputs of spec *x (with max_leading > 0, x->shape[0] is
+ * replaced by max_leading) and the settings of *call: recipe, requires_grad
+ * (false: a forward-only inference graph that saves nothing for backward),
+ * input_requires_grad, extra inputs (only their specs are read) and kwargs
+ * (value fields are baked in; tensor fields become graph inputs, only their
+ * specs are read here). Builds the seq's recipe state and plans as its
+ * forward would. Errors: an op class that is not registered, specs the ops
+ * reject (the op's message), a backward pending on the seq. */
+opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
+                       const opf_compile_options *opts, opf_graph **out);
+void opf_graph_destroy(opf_graph *g);  /* NULL: no-op */
+
+/* Runs the forward graph. x, call->extra_in and the tensor kwargs must match
+ * the compiled specs (the leading size of x may vary up to max_leading) and
+ * call's recipe, grad flags and value kwargs the compiled ones; otherwise
+ * OPF_ERR_INVALID_ARG names what differs (opf_compiled recompiles instead).
+ * *y and extra_out (opf_seq_num_extra_out entries) receive arena views. */
+opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_call *call,
+                             opf_tensor *y, opf_tensor *extra_out);
+/* Runs the backward graph of the last forward (once per forward).
+ * dextra_out: gradients of the public extra outputs (NULL or entries without
+ * data count as zero). *dx (may be NULL) and dextra_in (may be NULL) receive
+ * arena views; a gradient that is not computed comes back zeroed (no data). */
+opf_status opf_graph_backward(opf_graph *g, const opf_tensor *dy, const opf_tensor *dextra_out,
+                              opf_tensor *dx, opf_tensor *dextra_in);
+
+/* ---- introspection ----------------------------------------------------------- */
+
+typedef enum opf_node_kind {
+    OPF_NODE_FORWARD = 0,     /* an op's forward_impl on baked args */
+    OPF_NODE_BACKWARD,        /* an op's backward_impl on baked args (+ parameter grads) */
+    OPF_NODE_EAGER_FORWARD,   /* the op's whole eager forward, run inside the graph */
+    OPF_NODE_EAGER_BACKWARD,
+    OPF_NODE_GRAD_ADD,        /* two gradients of one channel summed */
+    OPF_NODE_AMAX_UPDATE,     /* delayed scaling: amax history roll and new scales */
+    OPF_NODE_KIND_COUNT
+} opf_node_kind;
+
+const char *opf_node_kind_name(opf_node_kind k);
+
+typedef struct opf_graph_node_info {
+    opf_node_kind kind;
+    bool          backward;     /* part of the backward graph */
+    const char   *op_name;      /* "fc1", "forward_linear_bias_activation(fc1,fc1_bias,gelu)" */
+    const char   *class_name;   /* NULL for GRAD_ADD / AMAX_UPDATE */
+    bool          fused;        /* the op is a fused op */
+    int           first, count; /* basic ops covered (seq indices) */
+    const char   *reason;       /* eager nodes: why */
+    int           n_outputs;    /* arena values the node writes */
+} opf_graph_node_info;
+
+int opf_graph_num_nodes(const opf_graph *g);
+opf_status opf_graph_node(const opf_graph *g, int i, opf_graph_node_info *out);
+
+typedef struct opf_graph_reason {
+    const char *op_name;
+    const char *reason;
+    bool        backward;
+} opf_graph_reason;
+/* The eager nodes and their reasons; returns the count (writes at most max). */
+int opf_graph_reasons(const opf_graph *g, opf_graph_reason *out, int max);
+
+typedef struct opf_graph_stats {
+    int     n_forward, n_backward;  /* nodes of each graph */
+    int     n_eager, n_fused;       /* eager nodes; nodes of fused ops */
+    int     n_values;               /* arena values */
+    int     n_inplace;              /* values that reuse their input's storage */
+    size_t  arena_bytes;            /* the planned peak: the arena's size */
+    size_t  unplanned_bytes;        /* sum of every arena value: no reuse at all */
+    size_t  saved_bytes;            /* forward values the backward reads */
+    int64_t max_leading;            /* 0: fixed shapes */
+    bool    forward_only;
+} opf_graph_stats;
+void opf_graph_get_stats(const opf_graph *g, opf_graph_stats *out);
+
+/* Human-readable listing: one line per node with its class, fused/eager
+ * state and reason, input and output values with shapes and formats, and
+ * the memory plan. */
+opf_status opf_graph_dump(const opf_graph *g, FILE *f);
+/* Graphviz DOT of the same: fused nodes, eager nodes (with their reason),
+ * forward and backward clusters, edges labelled with shapes and formats. */
+opf_status opf_graph_dump_dot(const opf_graph *g, FILE *f);
+
+/* ---- guarded cache -------------------------------------------------------------
+ * opf_compiled wraps a seq: each call computes the guard key, runs the graph
+ * of that key, or compiles one (a recompile when the cache already held one
+ * or the graph went stale). */
+typedef struct opf_compiled opf_compiled;
+
+opf_status opf_compiled_create(opf_seq *seq, const opf_compile_options *opts, opf_compiled **out);
+void opf_compiled_destroy(opf_compiled *c);  /* NULL: no-op; the seq stays */
+opf_status opf_compiled_forward(opf_compiled *c, const opf_tensor *x, const opf_seq_call *call,
+                                opf_tensor *y, opf_tensor *extra_out);
+opf_status opf_compiled_backward(opf_compiled *c, const opf_tensor *dy,
+                                 const opf_tensor *dextra_out, opf_tensor *dx,
+                                 opf_tensor *dextra_in);
+/* Compilations after the first one. */
+int opf_compiled_recompiles(const opf_compiled *c);
+int opf_compiled_num_graphs(const opf_compiled *c);
+/* The graph the last call ran (NULL before the first). */
+opf_graph *opf_compiled_last_graph(opf_compiled *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
