@@ -75,6 +75,11 @@ void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
 /* Emits a warning through the callback (printf-style). */
 void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
 
+/* Emits a warning only the first time this context sees `key`. */
+void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...);
+/* Restarts the peak counter at the bytes live now (to measure one step). */
+void opf_ctx_alloc_reset_peak(opf_ctx *ctx);
+
 /* Raw allocation through the context's allocator (counted). */
 void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes);
 void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes);

@@ -27,6 +27,9 @@ struct opf_ctx {
     bool            caching;
     void           *cache[256];
     size_t          cached_bytes;
+    /* keys of the warnings opf_ctx_warn_once has emitted */
+    uint64_t        warned[128];
+    int             n_warned;
 };
 
 #endif

@@ -99,6 +99,23 @@ void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...)
     ctx->warn(ctx->warn_user, msg);
 }
 
+void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) h = (h ^ *p) * 0x100000001B3ull;
+    for (int i = 0; i < ctx->n_warned; i++)
+        if (ctx->warned[i] == h) return;
+    if (ctx->n_warned < (int)(sizeof ctx->warned / sizeof ctx->warned[0])) ctx->warned[ctx->n_warned++] = h;
+    char msg[OPF_ERROR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ctx->warn(ctx->warn_user, msg);
+}
+
+void opf_ctx_alloc_reset_peak(opf_ctx *ctx) { ctx->stats.bytes_peak = ctx->stats.bytes_live; }
+
 /* Size classes: 4 KiB, then four steps per power of two (at most 25% slack). */
 enum { CACHE_MAX_BYTES = 512u << 20 };
 

@@ -14,7 +14,7 @@ opf_seq_call opf_seq_call_default(void)
 }
 
 /* First basic op whose backward must run (te-ops.md 3.2). */
-static int first_requiring_backward(const opf_seq *seq, const opf_seq_call *call)
+int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call)
 {
     if (!call->requires_grad) return seq->n;
     if (call->input_requires_grad) return 0;
@@ -29,7 +29,7 @@ static int first_requiring_backward(const opf_seq *seq, const opf_seq_call *call
 }
 
 /* Recipes are equal when every value field is (the factory by identity). */
-static bool recipe_equal(const opf_recipe *a, const opf_recipe *b)
+bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b)
 {
     if (!a || !b) return a == b;
     return a->kind == b->kind && a->format == b->format && a->margin == b->margin &&
@@ -48,13 +48,13 @@ static bool recipe_equal(const opf_recipe *a, const opf_recipe *b)
  * other quantizers or other fusions) and
  * the first op needing backward. A new recipe resets every op's recipe state
  * and rebuilds the plans; a new first op rebuilds the plans only. */
-static opf_status prepare(opf_seq *seq, const opf_seq_call *call, int first_req)
+opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int first_req)
 {
     if (call->recipe) {
         opf_status st = opf_recipe_validate(call->recipe);
         if (st) return opf_error(seq->ctx, st, "seq: %s", opf_last_error(NULL));
     }
-    bool reset = !seq->key_valid || !recipe_equal(seq->has_recipe ? &seq->recipe : NULL, call->recipe);
+    bool reset = !seq->key_valid || !opf_recipe_same(seq->has_recipe ? &seq->recipe : NULL, call->recipe);
     if (reset) {
         seq->key_valid = false;
         for (int i = 0; i < seq->n; i++) {
@@ -65,6 +65,7 @@ static opf_status prepare(opf_seq *seq, const opf_seq_call *call, int first_req)
         seq->has_recipe = call->recipe != NULL;
         if (call->recipe) seq->recipe = *call->recipe;
         seq->key_valid = true;
+        seq->epoch++;
     }
     if (reset || !seq->planned || first_req != seq->key_first_req) {
         opf_status st = opf_seq_plan_build(seq);
@@ -84,7 +85,7 @@ opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe)
     if (st) return st;
     opf_seq_call call = opf_seq_call_default();
     call.recipe = recipe;
-    if ((st = prepare(seq, &call, seq->n))) return st;
+    if ((st = opf_seq_prepare_plans(seq, &call, seq->n))) return st;
     seq->key_first_req = -1;  /* the next forward sets it and rebuilds the plans only */
     return OPF_OK;
 }
@@ -92,8 +93,8 @@ opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe)
 /* The neighbours' quantizers of the basic ops [first, last]: q[0] the
  * previous op's grad-output quantizer, q[1] the next op's input quantizer
  * (te-ops.md 3.7: basic-op neighbours, even inside another fused op). */
-static void neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
-                                 const opf_quantizer *p[2])
+void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
+                                  const opf_quantizer *p[2])
 {
     p[0] = p[1] = NULL;
     if (first > 0 && seq->ops[first - 1]->cls->grad_output_quantizer) {
@@ -148,7 +149,7 @@ static opf_status forward_entry(opf_seq *seq, const opf_plan_entry *e, const opf
     int first = e->first, last = e->first + e->count - 1;
     opf_quantizer qv[2];
     const opf_quantizer *qp[2];
-    neighbour_quantizers(seq, first, last, qv, qp);
+    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
     const void *kw[OPF_FUSED_MAX] = {0};
     for (int k = 0; call->kwargs && k < e->count; k++) kw[k] = call->kwargs[first + k];
     opf_fwd_env env = {.ctx = seq->ctx, .x = cur, .prev_grad_q = qp[0], .next_input_q = qp[1],
@@ -179,7 +180,7 @@ static opf_status forward_entry(opf_seq *seq, const opf_plan_entry *e, const opf
     return OPF_OK;
 }
 
-static void update_delayed(opf_seq *seq, bool backward)
+void opf_seq_update_delayed(opf_seq *seq, bool backward)
 {
     for (int i = 0; i < seq->n; i++)
         if (seq->ops[i]->rs) opf_recipe_state_update(seq->ctx, seq->ops[i]->rs, backward, NULL, NULL);
@@ -194,8 +195,8 @@ opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call
     if (st || (st = check_call(seq, x, call))) return st;
     if (!call->requires_grad && seq->pending)  /* inference between a forward and its backward */
         return opf_error(seq->ctx, OPF_ERR_STATE, "opf_seq_forward: a backward is pending");
-    int first_req = first_requiring_backward(seq, call);
-    if ((st = prepare(seq, call, first_req))) return st;
+    int first_req = opf_seq_first_req(seq, call);
+    if ((st = opf_seq_prepare_plans(seq, call, first_req))) return st;
     seq->first_req = first_req;
     opf_tensor cur = *x;
     bool owned = false;
@@ -218,10 +219,38 @@ opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call
             }
     if (call->requires_grad) {
         seq->pending = first_req < seq->n;
-        update_delayed(seq, false);
+        opf_seq_update_delayed(seq, false);
     }
     if (!seq->pending) release_pending(seq);
     return OPF_OK;
+}
+
+opf_spec opf_grad_sum_spec(const opf_spec *acc)
+{
+    opf_spec s = opf_spec_make(acc->ndim, acc->shape,
+                               acc->scaling == OPF_SCALING_NONE ? acc->dtype : OPF_F32);
+    s.device = acc->device;
+    return s;
+}
+
+opf_status opf_grad_sum(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b, opf_tensor *out)
+{
+    int64_t n = opf_spec_numel(&a->spec);
+    if (opf_spec_numel(&b->spec) != n || opf_spec_numel(&out->spec) != n)
+        return opf_error(ctx, OPF_ERR_SHAPE, "seq: channel gradients of %lld and %lld elements",
+                         (long long)n, (long long)opf_spec_numel(&b->spec));
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *x = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, n);
+    const float *pa, *pb;
+    opf_status st = x && y ? OPF_OK : opf_error(ctx, OPF_ERR_NO_MEMORY, "seq: no scratch");
+    if (!st) st = opf_op_load_f32(ctx, a, x, &pa);
+    if (!st) st = opf_op_load_f32(ctx, b, y, &pb);
+    if (!st) {
+        for (int64_t i = 0; i < n; i++) x[i] = pa[i] + pb[i];
+        st = opf_convert(x, OPF_F32, out->data[0], out->spec.dtype, (size_t)n);
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
 }
 
 /* acc += g: acc takes a reference to g when empty, else a new fp32 sum in
@@ -233,27 +262,11 @@ static opf_status add_grad(opf_ctx *ctx, opf_tensor *acc, const opf_tensor *g)
         opf_tensor_retain(g, acc);
         return OPF_OK;
     }
-    int64_t n = opf_spec_numel(&acc->spec);
-    if (opf_spec_numel(&g->spec) != n)
-        return opf_error(ctx, OPF_ERR_SHAPE, "seq: channel gradients of %lld and %lld elements",
-                         (long long)n, (long long)opf_spec_numel(&g->spec));
-    opf_spec s = opf_spec_make(acc->spec.ndim, acc->spec.shape,
-                               acc->spec.scaling == OPF_SCALING_NONE ? acc->spec.dtype : OPF_F32);
+    opf_spec s = opf_grad_sum_spec(&acc->spec);
     opf_tensor sum;
     opf_status st = opf_tensor_alloc(ctx, &s, &sum);
     if (st) return st;
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    float *a = opf_op_scratch(ctx, n), *b = opf_op_scratch(ctx, n);
-    const float *pa, *pb;
-    st = a && b ? OPF_OK : opf_error(ctx, OPF_ERR_NO_MEMORY, "seq: no scratch");
-    if (!st) st = opf_op_load_f32(ctx, acc, a, &pa);
-    if (!st) st = opf_op_load_f32(ctx, g, b, &pb);
-    if (!st) {
-        for (int64_t i = 0; i < n; i++) a[i] = pa[i] + pb[i];
-        st = opf_convert(a, OPF_F32, sum.data[0], s.dtype, (size_t)n);
-    }
-    opf_ctx_scratch_pop(ctx, mark);
-    if (st) {
+    if ((st = opf_grad_sum(ctx, acc, g, &sum))) {
         opf_tensor_release(&sum);
         return st;
     }
@@ -272,7 +285,7 @@ static opf_status backward_entry(opf_seq *seq, const opf_plan_entry *e, const op
     int first = e->first, last = e->first + e->count - 1;
     opf_quantizer qv[2];
     const opf_quantizer *qp[2];
-    neighbour_quantizers(seq, first, last, qv, qp);
+    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
     opf_bwd_env env = {.ctx = ctx, .dy = cur, .prev_grad_q = qp[0]};
     opf_status st = OPF_OK;
     int slot = 0;
@@ -337,7 +350,7 @@ opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor
     }
     if (dx) *dx = cur;
     else opf_tensor_release(&cur);
-    update_delayed(seq, true);
+    opf_seq_update_delayed(seq, true);
     release_pending(seq);
     return OPF_OK;
 }

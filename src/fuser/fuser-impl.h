@@ -47,14 +47,39 @@ struct opf_seq {
     opf_op        **fused;                    /* fused ops the plans use, owned */
     int             n_fused;
     bool            first_forward_done;       /* pre_first_forward ran */
+    /* bumped whenever the ops' recipe state is rebuilt or the seq changes:
+     * a compiled graph that baked quantizer state checks it */
+    uint64_t        epoch;
 };
 
 /* fusion.c */
 void opf_seq_destroy_fused(opf_seq *seq);
+/* Hands the fused ops of the current plans to the caller (a compiled graph
+ * keeps them alive); the seq rebuilds its plans on next use. Returns the
+ * count; *ops is a malloc'ed array the caller frees (NULL when 0). */
+int opf_seq_take_fused(opf_seq *seq, opf_op ***ops);
 
 /* seq.c: groups, channels, plans. */
 opf_status opf_seq_build(opf_seq *seq);
 void opf_seq_unbuild(opf_seq *seq);
 opf_status opf_seq_plan_build(opf_seq *seq);
+
+/* exec.c, shared with the compiler (src/compile/). */
+/* Recipes equal in every value field (the factory by identity); NULL == NULL. */
+bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b);
+/* The first basic op whose backward must run for this call (n: none). */
+int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call);
+/* The recipe state and plans for a call (plan cache, te-ops.md 3.3). */
+opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int first_req);
+/* The neighbours' quantizers of basic ops [first, last]: p[0] the previous
+ * op's grad-output quantizer, p[1] the next op's input quantizer (copies in q). */
+void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
+                                  const opf_quantizer *p[2]);
+/* Delayed-scaling updates of every op after a forward or a backward. */
+void opf_seq_update_delayed(opf_seq *seq, bool backward);
+/* Channel gradients: the spec of a sum (acc's shape; acc's dtype when plain,
+ * else f32) and out = a + b summed in fp32. */
+opf_spec opf_grad_sum_spec(const opf_spec *acc);
+opf_status opf_grad_sum(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b, opf_tensor *out);
 
 #endif

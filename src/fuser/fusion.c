@@ -172,6 +172,20 @@ void opf_seq_destroy_fused(opf_seq *seq)
     seq->n_fused = 0;
 }
 
+int opf_seq_take_fused(opf_seq *seq, opf_op ***ops)
+{
+    int n = seq->n_fused;
+    *ops = NULL;
+    if (n) {
+        *ops = malloc(sizeof **ops * (size_t)n);
+        if (!*ops) return -1;
+        memcpy(*ops, seq->fused, sizeof **ops * (size_t)n);
+    }
+    seq->n_fused = 0;
+    seq->planned = false;
+    return n;
+}
+
 /* Plans of one group: joint, then forward and backward on the joint list. */
 static opf_status plan_group(opf_seq *seq, opf_group *g)
 {

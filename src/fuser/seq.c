@@ -40,6 +40,7 @@ void opf_seq_unbuild(opf_seq *seq)
     seq->chan = seq->chan_grad = NULL;
     seq->n_groups = 0;
     seq->built = seq->planned = seq->pending = false;
+    seq->epoch++;
 }
 
 void opf_seq_destroy(opf_seq *seq)

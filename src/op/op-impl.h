@@ -59,6 +59,26 @@ opf_status opf_op_copy_tensor(opf_ctx *ctx, const char *who, const opf_tensor *s
  * callers take a mark first and pop it before returning. */
 float *opf_op_scratch(opf_ctx *ctx, int64_t n);
 
+/* ---- the steps of one op call (run.c), shared by the eager runner and the
+ * compiler, which replays only the *_impl between them ---- */
+
+/* The traced half of a forward: zeroes args, resolve_fwd, schema check, and
+ * the fake's specs (all "none" for a class without a fake). */
+opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, opf_spec *out_s,
+                                opf_spec *aux_s);
+/* What the forward keeps for backward in octx (one context per covered
+ * basic op): the previous op's grad quantizer and setup_context (default:
+ * the aux tensors); marks the contexts valid. */
+opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
+                               const void *args, const opf_tensor *outs, const opf_tensor *aux);
+/* The traced half of a backward: checks the contexts, resolve_bwd and the
+ * fake's gradient specs; *n_grads = 1 + parameters + extra inputs. */
+opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
+                                 void *bargs, opf_spec *gs, int *n_grads);
+/* p->grad (+)= g: the first gradient is converted in, later ones summed in
+ * fp32; sets has_grad. */
+opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g);
+
 /* Registers the built-in classes (ops/ops-impl.h lists them). */
 void opf_ops_register_builtins(void);
 

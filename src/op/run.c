@@ -32,24 +32,55 @@ static void none_specs(opf_spec *s, int n)
     for (int i = 0; i < n; i++) s[i].ndim = OPF_SPEC_NONE_NDIM;
 }
 
-opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, opf_tensor *outs)
+opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, opf_spec *out_s,
+                                opf_spec *aux_s)
 {
     const opf_op_class *c = op->cls;
     opf_ctx *ctx = env->ctx;
-    int n_out = 1 + op->n_extra_out, n_ctx = opf_op_num_basic(op);
     if (!c->forward_impl)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: the op has no forward (backward-only fusion)",
                          op->name);
-    memset(op->fwd_args, 0, c->fwd_schema->size);
-    opf_status st = c->resolve_fwd(op, env, op->fwd_args);
+    memset(args, 0, c->fwd_schema->size);
+    opf_status st = c->resolve_fwd(op, env, args);
     if (st) return st;
-    if ((st = opf_schema_validate(c->fwd_schema, op->fwd_args)))
+    if ((st = opf_schema_validate(c->fwd_schema, args)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
-    opf_spec out_s[1 + OPF_OP_MAX_EXTRA], aux_s[OPF_OP_MAX_AUX];
     none_specs(out_s, 1 + OPF_OP_MAX_EXTRA);
     none_specs(aux_s, OPF_OP_MAX_AUX);
-    if (c->forward_fake && (st = c->forward_fake(op->fwd_args, out_s, aux_s)))
+    if (c->forward_fake && (st = c->forward_fake(args, out_s, aux_s)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
+    return OPF_OK;
+}
+
+opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
+                               const void *args, const opf_tensor *outs, const opf_tensor *aux)
+{
+    int n_ctx = opf_op_num_basic(op);
+    for (int k = 0; k < n_ctx; k++) {
+        opf_op_ctx_clear(&octx[k]);
+        octx[k].requires_grad = true;
+    }
+    /* the dx quantizer of a fused op belongs to its first basic op */
+    octx->prev_grad_q = env->prev_grad_q ? *env->prev_grad_q : opf_quantizer_default();
+    opf_status st = OPF_OK;
+    if (op->cls->setup_context) {
+        st = op->cls->setup_context(op, octx, args, outs, aux);
+    } else {  /* default: keep the aux outputs */
+        for (int i = 0; i < OPF_OP_MAX_AUX; i++)
+            if (aux[i].data[0] || aux[i].data[OPF_COMP_COL_DATA])
+                opf_tensor_retain(&aux[i], &octx->saved[octx->n_saved++]);
+    }
+    for (int k = 0; k < n_ctx; k++) octx[k].valid = !st;
+    return st;
+}
+
+opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, opf_tensor *outs)
+{
+    opf_ctx *ctx = env->ctx;
+    int n_out = 1 + op->n_extra_out;
+    opf_spec out_s[1 + OPF_OP_MAX_EXTRA], aux_s[OPF_OP_MAX_AUX];
+    opf_status st = opf_op_trace_forward(op, env, op->fwd_args, out_s, aux_s);
+    if (st) return st;
     opf_tensor aux[OPF_OP_MAX_AUX];
     if ((st = alloc_specs(ctx, out_s, outs, n_out))) return st;
     if ((st = alloc_specs(ctx, aux_s, aux, OPF_OP_MAX_AUX))) {
@@ -57,31 +88,15 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
         return st;
     }
     size_t mark = opf_ctx_scratch_mark(ctx);
-    st = c->forward_impl(ctx, op->fwd_args, outs, aux);
+    st = op->cls->forward_impl(ctx, op->fwd_args, outs, aux);
     opf_ctx_scratch_pop(ctx, mark);
-    if (!st && env->requires_grad && octx) {
-        for (int k = 0; k < n_ctx; k++) {
-            opf_op_ctx_clear(&octx[k]);
-            octx[k].requires_grad = true;
-        }
-        /* the dx quantizer of a fused op belongs to its first basic op */
-        octx->prev_grad_q = env->prev_grad_q ? *env->prev_grad_q : opf_quantizer_default();
-        if (c->setup_context) {
-            st = c->setup_context(op, octx, op->fwd_args, outs, aux);
-        } else {  /* default: keep the aux outputs */
-            for (int i = 0; i < OPF_OP_MAX_AUX; i++)
-                if (aux[i].data[0] || aux[i].data[OPF_COMP_COL_DATA])
-                    opf_tensor_retain(&aux[i], &octx->saved[octx->n_saved++]);
-        }
-        for (int k = 0; k < n_ctx; k++) octx[k].valid = !st;
-    }
+    if (!st && env->requires_grad && octx) st = opf_op_save_context(op, env, octx, op->fwd_args, outs, aux);
     release_all(aux, OPF_OP_MAX_AUX);
     if (st) release_all(outs, n_out);
     return st;
 }
 
-/* grad += g (both plain, same shape), in fp32 for the sum. */
-static opf_status accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
+opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
 {
     int64_t n = opf_spec_numel(&p->grad.spec);
     if (opf_spec_numel(&g->spec) != n)
@@ -104,8 +119,8 @@ static opf_status accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
     return st;
 }
 
-opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env, opf_tensor *dx,
-                           opf_tensor *dextra_in)
+opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
+                                 void *bargs, opf_spec *gs, int *n_grads)
 {
     const opf_op_class *c = op->cls;
     opf_ctx *ctx = env->ctx;
@@ -118,27 +133,38 @@ opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
                          op->name);
     if (!c->backward_impl)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: the op has no backward", op->name);
-    memset(op->bwd_args, 0, c->bwd_schema->size);
-    opf_status st = c->resolve_bwd(op, octx, env, op->bwd_args);
-    if (st) return st;
     int n = 1 + n_params + op->n_extra_in;
     if (n > OPF_OP_MAX_GRADS)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: %d gradients exceed %d", op->name, n,
                          OPF_OP_MAX_GRADS);
-    opf_spec gs[OPF_OP_MAX_GRADS];
+    memset(bargs, 0, c->bwd_schema->size);
+    opf_status st = c->resolve_bwd(op, octx, env, bargs);
+    if (st) return st;
     none_specs(gs, n);
-    if (c->backward_fake && (st = c->backward_fake(op->bwd_args, gs)))
+    if (c->backward_fake && (st = c->backward_fake(bargs, gs)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
+    *n_grads = n;
+    return OPF_OK;
+}
+
+opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env, opf_tensor *dx,
+                           opf_tensor *dextra_in)
+{
+    opf_ctx *ctx = env->ctx;
+    int n_ctx = opf_op_num_basic(op), n_params = opf_op_num_params(op), n;
+    opf_spec gs[OPF_OP_MAX_GRADS];
+    opf_status st = opf_op_trace_backward(op, octx, env, op->bwd_args, gs, &n);
+    if (st) return st;
     bool pass = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
     if (pass) gs[0].ndim = OPF_SPEC_NONE_NDIM;
     opf_tensor g[OPF_OP_MAX_GRADS];
     if ((st = alloc_specs(ctx, gs, g, n))) return st;
     size_t mark = opf_ctx_scratch_mark(ctx);
-    st = c->backward_impl(ctx, op->bwd_args, g);
+    st = op->cls->backward_impl(ctx, op->bwd_args, g);
     opf_ctx_scratch_pop(ctx, mark);
     for (int i = 0; !st && i < n_params; i++) {
         opf_param *p = opf_op_param(op, i);
-        if (g[1 + i].data[0] && p->requires_grad) st = accumulate(ctx, p, &g[1 + i]);
+        if (g[1 + i].data[0] && p->requires_grad) st = opf_param_accumulate(ctx, p, &g[1 + i]);
     }
     if (!st) {
         if (pass) opf_tensor_retain(env->dy, dx);

@@ -1,0 +1,184 @@
+/* cache.c: the guard key of a call and opf_compiled, a bounded cache of
+ * graphs by key over one seq. The key covers what a graph bakes in: the
+ * input specs (without the leading size under max_leading), the recipe and
+ * with it every quantizer, the grad flags, and the kwargs' value fields.
+ * Tensor kwargs enter by spec only: their data is a graph input. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/compile-impl.h"
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0x100000001B3ull;
+}
+
+static uint64_t mix_spec(uint64_t h, const opf_spec *s, int skip_dim0)
+{
+    h = mix(h, (uint64_t)s->ndim);
+    for (int d = skip_dim0 ? 1 : 0; d < s->ndim && d < OPF_MAX_DIMS; d++) h = mix(h, (uint64_t)s->shape[d]);
+    return mix(h, (uint64_t)s->dtype | (uint64_t)s->scaling << 8 | (uint64_t)s->qdtype << 16 |
+                      (uint64_t)s->usage << 24 | (uint64_t)s->flags << 32);
+}
+
+static uint64_t mix_float(uint64_t h, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return mix(h, u);
+}
+
+static uint64_t mix_recipe(uint64_t h, const opf_recipe *r)
+{
+    if (!r) return mix(h, 0xFFFF);
+    h = mix(h, (uint64_t)r->kind);
+    h = mix(h, (uint64_t)r->format);
+    h = mix_float(h, r->margin);
+    h = mix(h, (uint64_t)r->amax_history_len);
+    h = mix(h, (uint64_t)r->amax_algo);
+    h = mix(h, (uint64_t)r->reduce_amax | (uint64_t)r->power_2_scales << 1 |
+                   (uint64_t)r->mxfp8_2d_weights << 2 | (uint64_t)r->nvfp4_rht << 3 |
+                   (uint64_t)r->nvfp4_stochastic << 4 | (uint64_t)r->nvfp4_2d_weights << 5);
+    h = mix_float(h, r->amax_epsilon);
+    h = mix(h, (uint64_t)r->x_block_dim | (uint64_t)r->w_block_dim << 8 | (uint64_t)r->grad_block_dim << 16);
+    h = mix(h, (uint64_t)(uintptr_t)r->factory);
+    h = mix(h, (uint64_t)(uintptr_t)r->factory_user);
+    return mix(h, (uint64_t)r->backward_override);
+}
+
+uint64_t opf_graph_key(const opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
+                       const opf_compile_options *opts)
+{
+    bool dyn = opts->max_leading > 0 && x->ndim >= 1;
+    uint64_t h = mix_spec(0xCBF29CE484222325ull, x, dyn);
+    h = mix(h, (uint64_t)opts->max_leading);
+    h = mix_recipe(h, call->recipe);
+    h = mix(h, (uint64_t)call->requires_grad | (uint64_t)call->input_requires_grad << 1);
+    h = mix(h, (uint64_t)call->n_extra_in);
+    for (int i = 0; call->extra_in && i < call->n_extra_in; i++) {
+        const opf_spec *s = &call->extra_in[i].spec;
+        h = mix_spec(h, s, dyn && s->ndim >= 1 && s->shape[0] == x->shape[0]);
+    }
+    for (int i = 0; call->kwargs && i < seq->n; i++) {
+        const opf_schema *ks = seq->ops[i]->cls->kwargs_schema;
+        if (!call->kwargs[i]) continue;
+        h = mix(h, (uint64_t)i);
+        /* a class without a kwargs schema runs eagerly; its kwargs are its own business */
+        if (ks) h = mix(h, opf_schema_hash(ks, call->kwargs[i]));
+    }
+    return h;
+}
+
+/* ---- opf_compiled ------------------------------------------------------------ */
+
+struct opf_compiled {
+    opf_seq            *seq;
+    opf_compile_options opts;
+    opf_graph         **graphs;
+    uint64_t           *used;       /* last use tick per graph */
+    int                 n;
+    int                 compiles;
+    uint64_t            tick;
+    opf_graph          *last;
+    bool                warned_limit;
+};
+
+opf_status opf_compiled_create(opf_seq *seq, const opf_compile_options *opts, opf_compiled **out)
+{
+    OPF_CHECK_NULL(NULL, "opf_compiled_create", seq);
+    OPF_CHECK_NULL(seq->ctx, "opf_compiled_create", out);
+    opf_compile_options o = opts ? *opts : opf_compile_options_default();
+    if (o.max_variants < 1)
+        return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "opf_compiled_create: max_variants %d < 1",
+                         o.max_variants);
+    opf_compiled *c = calloc(1, sizeof *c);
+    if (c) {
+        c->graphs = calloc((size_t)o.max_variants, sizeof *c->graphs);
+        c->used = calloc((size_t)o.max_variants, sizeof *c->used);
+    }
+    if (!c || !c->graphs || !c->used) {
+        if (c) free(c->graphs), free(c->used);
+        free(c);
+        return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "opf_compiled_create: out of memory");
+    }
+    c->seq = seq;
+    c->opts = o;
+    *out = c;
+    return OPF_OK;
+}
+
+void opf_compiled_destroy(opf_compiled *c)
+{
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) opf_graph_destroy(c->graphs[i]);
+    free(c->graphs);
+    free(c->used);
+    free(c);
+}
+
+static void drop(opf_compiled *c, int i)
+{
+    if (c->graphs[i] == c->last) c->last = NULL;
+    opf_graph_destroy(c->graphs[i]);
+    c->graphs[i] = c->graphs[c->n - 1];
+    c->used[i] = c->used[c->n - 1];
+    c->n--;
+}
+
+opf_status opf_compiled_forward(opf_compiled *c, const opf_tensor *x, const opf_seq_call *call,
+                                opf_tensor *y, opf_tensor *extra_out)
+{
+    const char *fn = "opf_compiled_forward";
+    OPF_CHECK_NULL(NULL, fn, c);
+    OPF_CHECK_NULL(c->seq->ctx, fn, x);
+    OPF_CHECK_NULL(c->seq->ctx, fn, call);
+    opf_ctx *ctx = c->seq->ctx;
+    if (c->last && c->last->pending)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: the previous forward's backward has not run; call "
+                         "opf_compiled_backward first", fn);
+    uint64_t key = opf_graph_key(c->seq, &x->spec, call, &c->opts);
+    opf_graph *g = NULL;
+    for (int i = 0; i < c->n && !g; i++) {
+        if (c->graphs[i]->key != key) continue;
+        if (c->graphs[i]->epoch != c->seq->epoch) {
+            drop(c, i);  /* stale: compiled again below */
+            break;
+        }
+        g = c->graphs[i];
+        c->used[i] = ++c->tick;
+    }
+    if (!g) {
+        if (c->n == c->opts.max_variants) {
+            int lru = 0;
+            for (int i = 1; i < c->n; i++)
+                if (c->used[i] < c->used[lru]) lru = i;
+            if (!c->warned_limit)
+                opf_ctx_warn(ctx, "compile: the graph cache is full (%d variants); evicting the least "
+                             "recently used graph: calls keep changing shapes, recipes or kwarg "
+                             "values", c->opts.max_variants);
+            c->warned_limit = true;
+            drop(c, lru);
+        }
+        opf_status st = opf_compile(c->seq, &x->spec, call, &c->opts, &g);
+        if (st) return st;
+        c->graphs[c->n] = g;
+        c->used[c->n++] = ++c->tick;
+        c->compiles++;
+    }
+    c->last = g;
+    return opf_graph_forward(g, x, call, y, extra_out);
+}
+
+opf_status opf_compiled_backward(opf_compiled *c, const opf_tensor *dy, const opf_tensor *dextra_out,
+                                 opf_tensor *dx, opf_tensor *dextra_in)
+{
+    OPF_CHECK_NULL(NULL, "opf_compiled_backward", c);
+    if (!c->last)
+        return opf_error(c->seq->ctx, OPF_ERR_STATE, "opf_compiled_backward: no forward ran");
+    return opf_graph_backward(c->last, dy, dextra_out, dx, dextra_in);
+}
+
+int opf_compiled_recompiles(const opf_compiled *c) { return c && c->compiles > 1 ? c->compiles - 1 : 0; }
+int opf_compiled_num_graphs(const opf_compiled *c) { return c ? c->n : 0; }
+opf_graph *opf_compiled_last_graph(opf_compiled *c) { return c ? c->last : NULL; }

@@ -1,0 +1,507 @@
+/* exec.c: opf_compile (trace, gate, plan, bake) and the execution of the
+ * forward and backward graphs: a walk over the nodes calling the same
+ * *_impl the eager fuser calls, on baked args, with inputs bound by a few
+ * pointer writes per call. Nothing is allocated here (eager nodes aside:
+ * they run the eager runner, which allocates, and copy into the arena). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/compile-impl.h"
+
+opf_compile_options opf_compile_options_default(void)
+{
+    opf_compile_options o;
+    memset(&o, 0, sizeof o);
+    o.max_variants = 8;
+    return o;
+}
+
+const char *opf_node_kind_name(opf_node_kind k)
+{
+    static const char *const names[] = {"forward", "backward", "eager_forward", "eager_backward",
+                                        "grad_add", "amax_update"};
+    return (unsigned)k < OPF_NODE_KIND_COUNT ? names[k] : "?";
+}
+
+static void release_fused(opf_graph *g)
+{
+    for (int i = 0; i < g->n_fused; i++) opf_op_destroy(g->fused[i]);
+    free(g->fused);
+    g->fused = NULL;
+    g->n_fused = 0;
+}
+
+static void release_held(opf_graph *g)
+{
+    for (int v = 0; g->held && v < g->n_vals; v++) {
+        opf_tensor_release(&g->held[v]);
+        g->vals[v].bound = NULL;
+    }
+}
+
+void opf_graph_destroy(opf_graph *g)
+{
+    if (!g) return;
+    release_held(g);
+    free(g->held);
+    free(g->dzero);
+    opf_graph_free_ir(g);
+    release_fused(g);
+    if (g->arena) opf_ctx_free(g->ctx, g->arena, g->arena_bytes);
+    if (g->zeros) opf_ctx_free(g->ctx, g->zeros, g->zeros_bytes);
+    free(g->stores);
+    free(g->binds);
+    free(g->patches);
+    free(g);
+}
+
+/* Checks of opf_compile's arguments that need no tracing. */
+static opf_status check_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
+                                const opf_compile_options *o)
+{
+    const char *fn = "opf_compile";
+    opf_ctx *ctx = seq->ctx;
+    if (seq->n == 0) return opf_error(ctx, OPF_ERR_STATE, "%s: the seq is empty", fn);
+    if (seq->pending)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: a backward is pending on the seq; run "
+                         "opf_seq_backward or opf_seq_discard first", fn);
+    opf_layout L;
+    if (opf_spec_layout(x, &L))
+        return opf_error(ctx, OPF_ERR_SHAPE, "%s: input spec: %s", fn, opf_last_error(NULL));
+    if (o->max_leading < 0 || (o->max_leading > 0 && x->ndim < 1))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: max_leading %lld needs an input of rank >= 1 "
+                         "(rank %d)", fn, (long long)o->max_leading, x->ndim);
+    if (call->n_extra_in != seq->n_pub_in)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %d extra inputs given, the seq takes %d", fn,
+                         call->n_extra_in, seq->n_pub_in);
+    if (call->n_extra_in && !call->extra_in)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: extra_in is NULL", fn);
+    for (int i = 0; i < seq->n; i++) {
+        const opf_op_class *c = seq->ops[i]->cls;
+        if (opf_op_class_find(c->name) != c)
+            return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: op \"%s\" has class \"%s\", which is not "
+                             "registered (opf_op_class_register)", fn, seq->ops[i]->name, c->name);
+    }
+    return OPF_OK;
+}
+
+/* One trace at leading size lead (0: x as given); takes the plans' fused ops. */
+static opf_status trace_at(opf_graph *g, const opf_spec *x, const opf_seq_call *call, int64_t lead)
+{
+    opf_spec xs = *x;
+    opf_seq_call c = *call;
+    opf_tensor ext[64];
+    if (lead > 0) {
+        if (call->n_extra_in > 64)
+            return opf_error(g->ctx, OPF_ERR_UNSUPPORTED, "opf_compile: %d extra inputs > 64 with "
+                             "max_leading", call->n_extra_in);
+        /* extra inputs that share x's leading size follow it (residuals) */
+        for (int i = 0; i < call->n_extra_in; i++) {
+            ext[i] = call->extra_in[i];
+            if (ext[i].spec.ndim >= 1 && ext[i].spec.shape[0] == x->shape[0]) ext[i].spec.shape[0] = lead;
+        }
+        c.extra_in = ext;
+        xs.shape[0] = lead;
+    }
+    opf_status st = opf_seq_prepare_plans(g->seq, &c, g->first_req);
+    if (st) return st;
+    for (int i = 0; i < g->seq->n_groups; i++)
+        for (int k = 0; k < g->seq->groups[i].n_fwd; k++) {
+            const opf_op_class *cls = g->seq->groups[i].fwd[k].op->cls;
+            if (opf_op_class_find(cls->name) != cls)
+                return opf_error(g->ctx, OPF_ERR_INVALID_ARG, "opf_compile: op \"%s\" has class "
+                                 "\"%s\", which is not registered", g->seq->groups[i].fwd[k].op->name,
+                                 cls->name);
+        }
+    g->x_spec = xs;
+    st = opf_graph_trace(g, &xs, &c);
+    int n = opf_seq_take_fused(g->seq, &g->fused);
+    if (n < 0) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "opf_compile: out of memory");
+    g->n_fused = n;
+    return st;
+}
+
+static opf_graph *graph_new(opf_seq *seq, const opf_seq_call *call, const opf_compile_options *o,
+                            int first_req)
+{
+    opf_graph *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->seq = seq;
+    g->ctx = seq->ctx;
+    g->opts = *o;
+    g->first_req = first_req;
+    g->forward_only = first_req >= seq->n;
+    g->call = *call;
+    g->call.extra_in = NULL;
+    g->call.kwargs = NULL;
+    g->has_recipe = call->recipe != NULL;
+    if (call->recipe) g->recipe = *call->recipe;
+    g->call.recipe = g->has_recipe ? &g->recipe : NULL;
+    g->y_val = g->dx_val = g->x_val = g->dy_val = -1;
+    return g;
+}
+
+/* A second leading size to diff against: the largest step that keeps the
+ * common block sizes (128, 32, 16, ...) and leaves a size >= 1. */
+static int64_t second_lead(int64_t max)
+{
+    for (int64_t a = 128; a >= 1; a /= 2)
+        if (max % a == 0 && max - a >= 1) return max - a;
+    return 0;
+}
+
+opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
+                       const opf_compile_options *opts, opf_graph **out)
+{
+    const char *fn = "opf_compile";
+    OPF_CHECK_NULL(NULL, fn, seq);
+    OPF_CHECK_NULL(seq->ctx, fn, out);
+    *out = NULL;
+    OPF_CHECK_NULL(seq->ctx, fn, x);
+    OPF_CHECK_NULL(seq->ctx, fn, call);
+    opf_compile_options o = opts ? *opts : opf_compile_options_default();
+    opf_status st = opf_seq_build(seq);
+    if (st || (st = check_compile(seq, x, call, &o))) return st;
+    if (call->recipe && (st = opf_recipe_validate(call->recipe)))
+        return opf_error(seq->ctx, st, "%s: %s", fn, opf_last_error(NULL));
+    int first_req = opf_seq_first_req(seq, call);
+    opf_graph *g = graph_new(seq, call, &o, first_req);
+    if (!g) return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+    st = trace_at(g, x, call, o.max_leading);
+    g->lead = g->lead0 = o.max_leading;
+    if (!st && o.max_leading > 0) {
+        int64_t l2 = second_lead(o.max_leading);
+        if (l2 > 0) {
+            opf_graph *g2 = graph_new(seq, call, &o, first_req);
+            st = g2 ? trace_at(g2, x, call, l2) : opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+            if (!st) st = opf_graph_diff(g, g2, l2);
+            opf_graph_destroy(g2);
+        }
+    }
+    g->epoch = seq->epoch;
+    if (!st) st = opf_graph_plan(g);
+    if (!st) st = opf_graph_bake(g);
+    if (!st) {
+        g->held = calloc((size_t)g->n_vals, sizeof *g->held);
+        g->dzero = calloc((size_t)g->n_pub_out + 1, sizeof *g->dzero);
+        if (!g->held || !g->dzero) st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+    }
+    if (!st) g->key = opf_graph_key(seq, x, call, &o);
+    if (!st) {
+        uint64_t h = 0;
+        for (int i = 0; call->kwargs && i < seq->n; i++)
+            if (call->kwargs[i] && seq->ops[i]->cls->kwargs_schema)
+                h = h * 31 + opf_schema_hash(seq->ops[i]->cls->kwargs_schema, call->kwargs[i]);
+        g->kw_hash = h;
+    }
+    if (st) {
+        opf_graph_destroy(g);
+        return st;
+    }
+    *out = g;
+    return OPF_OK;
+}
+
+/* ---- execution --------------------------------------------------------------- */
+
+static opf_status bind(opf_graph *g, int v, const opf_tensor *t, const char *what)
+{
+    opf_gval *gv = &g->vals[v];
+    if (!opf_spec_equal(&gv->spec, &t->spec)) {
+        char want[160], got[160];
+        opf_spec_str(&gv->spec, want, sizeof want);
+        opf_spec_str(&t->spec, got, sizeof got);
+        return opf_error(g->ctx, OPF_ERR_INVALID_ARG, "graph: %s is %s, the graph was compiled for %s",
+                         what, got, want);
+    }
+    opf_tensor_retain(t, &g->held[v]);
+    gv->bound = &g->held[v];
+    return OPF_OK;
+}
+
+static void apply_binds(opf_graph *g, bool backward)
+{
+    for (int i = 0; i < g->n_binds; i++) {
+        const opf_gbind *b = &g->binds[i];
+        const opf_gval *gv = &g->vals[b->val];
+        bool bwd_in = gv->in_kind == OPF_IN_DY || gv->in_kind == OPF_IN_DEXTRA_OUT;
+        if (bwd_in != backward || !gv->bound) continue;
+        char *p = gv->bound->data[b->comp];
+        *b->loc = p ? p + b->off : NULL;
+    }
+}
+
+static opf_status copy_into(opf_ctx *ctx, const opf_op *op, const opf_tensor *src, opf_tensor *dst)
+{
+    if (!opf_spec_equal(&src->spec, &dst->spec)) {
+        char a[160], b[160];
+        opf_spec_str(&src->spec, a, sizeof a);
+        opf_spec_str(&dst->spec, b, sizeof b);
+        return opf_error(ctx, OPF_ERR_STATE, "graph: eager node %s produced %s, the graph planned %s",
+                         op->name, a, b);
+    }
+    return opf_op_copy_tensor(ctx, op->name, src, dst);
+}
+
+static opf_status run_eager_forward(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
+{
+    opf_op *op = n->op;
+    const void *kw[OPF_FUSED_MAX] = {0};
+    for (int k = 0; call->kwargs && k < n->count; k++) kw[k] = call->kwargs[n->first + k];
+    opf_fwd_env env = {.ctx = g->ctx, .prev_grad_q = n->has_q[0] ? &n->qv[0] : NULL,
+                       .next_input_q = n->has_q[1] ? &n->qv[1] : NULL,
+                       .recipe = g->has_recipe ? &g->recipe : NULL,
+                       .requires_grad = n->requires_grad,
+                       .kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0]};
+    env.x = &n->t[n->n_out];
+    for (int i = 0; i < n->n_extra; i++)
+        env.extra_in[i] = n->in_mask & (1u << (1 + i)) ? &n->t[n->n_out + 1 + i] : NULL;
+    opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
+    memset(outs, 0, sizeof outs);
+    opf_status st = opf_op_forward(op, &env, n->requires_grad ? &g->octx[n->first] : NULL, outs);
+    for (int i = 0; i < n->n_out && !st; i++) st = copy_into(g->ctx, op, &outs[i], &n->t[i]);
+    for (int i = 0; i < n->n_out; i++) opf_tensor_release(&outs[i]);
+    return st;
+}
+
+static opf_status run_eager_backward(opf_graph *g, opf_gnode *n)
+{
+    opf_op *op = n->op;
+    if (n->restore_octx)
+        for (int k = 0; k < n->count; k++) {
+            opf_op_ctx_clear(&g->octx[n->first + k]);
+            g->octx[n->first + k] = g->octx_traced[n->first + k];  /* baked views, no references */
+        }
+    opf_bwd_env env = {.ctx = g->ctx, .dy = &n->t[n->n_out],
+                       .prev_grad_q = n->has_q[0] ? &n->qv[0] : NULL};
+    for (int i = 0; i < n->n_extra; i++)
+        env.dextra_out[i] = n->in_mask & (1u << (1 + i)) ? &n->t[n->n_out + 1 + i] : NULL;
+    opf_tensor dx, dxi[OPF_OP_MAX_EXTRA];
+    memset(&dx, 0, sizeof dx);
+    memset(dxi, 0, sizeof dxi);
+    opf_status st = opf_op_backward(op, &g->octx[n->first], &env, &dx, dxi);
+    if (!st && !n->passthrough && (n->t[0].data[0] || n->t[0].data[OPF_COMP_COL_DATA]))
+        st = copy_into(g->ctx, op, &dx, &n->t[0]);
+    for (int i = 0; i < op->n_extra_in && !st; i++)
+        if (n->t[1 + i].data[0] && dxi[i].data[0]) st = copy_into(g->ctx, op, &dxi[i], &n->t[1 + i]);
+    opf_tensor_release(&dx);
+    for (int i = 0; i < OPF_OP_MAX_EXTRA; i++) opf_tensor_release(&dxi[i]);
+    return st;
+}
+
+static opf_status run_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
+{
+    opf_ctx *ctx = g->ctx;
+    for (int z = 0; z < n->n_zero; z++) memset(n->zero[z].p, 0, n->zero[z].n);
+    opf_status st = OPF_OK;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    switch (n->kind) {
+    case OPF_NODE_FORWARD:
+        st = n->op->cls->forward_impl(ctx, n->args, n->t, n->t + 1 + OPF_OP_MAX_EXTRA);
+        break;
+    case OPF_NODE_BACKWARD:
+        st = n->op->cls->backward_impl(ctx, n->args, n->t);
+        opf_ctx_scratch_pop(ctx, mark);
+        for (int i = 0; !st && i < n->n_params; i++) {
+            opf_param *p = opf_op_param(n->op, i);
+            if (n->t[1 + i].data[0] && p->requires_grad) st = opf_param_accumulate(ctx, p, &n->t[1 + i]);
+        }
+        break;
+    case OPF_NODE_EAGER_FORWARD: st = run_eager_forward(g, n, call); break;
+    case OPF_NODE_EAGER_BACKWARD: st = run_eager_backward(g, n); break;
+    case OPF_NODE_GRAD_ADD: st = opf_grad_sum(ctx, &n->t[1], &n->t[2], &n->t[0]); break;
+    case OPF_NODE_AMAX_UPDATE: opf_seq_update_delayed(g->seq, n->backward); break;
+    default: break;
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    if (st && n->op) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", opf_last_error(ctx));
+        return opf_error(ctx, st, "graph: node %s (%s): %s", n->op->name,
+                         opf_node_kind_name(n->kind), why);
+    }
+    return st;
+}
+
+static opf_status check_live(opf_graph *g, const char *fn)
+{
+    if (g->epoch != g->seq->epoch)
+        return opf_error(g->ctx, OPF_ERR_STATE, "%s: the graph is stale: its seq changed or rebuilt "
+                         "its recipe state since compile; compile again", fn);
+    return OPF_OK;
+}
+
+/* The guard of an explicit graph: what the call must share with the compile. */
+static opf_status check_call(opf_graph *g, const opf_tensor *x, const opf_seq_call *call)
+{
+    const char *fn = "opf_graph_forward";
+    opf_ctx *ctx = g->ctx;
+    if (!opf_recipe_same(g->has_recipe ? &g->recipe : NULL, call->recipe))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the call's recipe differs from the compiled "
+                         "one (%s)", fn, opf_recipe_name(g->has_recipe ? g->recipe.kind : OPF_RECIPE_NONE));
+    if (call->requires_grad != g->call.requires_grad ||
+        (call->requires_grad && call->input_requires_grad != g->call.input_requires_grad))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: requires_grad %d/%d, compiled with %d/%d", fn,
+                         call->requires_grad, call->input_requires_grad, g->call.requires_grad,
+                         g->call.input_requires_grad);
+    if (call->n_extra_in != g->n_pub_in || (call->n_extra_in && !call->extra_in))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %d extra inputs given, the graph takes %d", fn,
+                         call->n_extra_in, g->n_pub_in);
+    uint64_t h = 0;
+    for (int i = 0; call->kwargs && i < g->seq->n; i++)
+        if (call->kwargs[i] && g->seq->ops[i]->cls->kwargs_schema)
+            h = h * 31 + opf_schema_hash(g->seq->ops[i]->cls->kwargs_schema, call->kwargs[i]);
+    if (h != g->kw_hash)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the kwargs' values differ from the compiled "
+                         "ones", fn);
+    if (g->lead0 > 0) {
+        int64_t b = x->spec.ndim >= 1 ? x->spec.shape[0] : -1;
+        if (b < 1 || b > g->lead0)
+            return opf_error(ctx, OPF_ERR_SHAPE, "%s: x has leading size %lld, the graph runs 1..%lld",
+                             fn, (long long)b, (long long)g->lead0);
+        opf_status st = opf_graph_set_lead(g, b);
+        if (st) return st;
+    }
+    return OPF_OK;
+}
+
+opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_call *call,
+                             opf_tensor *y, opf_tensor *extra_out)
+{
+    const char *fn = "opf_graph_forward";
+    OPF_CHECK_NULL(NULL, fn, g);
+    OPF_CHECK_NULL(g->ctx, fn, x);
+    OPF_CHECK_NULL(g->ctx, fn, call);
+    OPF_CHECK_NULL(g->ctx, fn, y);
+    opf_status st = check_live(g, fn);
+    if (st) return st;
+    if (g->pending)
+        return opf_error(g->ctx, OPF_ERR_STATE, "%s: the previous forward's backward has not run; "
+                         "call opf_graph_backward first", fn);
+    if ((st = check_call(g, x, call))) return st;
+    release_held(g);
+    st = bind(g, g->x_val, x, "x");
+    for (int p = 0; p < g->n_pub_in && !st; p++) st = bind(g, g->extra_in_val[p], &call->extra_in[p], "an extra input");
+    for (int v = 0; v < g->n_vals && !st; v++) {
+        opf_gval *gv = &g->vals[v];
+        if (gv->kind != OPF_VAL_INPUT || gv->in_kind != OPF_IN_KWARG) continue;
+        const void *kw = call->kwargs ? call->kwargs[gv->in_index] : NULL;
+        if (!kw) {
+            st = opf_error(g->ctx, OPF_ERR_INVALID_ARG, "%s: op %d's tensor kwarg is missing", fn, gv->in_index);
+            break;
+        }
+        st = bind(g, v, (const opf_tensor *)(const void *)((const char *)kw + gv->in_field), "a tensor kwarg");
+    }
+    if (st) {
+        release_held(g);
+        return st;
+    }
+    apply_binds(g, false);
+    for (int i = 0; i < g->n_fwd && !st; i++) st = run_node(g, &g->nodes[i], call);
+    if (st) {
+        release_held(g);
+        for (int i = 0; i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
+        return st;
+    }
+    g->pending = call->requires_grad && !g->forward_only;
+    if (!g->pending) release_held(g);
+    opf_graph_value_tensor(g, g->y_val, y);
+    for (int p = 0; extra_out && p < g->n_pub_out; p++)
+        opf_graph_value_tensor(g, g->extra_out_val[p], &extra_out[p]);
+    return OPF_OK;
+}
+
+opf_status opf_graph_backward(opf_graph *g, const opf_tensor *dy, const opf_tensor *dextra_out,
+                              opf_tensor *dx, opf_tensor *dextra_in)
+{
+    const char *fn = "opf_graph_backward";
+    OPF_CHECK_NULL(NULL, fn, g);
+    OPF_CHECK_NULL(g->ctx, fn, dy);
+    opf_status st = check_live(g, fn);
+    if (st) return st;
+    if (!g->pending)
+        return opf_error(g->ctx, OPF_ERR_STATE, "%s: no forward awaits a backward (run "
+                         "opf_graph_forward with requires_grad first; each forward allows one backward)", fn);
+    if ((st = bind(g, g->dy_val, dy, "dy"))) return st;
+    for (int p = 0; p < g->n_pub_out && !st; p++) {
+        int v = g->dextra_out_val[p];
+        const opf_tensor *t = dextra_out ? &dextra_out[p] : NULL;
+        if (!t || (!t->data[0] && !t->data[OPF_COMP_COL_DATA])) {
+            opf_tensor_wrap(&g->vals[v].spec, g->zeros, &g->dzero[p]);
+            t = &g->dzero[p];
+        }
+        st = bind(g, v, t, "an extra output's gradient");
+    }
+    if (st) return st;
+    apply_binds(g, true);
+    for (int i = g->n_fwd; i < g->n_nodes && !st; i++) st = run_node(g, &g->nodes[i], NULL);
+    g->pending = false;
+    for (int i = 0; i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
+    if (st) {
+        release_held(g);
+        return st;
+    }
+    if (dx) opf_graph_value_tensor(g, g->dx_val, dx);
+    for (int p = 0; dextra_in && p < g->n_pub_in; p++) opf_graph_value_tensor(g, g->dextra_in_val[p], &dextra_in[p]);
+    /* dx may be the caller's dy itself (pass-through): hand out a plain view */
+    if (dx) dx->buf = NULL;
+    release_held(g);
+    return OPF_OK;
+}
+
+/* ---- introspection ----------------------------------------------------------- */
+
+int opf_graph_num_nodes(const opf_graph *g) { return g ? g->n_nodes : 0; }
+
+opf_status opf_graph_node(const opf_graph *g, int i, opf_graph_node_info *out)
+{
+    OPF_CHECK_NULL(NULL, "opf_graph_node", g);
+    OPF_CHECK_NULL(g->ctx, "opf_graph_node", out);
+    if (i < 0 || i >= g->n_nodes)
+        return opf_error(g->ctx, OPF_ERR_INVALID_ARG, "opf_graph_node: index %d outside 0..%d", i,
+                         g->n_nodes - 1);
+    const opf_gnode *n = &g->nodes[i];
+    memset(out, 0, sizeof *out);
+    out->kind = n->kind;
+    out->backward = i >= g->n_fwd;
+    out->op_name = n->op ? n->op->name : opf_node_kind_name(n->kind);
+    out->class_name = n->op ? n->op->cls->name : NULL;
+    out->fused = n->op && opf_op_is_fused(n->op);
+    out->first = n->first;
+    out->count = n->count;
+    out->reason = n->reason;
+    for (int r = 0; r < n->n_refs; r++) out->n_outputs += n->refs[r].output && n->refs[r].val >= 0;
+    return OPF_OK;
+}
+
+int opf_graph_reasons(const opf_graph *g, opf_graph_reason *out, int max)
+{
+    int k = 0;
+    for (int i = 0; g && i < g->n_nodes; i++) {
+        const opf_gnode *n = &g->nodes[i];
+        if (!n->reason) continue;
+        if (out && k < max) out[k] = (opf_graph_reason){n->op->name, n->reason, i >= g->n_fwd};
+        k++;
+    }
+    return k;
+}
+
+void opf_graph_get_stats(const opf_graph *g, opf_graph_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!g) return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const opf_gnode *n = &g->nodes[i];
+        if (i < g->n_fwd) s->n_forward++;
+        else s->n_backward++;
+        s->n_eager += n->kind == OPF_NODE_EAGER_FORWARD || n->kind == OPF_NODE_EAGER_BACKWARD;
+        s->n_fused += n->op && opf_op_is_fused(n->op);
+    }
+    for (int v = 0; v < g->n_vals; v++) s->n_values += g->vals[v].kind == OPF_VAL_ARENA;
+    s->n_inplace = g->n_inplace;
+    s->arena_bytes = g->arena_bytes;
+    s->unplanned_bytes = g->unplanned_bytes;
+    s->saved_bytes = g->saved_bytes;
+    s->max_leading = g->lead0;
+    s->forward_only = g->forward_only;
+}

@@ -1,0 +1,661 @@
+/* trace.c: the trace and gate passes. The seq's forward and backward plans
+ * run on tagged tensors (compile-impl.h): each op's traced half and fake,
+ * never its impl, so no tensor data is read. Ops the graph cannot replay
+ * from baked args become eager nodes; their output specs come from a probe
+ * that runs their traced half (and, without a fake, their impl) on zeroed
+ * stand-ins allocated for the probe only. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile/compile-impl.h"
+
+/* ---- values and nodes ------------------------------------------------------ */
+
+static int new_val(opf_graph *g, const opf_spec *s, opf_val_kind kind, const char *name, int k)
+{
+    if (g->n_vals == OPF_GRAPH_MAX_VALUES) return -1;
+    if (g->n_vals == g->cap_vals) {
+        int cap = g->cap_vals ? 2 * g->cap_vals : 64;
+        opf_gval *v = realloc(g->vals, sizeof *v * (size_t)cap);
+        if (!v) return -1;
+        g->vals = v, g->cap_vals = cap;
+    }
+    opf_gval *v = &g->vals[g->n_vals];
+    memset(v, 0, sizeof *v);
+    v->spec = *s;
+    v->kind = kind;
+    v->def = v->last = -1;
+    v->store = -1;
+    if (k >= 0) snprintf(v->name, sizeof v->name, "%.36s.%d", name, k);
+    else snprintf(v->name, sizeof v->name, "%s", name);
+    return g->n_vals++;
+}
+
+/* t becomes a tagged tensor of value v. */
+static void tag_tensor(const opf_graph *g, int v, opf_tensor *t)
+{
+    memset(t, 0, sizeof *t);
+    t->spec = g->vals[v].spec;
+    opf_layout L;
+    if (opf_spec_layout(&t->spec, &L)) return;
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (L.comp[c].present) t->data[c] = opf_tag(v, c);
+}
+
+/* The value a (possibly tagged) tensor refers to, or -1. */
+static int tensor_val(const opf_tensor *t)
+{
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (t->data[c]) return opf_is_tag(t->data[c]) ? opf_tag_value(t->data[c]) : -1;
+    return -1;
+}
+
+static opf_gnode *new_node(opf_graph *g, opf_node_kind kind, opf_op *op, int first, int count)
+{
+    if (g->n_nodes == g->cap_nodes) {
+        int cap = g->cap_nodes ? 2 * g->cap_nodes : 32;
+        opf_gnode *n = realloc(g->nodes, sizeof *n * (size_t)cap);
+        if (!n) return NULL;
+        g->nodes = n, g->cap_nodes = cap;
+    }
+    opf_gnode *n = &g->nodes[g->n_nodes++];
+    memset(n, 0, sizeof *n);
+    n->kind = kind;
+    n->op = op;
+    n->first = first;
+    n->count = count;
+    n->x_val = -1;
+    return n;
+}
+
+static opf_status add_ref(opf_graph *g, opf_gnode *n, opf_tensor *t, bool output)
+{
+    opf_gref *r = realloc(n->refs, sizeof *r * (size_t)(n->n_refs + 1));
+    if (!r) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    n->refs = r;
+    n->refs[n->n_refs++] = (opf_gref){t, tensor_val(t), output};
+    return OPF_OK;
+}
+
+static opf_status alloc_tensors(opf_graph *g, opf_gnode *n, int count)
+{
+    n->t = calloc((size_t)(count ? count : 1), sizeof *n->t);
+    n->n_t = count;
+    return n->t ? OPF_OK : opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+}
+
+/* An output tensor: a new arena value of spec s, tagged into *t. */
+static opf_status out_tensor(opf_graph *g, opf_gnode *n, const opf_spec *s, const char *name, int k,
+                             opf_tensor *t)
+{
+    int v = new_val(g, s, OPF_VAL_ARENA, name, k);
+    if (v < 0) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: more than %d values",
+                                OPF_GRAPH_MAX_VALUES);
+    g->vals[v].def = (int)(n - g->nodes);
+    g->vals[v].backward = n->backward;
+    tag_tensor(g, v, t);
+    return add_ref(g, n, t, true);
+}
+
+/* ---- gate ------------------------------------------------------------------------ */
+
+/* Why op (an entry of the forward or backward plan) must run eagerly, or NULL. */
+static const char *eager_reason(const opf_graph *g, const opf_op *op, int first, int count,
+                                bool backward, const opf_seq_call *call)
+{
+    const opf_op_class *c = op->cls;
+    const char *r = c->unsupported_reason ? c->unsupported_reason(op) : NULL;
+    if (r) return r;
+    if (!backward && !c->forward_fake) return "its class has no forward fake";
+    if (backward && !c->backward_fake) return "its class has no backward fake";
+    for (int k = 0; k < count; k++) {
+        const opf_op *b = g->seq->ops[first + k];
+        if (backward && g->fwd_eager[first + k]) return "its forward ran as an eager node";
+        if (!call->kwargs || !call->kwargs[first + k] || backward) continue;
+        const opf_schema *ks = b->cls->kwargs_schema;
+        if (!ks) return "it is given kwargs its class does not declare";
+        for (int f = 0; f < ks->n_fields; f++)
+            if (!(ks->fields[f].flags & OPF_FIELD_KWARG)) return "a kwargs field is not declared OPF_FIELD_KWARG";
+    }
+    return NULL;
+}
+
+/* True when the args hold a tag outside the schema's tensor slots: a tensor
+ * the graph cannot see, so the op cannot be replayed from baked args. */
+static bool hidden_tensor(const opf_schema *s, void *args)
+{
+    opf_slot slots[256];
+    int n = opf_schema_slots(s, args, slots, 256);
+    if (n > 256) return true;
+    for (size_t off = 0; off + sizeof(void *) <= s->size; off += sizeof(void *)) {
+        void *p;
+        memcpy(&p, (char *)args + off, sizeof p);
+        if (!opf_is_tag(p)) continue;
+        bool in_slot = false;
+        for (int i = 0; i < n && !in_slot; i++) {
+            const char *t = (const char *)slots[i].tensor;
+            in_slot = (const char *)args + off >= t && (const char *)args + off < t + sizeof(opf_tensor);
+        }
+        if (!in_slot) return true;
+    }
+    return false;
+}
+
+/* ---- probes of eager nodes -------------------------------------------------------- */
+
+/* A zero-filled real tensor of spec s (probe stand-in for a value). */
+static opf_status zero_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
+{
+    opf_status st = opf_tensor_alloc(ctx, s, t);
+    if (st) return st;
+    opf_layout L;
+    opf_spec_layout(s, &L);
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (L.comp[c].present && t->data[c]) memset(t->data[c], 0, L.comp[c].nbytes);
+    return OPF_OK;
+}
+
+/* ---- the trace ------------------------------------------------------------------------- */
+
+typedef struct trace_state {
+    opf_graph   *g;
+    const opf_seq_call *call;
+    int          cur;                 /* value of the current activation / gradient */
+    int         *chan, *chan_grad;    /* [n][OPF_OP_MAX_EXTRA] values */
+    opf_op_ctx  *probe;               /* [n] real contexts of eager forwards */
+} trace_state;
+
+static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fwd_env *env,
+                                opf_gnode *n, const char *reason)
+{
+    opf_graph *g = ts->g;
+    opf_ctx *ctx = g->ctx;
+    opf_op *op = e->op;
+    int n_out = 1 + op->n_extra_out, n_in = 1 + op->n_extra_in;
+    opf_status st = alloc_tensors(g, n, n_out + n_in);
+    if (st) return st;
+    n->kind = OPF_NODE_EAGER_FORWARD;
+    n->reason = reason;
+    n->n_out = n_out;
+    n->n_extra = op->n_extra_in;
+    n->requires_grad = env->requires_grad;
+    for (int k = 0; k < 2; k++) {
+        const opf_quantizer *q = k ? env->next_input_q : env->prev_grad_q;
+        n->has_q[k] = q != NULL;
+        if (q) n->qv[k] = *q;
+    }
+    /* inputs: tagged refs for the plan; zeroed stand-ins for the probe */
+    opf_tensor real_in[1 + OPF_OP_MAX_EXTRA];
+    memset(real_in, 0, sizeof real_in);
+    opf_fwd_env probe = *env;
+    probe.kwargs = NULL;
+    const void *kw[OPF_FUSED_MAX] = {0};
+    for (int k = 0; ts->call->kwargs && k < e->count; k++) kw[k] = ts->call->kwargs[e->first + k];
+    probe.kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0];
+    for (int i = 0; i < n_in && !st; i++) {
+        const opf_tensor *src = i == 0 ? env->x : env->extra_in[i - 1];
+        if (!src) continue;
+        n->t[n_out + i] = *src;
+        n->in_mask |= 1u << i;
+        if ((st = add_ref(g, n, &n->t[n_out + i], false))) break;
+        st = zero_tensor(ctx, &src->spec, &real_in[i]);
+        if (i == 0) probe.x = &real_in[0];
+        else probe.extra_in[i - 1] = &real_in[i];
+    }
+    opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
+    memset(outs, 0, sizeof outs);
+    if (!st) st = opf_op_forward(op, &probe, env->requires_grad ? &ts->probe[e->first] : NULL, outs);
+    for (int i = 0; i < n_out && !st; i++) {
+        if (!outs[i].data[0] && !outs[i].data[OPF_COMP_COL_DATA])
+            st = opf_error(ctx, OPF_ERR_UNSUPPORTED, "compile: %s: the eager forward produced no "
+                           "output %d", op->name, i);
+        else
+            st = out_tensor(g, n, &outs[i].spec, op->name, i, &n->t[i]);
+    }
+    for (int i = 0; i < n_out; i++) opf_tensor_release(&outs[i]);
+    for (int i = 0; i < n_in; i++) opf_tensor_release(&real_in[i]);
+    return st;
+}
+
+/* The probe contexts of an eager backward whose forward was traced: the
+ * traced contexts with zeroed stand-ins for every tagged saved tensor. */
+static opf_status probe_from_traced(opf_graph *g, const opf_op_ctx *traced, opf_op_ctx *probe, int n)
+{
+    for (int k = 0; k < n; k++) {
+        opf_op_ctx_clear(&probe[k]);
+        probe[k] = traced[k];
+        probe[k].n_saved = 0;
+        for (int i = 0; i < traced[k].n_saved; i++) {
+            opf_status st = zero_tensor(g->ctx, &traced[k].saved[i].spec, &probe[k].saved[i]);
+            if (st) return st;
+            probe[k].n_saved = i + 1;
+        }
+    }
+    return OPF_OK;
+}
+
+static opf_status eager_backward(trace_state *ts, const opf_plan_entry *e, opf_bwd_env *env,
+                                 opf_gnode *n, const char *reason)
+{
+    opf_graph *g = ts->g;
+    opf_ctx *ctx = g->ctx;
+    opf_op *op = e->op;
+    int n_out = 1 + op->n_extra_in, n_in = 1 + op->n_extra_out;
+    opf_status st = alloc_tensors(g, n, n_out + n_in);
+    if (st) return st;
+    n->kind = OPF_NODE_EAGER_BACKWARD;
+    n->reason = reason;
+    n->n_out = n_out;
+    n->n_extra = op->n_extra_out;
+    n->has_q[0] = env->prev_grad_q != NULL;
+    if (env->prev_grad_q) n->qv[0] = *env->prev_grad_q;
+    n->restore_octx = !g->fwd_eager[e->first];
+    if (n->restore_octx) {
+        if ((st = probe_from_traced(g, &g->octx_traced[e->first], &ts->probe[e->first], e->count)))
+            return st;
+        for (int k = 0; k < e->count && !st; k++) {
+            opf_op_ctx *c = &g->octx_traced[e->first + k];
+            for (int i = 0; i < c->n_saved && !st; i++) st = add_ref(g, n, &c->saved[i], false);
+        }
+    }
+    opf_tensor real_in[1 + OPF_OP_MAX_EXTRA];
+    memset(real_in, 0, sizeof real_in);
+    opf_bwd_env probe = *env;
+    for (int i = 0; i < n_in && !st; i++) {
+        const opf_tensor *src = i == 0 ? env->dy : env->dextra_out[i - 1];
+        if (!src) continue;
+        n->t[n_out + i] = *src;
+        n->in_mask |= 1u << i;
+        if ((st = add_ref(g, n, &n->t[n_out + i], false))) break;
+        st = zero_tensor(ctx, &src->spec, &real_in[i]);
+        if (i == 0) probe.dy = &real_in[0];
+        else probe.dextra_out[i - 1] = &real_in[i];
+    }
+    /* the probe runs the traced half and the fake; without a fake, the impl
+     * (which then allocates its gradients) but never the accumulation */
+    unsigned char *bargs = st ? NULL : calloc(1, op->cls->bwd_schema->size);
+    opf_spec gs[OPF_OP_MAX_GRADS];
+    opf_tensor gr[OPF_OP_MAX_GRADS];
+    int ng = 0;
+    memset(gr, 0, sizeof gr);
+    if (!st && !bargs) st = opf_error(ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    if (!st) st = opf_op_trace_backward(op, &ts->probe[e->first], &probe, bargs, gs, &ng);
+    if (!st && !op->cls->backward_fake) {
+        size_t mark = opf_ctx_scratch_mark(ctx);
+        st = op->cls->backward_impl(ctx, bargs, gr);
+        opf_ctx_scratch_pop(ctx, mark);
+        for (int i = 0; i < ng; i++) {
+            gs[i] = gr[i].spec;
+            if (!gr[i].data[0] && !gr[i].data[OPF_COMP_COL_DATA]) gs[i].ndim = OPF_SPEC_NONE_NDIM;
+            if (i == 0 && gr[0].data[0] && gr[0].data[0] == real_in[0].data[0]) gs[0].ndim = OPF_GRAD_PASSTHROUGH;
+        }
+    }
+    int n_params = opf_op_num_params(op);
+    if (!st) {
+        n->passthrough = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
+        if (gs[0].ndim >= 0) st = out_tensor(g, n, &gs[0], op->name, 0, &n->t[0]);
+        for (int i = 0; i < op->n_extra_in && !st; i++)
+            if (gs[1 + n_params + i].ndim >= 0)
+                st = out_tensor(g, n, &gs[1 + n_params + i], op->name, 1 + i, &n->t[1 + i]);
+    }
+    for (int i = 0; i < ng; i++) opf_tensor_release(&gr[i]);
+    for (int i = 0; i < n_in; i++) opf_tensor_release(&real_in[i]);
+    free(bargs);
+    for (int k = 0; k < e->count; k++) opf_op_ctx_clear(&ts->probe[e->first + k]);
+    return st;
+}
+
+static opf_status forward_entry(trace_state *ts, const opf_plan_entry *e)
+{
+    opf_graph *g = ts->g;
+    opf_seq *seq = g->seq;
+    opf_op *op = e->op;
+    int first = e->first, last = e->first + e->count - 1;
+    opf_quantizer qv[2];
+    const opf_quantizer *qp[2];
+    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
+    const void *kw[OPF_FUSED_MAX] = {0};
+    for (int k = 0; k < e->count; k++) kw[k] = g->kwargs[first + k];
+    opf_tensor x, extra[OPF_OP_MAX_EXTRA];
+    tag_tensor(g, ts->cur, &x);
+    opf_fwd_env env = {.ctx = g->ctx, .x = &x, .prev_grad_q = qp[0], .next_input_q = qp[1],
+                       .recipe = g->has_recipe ? &g->recipe : NULL,
+                       .requires_grad = last >= g->first_req,
+                       .kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0]};
+    int slot = 0;
+    for (int i = first; i <= last; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
+            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
+            int v = s->op < 0 ? g->extra_in_val[s->pub]
+                  : s->op >= first ? -1 : ts->chan[s->op * OPF_OP_MAX_EXTRA + s->slot];
+            if (v >= 0) tag_tensor(g, v, &extra[slot]);
+            env.extra_in[slot] = v >= 0 ? &extra[slot] : NULL;
+        }
+    opf_gnode *n = new_node(g, OPF_NODE_FORWARD, op, first, e->count);
+    if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    n->x_val = ts->cur;
+    const char *reason = eager_reason(g, op, first, e->count, false, ts->call);
+    opf_status st = OPF_OK;
+    if (!reason) {  /* trace on tags */
+        n->schema = op->cls->fwd_schema;
+        n->args = calloc(1, n->schema->size);
+        opf_spec out_s[1 + OPF_OP_MAX_EXTRA], aux_s[OPF_OP_MAX_AUX];
+        if (!n->args) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+        if ((st = opf_op_trace_forward(op, &env, n->args, out_s, aux_s))) return st;
+        if (hidden_tensor(n->schema, n->args)) {
+            reason = "its args hold a tensor outside its schema";
+            free(n->args);
+            n->args = NULL;
+            n->schema = NULL;
+        } else {
+            n->n_out = 1 + OPF_OP_MAX_EXTRA + OPF_OP_MAX_AUX;
+            if ((st = alloc_tensors(g, n, n->n_out))) return st;
+            opf_slot slots[256];
+            int ns = opf_schema_slots(n->schema, n->args, slots, 256);
+            for (int i = 0; i < ns && !st; i++) st = add_ref(g, n, slots[i].tensor, false);
+            for (int i = 0; i < 1 + op->n_extra_out && !st; i++)
+                if (out_s[i].ndim >= 0) st = out_tensor(g, n, &out_s[i], op->name, i, &n->t[i]);
+            for (int i = 0; i < OPF_OP_MAX_AUX && !st; i++)
+                if (aux_s[i].ndim >= 0)
+                    st = out_tensor(g, n, &aux_s[i], op->name, 10 + i, &n->t[1 + OPF_OP_MAX_EXTRA + i]);
+            if (!st && n->t[0].spec.ndim == 0 && !n->t[0].data[0])
+                st = opf_error(g->ctx, OPF_ERR_UNSUPPORTED, "compile: %s: the fake gives no output",
+                               op->name);
+            if (!st && env.requires_grad)
+                st = opf_op_save_context(op, &env, &g->octx_traced[first], n->args, n->t,
+                                         n->t + 1 + OPF_OP_MAX_EXTRA);
+        }
+    }
+    if (reason) {
+        for (int k = 0; k < e->count; k++) g->fwd_eager[first + k] = true;
+        if ((st = eager_forward(ts, e, &env, n, reason))) return st;
+    }
+    if (st) return st;
+    ts->cur = tensor_val(&n->t[0]);
+    slot = 0;
+    for (int i = first; i <= last; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++, slot++)
+            ts->chan[i * OPF_OP_MAX_EXTRA + j] = tensor_val(&n->t[1 + slot]);
+    return OPF_OK;
+}
+
+/* chan_grad[idx] += value v (a GRAD_ADD node when both exist). */
+static opf_status add_grad(trace_state *ts, int *acc, int v, bool backward)
+{
+    opf_graph *g = ts->g;
+    if (v < 0) return OPF_OK;
+    if (*acc < 0) {
+        *acc = v;
+        return OPF_OK;
+    }
+    opf_gnode *n = new_node(g, OPF_NODE_GRAD_ADD, NULL, -1, 0);
+    if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    n->backward = backward;
+    opf_status st = alloc_tensors(g, n, 3);
+    if (st) return st;
+    n->n_out = 1;
+    opf_spec s = opf_grad_sum_spec(&g->vals[*acc].spec);
+    if ((st = out_tensor(g, n, &s, "grad_sum", -1, &n->t[0]))) return st;
+    tag_tensor(g, *acc, &n->t[1]);
+    tag_tensor(g, v, &n->t[2]);
+    if ((st = add_ref(g, n, &n->t[1], false)) || (st = add_ref(g, n, &n->t[2], false))) return st;
+    *acc = tensor_val(&n->t[0]);
+    return OPF_OK;
+}
+
+static opf_status backward_entry(trace_state *ts, const opf_plan_entry *e)
+{
+    opf_graph *g = ts->g;
+    opf_seq *seq = g->seq;
+    opf_op *op = e->op;
+    int first = e->first, last = e->first + e->count - 1;
+    opf_quantizer qv[2];
+    const opf_quantizer *qp[2];
+    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
+    opf_tensor dy, dext[OPF_OP_MAX_EXTRA];
+    if (ts->cur < 0)
+        return opf_error(g->ctx, OPF_ERR_UNSUPPORTED, "compile: %s: no gradient reaches its backward",
+                         op->name);
+    tag_tensor(g, ts->cur, &dy);
+    opf_bwd_env env = {.ctx = g->ctx, .dy = &dy, .prev_grad_q = qp[0]};
+    opf_status st = OPF_OK;
+    int slot = 0;
+    for (int i = first; i <= last && !st; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_out && !st; j++, slot++) {
+            int *cg = &ts->chan_grad[i * OPF_OP_MAX_EXTRA + j];
+            int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
+            if (pub >= 0) st = add_grad(ts, cg, g->dextra_out_val[pub], true);
+            if (*cg >= 0) tag_tensor(g, *cg, &dext[slot]);
+            env.dextra_out[slot] = *cg >= 0 ? &dext[slot] : NULL;
+        }
+    if (st) return st;
+    opf_gnode *n = new_node(g, OPF_NODE_BACKWARD, op, first, e->count);
+    if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    n->backward = true;
+    int n_params = opf_op_num_params(op);
+    const char *reason = eager_reason(g, op, first, e->count, true, ts->call);
+    int dx_val = -1, dxi[OPF_OP_MAX_EXTRA];
+    for (int i = 0; i < OPF_OP_MAX_EXTRA; i++) dxi[i] = -1;
+    if (!reason) {
+        n->schema = op->cls->bwd_schema;
+        n->args = calloc(1, n->schema->size);
+        if (!n->args) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+        opf_spec gs[OPF_OP_MAX_GRADS];
+        int ng;
+        if ((st = opf_op_trace_backward(op, &g->octx_traced[first], &env, n->args, gs, &ng))) return st;
+        if (hidden_tensor(n->schema, n->args)) {
+            reason = "its args hold a tensor outside its schema";
+            free(n->args);
+            n->args = NULL;
+            n->schema = NULL;
+        } else {
+            n->passthrough = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
+            if (n->passthrough) gs[0].ndim = OPF_SPEC_NONE_NDIM;
+            n->n_params = n_params;
+            n->n_out = ng;
+            if ((st = alloc_tensors(g, n, ng))) return st;
+            opf_slot slots[256];
+            int ns = opf_schema_slots(n->schema, n->args, slots, 256);
+            for (int i = 0; i < ns && !st; i++) st = add_ref(g, n, slots[i].tensor, false);
+            for (int i = 0; i < ng && !st; i++)
+                if (gs[i].ndim >= 0) st = out_tensor(g, n, &gs[i], op->name, 100 + i, &n->t[i]);
+            if (st) return st;
+            dx_val = n->passthrough ? ts->cur : tensor_val(&n->t[0]);
+            for (int i = 0; i < op->n_extra_in; i++) dxi[i] = tensor_val(&n->t[1 + n_params + i]);
+        }
+    }
+    if (reason) {
+        if ((st = eager_backward(ts, e, &env, n, reason))) return st;
+        dx_val = n->passthrough ? ts->cur : tensor_val(&n->t[0]);
+        for (int i = 0; i < op->n_extra_in; i++) dxi[i] = tensor_val(&n->t[1 + i]);
+    }
+    slot = 0;
+    for (int i = first; i <= last && !st; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_in && !st; j++, slot++) {
+            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
+            if (s->op < 0) g->dextra_in_val[s->pub] = dxi[slot];
+            else if (s->op < first) st = add_grad(ts, &ts->chan_grad[s->op * OPF_OP_MAX_EXTRA + s->slot], dxi[slot], true);
+        }
+    ts->cur = dx_val;
+    return st;
+}
+
+static opf_status add_update(opf_graph *g, bool backward)
+{
+    bool any = false;
+    for (int i = 0; i < g->seq->n && !any; i++)
+        any = g->seq->ops[i]->rs && opf_recipe_state_delayed(g->seq->ops[i]->rs, backward);
+    if (!any) return OPF_OK;
+    opf_gnode *n = new_node(g, OPF_NODE_AMAX_UPDATE, NULL, -1, 0);
+    if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    n->backward = backward;
+    return OPF_OK;
+}
+
+/* An input value with a tagged tensor. */
+static int input_val(opf_graph *g, const opf_spec *s, opf_in_kind kind, int index, const char *name)
+{
+    int v = new_val(g, s, OPF_VAL_INPUT, name, index);
+    if (v >= 0) g->vals[v].in_kind = kind, g->vals[v].in_index = index;
+    return v;
+}
+
+/* The kwargs copies the traced halves read: value fields as given, tensor
+ * fields replaced by tagged graph inputs. */
+static opf_status trace_kwargs(opf_graph *g, const opf_seq_call *call)
+{
+    opf_seq *seq = g->seq;
+    g->kwargs = calloc((size_t)seq->n, sizeof *g->kwargs);
+    if (!g->kwargs) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    for (int i = 0; call->kwargs && i < seq->n; i++) {
+        const opf_schema *ks = seq->ops[i]->cls->kwargs_schema;
+        if (!call->kwargs[i] || !ks) continue;  /* eager nodes read the caller's */
+        g->kwargs[i] = calloc(1, ks->size);
+        if (!g->kwargs[i]) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+        memcpy(g->kwargs[i], call->kwargs[i], ks->size);
+        for (int f = 0; f < ks->n_fields; f++) {
+            const opf_field *fd = &ks->fields[f];
+            if (fd->kind != OPF_FIELD_TENSOR && fd->kind != OPF_FIELD_TENSOR_Q) continue;
+            opf_tensor *t = (opf_tensor *)((char *)g->kwargs[i] + fd->offset);
+            if (!t->data[0] && !t->data[OPF_COMP_COL_DATA]) continue;
+            char name[48];
+            snprintf(name, sizeof name, "%.20s.%.20s", seq->ops[i]->name, fd->name);
+            int v = input_val(g, &t->spec, OPF_IN_KWARG, i, name);
+            if (v < 0) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+            g->vals[v].in_field = fd->offset;
+            tag_tensor(g, v, t);
+        }
+    }
+    return OPF_OK;
+}
+
+opf_status opf_graph_trace(opf_graph *g, const opf_spec *x, const opf_seq_call *call)
+{
+    opf_seq *seq = g->seq;
+    opf_ctx *ctx = g->ctx;
+    int n = seq->n;
+    opf_status st;
+    g->octx = calloc((size_t)n, sizeof *g->octx);
+    g->octx_traced = calloc((size_t)n, sizeof *g->octx_traced);
+    g->fwd_eager = calloc((size_t)n, sizeof *g->fwd_eager);
+    g->extra_in_spec = calloc((size_t)seq->n_pub_in + 1, sizeof *g->extra_in_spec);
+    g->extra_in_val = calloc((size_t)seq->n_pub_in + 1, sizeof(int));
+    g->dextra_in_val = calloc((size_t)seq->n_pub_in + 1, sizeof(int));
+    g->extra_out_val = calloc((size_t)seq->n_pub_out + 1, sizeof(int));
+    g->dextra_out_val = calloc((size_t)seq->n_pub_out + 1, sizeof(int));
+    trace_state ts = {.g = g, .call = call};
+    ts.chan = malloc(sizeof(int) * (size_t)n * OPF_OP_MAX_EXTRA);
+    ts.chan_grad = malloc(sizeof(int) * (size_t)n * OPF_OP_MAX_EXTRA);
+    ts.probe = calloc((size_t)n, sizeof *ts.probe);
+    if (!g->octx || !g->octx_traced || !g->fwd_eager || !g->extra_in_spec || !g->extra_in_val ||
+        !g->dextra_in_val || !g->extra_out_val || !g->dextra_out_val || !ts.chan || !ts.chan_grad ||
+        !ts.probe) {
+        st = opf_error(ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n * OPF_OP_MAX_EXTRA; i++) ts.chan[i] = ts.chan_grad[i] = -1;
+    g->n_pub_in = seq->n_pub_in;
+    g->n_pub_out = seq->n_pub_out;
+    g->x_val = input_val(g, x, OPF_IN_X, -1, "x");
+    for (int p = 0; p < seq->n_pub_in; p++) {
+        g->extra_in_spec[p] = call->extra_in[p].spec;
+        g->extra_in_val[p] = input_val(g, &call->extra_in[p].spec, OPF_IN_EXTRA, p, "extra_in");
+        g->dextra_in_val[p] = -1;
+    }
+    if ((st = trace_kwargs(g, call))) goto done;
+    /* forward */
+    ts.cur = g->x_val;
+    for (int gi = 0; gi < seq->n_groups && !st; gi++) {
+        const opf_group *gr = &seq->groups[gi];
+        for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(&ts, &gr->fwd[k]);
+    }
+    if (st) goto done;
+    g->y_val = ts.cur;
+    g->vals[g->y_val].keep = true;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
+            int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
+            if (pub < 0) continue;
+            g->extra_out_val[pub] = ts.chan[i * OPF_OP_MAX_EXTRA + j];
+            g->vals[g->extra_out_val[pub]].keep = true;
+        }
+    if (g->call.requires_grad && (st = add_update(g, false))) goto done;
+    g->n_fwd = g->n_nodes;
+    g->dx_val = -1;
+    if (!g->forward_only) {
+        /* backward */
+        const opf_spec *ys = &g->vals[g->y_val].spec;
+        opf_spec dys = opf_spec_make(ys->ndim, ys->shape, ys->dtype);  /* callers pass plain dy */
+        dys.device = ys->device;
+        g->dy_val = input_val(g, &dys, OPF_IN_DY, -1, "dy");
+        for (int p = 0; p < seq->n_pub_out; p++) {
+            const opf_spec *es = &g->vals[g->extra_out_val[p]].spec;
+            opf_spec s = opf_spec_make(es->ndim, es->shape, es->dtype);
+            s.device = es->device;
+            g->dextra_out_val[p] = input_val(g, &s, OPF_IN_DEXTRA_OUT, p, "dextra_out");
+        }
+        ts.cur = g->dy_val;
+        for (int gi = seq->n_groups - 1; gi >= 0 && !st; gi--) {
+            const opf_group *gr = &seq->groups[gi];
+            for (int k = gr->n_bwd - 1; k >= 0 && !st; k--) {
+                const opf_plan_entry *e = &gr->bwd[k];
+                if (e->first + e->count - 1 < g->first_req) {
+                    ts.cur = -1;
+                    gi = -1;
+                    break;
+                }
+                st = backward_entry(&ts, e);
+            }
+        }
+        if (st) goto done;
+        g->dx_val = g->first_req == 0 ? ts.cur : -1;
+        if (g->dx_val >= 0) g->vals[g->dx_val].keep = true;
+        for (int p = 0; p < seq->n_pub_in; p++)
+            if (g->dextra_in_val[p] >= 0) g->vals[g->dextra_in_val[p]].keep = true;
+        if ((st = add_update(g, true))) goto done;
+    }
+    /* warn once per reason */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const opf_gnode *nd = &g->nodes[i];
+        if (nd->kind != OPF_NODE_EAGER_FORWARD && nd->kind != OPF_NODE_EAGER_BACKWARD) continue;
+        char key[256];
+        snprintf(key, sizeof key, "compile:%s:%s", nd->op->cls->name, nd->reason);
+        opf_ctx_warn_once(ctx, key, "compile: %s \"%s\" runs as an eager node inside the graph: %s",
+                          nd->op->cls->name, nd->op->name, nd->reason);
+    }
+done:
+    if (ts.probe)
+        for (int i = 0; i < n; i++) opf_op_ctx_clear(&ts.probe[i]);
+    free(ts.chan), free(ts.chan_grad), free(ts.probe);
+    return st;
+}
+
+void opf_graph_free_ir(opf_graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        free(g->nodes[i].args);
+        free(g->nodes[i].t);
+        free(g->nodes[i].refs);
+        free(g->nodes[i].zero);
+    }
+    free(g->nodes);
+    g->nodes = NULL;
+    g->n_nodes = g->cap_nodes = 0;
+    free(g->vals);
+    g->vals = NULL;
+    g->n_vals = g->cap_vals = 0;
+    if (g->kwargs && g->seq)
+        for (int i = 0; i < g->seq->n; i++)
+            free(g->kwargs[i]);
+    free(g->kwargs);
+    g->kwargs = NULL;
+    if (g->octx)
+        for (int i = 0; i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
+    free(g->octx), free(g->octx_traced), free(g->fwd_eager);
+    g->octx = g->octx_traced = NULL;
+    g->fwd_eager = NULL;
+    free(g->extra_in_spec), free(g->extra_in_val), free(g->dextra_in_val);
+    free(g->extra_out_val), free(g->dextra_out_val);
+    g->extra_in_spec = NULL;
+    g->extra_in_val = g->dextra_in_val = g->extra_out_val = g->dextra_out_val = NULL;
+}
