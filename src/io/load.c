@@ -206,6 +206,7 @@ static void apply(loader *L)
             opf_tensor_release(&p->qvalue);
             p->qvalue = *t;
             memset(t, 0, sizeof *t);
+            L->seq->epoch++;  /* compiled graphs baked the old buffer's address */
         }
     if (L->opt) opf_optim_set_step_count(L->opt, L->step);
     opf_ctx_set_rng(L->ctx, L->rng[0], L->rng[1]);
