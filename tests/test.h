@@ -57,6 +57,18 @@ static inline int opf_test_msg_has(const char *msg, const char *const *subs)
         return opf_test_fail ? 1 : 0;                                            \
     } while (0)
 
+/* Same spec and the same bytes in every component the layout has. */
+static inline bool opf_test_same_bytes(const opf_tensor *a, const opf_tensor *b)
+{
+    if (!opf_spec_equal(&a->spec, &b->spec)) return false;
+    opf_layout L;
+    if (opf_spec_layout(&a->spec, &L)) return false;
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (L.comp[c].present && L.comp[c].nbytes && memcmp(a->data[c], b->data[c], L.comp[c].nbytes))
+            return false;
+    return true;
+}
+
 /* Deterministic test randomness (splitmix64). */
 static inline unsigned long long opf_test_rand_u64(unsigned long long *s)
 {

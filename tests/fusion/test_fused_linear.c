@@ -164,17 +164,6 @@ static float *values(const opf_tensor *t)
     return v;
 }
 
-static bool same_bytes(const opf_tensor *a, const opf_tensor *b)
-{
-    if (!opf_spec_equal(&a->spec, &b->spec)) return false;
-    opf_layout L;
-    if (opf_spec_layout(&a->spec, &L)) return false;
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present && L.comp[c].nbytes && memcmp(a->data[c], b->data[c], L.comp[c].nbytes))
-            return false;
-    return true;
-}
-
 /* Tolerances of te-ops 8.1: the dtype's (f32 GEMMs take fp16's), or the
  * recipe's quantization tolerance (gradients of a HYBRID FP8 recipe are
  * E5M2); atol is relative to the tensor's amax. */
@@ -625,7 +614,7 @@ static void test_quantized_outputs(void)
                 CHECK_OK(ctx, opf_quantize_alloc(ctx, &q, &yp, &want));
                 bool fp32_cast = n == 3 ? q.delayed != NULL : q.scaling == OPF_SCALING_TENSOR;
                 if (dt == OPF_F32 || !fp32_cast) {
-                    CHECK(same_bytes(&yq, &want), "%s: the quantized output is not the quantized "
+                    CHECK(opf_test_same_bytes(&yq, &want), "%s: the quantized output is not the quantized "
                           "plain output", tag);
                 } else {
                     double rtol, atol;

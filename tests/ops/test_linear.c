@@ -12,7 +12,7 @@
  * - main_grad accumulation over two calls, overwrite with is_first_microbatch
  *   = 1, no returned weight gradient;
  * - the is_first_microbatch weight cache (reused after the weight changes,
- *   refreshed with 1, dropped by a recipe reset);
+ *   refreshed with 1 into the same buffer, dropped by a recipe reset);
  * - quantized outputs for the next op (y) and the previous op (dx): equal to
  *   quantizing the plain output;
  * - finite differences of the FP64 reference, fake-vs-real conformance, bad
@@ -106,17 +106,6 @@ static double *values(const opf_tensor *t, unsigned which)
     for (int64_t i = 0; i < n; i++) d[i] = ((const float *)f.data[0])[i];
     opf_tensor_release(&f);
     return d;
-}
-
-static bool same_bytes(const opf_tensor *a, const opf_tensor *b)
-{
-    if (!opf_spec_equal(&a->spec, &b->spec)) return false;
-    opf_layout L;
-    if (opf_spec_layout(&a->spec, &L)) return false;
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present && L.comp[c].nbytes && memcmp(a->data[c], b->data[c], L.comp[c].nbytes))
-            return false;
-    return true;
 }
 
 static opf_quantizer op_q(const opf_op *op, opf_tensor_role role, int gemm)
@@ -329,7 +318,7 @@ static opf_status bwd(opf_op *op, opf_op_ctx *octx, const opf_tensor *dy, opf_te
     return opf_op_backward(op, octx, &env, dx, NULL);
 }
 
-static bool bits_equal(const opf_tensor *a, const opf_tensor *b) { return same_bytes(a, b); }
+static bool bits_equal(const opf_tensor *a, const opf_tensor *b) { return opf_test_same_bytes(a, b); }
 
 /* An int field (enum) of the op's last resolved args, found through the schema. */
 static int args_enum(const opf_op *op, bool backward, const char *name)
@@ -478,25 +467,45 @@ static void test_weight_cache(const rcase *rc)
     int64_t xs[2] = {ROWS, IN}, ys[2] = {ROWS, OUT};
     opf_tensor x = rand_tensor(2, xs, OPF_BF16, 1.0f), dy = rand_tensor(2, ys, OPF_BF16, 1.0f);
     opf_basic_linear_kwargs k0 = {0}, k1 = {1};
-    opf_tensor y1, y0, yn, y1b, dxa, dxb;
+    opf_tensor y1, y1r, y0, yn, y1b, dxa, dxb, dxc;
     CHECK_OK(ctx, fwd(op, &x, &rec, false, &k1, NULL, NULL, NULL, &y1));
     CHECK(p->qvalue_valid && p->qvalue.spec.usage == (OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE),
           "%s: is_first_microbatch=1 caches both copies", tag);
+    /* forward_impl writes the cache into the buffer it already has (a
+     * compiled graph records that memory once) */
+    const void *buf = p->qvalue.data[OPF_COMP_DATA];
+    CHECK_OK(ctx, fwd(op, &x, &rec, false, &k1, NULL, NULL, NULL, &y1r));
+    CHECK(buf && p->qvalue.data[OPF_COMP_DATA] == buf && bits_equal(&y1r, &y1),
+          "%s: a second is_first_microbatch=1 reuses the cache's buffer", tag);
     scale_weight(p, 1.5f);
     CHECK_OK(ctx, fwd(op, &x, &rec, false, &k0, NULL, NULL, NULL, &y0));
     CHECK(bits_equal(&y0, &y1), "%s: is_first_microbatch=0 must reuse the cached weight", tag);
     CHECK_OK(ctx, fwd(op, &x, &rec, false, NULL, NULL, NULL, NULL, &yn));
     CHECK(!bits_equal(&yn, &y1), "%s: without kwargs the changed weight is used", tag);
     CHECK_OK(ctx, fwd(op, &x, &rec, false, &k1, NULL, NULL, NULL, &y1b));
-    CHECK(bits_equal(&y1b, &yn), "%s: is_first_microbatch=1 refreshes the cache", tag);
-    /* dgrad through the cache equals dgrad through a fresh quantization */
-    opf_op_ctx oa = {0}, ob = {0};
-    opf_tensor t1, t2;
+    CHECK(bits_equal(&y1b, &yn) && p->qvalue.data[OPF_COMP_DATA] == buf,
+          "%s: is_first_microbatch=1 refreshes the cache in place, bit for bit", tag);
+    if (rc->kind != OPF_RECIPE_DELAYED) {  /* a delayed scale moves with the amax history */
+        opf_quantizer qw = op_q(op, OPF_ROLE_WEIGHT, 0);
+        qw.usage = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+        opf_tensor wq = quantized(&qw, &p->value);
+        CHECK(bits_equal(&wq, &p->qvalue), "%s: the cache holds the new weight quantized", tag);
+        opf_tensor_release(&wq);
+    }
+    /* dgrad through the cache (read or written) equals dgrad through a
+     * fresh quantization */
+    opf_op_ctx oa = {0}, ob = {0}, oc1 = {0};
+    opf_tensor t1, t2, t3;
     CHECK_OK(ctx, fwd(op, &x, &rec, true, &k0, NULL, NULL, &oa, &t1));
     CHECK_OK(ctx, bwd(op, &oa, &dy, &dxa));
     CHECK_OK(ctx, fwd(op, &x, &rec, true, NULL, NULL, NULL, &ob, &t2));
     CHECK_OK(ctx, bwd(op, &ob, &dy, &dxb));
+    CHECK_OK(ctx, fwd(op, &x, &rec, true, &k1, NULL, NULL, &oc1, &t3));
+    CHECK(oc1.saved[0].data[OPF_COMP_DATA] == buf, "%s: backward reads the cache", tag);
+    CHECK_OK(ctx, bwd(op, &oc1, &dy, &dxc));
     CHECK(bits_equal(&dxa, &dxb) && bits_equal(&t1, &t2), "%s: backward through the cache", tag);
+    CHECK(bits_equal(&dxc, &dxb) && bits_equal(&t3, &t2), "%s: backward through a written cache",
+          tag);
     /* a recipe reset drops the cache */
     CHECK_OK(ctx, opf_op_reset_recipe(ctx, op, &rec));
     opf_op_ctx oc = {0};
@@ -505,8 +514,8 @@ static void test_weight_cache(const rcase *rc)
     CHECK_FAILS(ctx, fwd(op, &x, &rec, true, &k0, NULL, NULL, &oc, &yz), OPF_ERR_STATE,
                 "fc_cache", "is_first_microbatch=0");
     CHECK(!oc.valid && !yz.data[0], "%s: a failed forward leaves no context or output", tag);
-    opf_tensor *t[] = {&x, &dy, &y1, &y0, &yn, &y1b, &dxa, &dxb, &t1, &t2};
-    for (int i = 0; i < 10; i++) opf_tensor_release(t[i]);
+    opf_tensor *t[] = {&x, &dy, &y1, &y1r, &y0, &yn, &y1b, &dxa, &dxb, &dxc, &t1, &t2, &t3};
+    for (int i = 0; i < 13; i++) opf_tensor_release(t[i]);
     opf_op_destroy(op);
 }
 
@@ -534,7 +543,7 @@ static void test_quantized_outputs(const rcase *rc, opf_dtype dt)
     CHECK(yq.spec.scaling == nq.scaling, "%s: y is %s", tag, opf_scaling_name(yq.spec.scaling));
     CHECK_OK(ctx, opf_quantize_alloc(ctx, &nq, &yp, &ref));
     if (!tensor_fp8 || dt == OPF_F32) {
-        CHECK(same_bytes(&yq, &ref), "%s: y differs from quantizing the plain y", tag);
+        CHECK(opf_test_same_bytes(&yq, &ref), "%s: y differs from quantizing the plain y", tag);
     } else {
         double *a = values(&yq, OPF_USAGE_ROWWISE), *b = values(&yp, 0), amax = 0;
         int64_t bad = 0;
@@ -552,7 +561,7 @@ static void test_quantized_outputs(const rcase *rc, opf_dtype dt)
     set_rng(after);
     CHECK_OK(ctx, opf_quantize_alloc(ctx, &pq, &dxp, &ref));
     if (!tensor_fp8 || dt == OPF_F32)
-        CHECK(same_bytes(&dxq, &ref), "%s: dx differs from quantizing the plain dx", tag);
+        CHECK(opf_test_same_bytes(&dxq, &ref), "%s: dx differs from quantizing the plain dx", tag);
     else
         CHECK(dxq.spec.scaling == OPF_SCALING_TENSOR, "%s: dx is FP8", tag);
     opf_tensor *t[] = {&x, &dy, &yp, &yq, &dxp, &dxq, &ref};
@@ -750,6 +759,7 @@ static void test_basic_class(void)
     CHECK(c && c->n_gemms == 1 && !strcmp(c->module_type, "linear") && c->kwargs_schema,
           "basic_linear class");
     opf_op *op = new_linear("fc_cls", OPF_F32, false, NULL);
+    CHECK(!c->unsupported_reason, "basic_linear runs inside a compiled graph");
     CHECK(!c->input_quantizer(op) && !c->grad_output_quantizer(op), "no quantizers without a recipe");
     opf_recipe r = opf_recipe_default(OPF_RECIPE_NVFP4);
     CHECK_OK(ctx, opf_op_reset_recipe(ctx, op, &r));
@@ -974,6 +984,11 @@ static void test_grouped_errors(void)
                 "gb", "65 groups", "65 parameters", "1..64");
     CHECK(!op, "no op after a bad config");
     op = new_grouped("moe", OPF_BF16, true, NULL);
+    /* split sizes from data, weights through a reference: a compiled graph
+     * runs the op eagerly */
+    const opf_op_class *gc = opf_op_class_of(op);
+    const char *why = gc->unsupported_reason ? gc->unsupported_reason(op) : NULL;
+    CHECK(why && strstr(why, "split sizes"), "grouped_linear gives a reason to run eagerly");
     int64_t xs[2] = {GROWS, GIN}, wsz[2] = {GROWS, GIN + 1};
     opf_tensor x = rand_tensor(2, xs, OPF_BF16, 1), xw = rand_tensor(2, wsz, OPF_BF16, 1);
     int64_t wrong[G] = {32, 0, 63}, neg[G] = {100, -4, 0};

@@ -82,23 +82,26 @@ opf_status opf_act_backward_fake(const void *bargs, opf_spec *grads);
 opf_status opf_act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads);
 
 /* The class of an activation: name (a string literal equal to the table
- * row's name) and config size (0 when it takes none). */
-#define OPF_ACT_CLASS(cls_name, cfg_size)          \
-    {                                              \
-        .abi_version   = OPF_OP_ABI_VERSION,       \
-        .name          = cls_name,                 \
-        .config_size   = (cfg_size),               \
-        .fwd_schema    = &opf_act_fwd_schema,      \
-        .bwd_schema    = &opf_act_bwd_schema,      \
-        .fusible       = true,                     \
-        .init          = opf_act_init,             \
-        .resolve_fwd   = opf_act_resolve_fwd,      \
-        .setup_context = opf_act_setup_context,    \
-        .resolve_bwd   = opf_act_resolve_bwd,      \
-        .forward_fake  = opf_act_forward_fake,     \
-        .forward_impl  = opf_act_forward_impl,     \
-        .backward_fake = opf_act_backward_fake,    \
-        .backward_impl = opf_act_backward_impl,    \
+ * row's name), config size (0 when it takes none) and whether forward_impl
+ * may write over its input (opf_op_class.inplace: true for the elementwise
+ * rows; it loads x whole before it stores y). */
+#define OPF_ACT_CLASS(cls_name, cfg_size, in_place) \
+    {                                               \
+        .abi_version   = OPF_OP_ABI_VERSION,        \
+        .name          = cls_name,                  \
+        .config_size   = (cfg_size),                \
+        .fwd_schema    = &opf_act_fwd_schema,       \
+        .bwd_schema    = &opf_act_bwd_schema,       \
+        .fusible       = true,                      \
+        .init          = opf_act_init,              \
+        .resolve_fwd   = opf_act_resolve_fwd,       \
+        .setup_context = opf_act_setup_context,     \
+        .resolve_bwd   = opf_act_resolve_bwd,       \
+        .forward_fake  = opf_act_forward_fake,      \
+        .forward_impl  = opf_act_forward_impl,      \
+        .backward_fake = opf_act_backward_fake,     \
+        .backward_impl = opf_act_backward_impl,     \
+        .inplace       = (in_place),                \
     }
 
 #endif

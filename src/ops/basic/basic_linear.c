@@ -22,8 +22,12 @@
  *
  * Weight cache (kwarg is_first_microbatch): -1 or no kwargs quantizes W in
  * forward_impl on every call (into aux[1]); 1 quantizes W, both copies, in
- * resolve_fwd (the half that owns op state) into param->qvalue; 0 reuses
- * that copy even if the weight changed since (OPF_ERR_STATE without one).
+ * forward_impl too, into param->qvalue (args field w_cache): resolve_fwd
+ * (the half that owns op state) only makes sure the buffer exists with the
+ * quantizer's spec, reusing it when it already has it, so that a compiled
+ * graph, which replays forward_impl on args recorded once, refreshes the
+ * same cache every step; 0 reuses that copy even if the weight changed
+ * since (OPF_ERR_STATE without one).
  *
  * Weight init: Kaiming-uniform with a = sqrt(5), i.e. U(-b, b) with
  * b = 1/sqrt(in_features), from the context's Philox stream: element i of
@@ -68,6 +72,7 @@
 
 static const opf_field linear_fwd_fields[] = {
     OPF_F_TENSOR_Q(opf_linear_fwd, x),  OPF_F_TENSOR_Q(opf_linear_fwd, w),
+    OPF_F_OPT(opf_linear_fwd, w_cache),
     OPF_F_QUANT(opf_linear_fwd, x_q),   OPF_F_QUANT(opf_linear_fwd, w_q),
     OPF_F_QUANT(opf_linear_fwd, out_q), OPF_F_ENUM(opf_linear_fwd, x_mode),
     OPF_F_BOOL(opf_linear_fwd, wgrad),
@@ -100,6 +105,13 @@ enum { AT_ACT_DTYPE, AT_WGRAD, AT_FIRST_MB, AT_ROWS, AT_QUANTIZED, AT_OVERRIDE }
 static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
 static bool is_nvfp4(opf_scaling s) { return s == OPF_SCALING_NVFP4_1D || s == OPF_SCALING_NVFP4_2D; }
+/* Does the forward write the parameter's weight cache? resolve sets
+ * w_cache exactly then; deciding by value fields rather than by w_cache's
+ * data keeps the fake right on data-free args. */
+static bool has_cache(const opf_linear_fwd *a)
+{
+    return a->is_first_microbatch == 1 && is_q(&a->w_q);
+}
 
 /* Re-reports the thread's last error under the op's name (the message is
  * copied first: opf_error writes into the buffer it lives in). */
@@ -305,9 +317,17 @@ opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *a
     opf_status st = operand_spec(&a->x.spec, a->x_mode, &a->x_q, a->x.spec.dtype, &xs);
     if (st) return st;
     if (a->x_mode != OPF_LIN_AS_IS) aux[OPF_LIN_AUX_X] = xs;
+    bool cache = has_cache(a);
     if (is_q(&a->w_q)) {
         if ((st = opf_quantizer_spec(&a->w_q, &a->w.spec, &ws))) return st;
-        aux[OPF_LIN_AUX_W] = ws;
+        if (cache && !opf_spec_equal(&ws, &a->w_cache.spec)) {
+            char h[160], w[160];
+            opf_spec_str(&a->w_cache.spec, h, sizeof h);
+            opf_spec_str(&ws, w, sizeof w);
+            return opf_error(NULL, OPF_ERR_SHAPE, "the weight cache is %s, the weight quantizer "
+                             "makes %s", h, w);
+        }
+        if (!cache) aux[OPF_LIN_AUX_W] = ws;
     } else {
         ws = a->w.spec;
     }
@@ -320,7 +340,8 @@ opf_status opf_linear_fprop(opf_ctx *ctx, const opf_linear_fwd *a, opf_tensor *a
                             const opf_quantizer *out_q, opf_tensor *d)
 {
     const opf_tensor *x = &a->x, *w = &a->w;
-    opf_tensor *ax = &aux[OPF_LIN_AUX_X], *aw = &aux[OPF_LIN_AUX_W];
+    opf_tensor wc = a->w_cache;  /* the parameter's cache: written here */
+    opf_tensor *ax = &aux[OPF_LIN_AUX_X], *aw = has_cache(a) ? &wc : &aux[OPF_LIN_AUX_W];
     opf_status st = OPF_OK;
     if (a->x_mode == OPF_LIN_QUANTIZE) st = opf_quantize(ctx, &a->x_q, x, ax);
     else if (a->x_mode == OPF_LIN_RECAST) st = recast(ctx, x, &a->x_q, ax);
@@ -371,14 +392,20 @@ static opf_status ensure_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
     return st ? fail(ctx, op, st) : OPF_OK;
 }
 
-/* is_first_microbatch == 1: W (both copies) into a fresh param->qvalue. */
-static opf_status cache_weight(opf_ctx *ctx, opf_op *op, opf_param *p, const opf_quantizer *wq)
+/* is_first_microbatch == 1: param->qvalue of spec `want` (the weight
+ * quantizer's), for forward_impl to write. An existing buffer of that spec
+ * is kept, so the cache's memory stays put from step to step (a compiled
+ * graph records it once); otherwise a new one replaces it. */
+static opf_status cache_buffer(opf_ctx *ctx, opf_op *op, opf_param *p, const opf_spec *want)
 {
-    opf_tensor t;
-    opf_status st = opf_quantize_alloc(ctx, wq, &p->value, &t);
-    if (st) return fail(ctx, op, st);
-    opf_tensor_release(&p->qvalue);
-    p->qvalue = t;
+    bool have = p->qvalue.data[OPF_COMP_DATA] || p->qvalue.data[OPF_COMP_COL_DATA];
+    if (!have || !opf_spec_equal(want, &p->qvalue.spec)) {
+        opf_tensor t;
+        opf_status st = opf_tensor_alloc(ctx, want, &t);
+        if (st) return fail(ctx, op, st);
+        opf_tensor_release(&p->qvalue);
+        p->qvalue = t;
+    }
     p->qvalue_valid = true;
     return OPF_OK;
 }
@@ -448,14 +475,17 @@ opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args
         a->w = p->qvalue;
         a->w_q = opf_quantizer_default();
     }
+    /* the cache's spec for the fake's checks; its buffer only after them */
+    bool cache = is_q(&a->w_q) && first == 1;
+    if (cache && (st = opf_quantizer_spec(&a->w_q, &p->value.spec, &a->w_cache.spec)))
+        return fail(ctx, op, st);
     /* Every shape and format check of the fake, under the op's name, before
      * anything changes. */
     opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
     if ((st = opf_linear_forward_fake(a, o, x))) return fail(ctx, op, st);
-    if (is_q(&a->w_q) && first == 1) {
-        if ((st = cache_weight(ctx, op, p, &a->w_q))) return st;
-        a->w = p->qvalue;
-        a->w_q = opf_quantizer_default();
+    if (cache) {
+        if ((st = cache_buffer(ctx, op, p, &a->w_cache.spec))) return st;
+        a->w_cache = p->qvalue;
     }
     return OPF_OK;
 }
@@ -470,6 +500,7 @@ opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *ar
      * or cached copy) and the input as it came */
     bool orig = a->bwd_override == OPF_BACKWARD_HIGH_PRECISION;
     const opf_tensor *w = orig ? &opf_op_param(op, 0)->value
+                        : has_cache(a) ? &a->w_cache
                         : is_q(&a->w_q) ? &aux[OPF_LIN_AUX_W] : &a->w;
     opf_tensor_retain(w, &octx->saved[0]);
     octx->n_saved = 1;

@@ -6,4 +6,4 @@
 #include "ops/basic/act-impl.h"
 
 const opf_op_class opf_op_class_clamped_swiglu =
-    OPF_ACT_CLASS("clamped_swiglu", sizeof(opf_clamped_swiglu_config));
+    OPF_ACT_CLASS("clamped_swiglu", sizeof(opf_clamped_swiglu_config), false);

@@ -121,4 +121,5 @@ const opf_op_class opf_op_class_constant_scale = {
     .forward_impl = forward_impl,
     .backward_fake = backward_fake,
     .backward_impl = backward_impl,
+    .inplace = true,  /* x is read whole before y is stored */
 };

@@ -8,8 +8,9 @@
  * dy_g (5.5). The split sizes get no gradient.
  *
  * Like the anchor's split-quantize path, the split sizes are read on the
- * host in resolve_fwd and become values of the args (a new split is a new
- * guard for a compiled graph). The per-group quantized x_g and W_g live in
+ * host in resolve_fwd and become values of the args. That, and the
+ * parameter reference below, make a compiled graph run the op eagerly
+ * (unsupported_reason). The per-group quantized x_g and W_g live in
  * two packed byte buffers (aux[0], aux[1]) whose layout is a pure function of
  * the specs, so the fake describes them and backward finds them again.
  *
@@ -665,6 +666,14 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     return OPF_OK;
 }
 
+/* A graph replays args recorded once: it can neither follow the params
+ * reference nor see new split sizes, which are data. */
+static const char *unsupported(const opf_op *op)
+{
+    return "grouped_linear reads split sizes from its input's data and reaches its weights "
+           "through a reference";
+}
+
 const opf_op_class opf_op_class_grouped_linear = {
     .abi_version = OPF_OP_ABI_VERSION,
     .name = "grouped_linear",
@@ -683,4 +692,5 @@ const opf_op_class opf_op_class_grouped_linear = {
     .forward_impl = forward_impl,
     .backward_fake = backward_fake,
     .backward_impl = backward_impl,
+    .unsupported_reason = unsupported,
 };

@@ -25,7 +25,8 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return OPF_OK;
 }
 
-/* Copies every component (a quantized input stays quantized). */
+/* Copies every component (a quantized input stays quantized); in place
+ * (y's memory is x's) there is nothing to copy. */
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const opf_tensor *x = &((const identity_fwd *)args)->x;
@@ -33,7 +34,8 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     opf_status st = opf_spec_layout(&x->spec, &L);
     if (st) return opf_error(ctx, st, "identity: %s", opf_last_error(NULL));
     for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present && x->data[c]) memcpy(outs[0].data[c], x->data[c], L.comp[c].nbytes);
+        if (L.comp[c].present && x->data[c] && x->data[c] != outs[0].data[c])
+            memcpy(outs[0].data[c], x->data[c], L.comp[c].nbytes);
     return OPF_OK;
 }
 
@@ -66,4 +68,5 @@ const opf_op_class opf_op_class_identity = {
     .forward_impl = forward_impl,
     .backward_fake = backward_fake,
     .backward_impl = backward_impl,
+    .inplace = true,  /* the copy skips equal memory */
 };

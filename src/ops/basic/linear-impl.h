@@ -28,8 +28,11 @@ enum { OPF_LIN_AUX_X = 0, OPF_LIN_AUX_W = 1, OPF_LIN_NUM_AUX = 2 };
 typedef struct opf_linear_fwd {
     opf_tensor    x;        /* input [..., in], plain or quantized */
     opf_tensor    w;        /* the plain weight, or its cached quantized copy */
+    opf_tensor    w_cache;  /* the parameter's cached quantized copy to write
+                               (is_first_microbatch == 1); absent otherwise */
     opf_quantizer x_q;      /* QUANTIZE / RECAST: x operand into aux[0] (RECAST + none: plain) */
-    opf_quantizer w_q;      /* quantize w into aux[1]; none: w is the operand */
+    opf_quantizer w_q;      /* quantize w into w_cache when present, else aux[1];
+                               none: w is the operand */
     opf_quantizer out_q;    /* next op's input quantizer; none: plain y */
     int           x_mode;   /* OPF_LIN_* */
     bool          wgrad;    /* save x for the weight gradient */
@@ -75,7 +78,8 @@ opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *ar
                                     const opf_tensor *outs, const opf_tensor *aux);
 
 /* fprop: d = alpha * x W^T (+ bias) (+ c), numerics.md 5.3/5.5. The x and W
- * operands are made into aux[OPF_LIN_AUX_X / _W] as a says. opts: NULL or
+ * operands are made into aux[OPF_LIN_AUX_X / _W] as a says (W into
+ * a->w_cache instead when present: the parameter's cache, written here). opts: NULL or
  * the alpha and bias to fold in (its accumulate and out_quantizer are
  * ignored). c: NULL, or a tensor of d's shape added with beta = 1 (into d
  * directly when it is plain in d's dtype, else through an fp32 copy). d is

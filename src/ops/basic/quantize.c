@@ -141,4 +141,5 @@ const opf_op_class opf_op_class_quantize = {
     .forward_impl = forward_impl,
     .backward_fake = backward_fake,
     .backward_impl = backward_impl,
+    .inplace = true,  /* the copy skips equal memory */
 };

@@ -191,4 +191,5 @@ const opf_op_class opf_op_class_reshape = {
     .forward_impl = forward_impl,
     .backward_fake = backward_fake,
     .backward_impl = backward_impl,
+    .inplace = true,  /* the copy skips equal memory */
 };
