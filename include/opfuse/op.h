@@ -61,6 +61,13 @@ typedef enum opf_field_kind {
 enum {
     OPF_FIELD_KWARG    = 1u << 0,  /* set by the caller per call (opf_seq kwargs) */
     OPF_FIELD_OPTIONAL = 1u << 1,  /* a tensor that may be absent (data[0] == NULL) */
+    /* An int/enum/bool kwarg the impl reads on every call (with OPF_FIELD_KWARG
+     * in the kwargs schema and in the args schemas that carry it, under the
+     * same name). A compiled graph writes the call's value into its baked
+     * args instead of baking it, so new values do not recompile; the guard
+     * (and opf_schema_hash) sees only whether it is negative ("unset"),
+     * because unset and set trace differently. */
+    OPF_FIELD_RUNTIME  = 1u << 2,
 };
 
 typedef struct opf_schema opf_schema;
@@ -105,7 +112,8 @@ typedef struct opf_slot {
  * order. Returns the count; writes at most max slots. */
 int opf_schema_slots(const opf_schema *s, void *args, opf_slot *slots, int max);
 /* Hash of the value fields (ints, floats, bools, enums, quantizers, refs by
- * identity; tensors contribute only their specs). Equal args give equal hashes. */
+ * identity; tensors contribute only their specs; OPF_FIELD_RUNTIME fields
+ * only their sign). Equal args give equal hashes. */
 uint64_t opf_schema_hash(const opf_schema *s, const void *args);
 /* Checks fields: required tensors present, enums in range. */
 opf_status opf_schema_validate(const opf_schema *s, const void *args);

@@ -104,6 +104,15 @@ typedef struct opf_gpatch {
     int64_t  base, slope;
 } opf_gpatch;
 
+/* A runtime kwarg (OPF_FIELD_RUNTIME): each forward copies op `op`'s kwargs
+ * field at `off` into the baked args at loc. */
+typedef struct opf_grt {
+    void          *loc;
+    opf_field_kind kind, src_kind;
+    int            op;
+    size_t         off;
+} opf_grt;
+
 /* A per-call pointer patch: *loc = input component + offset. */
 typedef struct opf_gbind {
     void  **loc;
@@ -150,6 +159,8 @@ struct opf_graph {
     size_t          zeros_bytes;
     opf_gbind      *binds;
     int             n_binds;
+    opf_grt        *rt;            /* runtime kwargs */
+    int             n_rt;
     opf_gpatch     *patches;       /* dynamic leading dimension */
     int             n_patches;
     int64_t         lead, lead0;   /* current and traced leading size */

@@ -52,6 +52,7 @@ void opf_graph_destroy(opf_graph *g)
     free(g->stores);
     free(g->binds);
     free(g->patches);
+    free(g->rt);
     free(g);
 }
 
@@ -397,6 +398,15 @@ opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_ca
         return st;
     }
     apply_binds(g, false);
+    for (int i = 0; i < g->n_rt; i++) {  /* runtime kwargs: present, as the guard keyed */
+        const opf_grt *r = &g->rt[i];
+        const char *src = (const char *)call->kwargs[r->op] + r->off;
+        int64_t v = r->src_kind == OPF_FIELD_INT ? *(const int64_t *)(const void *)src
+                  : r->src_kind == OPF_FIELD_ENUM ? *(const int *)(const void *)src : *(const bool *)src;
+        if (r->kind == OPF_FIELD_INT) *(int64_t *)r->loc = v;
+        else if (r->kind == OPF_FIELD_ENUM) *(int *)r->loc = (int)v;
+        else *(bool *)r->loc = v != 0;
+    }
     for (int i = 0; i < g->n_fwd && !st; i++) st = run_node(g, &g->nodes[i], call);
     if (st) {
         release_held(g);

@@ -141,6 +141,32 @@ static bool hidden_tensor(const opf_schema *s, void *args)
     return false;
 }
 
+/* ---- runtime kwargs ----------------------------------------------------------- */
+
+static opf_status find_runtime(opf_graph *g, const opf_gnode *n, const opf_schema *s, char *args)
+{
+    for (int i = 0; i < s->n_fields; i++) {
+        const opf_field *f = &s->fields[i];
+        if (f->kind == OPF_FIELD_BUNDLE && f->bundle) {
+            opf_status st = find_runtime(g, n, f->bundle, args + f->offset);
+            if (st) return st;
+            continue;
+        }
+        if (!(f->flags & OPF_FIELD_RUNTIME)) continue;
+        for (int k = 0; k < n->count; k++) {
+            int op = n->first + k;
+            const opf_field *kf = opf_schema_field(g->seq->ops[op]->cls->kwargs_schema, f->name);
+            if (!kf || !(kf->flags & OPF_FIELD_RUNTIME) || !g->kwargs[op]) continue;
+            opf_grt *r = realloc(g->rt, sizeof *r * (size_t)(g->n_rt + 1));
+            if (!r) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+            g->rt = r;
+            g->rt[g->n_rt++] = (opf_grt){args + f->offset, f->kind, kf->kind, op, kf->offset};
+            break;
+        }
+    }
+    return OPF_OK;
+}
+
 /* ---- probes of eager nodes -------------------------------------------------------- */
 
 /* A zero-filled real tensor of spec s (probe stand-in for a value). */
@@ -352,6 +378,7 @@ static opf_status forward_entry(trace_state *ts, const opf_plan_entry *e)
             if ((st = alloc_tensors(g, n, n->n_out))) return st;
             opf_slot slots[256];
             int ns = opf_schema_slots(n->schema, n->args, slots, 256);
+            st = find_runtime(g, n, n->schema, n->args);
             for (int i = 0; i < ns && !st; i++) st = add_ref(g, n, slots[i].tensor, false);
             for (int i = 0; i < 1 + op->n_extra_out && !st; i++)
                 if (out_s[i].ndim >= 0) st = out_tensor(g, n, &out_s[i], op->name, i, &n->t[i]);
@@ -456,6 +483,7 @@ static opf_status backward_entry(trace_state *ts, const opf_plan_entry *e)
             if ((st = alloc_tensors(g, n, ng))) return st;
             opf_slot slots[256];
             int ns = opf_schema_slots(n->schema, n->args, slots, 256);
+            st = find_runtime(g, n, n->schema, n->args);
             for (int i = 0; i < ns && !st; i++) st = add_ref(g, n, slots[i].tensor, false);
             for (int i = 0; i < ng && !st; i++)
                 if (gs[i].ndim >= 0) st = out_tensor(g, n, &gs[i], op->name, 100 + i, &n->t[i]);

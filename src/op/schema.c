@@ -45,6 +45,12 @@ uint64_t opf_schema_hash(const opf_schema *s, const void *args)
     for (int i = 0; i < s->n_fields; i++) {
         const opf_field *f = &s->fields[i];
         const void *p = field_ptr(args, f);
+        if (f->flags & OPF_FIELD_RUNTIME) {  /* the value is read per call: only set or unset */
+            int64_t v = f->kind == OPF_FIELD_INT ? *(const int64_t *)p
+                      : f->kind == OPF_FIELD_ENUM ? *(const int *)p : (int64_t)*(const bool *)p;
+            h = mix(h, v < 0 ? 0x5E7u : 0x0FFu);
+            continue;
+        }
         switch (f->kind) {
         case OPF_FIELD_TENSOR:
         case OPF_FIELD_TENSOR_Q: {

@@ -24,10 +24,11 @@
  * forward_impl on every call (into aux[1]); 1 quantizes W, both copies, in
  * forward_impl too, into param->qvalue (args field w_cache): resolve_fwd
  * (the half that owns op state) only makes sure the buffer exists with the
- * quantizer's spec, reusing it when it already has it, so that a compiled
- * graph, which replays forward_impl on args recorded once, refreshes the
- * same cache every step; 0 reuses that copy even if the weight changed
- * since (OPF_ERR_STATE without one).
+ * quantizer's spec, reusing it when it already has it; 0 reads that copy
+ * even if the weight changed since (OPF_ERR_STATE without one). 0 and 1
+ * give the same args but for the field itself, which is a runtime kwarg
+ * (OPF_FIELD_RUNTIME): one compiled graph runs every microbatch, writing the
+ * call's value into its args.
  *
  * Weight init: Kaiming-uniform with a = sqrt(5), i.e. U(-b, b) with
  * b = 1/sqrt(in_features), from the context's Philox stream: element i of
@@ -76,7 +77,7 @@ static const opf_field linear_fwd_fields[] = {
     OPF_F_QUANT(opf_linear_fwd, x_q),   OPF_F_QUANT(opf_linear_fwd, w_q),
     OPF_F_QUANT(opf_linear_fwd, out_q), OPF_F_ENUM(opf_linear_fwd, x_mode),
     OPF_F_BOOL(opf_linear_fwd, wgrad),
-    OPF_F(opf_linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG),
+    OPF_F(opf_linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG | OPF_FIELD_RUNTIME),
     OPF_F_ENUM(opf_linear_fwd, bwd_override)};
 const opf_schema opf_linear_fwd_schema = {
     "linear_fwd", sizeof(opf_linear_fwd),
@@ -90,13 +91,15 @@ static const opf_field linear_bwd_fields[] = {
     OPF_F_QUANT(opf_linear_bwd, dy_q),  OPF_F_QUANT(opf_linear_bwd, dx_q),
     OPF_F_ENUM(opf_linear_bwd, dy_mode), OPF_F_ENUM(opf_linear_bwd, act_dtype),
     OPF_F_BOOL(opf_linear_bwd, wgrad),  OPF_F_BOOL(opf_linear_bwd, to_main_grad),
-    OPF_F_BOOL(opf_linear_bwd, accumulate), OPF_F_ENUM(opf_linear_bwd, bwd_override)};
+    OPF_F(opf_linear_bwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG | OPF_FIELD_RUNTIME),
+    OPF_F_ENUM(opf_linear_bwd, bwd_override)};
 const opf_schema opf_linear_bwd_schema = {
     "linear_bwd", sizeof(opf_linear_bwd),
     (int)(sizeof linear_bwd_fields / sizeof linear_bwd_fields[0]), linear_bwd_fields};
 
 static const opf_field linear_kwargs_fields[] = {
-    OPF_F(opf_basic_linear_kwargs, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG)};
+    OPF_F(opf_basic_linear_kwargs, is_first_microbatch, OPF_FIELD_ENUM,
+          OPF_FIELD_KWARG | OPF_FIELD_RUNTIME)};
 OPF_SCHEMA(linear_kwargs_schema, opf_basic_linear_kwargs, linear_kwargs_fields);
 
 /* attrs of the op context */
@@ -105,12 +108,14 @@ enum { AT_ACT_DTYPE, AT_WGRAD, AT_FIRST_MB, AT_ROWS, AT_QUANTIZED, AT_OVERRIDE }
 static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
 static bool is_nvfp4(opf_scaling s) { return s == OPF_SCALING_NVFP4_1D || s == OPF_SCALING_NVFP4_2D; }
-/* Does the forward write the parameter's weight cache? resolve sets
- * w_cache exactly then; deciding by value fields rather than by w_cache's
- * data keeps the fake right on data-free args. */
+/* Does the forward use the parameter's weight cache (written when
+ * is_first_microbatch == 1, read as is when 0)? resolve sets w_cache exactly
+ * then; deciding by value fields rather than by w_cache's data keeps the
+ * fake right on data-free args. Both values give the same args but for the
+ * runtime field itself, so one compiled graph runs every microbatch. */
 static bool has_cache(const opf_linear_fwd *a)
 {
-    return a->is_first_microbatch == 1 && is_q(&a->w_q);
+    return a->is_first_microbatch >= 0 && is_q(&a->w_q);
 }
 
 /* Re-reports the thread's last error under the op's name (the message is
@@ -348,7 +353,7 @@ opf_status opf_linear_fprop(opf_ctx *ctx, const opf_linear_fwd *a, opf_tensor *a
     if (st) return st;
     if (a->x_mode != OPF_LIN_AS_IS) x = ax;
     if (is_q(&a->w_q)) {
-        if ((st = opf_quantize(ctx, &a->w_q, w, aw))) return st;
+        if (a->is_first_microbatch != 0 && (st = opf_quantize(ctx, &a->w_q, w, aw))) return st;
         w = aw;
     }
     return gemm_out(ctx, w, x, OPF_GEMM_TN, opts, c, out_q, a->x.spec.dtype, d);
@@ -470,13 +475,9 @@ opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args
     bool colwise_w = env->requires_grad && ovr == OPF_BACKWARD_NONE;
     unsigned wu = colwise_w || first != -1 ? both : OPF_USAGE_ROWWISE;
     a->w_q = quant ? role_q(op, OPF_ROLE_WEIGHT, wu) : opf_quantizer_default();
-    if (is_q(&a->w_q) && first == 0) {
-        if ((st = check_cache(ctx, op, p, &a->w_q))) return st;
-        a->w = p->qvalue;
-        a->w_q = opf_quantizer_default();
-    }
+    if (is_q(&a->w_q) && first == 0 && (st = check_cache(ctx, op, p, &a->w_q))) return st;
     /* the cache's spec for the fake's checks; its buffer only after them */
-    bool cache = is_q(&a->w_q) && first == 1;
+    bool cache = is_q(&a->w_q) && first >= 0;
     if (cache && (st = opf_quantizer_spec(&a->w_q, &p->value.spec, &a->w_cache.spec)))
         return fail(ctx, op, st);
     /* Every shape and format check of the fake, under the op's name, before
@@ -484,7 +485,7 @@ opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args
     opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
     if ((st = opf_linear_forward_fake(a, o, x))) return fail(ctx, op, st);
     if (cache) {
-        if ((st = cache_buffer(ctx, op, p, &a->w_cache.spec))) return st;
+        if (first == 1 && (st = cache_buffer(ctx, op, p, &a->w_cache.spec))) return st;
         a->w_cache = p->qvalue;
     }
     return OPF_OK;
@@ -597,7 +598,7 @@ opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alph
         return st;
     if (!b->wgrad) return OPF_OK;
     if (!b->to_main_grad) return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &grads[1]);
-    o.accumulate = b->accumulate;
+    o.accumulate = b->is_first_microbatch != 1;
     opf_tensor mg = b->main_grad;  /* written in place: the fp32 accumulator */
     return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &mg);
 }
@@ -636,7 +637,7 @@ opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_
     b->w = octx->saved[0];
     b->weight = p->value;
     b->act_dtype = (int)octx->attrs[AT_ACT_DTYPE];
-    b->accumulate = octx->attrs[AT_FIRST_MB] != 1;
+    b->is_first_microbatch = (int)octx->attrs[AT_FIRST_MB];
     b->bwd_override = ovr;
     /* an override quantizes no gradient, whatever the previous op offered */
     b->dx_q = ovr == OPF_BACKWARD_NONE ? octx->prev_grad_q : opf_quantizer_default();

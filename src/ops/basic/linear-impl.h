@@ -52,7 +52,7 @@ typedef struct opf_linear_bwd {
     int           act_dtype;  /* dtype of dx */
     bool          wgrad;      /* x is present: compute dW */
     bool          to_main_grad; /* dW goes into main_grad, no gradient returned */
-    bool          accumulate; /* main_grad += dW (else =) */
+    int           is_first_microbatch; /* runtime kwarg: 1 writes main_grad, else adds to it */
     int           bwd_override; /* opf_backward_override: a quantized w or x is decoded
                                    to act_dtype; dy_q and dx_q are none */
 } opf_linear_bwd;
