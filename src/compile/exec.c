@@ -270,8 +270,10 @@ static opf_status run_eager_backward(opf_graph *g, opf_gnode *n)
     opf_op *op = n->op;
     if (n->restore_octx)
         for (int k = 0; k < n->count; k++) {
-            opf_op_ctx_clear(&g->octx[n->first + k]);
-            g->octx[n->first + k] = g->octx_traced[n->first + k];  /* baked views, no references */
+            opf_op_ctx *c = &g->octx[n->first + k];
+            opf_op_ctx_clear(c);
+            *c = g->octx_traced[n->first + k];  /* baked: views, the references stay there */
+            for (int i = 0; i < c->n_saved; i++) c->saved[i].buf = NULL;
         }
     opf_bwd_env env = {.ctx = g->ctx, .dy = &n->t[n->n_out],
                        .prev_grad_q = n->has_q[0] ? &n->qv[0] : NULL};

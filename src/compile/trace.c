@@ -677,8 +677,8 @@ void opf_graph_free_ir(opf_graph *g)
             free(g->kwargs[i]);
     free(g->kwargs);
     g->kwargs = NULL;
-    if (g->octx)
-        for (int i = 0; i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
+    for (int i = 0; g->octx && i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
+    for (int i = 0; g->octx_traced && i < g->seq->n; i++) opf_op_ctx_clear(&g->octx_traced[i]);
     free(g->octx), free(g->octx_traced), free(g->fwd_eager);
     g->octx = g->octx_traced = NULL;
     g->fwd_eager = NULL;
