@@ -338,16 +338,12 @@ static opf_status forward_entry(trace_state *ts, const opf_plan_entry *e)
     opf_op *op = e->op;
     int first = e->first, last = e->first + e->count - 1;
     opf_quantizer qv[2];
-    const opf_quantizer *qp[2];
-    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
-    const void *kw[OPF_FUSED_MAX] = {0};
-    for (int k = 0; k < e->count; k++) kw[k] = g->kwargs[first + k];
+    const void *kw[OPF_FUSED_MAX];
+    opf_fwd_env env;
+    opf_seq_entry_env(seq, e, g->first_req, (const void *const *)g->kwargs, qv, kw, &env);
     opf_tensor x, extra[OPF_OP_MAX_EXTRA];
     tag_tensor(g, ts->cur, &x);
-    opf_fwd_env env = {.ctx = g->ctx, .x = &x, .prev_grad_q = qp[0], .next_input_q = qp[1],
-                       .recipe = g->has_recipe ? &g->recipe : NULL,
-                       .requires_grad = last >= g->first_req,
-                       .kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0]};
+    env.x = &x;
     int slot = 0;
     for (int i = first; i <= last; i++)
         for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {

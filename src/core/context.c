@@ -89,14 +89,19 @@ bool opf_ctx_deterministic(const opf_ctx *ctx) { return ctx->deterministic; }
 int opf_ctx_num_threads(const opf_ctx *ctx) { return ctx->num_threads; }
 void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out) { *out = ctx->stats; }
 
-void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...)
+static void vwarn(opf_ctx *ctx, const char *fmt, va_list ap)
 {
     char msg[OPF_ERROR_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    ctx->warn(ctx->warn_user, msg);
+}
+
+void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vwarn(ctx, fmt, ap);
     va_end(ap);
-    ctx->warn(ctx->warn_user, msg);
 }
 
 void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...)
@@ -106,12 +111,10 @@ void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...)
     for (int i = 0; i < ctx->n_warned; i++)
         if (ctx->warned[i] == h) return;
     if (ctx->n_warned < (int)(sizeof ctx->warned / sizeof ctx->warned[0])) ctx->warned[ctx->n_warned++] = h;
-    char msg[OPF_ERROR_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vwarn(ctx, fmt, ap);
     va_end(ap);
-    ctx->warn(ctx->warn_user, msg);
 }
 
 void opf_ctx_alloc_reset_peak(opf_ctx *ctx) { ctx->stats.bytes_peak = ctx->stats.bytes_live; }

@@ -107,6 +107,23 @@ void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_q
     }
 }
 
+void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req,
+                       const void *const *kwargs, opf_quantizer qv[2], const void *kw[OPF_FUSED_MAX],
+                       opf_fwd_env *env)
+{
+    int first = e->first, last = e->first + e->count - 1;
+    const opf_quantizer *qp[2];
+    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
+    for (int k = 0; k < OPF_FUSED_MAX; k++) kw[k] = kwargs && k < e->count ? kwargs[first + k] : NULL;
+    memset(env, 0, sizeof *env);
+    env->ctx = seq->ctx;
+    env->prev_grad_q = qp[0];
+    env->next_input_q = qp[1];
+    env->recipe = seq->has_recipe ? &seq->recipe : NULL;
+    env->requires_grad = last >= first_req;
+    env->kwargs = opf_op_is_fused(e->op) ? (const void *)kw : kw[0];
+}
+
 static void release_pending(opf_seq *seq)
 {
     for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]);
@@ -148,14 +165,10 @@ static opf_status forward_entry(opf_seq *seq, const opf_plan_entry *e, const opf
     opf_op *op = e->op;
     int first = e->first, last = e->first + e->count - 1;
     opf_quantizer qv[2];
-    const opf_quantizer *qp[2];
-    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
-    const void *kw[OPF_FUSED_MAX] = {0};
-    for (int k = 0; call->kwargs && k < e->count; k++) kw[k] = call->kwargs[first + k];
-    opf_fwd_env env = {.ctx = seq->ctx, .x = cur, .prev_grad_q = qp[0], .next_input_q = qp[1],
-                       .recipe = seq->has_recipe ? &seq->recipe : NULL,
-                       .requires_grad = last >= seq->first_req,
-                       .kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0]};
+    const void *kw[OPF_FUSED_MAX];
+    opf_fwd_env env;
+    opf_seq_entry_env(seq, e, seq->first_req, call->kwargs, qv, kw, &env);
+    env.x = cur;
     int slot = 0;
     for (int i = first; i <= last; i++)
         for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
