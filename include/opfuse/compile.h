@@ -147,6 +147,15 @@ typedef struct opf_graph_stats {
 } opf_graph_stats;
 void opf_graph_get_stats(const opf_graph *g, opf_graph_stats *out);
 
+/* Node timing, for benchmarks: while on, each node's wall time accumulates
+ * (a clock read around each node). opf_graph_node_seconds gives node i's
+ * total since the last reset; summed over the nodes it is the time spent in
+ * the kernels (the ops' impls, gradient sums, updates), so a step's time
+ * minus it is the host overhead around them. */
+void opf_graph_set_profile(opf_graph *g, bool on);
+void opf_graph_reset_profile(opf_graph *g);
+double opf_graph_node_seconds(const opf_graph *g, int i);
+
 /* Human-readable listing: one line per node with its class, fused/eager
  * state and reason, input and output values with shapes and formats, and
  * the memory plan. */

@@ -96,6 +96,7 @@ typedef struct opf_gnode {
      * fresh buffer has zero scale padding; arena blocks are shared) */
     struct opf_gzero { void *p; size_t n; } *zero;
     int               n_zero;
+    double            seconds;      /* profile */
 } opf_gnode;
 
 /* One affine patch of the dynamic leading dimension: *loc = base + slope * (b - b0). */
@@ -168,6 +169,7 @@ struct opf_graph {
     size_t          unplanned_bytes, saved_bytes;
     /* per-call state */
     bool            pending;
+    bool            profile;
     opf_tensor     *held;          /* [n_vals]: references to bound inputs until backward */
     opf_tensor     *dzero;         /* [n_pub_out]: zero gradients for missing dextra_out */
     uint64_t        kw_hash;       /* value fields of the compiled kwargs */

@@ -5,6 +5,7 @@
  * they run the eager runner, which allocates, and copy into the arena). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "compile/compile-impl.h"
 
@@ -292,7 +293,25 @@ static opf_status run_eager_backward(opf_graph *g, opf_gnode *n)
     return st;
 }
 
+static double now_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call);
+
 static opf_status run_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
+{
+    if (!g->profile) return exec_node(g, n, call);
+    double t0 = now_seconds();
+    opf_status st = exec_node(g, n, call);
+    n->seconds += now_seconds() - t0;
+    return st;
+}
+
+static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
 {
     opf_ctx *ctx = g->ctx;
     for (int z = 0; z < n->n_zero; z++) memset(n->zero[z].p, 0, n->zero[z].n);
@@ -462,6 +481,21 @@ opf_status opf_graph_backward(opf_graph *g, const opf_tensor *dy, const opf_tens
 }
 
 /* ---- introspection ----------------------------------------------------------- */
+
+void opf_graph_set_profile(opf_graph *g, bool on)
+{
+    if (g) g->profile = on;
+}
+
+void opf_graph_reset_profile(opf_graph *g)
+{
+    for (int i = 0; g && i < g->n_nodes; i++) g->nodes[i].seconds = 0;
+}
+
+double opf_graph_node_seconds(const opf_graph *g, int i)
+{
+    return g && i >= 0 && i < g->n_nodes ? g->nodes[i].seconds : 0.0;
+}
 
 int opf_graph_num_nodes(const opf_graph *g) { return g ? g->n_nodes : 0; }
 
