@@ -7,7 +7,7 @@
 #   make fuzz   fuzz the checkpoint loader for 5 minutes (clang, libFuzzer)
 JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST ?= ctest --output-on-failure -j $(JOBS)
-LABELS_EXCLUDE ?= gpu|mpi|long
+LABELS_EXCLUDE ?= ^(gpu|mpi|long)$$
 
 .PHONY: all setup build build-san test test-normal test-san demo bench fuzz clean
 
