@@ -134,7 +134,9 @@ opf_status opf_compiled_forward(opf_compiled *c, const opf_tensor *x, const opf_
     OPF_CHECK_NULL(c->seq->ctx, fn, x);
     OPF_CHECK_NULL(c->seq->ctx, fn, call);
     opf_ctx *ctx = c->seq->ctx;
-    if (c->last && c->last->pending)
+    /* a stale graph's pending forward can never get its backward: not a reason to refuse
+     * (the graph is dropped and compiled again below) */
+    if (c->last && c->last->pending && c->last->epoch == c->seq->epoch)
         return opf_error(ctx, OPF_ERR_STATE, "%s: the previous forward's backward has not run; call "
                          "opf_compiled_backward first", fn);
     uint64_t key = opf_graph_key(c->seq, &x->spec, call, &c->opts);

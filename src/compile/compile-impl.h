@@ -136,7 +136,9 @@ struct opf_graph {
     bool            forward_only;
     int             n_pub_in, n_pub_out;
     opf_spec       *extra_in_spec; /* [n_pub_in] */
-    void          **kwargs;        /* [seq->n] traced kwargs copies (tensor fields tagged) */
+    int             n_ops;         /* seq->n when traced: the size of the per-op arrays below
+                                      (the seq may have changed since: a stale graph) */
+    void          **kwargs;        /* [n_ops] traced kwargs copies (tensor fields tagged) */
     /* the IR */
     opf_gval       *vals;
     int             n_vals, cap_vals;
@@ -148,9 +150,9 @@ struct opf_graph {
     int            *extra_out_val, *dextra_in_val;  /* public */
     int             x_val, dy_val;
     int            *extra_in_val, *dextra_out_val;  /* inputs */
-    opf_op_ctx     *octx;          /* [seq->n]: eager nodes' contexts */
-    opf_op_ctx     *octx_traced;   /* [seq->n]: what the traced forward saved (baked) */
-    bool           *fwd_eager;     /* [seq->n] */
+    opf_op_ctx     *octx;          /* [n_ops]: eager nodes' contexts */
+    opf_op_ctx     *octx_traced;   /* [n_ops]: what the traced forward saved (baked) */
+    bool           *fwd_eager;     /* [n_ops] */
     opf_op        **fused;         /* fused ops of the traced plans, owned */
     int             n_fused;
     /* memory */

@@ -150,12 +150,17 @@ static void *arena_addr(const opf_graph *g, int v, int c, size_t off)
     return g->arena + g->stores[gv->store].offset + gv->comp_off[c] + off;
 }
 
-/* The scale components of a quantized arena value, zeroed before its node. */
+/* The scale components of a quantized arena value, zeroed before its node.
+ * Not an in-place output: its block is the node's input, whose scales (and
+ * their zero padding) the producer already wrote and the node still reads. */
 static opf_status add_zero(opf_graph *g, opf_gnode *n, int v)
 {
     const opf_gval *gv = &g->vals[v];
     opf_layout L;
     if (gv->kind != OPF_VAL_ARENA || gv->spec.scaling == OPF_SCALING_NONE || opf_spec_layout(&gv->spec, &L))
+        return OPF_OK;
+    if (n->x_val >= 0 && n->x_val != v && g->vals[n->x_val].kind == OPF_VAL_ARENA &&
+        g->vals[n->x_val].store == gv->store)
         return OPF_OK;
     for (int c = 0; c < OPF_COMP_COUNT; c++) {
         if (!L.comp[c].present || c == OPF_COMP_DATA || c == OPF_COMP_COL_DATA) continue;

@@ -181,6 +181,28 @@ static opf_status zero_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
     return OPF_OK;
 }
 
+/* The probe stand-in of a forward input: the caller's tensor for a public
+ * extra input that came with data (ops such as grouped_linear read theirs,
+ * split sizes, on the host in their traced half, so zeros would fail them),
+ * zeros otherwise. An extra input resized to the traced leading size
+ * (max_leading) does not match its data and gets zeros. */
+static opf_status probe_input(const opf_graph *g, const opf_seq_call *call, const opf_tensor *src,
+                              opf_tensor *out)
+{
+    int v = tensor_val(src);
+    const opf_gval *gv = v >= 0 ? &g->vals[v] : NULL;
+    if (gv && gv->kind == OPF_VAL_INPUT && gv->in_kind == OPF_IN_EXTRA && call->extra_in) {
+        const opf_tensor *t = &call->extra_in[gv->in_index];
+        bool resized = g->opts.max_leading > 0 && t->spec.ndim >= 1 &&
+                       t->spec.shape[0] == g->x_spec.shape[0];
+        if (t->data[0] && !resized && opf_spec_equal(&t->spec, &src->spec)) {
+            opf_tensor_retain(t, out);
+            return OPF_OK;
+        }
+    }
+    return zero_tensor(g->ctx, &src->spec, out);
+}
+
 /* ---- the trace ------------------------------------------------------------------------- */
 
 typedef struct trace_state {
@@ -224,7 +246,7 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
         n->t[n_out + i] = *src;
         n->in_mask |= 1u << i;
         if ((st = add_ref(g, n, &n->t[n_out + i], false))) break;
-        st = zero_tensor(ctx, &src->spec, &real_in[i]);
+        st = probe_input(g, ts->call, src, &real_in[i]);
         if (i == 0) probe.x = &real_in[0];
         else probe.extra_in[i - 1] = &real_in[i];
     }
@@ -559,6 +581,7 @@ opf_status opf_graph_trace(opf_graph *g, const opf_spec *x, const opf_seq_call *
     opf_ctx *ctx = g->ctx;
     int n = seq->n;
     opf_status st;
+    g->n_ops = n;
     g->octx = calloc((size_t)n, sizeof *g->octx);
     g->octx_traced = calloc((size_t)n, sizeof *g->octx_traced);
     g->fwd_eager = calloc((size_t)n, sizeof *g->fwd_eager);
@@ -668,13 +691,12 @@ void opf_graph_free_ir(opf_graph *g)
     free(g->vals);
     g->vals = NULL;
     g->n_vals = g->cap_vals = 0;
-    if (g->kwargs && g->seq)
-        for (int i = 0; i < g->seq->n; i++)
-            free(g->kwargs[i]);
+    /* n_ops, not seq->n: a stale graph's seq may have grown or shrunk since */
+    for (int i = 0; g->kwargs && i < g->n_ops; i++) free(g->kwargs[i]);
     free(g->kwargs);
     g->kwargs = NULL;
-    for (int i = 0; g->octx && i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
-    for (int i = 0; g->octx_traced && i < g->seq->n; i++) opf_op_ctx_clear(&g->octx_traced[i]);
+    for (int i = 0; g->octx && i < g->n_ops; i++) opf_op_ctx_clear(&g->octx[i]);
+    for (int i = 0; g->octx_traced && i < g->n_ops; i++) opf_op_ctx_clear(&g->octx_traced[i]);
     free(g->octx), free(g->octx_traced), free(g->fwd_eager);
     g->octx = g->octx_traced = NULL;
     g->fwd_eager = NULL;
