@@ -11,10 +11,11 @@
 
 #define GEMM_MSG 320
 
+/* The op name of each layout in messages (no formatting on the success path). */
 static const char *const layout_names[] = {
-    [OPF_GEMM_TN] = "TN",
-    [OPF_GEMM_NN] = "NN",
-    [OPF_GEMM_NT] = "NT",
+    [OPF_GEMM_TN] = "gemm TN",
+    [OPF_GEMM_NN] = "gemm NN",
+    [OPF_GEMM_NT] = "gemm NT",
 };
 _Static_assert(sizeof(layout_names) / sizeof(layout_names[0]) == OPF_GEMM_LAYOUT_COUNT,
                "layout_names must list every opf_gemm_layout");
@@ -165,12 +166,12 @@ static opf_status check_operands(opf_ctx *ctx, const char *op, const opf_spec *a
     return OPF_OK;
 }
 
-static opf_status check_layout(opf_ctx *ctx, opf_gemm_layout layout, char *op, size_t size)
+static opf_status check_layout(opf_ctx *ctx, opf_gemm_layout layout, const char **op)
 {
     if ((unsigned)layout >= OPF_GEMM_LAYOUT_COUNT)
         return opf_error(ctx, OPF_ERR_INVALID_ARG,
                          "gemm: layout %d is not TN (0), NN (1) or NT (2)", (int)layout);
-    snprintf(op, size, "gemm %s", layout_names[layout]);
+    *op = layout_names[layout];
     return OPF_OK;
 }
 
@@ -180,8 +181,8 @@ opf_status opf_gemm_out_spec(const opf_spec *a, const opf_spec *b, opf_gemm_layo
     OPF_CHECK_NULL(NULL, "gemm", a);
     OPF_CHECK_NULL(NULL, "gemm", b);
     OPF_CHECK_NULL(NULL, "gemm", out);
-    char op[16];
-    opf_status st = check_layout(NULL, layout, op, sizeof op);
+    const char *op = "gemm";
+    opf_status st = check_layout(NULL, layout, &op);
     if (st) return st;
     if (!is_float_plain(dt))
         return opf_error(NULL, OPF_ERR_DTYPE, "%s: output dtype %s, expected f32, bf16 or f16 (an "
@@ -332,8 +333,8 @@ opf_status opf_gemm(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
     OPF_CHECK_NULL(ctx, "gemm", d);
     opf_gemm_options defaults = opf_gemm_options_default();
     const opf_gemm_options *o = opts ? opts : &defaults;
-    char op[16];
-    opf_status st = check_layout(ctx, layout, op, sizeof op);
+    const char *op = "gemm";
+    opf_status st = check_layout(ctx, layout, &op);
     if (st) return st;
     int ak = layout_rules[layout].a_k, bk = layout_rules[layout].b_k;
     int64_t m, n, k;
