@@ -1,4 +1,4 @@
-/* opfuse.c: the opfuse command: `demo`, `bench <what>`. */
+/* opfuse.c: the opfuse command: `demo`, `graph`, `bench <what>`. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,17 +15,21 @@ typedef struct command {
 static const command commands[] = {
     {"demo", NULL, opf_demo_train, "train a residual LayerNorm-MLP with every recipe"},
     {"demo", NULL, opf_demo_quantize, "quantize a sample tensor with every recipe"},
+    {"graph", NULL, opf_app_graph, "compile the LayerNorm-MLP, write PREFIX.txt/.dot(/.svg/.png):\n"
+                                   "                   [--recipe none|delayed|current|block|mxfp8|nvfp4]\n"
+                                   "                   [--out PREFIX] [--inference]"},
     {"bench", "quantize", opf_bench_quantize, "quantize GB/s per format vs memcpy"},
     {"bench", "gemm", opf_bench_gemm, "opf_gemm vs OpenBLAS sgemm"},
     {"bench", "ops", opf_bench_ops, "host time per op; LayerNorm-MLP step vs PyTorch CPU"},
     {"bench", "fusion", opf_bench_fusion, "LayerNorm-MLP step with fusions on vs off"},
+    {"bench", "compile", opf_bench_compile, "LayerNorm-MLP step host time, eager vs compiled"},
 };
 
 static void usage(void)
 {
     fprintf(stderr, "usage: opfuse <command> [args]\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(stderr, "  %s %-10s %s\n", commands[i].group,
+        fprintf(stderr, "  %-5s %-10s %s\n", commands[i].group,
                 commands[i].name ? commands[i].name : "", commands[i].help);
     fprintf(stderr, "  bench all        every benchmark\n");
 }

@@ -21,4 +21,9 @@ int opf_bench_ops(int argc, char **argv);
  *     opfuse bench fusion [tokens hidden ffn] */
 int opf_bench_fusion(int argc, char **argv);
 
+/* Host time of a LayerNorm-MLP training step at tiny shapes, eager against
+ * the compiled graph in the same run (bench_compile.c).
+ *     opfuse bench compile [steps]   default 2000 */
+int opf_bench_compile(int argc, char **argv);
+
 #endif

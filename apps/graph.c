@@ -1,0 +1,169 @@
+/* graph.c: `opfuse graph`: compiles the residual LayerNorm-MLP of `opfuse
+ * demo` and writes its graph as text (PREFIX.txt) and Graphviz DOT
+ * (PREFIX.dot), rendered to PREFIX.svg and PREFIX.png when `dot` is on PATH.
+ *
+ *     opfuse graph [--recipe none|delayed|current|block|mxfp8|nvfp4]
+ *                  [--out PREFIX] [--inference]
+ *
+ * Compiling traces specs only, so the shapes can be those of a real block. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apps.h"
+#include "model.h"
+
+/* Multiples of 128: every recipe's block sizes divide them. */
+enum { TOKENS = 128, HIDDEN = 128, FFN = 512 };
+
+static const struct {
+    const char     *name;
+    opf_recipe_kind kind;
+} recipes[] = {
+    {"none", OPF_RECIPE_NONE},   {"delayed", OPF_RECIPE_DELAYED}, {"current", OPF_RECIPE_CURRENT},
+    {"block", OPF_RECIPE_BLOCK}, {"mxfp8", OPF_RECIPE_MXFP8},     {"nvfp4", OPF_RECIPE_NVFP4},
+};
+
+typedef struct graph_args {
+    opf_recipe_kind kind;
+    const char     *prefix;
+    bool            inference;
+} graph_args;
+
+static void graph_usage(void)
+{
+    fprintf(stderr, "usage: opfuse graph [--recipe none|delayed|current|block|mxfp8|nvfp4] "
+                    "[--out PREFIX] [--inference]\n");
+}
+
+static bool parse(int argc, char **argv, graph_args *a)
+{
+    *a = (graph_args){OPF_RECIPE_NONE, "lnmlp_graph", false};
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--inference")) {
+            a->inference = true;
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            a->prefix = argv[++i];
+        } else if (!strcmp(argv[i], "--recipe") && i + 1 < argc) {
+            const char *r = argv[++i];
+            size_t k = 0;
+            while (k < sizeof recipes / sizeof recipes[0] && strcmp(recipes[k].name, r)) k++;
+            if (k == sizeof recipes / sizeof recipes[0]) {
+                fprintf(stderr, "opfuse graph: unknown recipe \"%s\"\n", r);
+                return false;
+            }
+            a->kind = recipes[k].kind;
+        } else {
+            fprintf(stderr, "opfuse graph: unknown argument \"%s\"\n", argv[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Writes path with dump(g, f). */
+static opf_status write_dump(const char *path, const opf_graph *g,
+                             opf_status (*dump)(const opf_graph *, FILE *))
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "opfuse graph: cannot open %s for writing\n", path);
+        return OPF_ERR_IO;
+    }
+    opf_status st = dump(g, f);
+    if (fclose(f) && !st) st = OPF_ERR_IO;
+    if (st) fprintf(stderr, "opfuse graph: writing %s failed: %s\n", path, opf_last_error(NULL));
+    return st;
+}
+
+/* Quotes s for a POSIX shell: 'it'\''s'. */
+static void shell_quote(const char *s, char *buf, size_t size)
+{
+    size_t n = 0;
+    if (size < 3) return;
+    buf[n++] = '\'';
+    for (; *s && n + 5 < size; s++) {
+        if (*s == '\'') {
+            memcpy(buf + n, "'\\''", 4);
+            n += 4;
+        } else {
+            buf[n++] = *s;
+        }
+    }
+    buf[n++] = '\'';
+    buf[n] = 0;
+}
+
+/* Renders PREFIX.dot to PREFIX.svg and PREFIX.png with Graphviz if present. */
+static int render(const char *prefix)
+{
+    if (system("command -v dot >/dev/null 2>&1") != 0) {
+        printf("graphviz not installed: wrote %s.dot; install graphviz to render\n", prefix);
+        return 0;
+    }
+    static const char *const fmts[] = {"svg", "png"};
+    char in[1100], out[1100], qin[2200], qout[2200], cmd[4500];
+    snprintf(in, sizeof in, "%s.dot", prefix);
+    shell_quote(in, qin, sizeof qin);
+    int rc = 0;
+    for (int i = 0; i < 2; i++) {
+        snprintf(out, sizeof out, "%s.%s", prefix, fmts[i]);
+        shell_quote(out, qout, sizeof qout);
+        snprintf(cmd, sizeof cmd, "dot -T%s %s -o %s", fmts[i], qin, qout);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "opfuse graph: `%s` failed\n", cmd);
+            rc = 1;
+        } else {
+            printf("wrote %s\n", out);
+        }
+    }
+    return rc;
+}
+
+int opf_app_graph(int argc, char **argv)
+{
+    graph_args a;
+    if (!parse(argc, argv, &a)) {
+        graph_usage();
+        return 2;
+    }
+    opf_ctx *ctx;
+    if (opf_ctx_create(NULL, &ctx)) return 1;
+    opf_seq *seq = NULL;
+    opf_graph *g = NULL;
+    opf_recipe r = opf_recipe_default(a.kind);
+    opf_seq_call call = opf_seq_call_default();
+    call.recipe = a.kind == OPF_RECIPE_NONE ? NULL : &r;
+    call.input_requires_grad = false;
+    call.requires_grad = !a.inference;
+    int64_t xs[2] = {TOKENS, HIDDEN};
+    opf_spec x = opf_spec_make(2, xs, OPF_F32);
+    opf_status st = opf_model_ln_mlp(ctx, HIDDEN, FFN, OPF_F32, &seq);
+    if (!st) st = opf_compile(seq, &x, &call, NULL, &g);
+    int rc = 0;
+    if (st) {
+        fprintf(stderr, "opfuse graph: %s\n", opf_last_error(ctx));
+        rc = 1;
+        goto done;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s.txt", a.prefix);
+    if (write_dump(path, g, opf_graph_dump)) rc = 1;
+    else printf("wrote %s\n", path);
+    snprintf(path, sizeof path, "%s.dot", a.prefix);
+    if (write_dump(path, g, opf_graph_dump_dot)) rc = 1;
+    else printf("wrote %s\n", path);
+    opf_graph_stats s;
+    opf_graph_get_stats(g, &s);
+    printf("LayerNorm-MLP (tokens %d, hidden %d, ffn %d, fp32), recipe %s, %s: %d forward + %d "
+           "backward nodes, %d fused, %d eager; arena %zu bytes (%zu unplanned)\n", TOKENS, HIDDEN,
+           FFN, opf_recipe_name(a.kind), a.inference ? "inference" : "training", s.n_forward,
+           s.n_backward, s.n_fused, s.n_eager, s.arena_bytes, s.unplanned_bytes);
+    if (!rc) rc = render(a.prefix);
+done:
+    opf_graph_destroy(g);
+    opf_seq_destroy(seq);
+    opf_ctx_destroy(ctx);
+    return rc;
+}
