@@ -1,0 +1,748 @@
+/* test_compile_guard.c: what a compiled graph keys on and what it does not.
+ *
+ *  - a user op without fakes runs as an eager node inside the graph, its
+ *    reason is listed and warned once per context, and results still match
+ *    eager bit for bit (also a seq with a callback step);
+ *  - a quantized tensor kwarg that changes every call causes no recompile,
+ *    a value kwarg recompiles once per new value, the cache limit warns;
+ *  - one graph compiled for max_leading runs five batch sizes with no
+ *    recompilation, and refuses a batch above the maximum;
+ *  - delayed scaling: scales, amax histories and parameters after 10 SGD
+ *    steps are identical to eager.
+ * Eager and compiled run on two contexts of the same seed (identical
+ * parameters), with fresh random inputs. */
+#include "../test.h"
+
+static unsigned long long rng = 0x6A2D5EEDull;
+
+/* ---- helpers -------------------------------------------------------------------- */
+
+static opf_tensor rand_t(opf_ctx *ctx, int64_t m, int64_t k, opf_dtype dt, float sigma)
+{
+    int64_t shape[2] = {m, k};
+    opf_spec s = opf_spec_make(2, shape, dt);
+    opf_tensor t;
+    opf_tensor_alloc(ctx, &s, &t);
+    float *v = malloc(sizeof(float) * (size_t)(m * k));
+    for (int64_t i = 0; i < m * k; i++) v[i] = opf_test_normal(&rng, sigma);
+    opf_convert(v, OPF_F32, t.data[0], dt, (size_t)(m * k));
+    free(v);
+    return t;
+}
+
+static void append_ln(opf_ctx *ctx, opf_seq *seq, int64_t h, opf_dtype dt)
+{
+    opf_layernorm_config ln = {.hidden = h, .eps = 1e-5, .dtype = dt};
+    opf_op *op;
+    opf_op_create(ctx, "layernorm", &ln, "ln", &op);
+    opf_seq_append(seq, op);
+}
+
+static void append_named(opf_ctx *ctx, opf_seq *seq, const char *cls, const void *cfg, const char *name)
+{
+    opf_op *op = NULL;
+    opf_status st = opf_op_create(ctx, cls, cfg, name, &op);
+    CHECK(st == OPF_OK, "create %s: %s", cls, opf_last_error(ctx));
+    if (!st) opf_seq_append(seq, op);
+}
+
+/* layernorm -> fc1 (+bias) -> gelu -> fc2 (+bias) */
+static opf_seq *lnmlp(opf_ctx *ctx, opf_dtype dt, int64_t h, int64_t f)
+{
+    opf_seq *seq;
+    opf_seq_create(ctx, &seq);
+    append_ln(ctx, seq, h, dt);
+    opf_seq_append_linear(seq, h, f, true, dt, "fc1");
+    append_named(ctx, seq, "gelu", NULL, "gelu");
+    opf_seq_append_linear(seq, f, h, true, dt, "fc2");
+    return seq;
+}
+
+/* Every parameter gradient of a and b (same structure) has the same bytes. */
+static int grads_differ(opf_seq *a, opf_seq *b)
+{
+    int bad = 0;
+    for (int i = 0; i < opf_seq_len(a); i++)
+        for (int p = 0; p < opf_op_num_params(opf_seq_at(a, i)); p++) {
+            const opf_param *pa = opf_op_param_const(opf_seq_at(a, i), p);
+            const opf_param *pb = opf_op_param_const(opf_seq_at(b, i), p);
+            bad += pa->has_grad != pb->has_grad || !opf_test_same_bytes(&pa->grad, &pb->grad);
+        }
+    return bad;
+}
+
+static int params_differ(opf_seq *a, opf_seq *b)
+{
+    int bad = 0;
+    for (int i = 0; i < opf_seq_len(a); i++)
+        for (int p = 0; p < opf_op_num_params(opf_seq_at(a, i)); p++)
+            bad += !opf_test_same_bytes(&opf_op_param_const(opf_seq_at(a, i), p)->value,
+                                        &opf_op_param_const(opf_seq_at(b, i), p)->value);
+    return bad;
+}
+
+/* FNV-1a over every component of t's layout. */
+static uint64_t checksum(const opf_tensor *t)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    opf_layout L;
+    if (opf_spec_layout(&t->spec, &L)) return 0;
+    for (int c = 0; c < OPF_COMP_COUNT; c++) {
+        if (!L.comp[c].present || !t->data[c]) continue;
+        const unsigned char *b = t->data[c];
+        for (size_t i = 0; i < L.comp[c].nbytes; i++) h = (h ^ b[i]) * 0x100000001B3ull;
+    }
+    return h;
+}
+
+/* Warnings through opf_ctx_options.warn. */
+typedef struct warn_log {
+    int  n;
+    int  n_fwd_fake, n_bwd_fake, n_cache;
+    char last[512];
+} warn_log;
+
+static void on_warn(void *user, const char *msg)
+{
+    warn_log *w = user;
+    w->n++;
+    w->n_fwd_fake += strstr(msg, "t2_scale_nofake") && strstr(msg, "forward fake") != NULL;
+    w->n_bwd_fake += strstr(msg, "t2_scale_nofake") && strstr(msg, "backward fake") != NULL;
+    w->n_cache += strstr(msg, "cache") != NULL;
+    snprintf(w->last, sizeof w->last, "%s", msg);
+}
+
+typedef struct pair {
+    opf_ctx *ca, *cb;  /* eager, compiled */
+    opf_seq *a, *b;
+} pair;
+
+static void pair_ctx(pair *p, warn_log *wb)
+{
+    opf_ctx_options o = opf_ctx_options_default();
+    o.seed = 11;
+    opf_ctx_create(&o, &p->ca);
+    if (wb) o.warn = on_warn, o.warn_user = wb;
+    opf_ctx_create(&o, &p->cb);
+}
+
+static void pair_free(pair *p)
+{
+    opf_seq_destroy(p->a), opf_seq_destroy(p->b);
+    opf_ctx_destroy(p->ca), opf_ctx_destroy(p->cb);
+}
+
+/* ---- a user op without fakes: y = s * x, s a learnable scalar ------------------------
+ * Per the contract of a class without fakes, forward_impl allocates outs[0]
+ * and backward_impl the gradients it returns. */
+
+typedef struct nf_fwd {
+    opf_tensor x, s;
+} nf_fwd;
+static const opf_field nf_fwd_fields[] = {OPF_F_TENSOR(nf_fwd, x), OPF_F_TENSOR(nf_fwd, s)};
+OPF_SCHEMA(nf_fwd_schema, nf_fwd, nf_fwd_fields);
+
+typedef struct nf_bwd {
+    opf_tensor dy, x, s;
+} nf_bwd;
+static const opf_field nf_bwd_fields[] = {OPF_F_TENSOR(nf_bwd, dy), OPF_F_TENSOR(nf_bwd, x),
+                                          OPF_F_TENSOR(nf_bwd, s)};
+OPF_SCHEMA(nf_bwd_schema, nf_bwd, nf_bwd_fields);
+
+static opf_status nf_init(opf_ctx *ctx, opf_op *op)
+{
+    opf_spec s = opf_spec_make(1, (int64_t[]){1}, OPF_F32);
+    int i = opf_op_add_param(ctx, op, "scale", &s);
+    if (i < 0) return (opf_status)-i;
+    *(float *)opf_op_param(op, i)->value.data[0] = 1.25f;
+    return OPF_OK;
+}
+
+static opf_status nf_resolve(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    nf_fwd *a = args;
+    if (env->x->spec.scaling != OPF_SCALING_NONE) return OPF_ERR_DTYPE;
+    a->x = *env->x;
+    a->s = opf_op_param(op, 0)->value;
+    return OPF_OK;
+}
+
+/* out = c * in (both plain, same shape), computed in f32 through scratch. */
+static opf_status nf_scale(opf_ctx *ctx, const opf_tensor *in, float c, opf_tensor *out)
+{
+    int64_t n = opf_spec_numel(&in->spec);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *v = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
+    opf_status st = v ? opf_convert(in->data[0], in->spec.dtype, v, OPF_F32, (size_t)n) : OPF_ERR_NO_MEMORY;
+    for (int64_t i = 0; !st && i < n; i++) v[i] *= c;
+    if (!st) st = opf_convert(v, OPF_F32, out->data[0], out->spec.dtype, (size_t)n);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status nf_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const nf_fwd *a = args;
+    opf_status st = opf_tensor_alloc(ctx, &a->x.spec, &outs[0]);
+    return st ? st : nf_scale(ctx, &a->x, *(const float *)a->s.data[0], &outs[0]);
+}
+
+static opf_status nf_setup(opf_op *op, opf_op_ctx *c, const void *args, const opf_tensor *outs,
+                           const opf_tensor *aux)
+{
+    opf_tensor_retain(&((const nf_fwd *)args)->x, &c->saved[c->n_saved++]);
+    return OPF_OK;
+}
+
+static opf_status nf_resolve_bwd(opf_op *op, const opf_op_ctx *c, const opf_bwd_env *env, void *b)
+{
+    nf_bwd *a = b;
+    if (env->dy->spec.scaling != OPF_SCALING_NONE) return OPF_ERR_DTYPE;
+    a->dy = *env->dy;
+    a->x = c->saved[0];
+    a->s = opf_op_param(op, 0)->value;
+    return OPF_OK;
+}
+
+/* dx = s dy, ds = sum(dy x) (sequential fp32 sum: deterministic) */
+static opf_status nf_bimpl(opf_ctx *ctx, const void *b, opf_tensor *g)
+{
+    const nf_bwd *a = b;
+    opf_status st = opf_tensor_alloc(ctx, &a->dy.spec, &g[0]);
+    if (!st) st = opf_tensor_alloc(ctx, &a->s.spec, &g[1]);
+    if (!st) st = nf_scale(ctx, &a->dy, *(const float *)a->s.data[0], &g[0]);
+    int64_t n = opf_spec_numel(&a->dy.spec);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *dy = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
+    float *x = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
+    if (!st && (!dy || !x)) st = OPF_ERR_NO_MEMORY;
+    if (!st) st = opf_convert(a->dy.data[0], a->dy.spec.dtype, dy, OPF_F32, (size_t)n);
+    if (!st) st = opf_convert(a->x.data[0], a->x.spec.dtype, x, OPF_F32, (size_t)n);
+    float ds = 0;
+    for (int64_t i = 0; !st && i < n; i++) ds += dy[i] * x[i];
+    if (!st) *(float *)g[1].data[0] = ds;
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static const opf_op_class nofake_class = {
+    .abi_version = OPF_OP_ABI_VERSION, .name = "t2_scale_nofake",
+    .fwd_schema = &nf_fwd_schema, .bwd_schema = &nf_bwd_schema, .fusible = true,
+    .init = nf_init, .resolve_fwd = nf_resolve, .setup_context = nf_setup,
+    .resolve_bwd = nf_resolve_bwd, .forward_impl = nf_impl, .backward_impl = nf_bimpl,
+};
+
+/* ---- a user op with kwargs: y = x + alpha * t -----------------------------------------
+ * t (plain or quantized) and alpha are per-call kwargs; t has x's shape. */
+
+typedef struct kw_args {
+    opf_tensor t;
+    double     alpha;
+} kw_args;
+static const opf_field kw_args_fields[] = {OPF_F(kw_args, t, OPF_FIELD_TENSOR_Q, OPF_FIELD_KWARG),
+                                           OPF_F(kw_args, alpha, OPF_FIELD_FLOAT, OPF_FIELD_KWARG)};
+OPF_SCHEMA(kw_args_schema, kw_args, kw_args_fields);
+
+typedef struct kw_fwd {
+    opf_tensor x, t;
+    double     alpha;
+} kw_fwd;
+static const opf_field kw_fwd_fields[] = {OPF_F_TENSOR(kw_fwd, x), OPF_F_TENSOR_Q(kw_fwd, t),
+                                          OPF_F_FLOAT(kw_fwd, alpha)};
+OPF_SCHEMA(kw_fwd_schema, kw_fwd, kw_fwd_fields);
+
+typedef struct kw_bwd {
+    opf_tensor dy;
+} kw_bwd;
+static const opf_field kw_bwd_fields[] = {OPF_F_TENSOR(kw_bwd, dy)};
+OPF_SCHEMA(kw_bwd_schema, kw_bwd, kw_bwd_fields);
+
+static opf_status kw_fake(const void *args, opf_spec *outs, opf_spec *aux)
+{
+    const kw_fwd *a = args;
+    if (opf_spec_numel(&a->t.spec) != opf_spec_numel(&a->x.spec)) return OPF_ERR_SHAPE;
+    outs[0] = a->x.spec;
+    return OPF_OK;
+}
+
+static opf_status kw_resolve(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    kw_fwd *a = args;
+    const kw_args *kw = env->kwargs;
+    if (!kw) return OPF_ERR_INVALID_ARG;  /* kwargs are required */
+    if (env->x->spec.scaling != OPF_SCALING_NONE) return OPF_ERR_DTYPE;
+    a->x = *env->x;
+    a->t = kw->t;
+    a->alpha = kw->alpha;
+    return OPF_OK;
+}
+
+static opf_status kw_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
+{
+    const kw_fwd *a = args;
+    int64_t n = opf_spec_numel(&a->x.spec);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *x = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
+    float *t = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
+    opf_status st = x && t ? OPF_OK : OPF_ERR_NO_MEMORY;
+    if (!st) st = opf_convert(a->x.data[0], a->x.spec.dtype, x, OPF_F32, (size_t)n);
+    if (!st && a->t.spec.scaling == OPF_SCALING_NONE) {
+        st = opf_convert(a->t.data[0], a->t.spec.dtype, t, OPF_F32, (size_t)n);
+    } else if (!st) {
+        opf_spec ts = opf_spec_make(a->t.spec.ndim, a->t.spec.shape, OPF_F32);
+        opf_tensor tw;
+        st = opf_tensor_wrap(&ts, t, &tw);
+        if (!st) st = opf_dequantize(ctx, &a->t, OPF_USAGE_ROWWISE, &tw);
+    }
+    for (int64_t i = 0; !st && i < n; i++) x[i] += (float)a->alpha * t[i];
+    if (!st) st = opf_convert(x, OPF_F32, outs[0].data[0], outs[0].spec.dtype, (size_t)n);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status kw_resolve_bwd(opf_op *op, const opf_op_ctx *c, const opf_bwd_env *env, void *b)
+{
+    ((kw_bwd *)b)->dy = *env->dy;
+    return OPF_OK;
+}
+
+static opf_status kw_bfake(const void *b, opf_spec *g)
+{
+    g[0] = ((const kw_bwd *)b)->dy.spec;
+    return OPF_OK;
+}
+
+static opf_status kw_bimpl(opf_ctx *ctx, const void *b, opf_tensor *g)
+{
+    const opf_tensor *dy = &((const kw_bwd *)b)->dy;
+    opf_layout L;
+    opf_status st = opf_spec_layout(&dy->spec, &L);
+    if (!st) memcpy(g[0].data[0], dy->data[0], L.comp[0].nbytes);
+    return st;
+}
+
+static const opf_op_class kwarg_class = {
+    .abi_version = OPF_OP_ABI_VERSION, .name = "t2_add_kw",
+    .fwd_schema = &kw_fwd_schema, .bwd_schema = &kw_bwd_schema, .kwargs_schema = &kw_args_schema,
+    .fusible = true, .resolve_fwd = kw_resolve, .forward_fake = kw_fake, .forward_impl = kw_impl,
+    .resolve_bwd = kw_resolve_bwd, .backward_fake = kw_bfake, .backward_impl = kw_bimpl,
+};
+
+/* ---- 4. eager nodes ------------------------------------------------------------------- */
+
+/* layernorm -> fc1 (+bias) -> [user op] -> fc2 (+bias) */
+static opf_seq *with_user_op(opf_ctx *ctx, const char *cls, int64_t h, int64_t f, opf_dtype dt)
+{
+    opf_seq *seq;
+    opf_seq_create(ctx, &seq);
+    append_ln(ctx, seq, h, dt);
+    opf_seq_append_linear(seq, h, f, true, dt, "fc1");
+    append_named(ctx, seq, cls, NULL, "user");
+    opf_seq_append_linear(seq, f, h, true, dt, "fc2");
+    return seq;
+}
+
+/* n_steps of forward + backward on a (eager) and the graph g of b; compared. */
+static void compare_steps(pair *p, opf_graph *g, const opf_seq_call *call, int64_t m, int64_t h,
+                          opf_dtype dt, int n_steps, const char *what)
+{
+    for (int step = 0; step < n_steps; step++) {
+        opf_tensor x = rand_t(p->ca, m, h, dt, 1.0f), dy = rand_t(p->ca, m, h, dt, 1.0f);
+        opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
+        opf_seq_zero_grad(p->a);
+        opf_seq_zero_grad(p->b);
+        CHECK_OK(p->ca, opf_seq_forward(p->a, &x, call, &ya, NULL));
+        CHECK_OK(p->ca, opf_seq_backward(p->a, &dy, NULL, &dxa, NULL));
+        CHECK_OK(p->cb, opf_graph_forward(g, &x, call, &yb, NULL));
+        CHECK_OK(p->cb, opf_graph_backward(g, &dy, NULL, &dxb, NULL));
+        CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s step %d: y differs", what, step);
+        CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s step %d: dx differs", what, step);
+        int bad = grads_differ(p->a, p->b);
+        CHECK(bad == 0, "%s step %d: %d parameter gradients differ", what, step, bad);
+        opf_tensor_release(&ya), opf_tensor_release(&dxa);
+        opf_tensor_release(&x), opf_tensor_release(&dy);
+    }
+}
+
+static void test_nofake_op(opf_recipe_kind kind, opf_dtype dt)
+{
+    const int64_t m = 32, h = 64, f = 128;
+    warn_log w = {0};
+    pair p;
+    pair_ctx(&p, &w);
+    p.a = with_user_op(p.ca, "t2_scale_nofake", h, f, dt);
+    p.b = with_user_op(p.cb, "t2_scale_nofake", h, f, dt);
+    opf_recipe r = opf_recipe_default(kind);
+    opf_seq_call call = opf_seq_call_default();
+    call.recipe = kind == OPF_RECIPE_NONE ? NULL : &r;
+    opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, dt);
+    opf_graph *g = NULL, *g2 = NULL;
+    CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, NULL, &g));
+    if (!g) goto out;
+    opf_graph_reason rs[16];
+    int nr = opf_graph_reasons(g, rs, 16);
+    int fwd = 0, bwd = 0;
+    for (int i = 0; i < nr && i < 16; i++) {
+        CHECK(!strcmp(rs[i].op_name, "user"), "only the user op is eager, not %s (%s)", rs[i].op_name,
+              rs[i].reason);
+        CHECK(strstr(rs[i].reason, "fake") != NULL, "reason names the missing fake: %s", rs[i].reason);
+        fwd += !rs[i].backward, bwd += rs[i].backward;
+    }
+    CHECK(nr == 2 && fwd == 1 && bwd == 1, "one eager forward and one eager backward node (%d: %d/%d)", nr,
+          fwd, bwd);
+    opf_graph_stats s;
+    opf_graph_get_stats(g, &s);
+    CHECK(s.n_eager == 2, "stats: %d eager nodes", s.n_eager);
+    CHECK(w.n_fwd_fake == 1 && w.n_bwd_fake == 1, "first compile warns once per reason (%d/%d): %s",
+          w.n_fwd_fake, w.n_bwd_fake, w.last);
+    compare_steps(&p, g, &call, m, h, dt, 3, "nofake user op");
+    /* a second compile in the same context warns no more */
+    CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, NULL, &g2));
+    CHECK(w.n_fwd_fake == 1 && w.n_bwd_fake == 1, "second compile: warned again (%d/%d)", w.n_fwd_fake,
+          w.n_bwd_fake);
+    if (g2) compare_steps(&p, g2, &call, m, h, dt, 1, "nofake user op, second graph");
+out:
+    opf_graph_destroy(g);
+    opf_graph_destroy(g2);
+    pair_free(&p);
+}
+
+/* A callback step: y = 0.5 x (f32), dx = 0.5 dy. */
+static opf_status cb_half(opf_ctx *ctx, const opf_tensor *in, opf_tensor *out)
+{
+    opf_status st = opf_tensor_alloc(ctx, &in->spec, out);
+    return st ? st : nf_scale(ctx, in, 0.5f, out);
+}
+static opf_status cb_fwd(void *user, opf_ctx *ctx, const opf_tensor *x, opf_tensor *y)
+{
+    ++*(int *)user;
+    return cb_half(ctx, x, y);
+}
+static opf_status cb_bwd(void *user, opf_ctx *ctx, const opf_tensor *dy, opf_tensor *dx)
+{
+    return cb_half(ctx, dy, dx);
+}
+
+static void test_callback(opf_dtype dt)
+{
+    const int64_t m = 32, h = 64, f = 128;
+    pair p;
+    pair_ctx(&p, NULL);
+    int calls[2] = {0, 0};
+    opf_seq *s[2];
+    opf_ctx *c[2] = {p.ca, p.cb};
+    for (int i = 0; i < 2; i++) {
+        opf_seq_create(c[i], &s[i]);
+        append_ln(c[i], s[i], h, dt);
+        opf_seq_append_linear(s[i], h, f, true, dt, "fc1");
+        opf_callback_i cb = {cb_fwd, cb_bwd, &calls[i]};
+        CHECK_OK(c[i], opf_seq_append_callback(s[i], &cb, "half"));
+        opf_seq_append_linear(s[i], f, h, true, dt, "fc2");
+    }
+    p.a = s[0], p.b = s[1];
+    opf_seq_call call = opf_seq_call_default();
+    opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, dt);
+    opf_graph *g = NULL;
+    CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, NULL, &g));
+    if (g) {
+        opf_graph_reason rs[8];
+        int nr = opf_graph_reasons(g, rs, 8);
+        CHECK(nr == 2 && !strcmp(rs[0].op_name, "half") && strstr(rs[0].reason, "callback"),
+              "the callback is the eager node (%d: %s)", nr, nr ? rs[0].reason : "-");
+        int before = calls[1];
+        compare_steps(&p, g, &call, m, h, dt, 3, "callback");
+        CHECK(calls[1] - before == 3, "the callback ran once per compiled forward (%d)", calls[1] - before);
+    }
+    opf_graph_destroy(g);
+    pair_free(&p);
+}
+
+/* ---- 5. kwargs ---------------------------------------------------------------------------- */
+
+static opf_tensor fp8_kwarg(opf_ctx *ctx, int64_t m, int64_t k)
+{
+    opf_recipe rc = opf_recipe_default(OPF_RECIPE_CURRENT);
+    opf_quantizer_role role = {"linear", OPF_ROLE_INPUT, "t"};
+    opf_quantizer q;
+    opf_recipe_quantizer(&rc, &role, &q);
+    q.usage = OPF_USAGE_ROWWISE;
+    opf_tensor plain = rand_t(ctx, m, k, OPF_F32, 0.5f), t = {0};
+    CHECK_OK(ctx, opf_quantize_alloc(ctx, &q, &plain, &t));
+    opf_tensor_release(&plain);
+    return t;
+}
+
+/* One step through opf_compiled with kwargs (alpha, a fresh fp8 t); compared with eager. */
+static void kw_step(pair *p, opf_compiled *c, const opf_recipe *r, double alpha, int64_t m, int64_t h,
+                    int64_t f, const char *what)
+{
+    const int user = 3;
+    const void *kwv[16] = {0};
+    kw_args kw = {.t = fp8_kwarg(p->ca, m, f), .alpha = alpha};
+    CHECK(kw.t.spec.scaling == OPF_SCALING_TENSOR, "t is per-tensor fp8");
+    kwv[user] = &kw;
+    opf_seq_call call = opf_seq_call_default();
+    call.recipe = r;
+    call.kwargs = kwv;
+    opf_tensor x = rand_t(p->ca, m, h, OPF_F32, 1.0f), dy = rand_t(p->ca, m, h, OPF_F32, 1.0f);
+    opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
+    opf_seq_zero_grad(p->a);
+    opf_seq_zero_grad(p->b);
+    CHECK_OK(p->ca, opf_seq_forward(p->a, &x, &call, &ya, NULL));
+    CHECK_OK(p->ca, opf_seq_backward(p->a, &dy, NULL, &dxa, NULL));
+    uint64_t ct = checksum(&kw.t), cx = checksum(&x), cdy = checksum(&dy);
+    CHECK_OK(p->cb, opf_compiled_forward(c, &x, &call, &yb, NULL));
+    CHECK_OK(p->cb, opf_compiled_backward(c, &dy, NULL, &dxb, NULL));
+    CHECK(checksum(&kw.t) == ct && checksum(&x) == cx && checksum(&dy) == cdy,
+          "%s (alpha %g): the graph wrote the tensor kwarg, x or dy", what, alpha);
+    CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s (alpha %g): y differs", what, alpha);
+    CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s (alpha %g): dx differs", what, alpha);
+    CHECK(grads_differ(p->a, p->b) == 0, "%s (alpha %g): parameter gradients differ", what, alpha);
+    opf_tensor_release(&ya), opf_tensor_release(&dxa);
+    opf_tensor_release(&x), opf_tensor_release(&dy), opf_tensor_release(&kw.t);
+}
+
+static void test_kwargs(opf_recipe_kind kind)
+{
+    const int64_t m = 32, h = 64, f = 128;
+    warn_log w = {0};
+    pair p;
+    pair_ctx(&p, &w);
+    p.a = with_user_op(p.ca, "t2_add_kw", h, f, OPF_F32);
+    p.b = with_user_op(p.cb, "t2_add_kw", h, f, OPF_F32);
+    CHECK(!strcmp(opf_op_class_of(opf_seq_at(p.a, 3))->name, "t2_add_kw"), "user op at index 3");
+    opf_recipe r = opf_recipe_default(kind);
+    const opf_recipe *rp = kind == OPF_RECIPE_NONE ? NULL : &r;
+    opf_compile_options o = opf_compile_options_default();
+    o.max_variants = 2;
+    opf_compiled *c = NULL;
+    CHECK_OK(p.cb, opf_compiled_create(p.b, &o, &c));
+    if (!c) goto out;
+    /* the tensor kwarg changes every call: no recompilation */
+    for (int i = 0; i < 4; i++) kw_step(&p, c, rp, 3.0, m, h, f, "fresh fp8 kwarg");
+    CHECK(opf_compiled_recompiles(c) == 0, "tensor kwargs recompiled %d times", opf_compiled_recompiles(c));
+    CHECK(opf_compiled_num_graphs(c) == 1, "%d graphs", opf_compiled_num_graphs(c));
+    opf_graph_reason rs[4];
+    CHECK(opf_graph_reasons(opf_compiled_last_graph(c), rs, 4) == 0, "the kwargs op is traced, not eager");
+    /* a value kwarg: once per new value */
+    kw_step(&p, c, rp, 5.0, m, h, f, "alpha 5");
+    CHECK(opf_compiled_recompiles(c) == 1, "alpha 3 -> 5: %d recompiles", opf_compiled_recompiles(c));
+    kw_step(&p, c, rp, 3.0, m, h, f, "alpha 3 again");
+    kw_step(&p, c, rp, 5.0, m, h, f, "alpha 5 again");
+    CHECK(opf_compiled_recompiles(c) == 1, "cached values: %d recompiles", opf_compiled_recompiles(c));
+    CHECK(w.n_cache == 0, "no cache warning yet: %s", w.last);
+    /* a third value with max_variants 2: warns about the limit, recompiles */
+    kw_step(&p, c, rp, 7.0, m, h, f, "alpha 7");
+    CHECK(opf_compiled_recompiles(c) == 2, "alpha 7: %d recompiles", opf_compiled_recompiles(c));
+    CHECK(opf_compiled_num_graphs(c) == 2, "the cache keeps %d graphs", opf_compiled_num_graphs(c));
+    CHECK(w.n_cache == 1 && strstr(w.last, "2 variants"), "cache-limit warning: %d, \"%s\"", w.n_cache, w.last);
+    /* 3.0 was evicted (least recently used): compiled again, no second warning */
+    kw_step(&p, c, rp, 3.0, m, h, f, "alpha 3 after eviction");
+    CHECK(opf_compiled_recompiles(c) == 3, "evicted value: %d recompiles", opf_compiled_recompiles(c));
+    CHECK(w.n_cache == 1, "the limit warns once (%d)", w.n_cache);
+out:
+    opf_compiled_destroy(c);
+    pair_free(&p);
+}
+
+/* ---- 6. dynamic leading dimension -------------------------------------------------- */
+
+static void dyn_step(pair *p, opf_compiled *c, opf_graph *g, const opf_seq_call *call, int64_t bs,
+                     int64_t h, opf_dtype dt, const char *what)
+{
+    opf_tensor x = rand_t(p->ca, bs, h, dt, 1.0f), dy = rand_t(p->ca, bs, h, dt, 1.0f);
+    opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
+    opf_seq_zero_grad(p->a);
+    opf_seq_zero_grad(p->b);
+    CHECK_OK(p->ca, opf_seq_forward(p->a, &x, call, &ya, NULL));
+    CHECK_OK(p->ca, opf_seq_backward(p->a, &dy, NULL, &dxa, NULL));
+    if (c) {
+        CHECK_OK(p->cb, opf_compiled_forward(c, &x, call, &yb, NULL));
+        CHECK_OK(p->cb, opf_compiled_backward(c, &dy, NULL, &dxb, NULL));
+    } else {
+        CHECK_OK(p->cb, opf_graph_forward(g, &x, call, &yb, NULL));
+        CHECK_OK(p->cb, opf_graph_backward(g, &dy, NULL, &dxb, NULL));
+    }
+    CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s batch %lld: y differs", what, (long long)bs);
+    CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s batch %lld: dx differs", what, (long long)bs);
+    int bad = grads_differ(p->a, p->b);
+    CHECK(bad == 0, "%s batch %lld: %d parameter gradients differ", what, (long long)bs, bad);
+    opf_tensor_release(&ya), opf_tensor_release(&dxa);
+    opf_tensor_release(&x), opf_tensor_release(&dy);
+}
+
+static void test_dynamic(opf_recipe_kind kind, opf_dtype dt, bool cached)
+{
+    const int64_t h = 64, f = 128, maxb = 128;
+    const int64_t sizes16[] = {128, 96, 64, 32, 16}, sizes32[] = {128, 96, 64, 32, 64};
+    const int64_t *sizes = kind == OPF_RECIPE_MXFP8 ? sizes32 : sizes16;
+    char what[96];
+    snprintf(what, sizeof what, "dynamic %s %s %s", opf_recipe_name(kind), opf_dtype_name(dt),
+             cached ? "opf_compiled" : "opf_graph");
+    pair p;
+    pair_ctx(&p, NULL);
+    p.a = lnmlp(p.ca, dt, h, f);
+    p.b = lnmlp(p.cb, dt, h, f);
+    opf_recipe r = opf_recipe_default(kind);
+    if (kind == OPF_RECIPE_NVFP4) r.nvfp4_stochastic = false;
+    opf_seq_call call = opf_seq_call_default();
+    call.recipe = kind == OPF_RECIPE_NONE ? NULL : &r;
+    opf_compile_options o = opf_compile_options_default();
+    o.max_leading = maxb;
+    opf_compiled *c = NULL;
+    opf_graph *g = NULL;
+    opf_spec xs = opf_spec_make(2, (int64_t[]){32, h}, dt);  /* the leading size is replaced */
+    if (cached) CHECK_OK(p.cb, opf_compiled_create(p.b, &o, &c));
+    else CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, &o, &g));
+    if (!c && !g) goto out;
+    if (g) {
+        opf_graph_stats s;
+        opf_graph_get_stats(g, &s);
+        CHECK(s.max_leading == maxb, "%s: stats.max_leading %lld", what, (long long)s.max_leading);
+    }
+    for (int i = 0; i < 5; i++) dyn_step(&p, c, g, &call, sizes[i], h, dt, what);
+    if (c) {
+        CHECK(opf_compiled_recompiles(c) == 0, "%s: %d recompiles", what, opf_compiled_recompiles(c));
+        CHECK(opf_compiled_num_graphs(c) == 1, "%s: %d graphs", what, opf_compiled_num_graphs(c));
+    }
+    /* above the declared maximum: refused, naming both sizes */
+    opf_tensor big = rand_t(p.ca, maxb + 32, h, dt, 1.0f), y;
+    if (c) CHECK_FAILS(p.cb, opf_compiled_forward(c, &big, &call, &y, NULL), OPF_ERR_SHAPE, "160", "128");
+    else CHECK_FAILS(p.cb, opf_graph_forward(g, &big, &call, &y, NULL), OPF_ERR_SHAPE, "160", "128", "x");
+    opf_tensor_release(&big);
+    /* a size the format cannot take fails like eager, and the graph keeps working */
+    if (kind == OPF_RECIPE_MXFP8) {
+        opf_tensor x16 = rand_t(p.ca, 16, h, dt, 1.0f), ya;
+        opf_status se = opf_seq_forward(p.a, &x16, &call, &ya, NULL);
+        opf_status sc = c ? opf_compiled_forward(c, &x16, &call, &y, NULL) : opf_graph_forward(g, &x16, &call, &y, NULL);
+        CHECK(se != OPF_OK && sc != OPF_OK, "%s: batch 16 under mxfp8: eager %s, compiled %s (%s)", what,
+              opf_status_str(se), opf_status_str(sc), opf_last_error(p.cb));
+        if (!se) opf_seq_discard(p.a), opf_tensor_release(&ya);
+        opf_tensor_release(&x16);
+    }
+    dyn_step(&p, c, g, &call, 32, h, dt, "after the refusals");
+    if (c) CHECK(opf_compiled_recompiles(c) == 0, "%s: refusals recompiled", what);
+out:
+    opf_compiled_destroy(c);
+    opf_graph_destroy(g);
+    pair_free(&p);
+}
+
+/* ---- 7. delayed scaling ------------------------------------------------------------- */
+
+/* Delayed states of every op of a and b: same slots, scales and histories. */
+static int delayed_differ(opf_seq *a, opf_seq *b, int *n_states)
+{
+    int bad = 0;
+    for (int i = 0; i < opf_seq_len(a); i++) {
+        opf_recipe_state *ra = opf_op_recipe_state(opf_seq_at(a, i)), *rb = opf_op_recipe_state(opf_seq_at(b, i));
+        if (!ra || !rb) {
+            bad += (ra == NULL) != (rb == NULL);
+            continue;
+        }
+        for (int bwd = 0; bwd < 2; bwd++) {
+            opf_delayed_state *da = opf_recipe_state_delayed(ra, bwd), *db = opf_recipe_state_delayed(rb, bwd);
+            if (!da || !db) {
+                bad += (da == NULL) != (db == NULL);
+                continue;
+            }
+            ++*n_states;
+            int ns = opf_delayed_state_slots(da), L = opf_delayed_state_history_len(da);
+            if (ns != opf_delayed_state_slots(db) || L != opf_delayed_state_history_len(db)) {
+                bad++;
+                continue;
+            }
+            bad += memcmp(opf_delayed_state_scale(da), opf_delayed_state_scale(db), sizeof(float) * (size_t)ns) != 0;
+            bad += memcmp(opf_delayed_state_history(da), opf_delayed_state_history(db),
+                          sizeof(float) * (size_t)(ns * L)) != 0;
+        }
+    }
+    return bad;
+}
+
+static void test_delayed(opf_dtype dt, int hist)
+{
+    const int64_t m = 32, h = 64, f = 128;
+    pair p;
+    pair_ctx(&p, NULL);
+    p.a = lnmlp(p.ca, dt, h, f);
+    p.b = lnmlp(p.cb, dt, h, f);
+    opf_recipe r = opf_recipe_default(OPF_RECIPE_DELAYED);
+    r.amax_history_len = hist;
+    opf_seq_call call = opf_seq_call_default();
+    call.recipe = &r;
+    opf_optim_options oo = opf_optim_options_default();
+    oo.lr = 0.05f;
+    opf_optim *oa = NULL, *ob = NULL;
+    CHECK_OK(p.ca, opf_optim_create(p.ca, p.a, OPF_OPTIM_SGD, &oo, &oa));
+    CHECK_OK(p.cb, opf_optim_create(p.cb, p.b, OPF_OPTIM_SGD, &oo, &ob));
+    opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, dt);
+    opf_graph *g = NULL;
+    CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, NULL, &g));
+    if (!g || !oa || !ob) goto out;
+    int updates = 0;
+    for (int i = 0; i < opf_graph_num_nodes(g); i++) {
+        opf_graph_node_info ni;
+        opf_graph_node(g, i, &ni);
+        updates += ni.kind == OPF_NODE_AMAX_UPDATE;
+    }
+    CHECK(updates == 2, "amax updates are nodes of the graph (%d)", updates);
+    int n_states = 0, bad_steps = 0;
+    for (int step = 0; step < 10; step++) {
+        /* growing inputs so that the histories roll through new amaxes */
+        float sigma = 0.5f + 0.25f * (float)step;
+        opf_tensor x = rand_t(p.ca, m, h, dt, sigma), dy = rand_t(p.ca, m, h, dt, 0.1f * sigma);
+        opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
+        opf_seq_zero_grad(p.a);
+        opf_seq_zero_grad(p.b);
+        CHECK_OK(p.ca, opf_seq_forward(p.a, &x, &call, &ya, NULL));
+        CHECK_OK(p.ca, opf_seq_backward(p.a, &dy, NULL, &dxa, NULL));
+        CHECK_OK(p.cb, opf_graph_forward(g, &x, &call, &yb, NULL));
+        CHECK_OK(p.cb, opf_graph_backward(g, &dy, NULL, &dxb, NULL));
+        CHECK_OK(p.ca, opf_optim_step(oa));
+        CHECK_OK(p.cb, opf_optim_step(ob));
+        n_states = 0;
+        int bad = delayed_differ(p.a, p.b, &n_states);
+        bad += !opf_test_same_bytes(&ya, &yb) + !opf_test_same_bytes(&dxa, &dxb);
+        bad += grads_differ(p.a, p.b) + params_differ(p.a, p.b);
+        CHECK(bad == 0, "delayed %s L=%d step %d: %d mismatches (states, y, dx, grads, params)",
+              opf_dtype_name(dt), hist, step, bad);
+        bad_steps += bad != 0;
+        opf_tensor_release(&ya), opf_tensor_release(&dxa);
+        opf_tensor_release(&x), opf_tensor_release(&dy);
+    }
+    CHECK(n_states == 4, "two linears with a forward and a backward state each (%d)", n_states);
+    /* the states actually moved: some scale is not 1 */
+    bool moved = false;
+    opf_recipe_state *rs = opf_op_recipe_state(opf_seq_at(p.b, 1));
+    opf_delayed_state *ds = rs ? opf_recipe_state_delayed(rs, false) : NULL;
+    for (int i = 0; ds && i < opf_delayed_state_slots(ds); i++) moved |= opf_delayed_state_scale(ds)[i] != 1.0f;
+    CHECK(moved, "delayed scales were updated");
+out:
+    opf_optim_destroy(oa), opf_optim_destroy(ob);
+    opf_graph_destroy(g);
+    pair_free(&p);
+}
+
+int main(void)
+{
+    CHECK(opf_op_class_register(&nofake_class) == OPF_OK, "register: %s", opf_last_error(NULL));
+    CHECK(opf_op_class_register(&kwarg_class) == OPF_OK, "register: %s", opf_last_error(NULL));
+
+    test_nofake_op(OPF_RECIPE_NONE, OPF_F32);
+    test_nofake_op(OPF_RECIPE_CURRENT, OPF_BF16);
+    test_callback(OPF_F32);
+
+    test_kwargs(OPF_RECIPE_NONE);
+    test_kwargs(OPF_RECIPE_CURRENT);
+
+    const struct { opf_recipe_kind k; opf_dtype dt; } dyn[] = {
+        {OPF_RECIPE_NONE, OPF_F32}, {OPF_RECIPE_CURRENT, OPF_F32},
+        {OPF_RECIPE_MXFP8, OPF_BF16}, {OPF_RECIPE_NVFP4, OPF_BF16}};
+    for (int i = 0; i < 4; i++)
+        for (int cached = 0; cached < 2; cached++) test_dynamic(dyn[i].k, dyn[i].dt, cached);
+
+    test_delayed(OPF_F32, 4);
+    test_delayed(OPF_BF16, 8);
+    TEST_DONE();
+}
