@@ -84,11 +84,36 @@ static opf_status alloc_tensors(opf_graph *g, opf_gnode *n, int count)
     return n->t ? OPF_OK : opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
 }
 
+/* What an output is to its op, for its value's name. */
+typedef enum { ROLE_OUT, ROLE_AUX, ROLE_GRAD, ROLE_SUM } out_role;
+
+/* "ln.y", "fc1+fc1.bias+gelu.aux1", "fc2.dweight", "res.in.dextra0". */
+static void value_name(const opf_op *op, out_role role, int i, char *buf, size_t size)
+{
+    char base[36] = "grad_sum";
+    if (op) {
+        int len = 0;
+        for (int k = 0; k < opf_op_num_basic(op) && len < (int)sizeof base - 1; k++)
+            len += snprintf(base + len, sizeof base - (size_t)len, "%s%s", k ? "+" : "",
+                            opf_op_basic(op, k)->name);
+    }
+    int np = op ? opf_op_num_params(op) : 0;
+    if (role == ROLE_SUM) snprintf(buf, size, "%s", base);
+    else if (role == ROLE_OUT && i == 0) snprintf(buf, size, "%.30s.y", base);
+    else if (role == ROLE_OUT) snprintf(buf, size, "%.30s.out%d", base, i);
+    else if (role == ROLE_AUX) snprintf(buf, size, "%.30s.aux%d", base, i);
+    else if (i == 0) snprintf(buf, size, "%.30s.dx", base);
+    else if (i <= np) snprintf(buf, size, "%.30s.d%.10s", base, opf_op_param_const(op, i - 1)->name);
+    else snprintf(buf, size, "%.30s.dextra%d", base, i - 1 - np);
+}
+
 /* An output tensor: a new arena value of spec s, tagged into *t. */
-static opf_status out_tensor(opf_graph *g, opf_gnode *n, const opf_spec *s, const char *name, int k,
+static opf_status out_tensor(opf_graph *g, opf_gnode *n, const opf_spec *s, out_role role, int i,
                              opf_tensor *t)
 {
-    int v = new_val(g, s, OPF_VAL_ARENA, name, k);
+    char name[48];
+    value_name(n->op, role, i, name, sizeof name);
+    int v = new_val(g, s, OPF_VAL_ARENA, name, -1);
     if (v < 0) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: more than %d values",
                                 OPF_GRAPH_MAX_VALUES);
     g->vals[v].def = (int)(n - g->nodes);
@@ -258,7 +283,7 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
             st = opf_error(ctx, OPF_ERR_UNSUPPORTED, "compile: %s: the eager forward produced no "
                            "output %d", op->name, i);
         else
-            st = out_tensor(g, n, &outs[i].spec, op->name, i, &n->t[i]);
+            st = out_tensor(g, n, &outs[i].spec, ROLE_OUT, i, &n->t[i]);
     }
     for (int i = 0; i < n_out; i++) opf_tensor_release(&outs[i]);
     for (int i = 0; i < n_in; i++) opf_tensor_release(&real_in[i]);
@@ -341,10 +366,10 @@ static opf_status eager_backward(trace_state *ts, const opf_plan_entry *e, opf_b
     int n_params = opf_op_num_params(op);
     if (!st) {
         n->passthrough = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
-        if (gs[0].ndim >= 0) st = out_tensor(g, n, &gs[0], op->name, 0, &n->t[0]);
+        if (gs[0].ndim >= 0) st = out_tensor(g, n, &gs[0], ROLE_GRAD, 0, &n->t[0]);
         for (int i = 0; i < op->n_extra_in && !st; i++)
             if (gs[1 + n_params + i].ndim >= 0)
-                st = out_tensor(g, n, &gs[1 + n_params + i], op->name, 1 + i, &n->t[1 + i]);
+                st = out_tensor(g, n, &gs[1 + n_params + i], ROLE_GRAD, 1 + n_params + i, &n->t[1 + i]);
     }
     for (int i = 0; i < ng; i++) opf_tensor_release(&gr[i]);
     for (int i = 0; i < n_in; i++) opf_tensor_release(&real_in[i]);
@@ -399,10 +424,10 @@ static opf_status forward_entry(trace_state *ts, const opf_plan_entry *e)
             st = find_runtime(g, n, n->schema, n->args);
             for (int i = 0; i < ns && !st; i++) st = add_ref(g, n, slots[i].tensor, false);
             for (int i = 0; i < 1 + op->n_extra_out && !st; i++)
-                if (out_s[i].ndim >= 0) st = out_tensor(g, n, &out_s[i], op->name, i, &n->t[i]);
+                if (out_s[i].ndim >= 0) st = out_tensor(g, n, &out_s[i], ROLE_OUT, i, &n->t[i]);
             for (int i = 0; i < OPF_OP_MAX_AUX && !st; i++)
                 if (aux_s[i].ndim >= 0)
-                    st = out_tensor(g, n, &aux_s[i], op->name, 10 + i, &n->t[1 + OPF_OP_MAX_EXTRA + i]);
+                    st = out_tensor(g, n, &aux_s[i], ROLE_AUX, i, &n->t[1 + OPF_OP_MAX_EXTRA + i]);
             if (!st && n->t[0].spec.ndim == 0 && !n->t[0].data[0])
                 st = opf_error(g->ctx, OPF_ERR_UNSUPPORTED, "compile: %s: the fake gives no output",
                                op->name);
@@ -440,7 +465,7 @@ static opf_status add_grad(trace_state *ts, int *acc, int v, bool backward)
     if (st) return st;
     n->n_out = 1;
     opf_spec s = opf_grad_sum_spec(&g->vals[*acc].spec);
-    if ((st = out_tensor(g, n, &s, "grad_sum", -1, &n->t[0]))) return st;
+    if ((st = out_tensor(g, n, &s, ROLE_SUM, 0, &n->t[0]))) return st;
     tag_tensor(g, *acc, &n->t[1]);
     tag_tensor(g, v, &n->t[2]);
     if ((st = add_ref(g, n, &n->t[1], false)) || (st = add_ref(g, n, &n->t[2], false))) return st;
@@ -504,7 +529,7 @@ static opf_status backward_entry(trace_state *ts, const opf_plan_entry *e)
             st = find_runtime(g, n, n->schema, n->args);
             for (int i = 0; i < ns && !st; i++) st = add_ref(g, n, slots[i].tensor, false);
             for (int i = 0; i < ng && !st; i++)
-                if (gs[i].ndim >= 0) st = out_tensor(g, n, &gs[i], op->name, 100 + i, &n->t[i]);
+                if (gs[i].ndim >= 0) st = out_tensor(g, n, &gs[i], ROLE_GRAD, i, &n->t[i]);
             if (st) return st;
             dx_val = n->passthrough ? ts->cur : tensor_val(&n->t[0]);
             for (int i = 0; i < op->n_extra_in; i++) dxi[i] = tensor_val(&n->t[1 + n_params + i]);
