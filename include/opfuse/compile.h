@@ -75,9 +75,10 @@ opf_compile_options opf_compile_options_default(void);
 /* Compiles seq for inputs of spec *x (with max_leading > 0, x->shape[0] is
  * replaced by max_leading) and the settings of *call: recipe, requires_grad
  * (false: a forward-only inference graph that saves nothing for backward),
- * input_requires_grad, extra inputs (only their specs are read) and kwargs
- * (value fields are baked in; tensor fields become graph inputs, only their
- * specs are read here). Builds the seq's recipe state and plans as its
+ * input_requires_grad, extra inputs (their specs; an eager node's probe also
+ * reads the data of those that have it, e.g. grouped_linear's split sizes)
+ * and kwargs (value fields are baked in; tensor fields become graph inputs,
+ * only their specs are read here). Builds the seq's recipe state and plans as its
  * forward would. Errors: an op class that is not registered, specs the ops
  * reject (the op's message), a backward pending on the seq. */
 opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call,

@@ -228,6 +228,27 @@ static opf_status probe_input(const opf_graph *g, const opf_seq_call *call, cons
     return zero_tensor(g->ctx, &src->spec, out);
 }
 
+/* The inputs of an eager node: src[0] the main input (x or dy), then the
+ * extra ones (NULL: none). Each becomes a tagged ref in n->t[n_out + i] for
+ * the plan and a real stand-in real[i] for the probe (probe[i] points at it). */
+static opf_status eager_inputs(opf_graph *g, const opf_seq_call *call, opf_gnode *n,
+                               const opf_tensor *const *src, int n_in, opf_tensor *real,
+                               const opf_tensor **probe)
+{
+    memset(real, 0, sizeof *real * (size_t)n_in);
+    for (int i = 0; i < n_in; i++) {
+        probe[i] = NULL;
+        if (!src[i]) continue;
+        n->t[n->n_out + i] = *src[i];
+        n->in_mask |= 1u << i;
+        opf_status st = add_ref(g, n, &n->t[n->n_out + i], false);
+        if (!st) st = call ? probe_input(g, call, src[i], &real[i]) : zero_tensor(g->ctx, &src[i]->spec, &real[i]);
+        if (st) return st;
+        probe[i] = &real[i];
+    }
+    return OPF_OK;
+}
+
 /* ---- the trace ------------------------------------------------------------------------- */
 
 typedef struct trace_state {
@@ -257,24 +278,19 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
         n->has_q[k] = q != NULL;
         if (q) n->qv[k] = *q;
     }
-    /* inputs: tagged refs for the plan; zeroed stand-ins for the probe */
-    opf_tensor real_in[1 + OPF_OP_MAX_EXTRA];
-    memset(real_in, 0, sizeof real_in);
+    /* inputs: tagged refs for the plan; stand-ins for the probe, which also
+     * reads the caller's kwargs (eager nodes get the real ones) */
+    opf_tensor real_in[1 + OPF_OP_MAX_EXTRA] = {0};
+    const opf_tensor *src[1 + OPF_OP_MAX_EXTRA], *pin[1 + OPF_OP_MAX_EXTRA] = {0};
+    src[0] = env->x;
+    for (int i = 1; i < n_in; i++) src[i] = env->extra_in[i - 1];
     opf_fwd_env probe = *env;
-    probe.kwargs = NULL;
     const void *kw[OPF_FUSED_MAX] = {0};
     for (int k = 0; ts->call->kwargs && k < e->count; k++) kw[k] = ts->call->kwargs[e->first + k];
     probe.kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0];
-    for (int i = 0; i < n_in && !st; i++) {
-        const opf_tensor *src = i == 0 ? env->x : env->extra_in[i - 1];
-        if (!src) continue;
-        n->t[n_out + i] = *src;
-        n->in_mask |= 1u << i;
-        if ((st = add_ref(g, n, &n->t[n_out + i], false))) break;
-        st = probe_input(g, ts->call, src, &real_in[i]);
-        if (i == 0) probe.x = &real_in[0];
-        else probe.extra_in[i - 1] = &real_in[i];
-    }
+    st = eager_inputs(g, ts->call, n, src, n_in, real_in, pin);
+    probe.x = pin[0];
+    for (int i = 1; i < n_in; i++) probe.extra_in[i - 1] = pin[i];
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
     memset(outs, 0, sizeof outs);
     if (!st) st = opf_op_forward(op, &probe, env->requires_grad ? &ts->probe[e->first] : NULL, outs);
@@ -331,19 +347,14 @@ static opf_status eager_backward(trace_state *ts, const opf_plan_entry *e, opf_b
             for (int i = 0; i < c->n_saved && !st; i++) st = add_ref(g, n, &c->saved[i], false);
         }
     }
-    opf_tensor real_in[1 + OPF_OP_MAX_EXTRA];
-    memset(real_in, 0, sizeof real_in);
+    opf_tensor real_in[1 + OPF_OP_MAX_EXTRA] = {0};
+    const opf_tensor *src[1 + OPF_OP_MAX_EXTRA], *pin[1 + OPF_OP_MAX_EXTRA] = {0};
+    src[0] = env->dy;
+    for (int i = 1; i < n_in; i++) src[i] = env->dextra_out[i - 1];
     opf_bwd_env probe = *env;
-    for (int i = 0; i < n_in && !st; i++) {
-        const opf_tensor *src = i == 0 ? env->dy : env->dextra_out[i - 1];
-        if (!src) continue;
-        n->t[n_out + i] = *src;
-        n->in_mask |= 1u << i;
-        if ((st = add_ref(g, n, &n->t[n_out + i], false))) break;
-        st = zero_tensor(ctx, &src->spec, &real_in[i]);
-        if (i == 0) probe.dy = &real_in[0];
-        else probe.dextra_out[i - 1] = &real_in[i];
-    }
+    if (!st) st = eager_inputs(g, NULL, n, src, n_in, real_in, pin);
+    probe.dy = pin[0];
+    for (int i = 1; i < n_in; i++) probe.dextra_out[i - 1] = pin[i];
     /* the probe runs the traced half and the fake; without a fake, the impl
      * (which then allocates its gradients) but never the accumulation */
     unsigned char *bargs = st ? NULL : calloc(1, op->cls->bwd_schema->size);
