@@ -121,6 +121,34 @@ static int render(const char *prefix)
     return rc;
 }
 
+/* The bytes an eager step of the same seq allocates at its peak (after a
+ * warm-up step), for comparison with the planned arena. */
+static opf_status eager_step_peak(opf_ctx *ctx, opf_seq *seq, const opf_seq_call *call, size_t *peak)
+{
+    opf_spec s = opf_spec_make(2, (int64_t[]){TOKENS, HIDDEN}, OPF_F32);
+    opf_tensor x, dy, y, dx;
+    opf_status st = opf_tensor_alloc(ctx, &s, &x);
+    if (!st) st = opf_tensor_alloc(ctx, &s, &dy);
+    if (st) return st;
+    memset(x.data[0], 0, sizeof(float) * TOKENS * HIDDEN);
+    memset(dy.data[0], 0, sizeof(float) * TOKENS * HIDDEN);
+    for (int k = 0; k < 2 && !st; k++) {
+        opf_alloc_stats a;
+        opf_ctx_alloc_stats(ctx, &a);
+        opf_ctx_alloc_reset_peak(ctx);
+        st = opf_seq_forward(seq, &x, call, &y, NULL);
+        if (!st && call->requires_grad) st = opf_seq_backward(seq, &dy, NULL, &dx, NULL);
+        if (!st && call->requires_grad) opf_tensor_release(&dx);
+        if (!st) opf_tensor_release(&y);
+        opf_alloc_stats b;
+        opf_ctx_alloc_stats(ctx, &b);
+        *peak = b.bytes_peak - a.bytes_live;
+    }
+    opf_tensor_release(&x);
+    opf_tensor_release(&dy);
+    return st;
+}
+
 int opf_app_graph(int argc, char **argv)
 {
     graph_args a;
@@ -156,10 +184,14 @@ int opf_app_graph(int argc, char **argv)
     else printf("wrote %s\n", path);
     opf_graph_stats s;
     opf_graph_get_stats(g, &s);
+    size_t eager_peak = 0;
+    if (eager_step_peak(ctx, seq, &call, &eager_peak))
+        fprintf(stderr, "opfuse graph: eager step: %s\n", opf_last_error(ctx));
     printf("LayerNorm-MLP (tokens %d, hidden %d, ffn %d, fp32), recipe %s, %s: %d forward + %d "
-           "backward nodes, %d fused, %d eager; arena %zu bytes (%zu unplanned)\n", TOKENS, HIDDEN,
-           FFN, opf_recipe_name(a.kind), a.inference ? "inference" : "training", s.n_forward,
-           s.n_backward, s.n_fused, s.n_eager, s.arena_bytes, s.unplanned_bytes);
+           "backward nodes, %d fused, %d eager; arena %zu bytes planned (%zu without reuse; the "
+           "eager step peaks at %zu)\n", TOKENS, HIDDEN, FFN, opf_recipe_name(a.kind),
+           a.inference ? "inference" : "training", s.n_forward, s.n_backward, s.n_fused, s.n_eager,
+           s.arena_bytes, s.unplanned_bytes, eager_peak);
     if (!rc) rc = render(a.prefix);
 done:
     opf_graph_destroy(g);
