@@ -143,13 +143,58 @@ static opf_graph *graph_new(opf_seq *seq, const opf_seq_call *call, const opf_co
     return g;
 }
 
-/* A second leading size to diff against: the largest step that keeps the
- * common block sizes (128, 32, 16, ...) and leaves a size >= 1. */
-static int64_t second_lead(int64_t max)
+/* Traces a copy of g at leading size l and diffs g against it: the patches
+ * of the leading dimension go to g->patches. */
+static opf_status diff_at(opf_graph *g, const opf_spec *x, const opf_seq_call *call, int64_t l)
 {
-    for (int64_t a = 128; a >= 1; a /= 2)
-        if (max % a == 0 && max - a >= 1) return max - a;
-    return 0;
+    opf_graph *g2 = graph_new(g->seq, call, &g->opts, g->first_req);
+    if (!g2) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "opf_compile: out of memory");
+    opf_status st = trace_at(g2, x, call, l);
+    if (!st) st = opf_graph_diff(g, g2, l);
+    opf_graph_destroy(g2);
+    return st;
+}
+
+/* The leading dimension's patches: a trace at a second size (the largest
+ * step of 128, 64, ... 1 below the maximum that the ops accept) gives
+ * them; a trace at a third size, when the ops accept one, must predict the
+ * same patches, or the graph is not affine in the leading size. */
+static opf_status dynamic_patches(opf_graph *g, const opf_spec *x, const opf_seq_call *call)
+{
+    int64_t max = g->lead0, step = 0;
+    opf_status st = OPF_ERR_UNSUPPORTED;
+    char why[400] = "";
+    for (int64_t a = 128; a >= 1 && st; a /= 2) {
+        if (max % a || max - a < 1) continue;
+        free(g->patches);
+        g->patches = NULL, g->n_patches = 0;
+        st = diff_at(g, x, call, max - a);
+        if (st) snprintf(why, sizeof why, "%s", opf_last_error(g->ctx));
+        else step = a;
+    }
+    if (st)
+        return opf_error(g->ctx, st, "opf_compile: max_leading %lld: no smaller leading size traces "
+                         "to the same graph (%s); compile with max_leading = 0", (long long)max, why);
+    if (max - 2 * step < 1) return OPF_OK;
+    opf_gpatch *p2 = g->patches;
+    int n2 = g->n_patches;
+    g->patches = NULL, g->n_patches = 0;
+    st = diff_at(g, x, call, max - 2 * step);
+    bool same = !st && g->n_patches == n2;
+    for (int i = 0; same && i < n2; i++)
+        same = g->patches[i].loc == p2[i].loc && g->patches[i].slope == p2[i].slope;
+    free(g->patches);
+    g->patches = p2, g->n_patches = n2;
+    if (st) {  /* the ops refuse the third size: the fakes check every new size anyway */
+        opf_clear_error(g->ctx);
+        return OPF_OK;
+    }
+    if (!same)
+        return opf_error(g->ctx, OPF_ERR_UNSUPPORTED, "opf_compile: the graph is not affine in the "
+                         "leading size (sizes %lld, %lld and %lld disagree); compile with "
+                         "max_leading = 0", (long long)max, (long long)(max - step),
+                         (long long)(max - 2 * step));
+    return OPF_OK;
 }
 
 opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
@@ -171,15 +216,7 @@ opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call
     if (!g) return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
     st = trace_at(g, x, call, o.max_leading);
     g->lead = g->lead0 = o.max_leading;
-    if (!st && o.max_leading > 0) {
-        int64_t l2 = second_lead(o.max_leading);
-        if (l2 > 0) {
-            opf_graph *g2 = graph_new(seq, call, &o, first_req);
-            st = g2 ? trace_at(g2, x, call, l2) : opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
-            if (!st) st = opf_graph_diff(g, g2, l2);
-            opf_graph_destroy(g2);
-        }
-    }
+    if (!st && o.max_leading > 1) st = dynamic_patches(g, x, call);
     g->epoch = seq->epoch;
     if (!st) st = opf_graph_plan(g);
     if (!st) st = opf_graph_bake(g);
