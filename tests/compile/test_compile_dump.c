@@ -6,9 +6,9 @@
  * dumps; a dump is unchanged by running the graph; bad arguments and
  * failing streams are reported. */
 #define _POSIX_C_SOURCE 200809L
-#include "../test.h"
+#include "compile_util.h"
 
-static unsigned long long rng = 0xD0E5D0E5ull;
+enum { M = 64, H = 64, F = 128 };  /* the graphs dumped: x f32[64,64], hidden 128 */
 
 /* y = 2x, dx = 2dy, f32: a user step with no fake. */
 static opf_status cb_fwd(void *user, opf_ctx *ctx, const opf_tensor *x, opf_tensor *y)
@@ -29,16 +29,7 @@ static opf_status cb_bwd(void *user, opf_ctx *ctx, const opf_tensor *dy, opf_ten
 /* layernorm -> linear + bias -> gelu -> linear + bias [-> callback]. */
 static opf_seq *build(opf_ctx *ctx, int64_t h, int64_t f, const char *cb_name)
 {
-    opf_seq *seq;
-    opf_seq_create(ctx, &seq);
-    opf_layernorm_config ln = {.hidden = h, .eps = 1e-5, .dtype = OPF_F32};
-    opf_op *op;
-    CHECK_OK(ctx, opf_op_create(ctx, "layernorm", &ln, "ln", &op));
-    CHECK_OK(ctx, opf_seq_append(seq, op));
-    CHECK_OK(ctx, opf_seq_append_linear(seq, h, f, true, OPF_F32, "fc1"));
-    CHECK_OK(ctx, opf_op_create(ctx, "gelu", NULL, "gelu", &op));
-    CHECK_OK(ctx, opf_seq_append(seq, op));
-    CHECK_OK(ctx, opf_seq_append_linear(seq, f, h, true, OPF_F32, "fc2"));
+    opf_seq *seq = cu_ln_mlp(ctx, OPF_F32, h, f, "gelu", "gelu");
     if (cb_name) {
         static opf_callback_i cb = {cb_fwd, cb_bwd, NULL};
         CHECK_OK(ctx, opf_seq_append_callback(seq, &cb, cb_name));
@@ -159,33 +150,52 @@ static void check_dumps(const opf_graph *g, const char *text, const char *dot)
     CHECK(edges >= n, "only %d edges for %d nodes", edges, n);
 }
 
-static opf_tensor rand_t(opf_ctx *ctx, int64_t m, int64_t k)
+static opf_spec x_spec(void) { return opf_spec_make(2, (int64_t[]){M, H}, OPF_F32); }
+
+/* The model [-> a callback named cb_name] compiled for x_spec() under MXFP8,
+ * and its text and DOT dumps. Not to be copied: call.recipe points at r. */
+typedef struct mx_case {
+    opf_seq     *seq;
+    opf_recipe   r;
+    opf_seq_call call;
+    opf_spec     xs;
+    opf_graph   *g;
+    char        *text, *dot;
+} mx_case;
+
+/* False (nothing left to free) when the compile fails. */
+static bool mx_open(opf_ctx *ctx, const char *cb_name, mx_case *mc)
 {
-    opf_spec s = opf_spec_make(2, (int64_t[]){m, k}, OPF_F32);
-    opf_tensor t;
-    opf_tensor_alloc(ctx, &s, &t);
-    for (int64_t i = 0; i < m * k; i++) ((float *)t.data[0])[i] = opf_test_normal(&rng, 1.0f);
-    return t;
+    memset(mc, 0, sizeof *mc);
+    mc->seq = build(ctx, H, F, cb_name);
+    mc->r = opf_recipe_default(OPF_RECIPE_MXFP8);
+    mc->call = opf_seq_call_default();
+    mc->call.recipe = &mc->r;
+    mc->xs = x_spec();
+    CHECK_OK(ctx, opf_compile(mc->seq, &mc->xs, &mc->call, NULL, &mc->g));
+    if (!mc->g) {
+        opf_seq_destroy(mc->seq);
+        return false;
+    }
+    mc->text = dump_str(mc->g, false), mc->dot = dump_str(mc->g, true);
+    CHECK(mc->text && mc->dot, "dumps");
+    return true;
+}
+
+static void mx_close(mx_case *mc)
+{
+    free(mc->text), free(mc->dot);
+    opf_graph_destroy(mc->g);
+    opf_seq_destroy(mc->seq);
 }
 
 static void test_fused(opf_ctx *ctx)
 {
-    const int64_t m = 64, h = 64, f = 128;
-    opf_seq *seq = build(ctx, h, f, NULL);
-    opf_recipe r = opf_recipe_default(OPF_RECIPE_MXFP8);
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = &r;
-    opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, OPF_F32);
-    opf_graph *g = NULL;
-    CHECK_OK(ctx, opf_compile(seq, &xs, &call, NULL, &g));
-    if (!g) {
-        opf_seq_destroy(seq);
-        return;
-    }
-    char *text = dump_str(g, false), *dot = dump_str(g, true);
-    CHECK(text && dot, "dumps");
+    mx_case mc;
+    if (!mx_open(ctx, NULL, &mc)) return;
+    const char *text = mc.text, *dot = mc.dot;
     if (text && dot) {
-        check_dumps(g, text, dot);
+        check_dumps(mc.g, text, dot);
         CHECK(strstr(text, "forward_linear_bias_activation"), "text lacks the fused forward class");
         CHECK(strstr(text, "mxfp8("), "text lacks a quantized spec");
         CHECK(strstr(dot, "mxfp8("), "dot edges lack a quantized spec");
@@ -193,55 +203,43 @@ static void test_fused(opf_ctx *ctx)
         CHECK(!strstr(text, "eager:") && !strstr(dot, ", color=red"), "no eager nodes expected");
         CHECK(strstr(dot, "style=dashed"), "dot lacks saved-for-backward edges");
         /* running the graph changes nothing a dump shows */
-        opf_tensor x = rand_t(ctx, m, h), dy = rand_t(ctx, m, h), y, dx;
-        CHECK_OK(ctx, opf_graph_forward(g, &x, &call, &y, NULL));
-        CHECK_OK(ctx, opf_graph_backward(g, &dy, NULL, &dx, NULL));
-        char *text2 = dump_str(g, false), *dot2 = dump_str(g, true);
+        opf_tensor x = cu_rand2(ctx, M, H, OPF_F32, 1.0f), dy = cu_rand2(ctx, M, H, OPF_F32, 1.0f), y, dx;
+        CHECK_OK(ctx, opf_graph_forward(mc.g, &x, &mc.call, &y, NULL));
+        CHECK_OK(ctx, opf_graph_backward(mc.g, &dy, NULL, &dx, NULL));
+        char *text2 = dump_str(mc.g, false), *dot2 = dump_str(mc.g, true);
         CHECK(text2 && !strcmp(text, text2), "text dump changed after a step");
         CHECK(dot2 && !strcmp(dot, dot2), "dot dump changed after a step");
         free(text2), free(dot2);
         opf_tensor_release(&x), opf_tensor_release(&dy);
     }
-    free(text), free(dot);
     /* forward only: no backward section or cluster */
     opf_graph *gi = NULL;
-    call.requires_grad = false;
-    CHECK_OK(ctx, opf_compile(seq, &xs, &call, NULL, &gi));
+    mc.call.requires_grad = false;
+    CHECK_OK(ctx, opf_compile(mc.seq, &mc.xs, &mc.call, NULL, &gi));
     if (gi) {
-        text = dump_str(gi, false), dot = dump_str(gi, true);
-        if (text && dot) {
-            check_dumps(gi, text, dot);
-            CHECK(strstr(text, "inference (forward only)") && strstr(text, ", 0 backward;"), "inference header");
+        char *ti = dump_str(gi, false), *di = dump_str(gi, true);
+        if (ti && di) {
+            check_dumps(gi, ti, di);
+            CHECK(strstr(ti, "inference (forward only)") && strstr(ti, ", 0 backward;"), "inference header");
         }
-        free(text), free(dot);
+        free(ti), free(di);
     }
     opf_graph_destroy(gi);
-    opf_graph_destroy(g);
-    opf_seq_destroy(seq);
+    mx_close(&mc);
 }
 
 static void test_eager(opf_ctx *ctx)
 {
-    const int64_t m = 64, h = 64, f = 128;
     /* a name with quotes and a backslash: the DOT must escape them */
     const char *name = "cb \"x2\" \\o/";
-    opf_seq *seq = build(ctx, h, f, name);
-    opf_recipe r = opf_recipe_default(OPF_RECIPE_MXFP8);
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = &r;
-    opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, OPF_F32);
-    opf_graph *g = NULL;
-    CHECK_OK(ctx, opf_compile(seq, &xs, &call, NULL, &g));
-    if (!g) {
-        opf_seq_destroy(seq);
-        return;
-    }
+    mx_case mc;
+    if (!mx_open(ctx, name, &mc)) return;
+    const char *text = mc.text, *dot = mc.dot;
     opf_graph_reason rs[4];
-    int nr = opf_graph_reasons(g, rs, 4);
+    int nr = opf_graph_reasons(mc.g, rs, 4);
     CHECK(nr == 2, "%d eager nodes, want 2 (forward and backward of the callback)", nr);
-    char *text = dump_str(g, false), *dot = dump_str(g, true);
     if (text && dot && nr >= 1) {
-        check_dumps(g, text, dot);
+        check_dumps(mc.g, text, dot);
         CHECK(strstr(text, "forward_linear_bias_activation"), "text lacks the fused forward class");
         CHECK(count_of(text, "eager_forward") == 1 && count_of(text, "eager_backward") == 1,
               "eager node kinds in text");
@@ -256,9 +254,7 @@ static void test_eager(opf_ctx *ctx)
         CHECK(strstr(dot, "cb \\\"x2\\\" \\\\o/"), "dot lacks the escaped name");
         CHECK(!strstr(dot, "cb \"x2\""), "dot holds the name unescaped");
     }
-    free(text), free(dot);
-    opf_graph_destroy(g);
-    opf_seq_destroy(seq);
+    mx_close(&mc);
 }
 
 static void test_errors(opf_ctx *ctx)

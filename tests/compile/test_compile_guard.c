@@ -11,89 +11,9 @@
  *    steps are identical to eager.
  * Eager and compiled run on two contexts of the same seed (identical
  * parameters), with fresh random inputs. */
-#include "../test.h"
-
-static unsigned long long rng = 0x6A2D5EEDull;
+#include "compile_util.h"
 
 /* ---- helpers -------------------------------------------------------------------- */
-
-static opf_tensor rand_t(opf_ctx *ctx, int64_t m, int64_t k, opf_dtype dt, float sigma)
-{
-    int64_t shape[2] = {m, k};
-    opf_spec s = opf_spec_make(2, shape, dt);
-    opf_tensor t;
-    opf_tensor_alloc(ctx, &s, &t);
-    float *v = malloc(sizeof(float) * (size_t)(m * k));
-    for (int64_t i = 0; i < m * k; i++) v[i] = opf_test_normal(&rng, sigma);
-    opf_convert(v, OPF_F32, t.data[0], dt, (size_t)(m * k));
-    free(v);
-    return t;
-}
-
-static void append_ln(opf_ctx *ctx, opf_seq *seq, int64_t h, opf_dtype dt)
-{
-    opf_layernorm_config ln = {.hidden = h, .eps = 1e-5, .dtype = dt};
-    opf_op *op;
-    opf_op_create(ctx, "layernorm", &ln, "ln", &op);
-    opf_seq_append(seq, op);
-}
-
-static void append_named(opf_ctx *ctx, opf_seq *seq, const char *cls, const void *cfg, const char *name)
-{
-    opf_op *op = NULL;
-    opf_status st = opf_op_create(ctx, cls, cfg, name, &op);
-    CHECK(st == OPF_OK, "create %s: %s", cls, opf_last_error(ctx));
-    if (!st) opf_seq_append(seq, op);
-}
-
-/* layernorm -> fc1 (+bias) -> gelu -> fc2 (+bias) */
-static opf_seq *lnmlp(opf_ctx *ctx, opf_dtype dt, int64_t h, int64_t f)
-{
-    opf_seq *seq;
-    opf_seq_create(ctx, &seq);
-    append_ln(ctx, seq, h, dt);
-    opf_seq_append_linear(seq, h, f, true, dt, "fc1");
-    append_named(ctx, seq, "gelu", NULL, "gelu");
-    opf_seq_append_linear(seq, f, h, true, dt, "fc2");
-    return seq;
-}
-
-/* Every parameter gradient of a and b (same structure) has the same bytes. */
-static int grads_differ(opf_seq *a, opf_seq *b)
-{
-    int bad = 0;
-    for (int i = 0; i < opf_seq_len(a); i++)
-        for (int p = 0; p < opf_op_num_params(opf_seq_at(a, i)); p++) {
-            const opf_param *pa = opf_op_param_const(opf_seq_at(a, i), p);
-            const opf_param *pb = opf_op_param_const(opf_seq_at(b, i), p);
-            bad += pa->has_grad != pb->has_grad || !opf_test_same_bytes(&pa->grad, &pb->grad);
-        }
-    return bad;
-}
-
-static int params_differ(opf_seq *a, opf_seq *b)
-{
-    int bad = 0;
-    for (int i = 0; i < opf_seq_len(a); i++)
-        for (int p = 0; p < opf_op_num_params(opf_seq_at(a, i)); p++)
-            bad += !opf_test_same_bytes(&opf_op_param_const(opf_seq_at(a, i), p)->value,
-                                        &opf_op_param_const(opf_seq_at(b, i), p)->value);
-    return bad;
-}
-
-/* FNV-1a over every component of t's layout. */
-static uint64_t checksum(const opf_tensor *t)
-{
-    uint64_t h = 0xCBF29CE484222325ull;
-    opf_layout L;
-    if (opf_spec_layout(&t->spec, &L)) return 0;
-    for (int c = 0; c < OPF_COMP_COUNT; c++) {
-        if (!L.comp[c].present || !t->data[c]) continue;
-        const unsigned char *b = t->data[c];
-        for (size_t i = 0; i < L.comp[c].nbytes; i++) h = (h ^ b[i]) * 0x100000001B3ull;
-    }
-    return h;
-}
 
 /* Warnings through opf_ctx_options.warn. */
 typedef struct warn_log {
@@ -106,131 +26,17 @@ static void on_warn(void *user, const char *msg)
 {
     warn_log *w = user;
     w->n++;
-    w->n_fwd_fake += strstr(msg, "t2_scale_nofake") && strstr(msg, "forward fake") != NULL;
-    w->n_bwd_fake += strstr(msg, "t2_scale_nofake") && strstr(msg, "backward fake") != NULL;
+    w->n_fwd_fake += strstr(msg, CU_NOFAKE) && strstr(msg, "forward fake") != NULL;
+    w->n_bwd_fake += strstr(msg, CU_NOFAKE) && strstr(msg, "backward fake") != NULL;
     w->n_cache += strstr(msg, "cache") != NULL;
     snprintf(w->last, sizeof w->last, "%s", msg);
 }
 
-typedef struct pair {
-    opf_ctx *ca, *cb;  /* eager, compiled */
-    opf_seq *a, *b;
-} pair;
-
-static void pair_ctx(pair *p, warn_log *wb)
+/* A pair of contexts of seed 11; wb, when given, logs the compiled context's warnings. */
+static bool pair_ctx(cu_pair *p, warn_log *wb)
 {
-    opf_ctx_options o = opf_ctx_options_default();
-    o.seed = 11;
-    opf_ctx_create(&o, &p->ca);
-    if (wb) o.warn = on_warn, o.warn_user = wb;
-    opf_ctx_create(&o, &p->cb);
+    return cu_pair_open(p, 11, 0, wb ? on_warn : NULL, wb);
 }
-
-static void pair_free(pair *p)
-{
-    opf_seq_destroy(p->a), opf_seq_destroy(p->b);
-    opf_ctx_destroy(p->ca), opf_ctx_destroy(p->cb);
-}
-
-/* ---- a user op without fakes: y = s * x, s a learnable scalar ------------------------
- * Per the contract of a class without fakes, forward_impl allocates outs[0]
- * and backward_impl the gradients it returns. */
-
-typedef struct nf_fwd {
-    opf_tensor x, s;
-} nf_fwd;
-static const opf_field nf_fwd_fields[] = {OPF_F_TENSOR(nf_fwd, x), OPF_F_TENSOR(nf_fwd, s)};
-OPF_SCHEMA(nf_fwd_schema, nf_fwd, nf_fwd_fields);
-
-typedef struct nf_bwd {
-    opf_tensor dy, x, s;
-} nf_bwd;
-static const opf_field nf_bwd_fields[] = {OPF_F_TENSOR(nf_bwd, dy), OPF_F_TENSOR(nf_bwd, x),
-                                          OPF_F_TENSOR(nf_bwd, s)};
-OPF_SCHEMA(nf_bwd_schema, nf_bwd, nf_bwd_fields);
-
-static opf_status nf_init(opf_ctx *ctx, opf_op *op)
-{
-    opf_spec s = opf_spec_make(1, (int64_t[]){1}, OPF_F32);
-    int i = opf_op_add_param(ctx, op, "scale", &s);
-    if (i < 0) return (opf_status)-i;
-    *(float *)opf_op_param(op, i)->value.data[0] = 1.25f;
-    return OPF_OK;
-}
-
-static opf_status nf_resolve(opf_op *op, const opf_fwd_env *env, void *args)
-{
-    nf_fwd *a = args;
-    if (env->x->spec.scaling != OPF_SCALING_NONE) return OPF_ERR_DTYPE;
-    a->x = *env->x;
-    a->s = opf_op_param(op, 0)->value;
-    return OPF_OK;
-}
-
-/* out = c * in (both plain, same shape), computed in f32 through scratch. */
-static opf_status nf_scale(opf_ctx *ctx, const opf_tensor *in, float c, opf_tensor *out)
-{
-    int64_t n = opf_spec_numel(&in->spec);
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    float *v = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
-    opf_status st = v ? opf_convert(in->data[0], in->spec.dtype, v, OPF_F32, (size_t)n) : OPF_ERR_NO_MEMORY;
-    for (int64_t i = 0; !st && i < n; i++) v[i] *= c;
-    if (!st) st = opf_convert(v, OPF_F32, out->data[0], out->spec.dtype, (size_t)n);
-    opf_ctx_scratch_pop(ctx, mark);
-    return st;
-}
-
-static opf_status nf_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
-{
-    const nf_fwd *a = args;
-    opf_status st = opf_tensor_alloc(ctx, &a->x.spec, &outs[0]);
-    return st ? st : nf_scale(ctx, &a->x, *(const float *)a->s.data[0], &outs[0]);
-}
-
-static opf_status nf_setup(opf_op *op, opf_op_ctx *c, const void *args, const opf_tensor *outs,
-                           const opf_tensor *aux)
-{
-    opf_tensor_retain(&((const nf_fwd *)args)->x, &c->saved[c->n_saved++]);
-    return OPF_OK;
-}
-
-static opf_status nf_resolve_bwd(opf_op *op, const opf_op_ctx *c, const opf_bwd_env *env, void *b)
-{
-    nf_bwd *a = b;
-    if (env->dy->spec.scaling != OPF_SCALING_NONE) return OPF_ERR_DTYPE;
-    a->dy = *env->dy;
-    a->x = c->saved[0];
-    a->s = opf_op_param(op, 0)->value;
-    return OPF_OK;
-}
-
-/* dx = s dy, ds = sum(dy x) (sequential fp32 sum: deterministic) */
-static opf_status nf_bimpl(opf_ctx *ctx, const void *b, opf_tensor *g)
-{
-    const nf_bwd *a = b;
-    opf_status st = opf_tensor_alloc(ctx, &a->dy.spec, &g[0]);
-    if (!st) st = opf_tensor_alloc(ctx, &a->s.spec, &g[1]);
-    if (!st) st = nf_scale(ctx, &a->dy, *(const float *)a->s.data[0], &g[0]);
-    int64_t n = opf_spec_numel(&a->dy.spec);
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    float *dy = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
-    float *x = opf_ctx_scratch_push(ctx, sizeof(float) * (size_t)n);
-    if (!st && (!dy || !x)) st = OPF_ERR_NO_MEMORY;
-    if (!st) st = opf_convert(a->dy.data[0], a->dy.spec.dtype, dy, OPF_F32, (size_t)n);
-    if (!st) st = opf_convert(a->x.data[0], a->x.spec.dtype, x, OPF_F32, (size_t)n);
-    float ds = 0;
-    for (int64_t i = 0; !st && i < n; i++) ds += dy[i] * x[i];
-    if (!st) *(float *)g[1].data[0] = ds;
-    opf_ctx_scratch_pop(ctx, mark);
-    return st;
-}
-
-static const opf_op_class nofake_class = {
-    .abi_version = OPF_OP_ABI_VERSION, .name = "t2_scale_nofake",
-    .fwd_schema = &nf_fwd_schema, .bwd_schema = &nf_bwd_schema, .fusible = true,
-    .init = nf_init, .resolve_fwd = nf_resolve, .setup_context = nf_setup,
-    .resolve_bwd = nf_resolve_bwd, .forward_impl = nf_impl, .backward_impl = nf_bimpl,
-};
 
 /* ---- a user op with kwargs: y = x + alpha * t -----------------------------------------
  * t (plain or quantized) and alpha are per-call kwargs; t has x's shape. */
@@ -330,37 +136,14 @@ static const opf_op_class kwarg_class = {
 
 /* ---- 4. eager nodes ------------------------------------------------------------------- */
 
-/* layernorm -> fc1 (+bias) -> [user op] -> fc2 (+bias) */
-static opf_seq *with_user_op(opf_ctx *ctx, const char *cls, int64_t h, int64_t f, opf_dtype dt)
-{
-    opf_seq *seq;
-    opf_seq_create(ctx, &seq);
-    append_ln(ctx, seq, h, dt);
-    opf_seq_append_linear(seq, h, f, true, dt, "fc1");
-    append_named(ctx, seq, cls, NULL, "user");
-    opf_seq_append_linear(seq, f, h, true, dt, "fc2");
-    return seq;
-}
-
 /* n_steps of forward + backward on a (eager) and the graph g of b; compared. */
-static void compare_steps(pair *p, opf_graph *g, const opf_seq_call *call, int64_t m, int64_t h,
+static void compare_steps(cu_pair *p, opf_graph *g, const opf_seq_call *call, int64_t m, int64_t h,
                           opf_dtype dt, int n_steps, const char *what)
 {
     for (int step = 0; step < n_steps; step++) {
-        opf_tensor x = rand_t(p->ca, m, h, dt, 1.0f), dy = rand_t(p->ca, m, h, dt, 1.0f);
-        opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
-        opf_seq_zero_grad(p->a);
-        opf_seq_zero_grad(p->b);
-        CHECK_OK(p->ca, opf_seq_forward(p->a, &x, call, &ya, NULL));
-        CHECK_OK(p->ca, opf_seq_backward(p->a, &dy, NULL, &dxa, NULL));
-        CHECK_OK(p->cb, opf_graph_forward(g, &x, call, &yb, NULL));
-        CHECK_OK(p->cb, opf_graph_backward(g, &dy, NULL, &dxb, NULL));
-        CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s step %d: y differs", what, step);
-        CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s step %d: dx differs", what, step);
-        int bad = grads_differ(p->a, p->b);
-        CHECK(bad == 0, "%s step %d: %d parameter gradients differ", what, step, bad);
-        opf_tensor_release(&ya), opf_tensor_release(&dxa);
-        opf_tensor_release(&x), opf_tensor_release(&dy);
+        char tag[128];
+        snprintf(tag, sizeof tag, "%s step %d", what, step);
+        cu_compare_step(p, g, NULL, call, m, h, dt, 1.0f, tag);
     }
 }
 
@@ -368,13 +151,12 @@ static void test_nofake_op(opf_recipe_kind kind, opf_dtype dt)
 {
     const int64_t m = 32, h = 64, f = 128;
     warn_log w = {0};
-    pair p;
-    pair_ctx(&p, &w);
-    p.a = with_user_op(p.ca, "t2_scale_nofake", h, f, dt);
-    p.b = with_user_op(p.cb, "t2_scale_nofake", h, f, dt);
-    opf_recipe r = opf_recipe_default(kind);
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = kind == OPF_RECIPE_NONE ? NULL : &r;
+    cu_pair p;
+    if (!pair_ctx(&p, &w)) return;
+    p.a = cu_ln_mlp(p.ca, dt, h, f, CU_NOFAKE, "user");
+    p.b = cu_ln_mlp(p.cb, dt, h, f, CU_NOFAKE, "user");
+    opf_recipe r;
+    opf_seq_call call = cu_call(kind, &r);
     opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, dt);
     opf_graph *g = NULL, *g2 = NULL;
     CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, NULL, &g));
@@ -404,14 +186,14 @@ static void test_nofake_op(opf_recipe_kind kind, opf_dtype dt)
 out:
     opf_graph_destroy(g);
     opf_graph_destroy(g2);
-    pair_free(&p);
+    cu_pair_close(&p);
 }
 
 /* A callback step: y = 0.5 x (f32), dx = 0.5 dy. */
 static opf_status cb_half(opf_ctx *ctx, const opf_tensor *in, opf_tensor *out)
 {
     opf_status st = opf_tensor_alloc(ctx, &in->spec, out);
-    return st ? st : nf_scale(ctx, in, 0.5f, out);
+    return st ? st : cu_nf_scale(ctx, in, 0.5f, out);
 }
 static opf_status cb_fwd(void *user, opf_ctx *ctx, const opf_tensor *x, opf_tensor *y)
 {
@@ -426,18 +208,19 @@ static opf_status cb_bwd(void *user, opf_ctx *ctx, const opf_tensor *dy, opf_ten
 static void test_callback(opf_dtype dt)
 {
     const int64_t m = 32, h = 64, f = 128;
-    pair p;
-    pair_ctx(&p, NULL);
+    cu_pair p;
+    if (!pair_ctx(&p, NULL)) return;
     int calls[2] = {0, 0};
     opf_seq *s[2];
     opf_ctx *c[2] = {p.ca, p.cb};
+    opf_layernorm_config ln = {.hidden = h, .eps = 1e-5, .dtype = dt};
     for (int i = 0; i < 2; i++) {
-        opf_seq_create(c[i], &s[i]);
-        append_ln(c[i], s[i], h, dt);
-        opf_seq_append_linear(s[i], h, f, true, dt, "fc1");
+        CHECK_OK(c[i], opf_seq_create(c[i], &s[i]));
+        cu_append(c[i], s[i], "layernorm", &ln, "ln");
+        CHECK_OK(c[i], opf_seq_append_linear(s[i], h, f, true, dt, "fc1"));
         opf_callback_i cb = {cb_fwd, cb_bwd, &calls[i]};
         CHECK_OK(c[i], opf_seq_append_callback(s[i], &cb, "half"));
-        opf_seq_append_linear(s[i], f, h, true, dt, "fc2");
+        CHECK_OK(c[i], opf_seq_append_linear(s[i], f, h, true, dt, "fc2"));
     }
     p.a = s[0], p.b = s[1];
     opf_seq_call call = opf_seq_call_default();
@@ -454,7 +237,7 @@ static void test_callback(opf_dtype dt)
         CHECK(calls[1] - before == 3, "the callback ran once per compiled forward (%d)", calls[1] - before);
     }
     opf_graph_destroy(g);
-    pair_free(&p);
+    cu_pair_close(&p);
 }
 
 /* ---- 5. kwargs ---------------------------------------------------------------------------- */
@@ -466,14 +249,14 @@ static opf_tensor fp8_kwarg(opf_ctx *ctx, int64_t m, int64_t k)
     opf_quantizer q;
     opf_recipe_quantizer(&rc, &role, &q);
     q.usage = OPF_USAGE_ROWWISE;
-    opf_tensor plain = rand_t(ctx, m, k, OPF_F32, 0.5f), t = {0};
+    opf_tensor plain = cu_rand2(ctx, m, k, OPF_F32, 0.5f), t = {0};
     CHECK_OK(ctx, opf_quantize_alloc(ctx, &q, &plain, &t));
     opf_tensor_release(&plain);
     return t;
 }
 
 /* One step through opf_compiled with kwargs (alpha, a fresh fp8 t); compared with eager. */
-static void kw_step(pair *p, opf_compiled *c, const opf_recipe *r, double alpha, int64_t m, int64_t h,
+static void kw_step(cu_pair *p, opf_compiled *c, const opf_recipe *r, double alpha, int64_t m, int64_t h,
                     int64_t f, const char *what)
 {
     const int user = 3;
@@ -484,21 +267,20 @@ static void kw_step(pair *p, opf_compiled *c, const opf_recipe *r, double alpha,
     opf_seq_call call = opf_seq_call_default();
     call.recipe = r;
     call.kwargs = kwv;
-    opf_tensor x = rand_t(p->ca, m, h, OPF_F32, 1.0f), dy = rand_t(p->ca, m, h, OPF_F32, 1.0f);
-    opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
+    char tag[128];
+    snprintf(tag, sizeof tag, "%s (alpha %g)", what, alpha);
+    opf_tensor x = cu_rand2(p->ca, m, h, OPF_F32, 1.0f), dy = cu_rand2(p->ca, m, h, OPF_F32, 1.0f);
+    cu_step s;
+    memset(&s, 0, sizeof s);
     opf_seq_zero_grad(p->a);
     opf_seq_zero_grad(p->b);
-    CHECK_OK(p->ca, opf_seq_forward(p->a, &x, &call, &ya, NULL));
-    CHECK_OK(p->ca, opf_seq_backward(p->a, &dy, NULL, &dxa, NULL));
-    uint64_t ct = checksum(&kw.t), cx = checksum(&x), cdy = checksum(&dy);
-    CHECK_OK(p->cb, opf_compiled_forward(c, &x, &call, &yb, NULL));
-    CHECK_OK(p->cb, opf_compiled_backward(c, &dy, NULL, &dxb, NULL));
-    CHECK(checksum(&kw.t) == ct && checksum(&x) == cx && checksum(&dy) == cdy,
-          "%s (alpha %g): the graph wrote the tensor kwarg, x or dy", what, alpha);
-    CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s (alpha %g): y differs", what, alpha);
-    CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s (alpha %g): dx differs", what, alpha);
-    CHECK(grads_differ(p->a, p->b) == 0, "%s (alpha %g): parameter gradients differ", what, alpha);
-    opf_tensor_release(&ya), opf_tensor_release(&dxa);
+    cu_eager_step(p, &call, &x, &dy, &s);
+    uint64_t ct = cu_checksum(&kw.t), cx = cu_checksum(&x), cdy = cu_checksum(&dy);
+    cu_compiled_step(p, NULL, c, &call, &x, &dy, &s);
+    CHECK(cu_checksum(&kw.t) == ct && cu_checksum(&x) == cx && cu_checksum(&dy) == cdy,
+          "%s: the graph wrote the tensor kwarg, x or dy", tag);
+    cu_check_step(tag, p, &s);
+    cu_step_release(&s);
     opf_tensor_release(&x), opf_tensor_release(&dy), opf_tensor_release(&kw.t);
 }
 
@@ -506,10 +288,10 @@ static void test_kwargs(opf_recipe_kind kind)
 {
     const int64_t m = 32, h = 64, f = 128;
     warn_log w = {0};
-    pair p;
-    pair_ctx(&p, &w);
-    p.a = with_user_op(p.ca, "t2_add_kw", h, f, OPF_F32);
-    p.b = with_user_op(p.cb, "t2_add_kw", h, f, OPF_F32);
+    cu_pair p;
+    if (!pair_ctx(&p, &w)) return;
+    p.a = cu_ln_mlp(p.ca, OPF_F32, h, f, "t2_add_kw", "user");
+    p.b = cu_ln_mlp(p.cb, OPF_F32, h, f, "t2_add_kw", "user");
     CHECK(!strcmp(opf_op_class_of(opf_seq_at(p.a, 3))->name, "t2_add_kw"), "user op at index 3");
     opf_recipe r = opf_recipe_default(kind);
     const opf_recipe *rp = kind == OPF_RECIPE_NONE ? NULL : &r;
@@ -542,33 +324,17 @@ static void test_kwargs(opf_recipe_kind kind)
     CHECK(w.n_cache == 1, "the limit warns once (%d)", w.n_cache);
 out:
     opf_compiled_destroy(c);
-    pair_free(&p);
+    cu_pair_close(&p);
 }
 
 /* ---- 6. dynamic leading dimension -------------------------------------------------- */
 
-static void dyn_step(pair *p, opf_compiled *c, opf_graph *g, const opf_seq_call *call, int64_t bs,
+static void dyn_step(cu_pair *p, opf_compiled *c, opf_graph *g, const opf_seq_call *call, int64_t bs,
                      int64_t h, opf_dtype dt, const char *what)
 {
-    opf_tensor x = rand_t(p->ca, bs, h, dt, 1.0f), dy = rand_t(p->ca, bs, h, dt, 1.0f);
-    opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
-    opf_seq_zero_grad(p->a);
-    opf_seq_zero_grad(p->b);
-    CHECK_OK(p->ca, opf_seq_forward(p->a, &x, call, &ya, NULL));
-    CHECK_OK(p->ca, opf_seq_backward(p->a, &dy, NULL, &dxa, NULL));
-    if (c) {
-        CHECK_OK(p->cb, opf_compiled_forward(c, &x, call, &yb, NULL));
-        CHECK_OK(p->cb, opf_compiled_backward(c, &dy, NULL, &dxb, NULL));
-    } else {
-        CHECK_OK(p->cb, opf_graph_forward(g, &x, call, &yb, NULL));
-        CHECK_OK(p->cb, opf_graph_backward(g, &dy, NULL, &dxb, NULL));
-    }
-    CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s batch %lld: y differs", what, (long long)bs);
-    CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s batch %lld: dx differs", what, (long long)bs);
-    int bad = grads_differ(p->a, p->b);
-    CHECK(bad == 0, "%s batch %lld: %d parameter gradients differ", what, (long long)bs, bad);
-    opf_tensor_release(&ya), opf_tensor_release(&dxa);
-    opf_tensor_release(&x), opf_tensor_release(&dy);
+    char tag[128];
+    snprintf(tag, sizeof tag, "%s batch %lld", what, (long long)bs);
+    cu_compare_step(p, g, c, call, bs, h, dt, 1.0f, tag);
 }
 
 static void test_dynamic(opf_recipe_kind kind, opf_dtype dt, bool cached)
@@ -579,14 +345,11 @@ static void test_dynamic(opf_recipe_kind kind, opf_dtype dt, bool cached)
     char what[96];
     snprintf(what, sizeof what, "dynamic %s %s %s", opf_recipe_name(kind), opf_dtype_name(dt),
              cached ? "opf_compiled" : "opf_graph");
-    pair p;
-    pair_ctx(&p, NULL);
-    p.a = lnmlp(p.ca, dt, h, f);
-    p.b = lnmlp(p.cb, dt, h, f);
-    opf_recipe r = opf_recipe_default(kind);
+    cu_pair p;
+    if (!cu_pair_build(&p, 11, cu_ln_gelu_mlp, dt, h, f)) return;
+    opf_recipe r;
+    opf_seq_call call = cu_call(kind, &r);
     if (kind == OPF_RECIPE_NVFP4) r.nvfp4_stochastic = false;
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = kind == OPF_RECIPE_NONE ? NULL : &r;
     opf_compile_options o = opf_compile_options_default();
     o.max_leading = maxb;
     opf_compiled *c = NULL;
@@ -606,13 +369,13 @@ static void test_dynamic(opf_recipe_kind kind, opf_dtype dt, bool cached)
         CHECK(opf_compiled_num_graphs(c) == 1, "%s: %d graphs", what, opf_compiled_num_graphs(c));
     }
     /* above the declared maximum: refused, naming both sizes */
-    opf_tensor big = rand_t(p.ca, maxb + 32, h, dt, 1.0f), y;
+    opf_tensor big = cu_rand2(p.ca, maxb + 32, h, dt, 1.0f), y;
     if (c) CHECK_FAILS(p.cb, opf_compiled_forward(c, &big, &call, &y, NULL), OPF_ERR_SHAPE, "160", "128");
     else CHECK_FAILS(p.cb, opf_graph_forward(g, &big, &call, &y, NULL), OPF_ERR_SHAPE, "160", "128", "x");
     opf_tensor_release(&big);
     /* a size the format cannot take fails like eager, and the graph keeps working */
     if (kind == OPF_RECIPE_MXFP8) {
-        opf_tensor x16 = rand_t(p.ca, 16, h, dt, 1.0f), ya;
+        opf_tensor x16 = cu_rand2(p.ca, 16, h, dt, 1.0f), ya;
         opf_status se = opf_seq_forward(p.a, &x16, &call, &ya, NULL);
         opf_status sc = c ? opf_compiled_forward(c, &x16, &call, &y, NULL) : opf_graph_forward(g, &x16, &call, &y, NULL);
         CHECK(se != OPF_OK && sc != OPF_OK, "%s: batch 16 under mxfp8: eager %s, compiled %s (%s)", what,
@@ -625,7 +388,7 @@ static void test_dynamic(opf_recipe_kind kind, opf_dtype dt, bool cached)
 out:
     opf_compiled_destroy(c);
     opf_graph_destroy(g);
-    pair_free(&p);
+    cu_pair_close(&p);
 }
 
 /* ---- 7. delayed scaling ------------------------------------------------------------- */
@@ -663,23 +426,16 @@ static int delayed_differ(opf_seq *a, opf_seq *b, int *n_states)
 static void test_delayed(opf_dtype dt, int hist)
 {
     const int64_t m = 32, h = 64, f = 128;
-    pair p;
-    pair_ctx(&p, NULL);
-    p.a = lnmlp(p.ca, dt, h, f);
-    p.b = lnmlp(p.cb, dt, h, f);
-    opf_recipe r = opf_recipe_default(OPF_RECIPE_DELAYED);
+    cu_pair p;
+    if (!cu_pair_build(&p, 11, cu_ln_gelu_mlp, dt, h, f)) return;
+    opf_recipe r;
+    opf_seq_call call = cu_call(OPF_RECIPE_DELAYED, &r);
     r.amax_history_len = hist;
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = &r;
-    opf_optim_options oo = opf_optim_options_default();
-    oo.lr = 0.05f;
-    opf_optim *oa = NULL, *ob = NULL;
-    CHECK_OK(p.ca, opf_optim_create(p.ca, p.a, OPF_OPTIM_SGD, &oo, &oa));
-    CHECK_OK(p.cb, opf_optim_create(p.cb, p.b, OPF_OPTIM_SGD, &oo, &ob));
+    bool sgd = cu_pair_sgd(&p, 0.05f, 0.0f);
     opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, dt);
     opf_graph *g = NULL;
     CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, NULL, &g));
-    if (!g || !oa || !ob) goto out;
+    if (!g || !sgd) goto out;
     int updates = 0;
     for (int i = 0; i < opf_graph_num_nodes(g); i++) {
         opf_graph_node_info ni;
@@ -691,24 +447,22 @@ static void test_delayed(opf_dtype dt, int hist)
     for (int step = 0; step < 10; step++) {
         /* growing inputs so that the histories roll through new amaxes */
         float sigma = 0.5f + 0.25f * (float)step;
-        opf_tensor x = rand_t(p.ca, m, h, dt, sigma), dy = rand_t(p.ca, m, h, dt, 0.1f * sigma);
-        opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
+        opf_tensor x = cu_rand2(p.ca, m, h, dt, sigma), dy = cu_rand2(p.ca, m, h, dt, 0.1f * sigma);
+        cu_step s;
+        memset(&s, 0, sizeof s);
         opf_seq_zero_grad(p.a);
         opf_seq_zero_grad(p.b);
-        CHECK_OK(p.ca, opf_seq_forward(p.a, &x, &call, &ya, NULL));
-        CHECK_OK(p.ca, opf_seq_backward(p.a, &dy, NULL, &dxa, NULL));
-        CHECK_OK(p.cb, opf_graph_forward(g, &x, &call, &yb, NULL));
-        CHECK_OK(p.cb, opf_graph_backward(g, &dy, NULL, &dxb, NULL));
-        CHECK_OK(p.ca, opf_optim_step(oa));
-        CHECK_OK(p.cb, opf_optim_step(ob));
+        cu_eager_step(&p, &call, &x, &dy, &s);
+        cu_compiled_step(&p, g, NULL, &call, &x, &dy, &s);
+        cu_pair_optim_step(&p);
         n_states = 0;
         int bad = delayed_differ(p.a, p.b, &n_states);
-        bad += !opf_test_same_bytes(&ya, &yb) + !opf_test_same_bytes(&dxa, &dxb);
-        bad += grads_differ(p.a, p.b) + params_differ(p.a, p.b);
+        bad += !opf_test_same_bytes(&s.ya, &s.yb) + !opf_test_same_bytes(&s.dxa, &s.dxb);
+        bad += cu_grads_differ(p.a, p.b) + cu_params_differ(p.a, p.b);
         CHECK(bad == 0, "delayed %s L=%d step %d: %d mismatches (states, y, dx, grads, params)",
               opf_dtype_name(dt), hist, step, bad);
         bad_steps += bad != 0;
-        opf_tensor_release(&ya), opf_tensor_release(&dxa);
+        cu_step_release(&s);
         opf_tensor_release(&x), opf_tensor_release(&dy);
     }
     CHECK(n_states == 4, "two linears with a forward and a backward state each (%d)", n_states);
@@ -719,14 +473,14 @@ static void test_delayed(opf_dtype dt, int hist)
     for (int i = 0; ds && i < opf_delayed_state_slots(ds); i++) moved |= opf_delayed_state_scale(ds)[i] != 1.0f;
     CHECK(moved, "delayed scales were updated");
 out:
-    opf_optim_destroy(oa), opf_optim_destroy(ob);
     opf_graph_destroy(g);
-    pair_free(&p);
+    cu_pair_close(&p);
 }
 
 int main(void)
 {
-    CHECK(opf_op_class_register(&nofake_class) == OPF_OK, "register: %s", opf_last_error(NULL));
+    cu_rng = 0x6A2D5EEDull;
+    CHECK(opf_op_class_register(&cu_nofake_class) == OPF_OK, "register: %s", opf_last_error(NULL));
     CHECK(opf_op_class_register(&kwarg_class) == OPF_OK, "register: %s", opf_last_error(NULL));
 
     test_nofake_op(OPF_RECIPE_NONE, OPF_F32);

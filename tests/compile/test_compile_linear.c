@@ -10,45 +10,8 @@
  *    the first linear's output in the graph is per-tensor FP8.
  * Eager and compiled run on two contexts of the same seed (identical
  * parameters), with fresh random inputs. */
-#include "../test.h"
 #include "compile/compile-impl.h"  /* to look at a node's output spec */
-
-static unsigned long long rng = 0x714EA25EEDull;
-
-static opf_tensor rand_t(opf_ctx *ctx, int64_t m, int64_t k, opf_dtype dt, float sigma)
-{
-    int64_t shape[2] = {m, k};
-    opf_spec s = opf_spec_make(2, shape, dt);
-    opf_tensor t;
-    opf_tensor_alloc(ctx, &s, &t);
-    float *v = malloc(sizeof(float) * (size_t)(m * k));
-    for (int64_t i = 0; i < m * k; i++) v[i] = opf_test_normal(&rng, sigma);
-    opf_convert(v, OPF_F32, t.data[0], dt, (size_t)(m * k));
-    free(v);
-    return t;
-}
-
-static int grads_differ(opf_seq *a, opf_seq *b)
-{
-    int bad = 0;
-    for (int i = 0; i < opf_seq_len(a); i++)
-        for (int p = 0; p < opf_op_num_params(opf_seq_at(a, i)); p++) {
-            const opf_param *pa = opf_op_param_const(opf_seq_at(a, i), p);
-            const opf_param *pb = opf_op_param_const(opf_seq_at(b, i), p);
-            bad += pa->has_grad != pb->has_grad || !opf_test_same_bytes(&pa->grad, &pb->grad);
-        }
-    return bad;
-}
-
-static int params_differ(opf_seq *a, opf_seq *b)
-{
-    int bad = 0;
-    for (int i = 0; i < opf_seq_len(a); i++)
-        for (int p = 0; p < opf_op_num_params(opf_seq_at(a, i)); p++)
-            bad += !opf_test_same_bytes(&opf_op_param_const(opf_seq_at(a, i), p)->value,
-                                        &opf_op_param_const(opf_seq_at(b, i), p)->value);
-    return bad;
-}
+#include "compile_util.h"
 
 /* The weight caches (qvalue) of every basic_linear of a and b: same bytes. */
 static int caches_differ(opf_seq *a, opf_seq *b, int *n_cached)
@@ -65,33 +28,24 @@ static int caches_differ(opf_seq *a, opf_seq *b, int *n_cached)
     return bad;
 }
 
-typedef struct pair {
-    opf_ctx *ca, *cb;  /* eager, compiled */
-    opf_seq *a, *b;
-} pair;
-
-static void pair_free(pair *p)
-{
-    opf_seq_destroy(p->a), opf_seq_destroy(p->b);
-    opf_ctx_destroy(p->ca), opf_ctx_destroy(p->cb);
-}
-
-static void append_named(opf_ctx *ctx, opf_seq *seq, const char *cls, const void *cfg, const char *name)
-{
-    opf_op *op = NULL;
-    opf_status st = opf_op_create(ctx, cls, cfg, name, &op);
-    CHECK(st == OPF_OK, "create %s: %s", cls, opf_last_error(ctx));
-    if (!st) opf_seq_append(seq, op);
-}
-
 /* fc1 (+bias) -> gelu -> fc2 (+bias): basic_linear at 0 and 3 */
 static opf_seq *mlp(opf_ctx *ctx, opf_dtype dt, int64_t h, int64_t f)
 {
-    opf_seq *seq;
-    opf_seq_create(ctx, &seq);
-    opf_seq_append_linear(seq, h, f, true, dt, "fc1");
-    append_named(ctx, seq, "gelu", NULL, "gelu");
-    opf_seq_append_linear(seq, f, h, true, dt, "fc2");
+    opf_seq *seq = NULL;
+    CHECK_OK(ctx, opf_seq_create(ctx, &seq));
+    CHECK_OK(ctx, opf_seq_append_linear(seq, h, f, true, dt, "fc1"));
+    cu_append(ctx, seq, "gelu", NULL, "gelu");
+    CHECK_OK(ctx, opf_seq_append_linear(seq, f, h, true, dt, "fc2"));
+    return seq;
+}
+
+/* fc1 -> fc2, no biases */
+static opf_seq *two_linears(opf_ctx *ctx, opf_dtype dt, int64_t h, int64_t f)
+{
+    opf_seq *seq = NULL;
+    CHECK_OK(ctx, opf_seq_create(ctx, &seq));
+    CHECK_OK(ctx, opf_seq_append_linear(seq, h, f, false, dt, "fc1"));
+    CHECK_OK(ctx, opf_seq_append_linear(seq, f, h, false, dt, "fc2"));
     return seq;
 }
 
@@ -101,54 +55,42 @@ static void test_microbatches(opf_recipe_kind kind, opf_dtype dt, int64_t m, int
 {
     char what[64];
     snprintf(what, sizeof what, "microbatches %s %s", opf_recipe_name(kind), opf_dtype_name(dt));
-    opf_ctx_options o = opf_ctx_options_default();
-    o.seed = 31;
-    pair p;
-    opf_ctx_create(&o, &p.ca);
-    opf_ctx_create(&o, &p.cb);
-    p.a = mlp(p.ca, dt, h, f);
-    p.b = mlp(p.cb, dt, h, f);
+    cu_pair p;
+    if (!cu_pair_build(&p, 31, mlp, dt, h, f)) return;
     CHECK(opf_seq_len(p.a) == 5, "fc1, fc1.bias, gelu, fc2, fc2.bias");
-    opf_recipe r = opf_recipe_default(kind);
+    opf_recipe r;
+    opf_seq_call call = cu_call(kind, &r);
     if (kind == OPF_RECIPE_NVFP4) r.nvfp4_stochastic = false;
     if (kind == OPF_RECIPE_DELAYED) r.amax_history_len = 4;
-    opf_optim_options oo = opf_optim_options_default();
-    oo.lr = 0.02f;
-    opf_optim *oa = NULL, *ob = NULL;
-    opf_compiled *c = NULL;
-    CHECK_OK(p.ca, opf_optim_create(p.ca, p.a, OPF_OPTIM_SGD, &oo, &oa));
-    CHECK_OK(p.cb, opf_optim_create(p.cb, p.b, OPF_OPTIM_SGD, &oo, &ob));
-    CHECK_OK(p.cb, opf_compiled_create(p.b, NULL, &c));
-    if (!oa || !ob || !c) goto out;
     opf_basic_linear_kwargs kw = {0};
     const void *kwv[5] = {&kw, NULL, NULL, &kw, NULL};
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = &r;
     call.kwargs = kwv;
+    opf_compiled *c = NULL;
+    bool sgd = cu_pair_sgd(&p, 0.02f, 0.0f);
+    CHECK_OK(p.cb, opf_compiled_create(p.b, NULL, &c));
+    if (!sgd || !c) goto out;
     for (int step = 0; step < 3; step++) {
         opf_seq_zero_grad(p.a);
         opf_seq_zero_grad(p.b);
         for (int mb = 0; mb < 4; mb++) {
             kw.is_first_microbatch = mb == 0;
-            opf_tensor x = rand_t(p.ca, m, h, dt, 1.0f), dy = rand_t(p.ca, m, h, dt, 0.5f);
-            opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
-            CHECK_OK(p.ca, opf_seq_forward(p.a, &x, &call, &ya, NULL));
-            CHECK_OK(p.ca, opf_seq_backward(p.a, &dy, NULL, &dxa, NULL));
-            CHECK_OK(p.cb, opf_compiled_forward(c, &x, &call, &yb, NULL));
-            CHECK_OK(p.cb, opf_compiled_backward(c, &dy, NULL, &dxb, NULL));
-            CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s step %d mb %d: y differs", what, step, mb);
-            CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s step %d mb %d: dx differs", what, step, mb);
+            char tag[96];
+            snprintf(tag, sizeof tag, "%s step %d mb %d", what, step, mb);
+            opf_tensor x = cu_rand2(p.ca, m, h, dt, 1.0f), dy = cu_rand2(p.ca, m, h, dt, 0.5f);
+            cu_step s;
+            memset(&s, 0, sizeof s);
+            cu_eager_step(&p, &call, &x, &dy, &s);
+            cu_compiled_step(&p, NULL, c, &call, &x, &dy, &s);
+            cu_check_step(tag, &p, &s);  /* y, dx, the gradients accumulated so far */
             int n_cached = 0, bad = caches_differ(p.a, p.b, &n_cached);
-            CHECK(bad == 0 && n_cached == 2, "%s step %d mb %d: weight caches (%d cached, %d differ)", what,
-                  step, mb, n_cached, bad);
-            opf_tensor_release(&ya), opf_tensor_release(&dxa);
+            CHECK(bad == 0 && n_cached == 2, "%s: weight caches (%d cached, %d differ)", tag, n_cached, bad);
+            cu_step_release(&s);
             opf_tensor_release(&x), opf_tensor_release(&dy);
         }
-        int bad = grads_differ(p.a, p.b);
+        int bad = cu_grads_differ(p.a, p.b);
         CHECK(bad == 0, "%s step %d: %d accumulated gradients differ", what, step, bad);
-        CHECK_OK(p.ca, opf_optim_step(oa));
-        CHECK_OK(p.cb, opf_optim_step(ob));
-        CHECK(params_differ(p.a, p.b) == 0, "%s step %d: parameters differ after the step", what, step);
+        cu_pair_optim_step(&p);
+        CHECK(cu_params_differ(p.a, p.b) == 0, "%s step %d: parameters differ after the step", what, step);
         /* is_first_microbatch is a runtime kwarg (OPF_FIELD_RUNTIME): 1 and 0
          * run in one graph, nothing recompiles across microbatches and steps */
         CHECK(opf_compiled_recompiles(c) == 0, "%s after step %d: %d recompiles", what, step,
@@ -158,19 +100,9 @@ static void test_microbatches(opf_recipe_kind kind, opf_dtype dt, int64_t m, int
     /* -1 (no cache) traces differently: its own graph, matching eager */
     kw.is_first_microbatch = -1;
     for (int i = 0; i < 2; i++) {
-        opf_tensor x = rand_t(p.ca, m, h, dt, 1.0f), dy = rand_t(p.ca, m, h, dt, 0.5f);
-        opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
-        opf_seq_zero_grad(p.a);
-        opf_seq_zero_grad(p.b);
-        CHECK_OK(p.ca, opf_seq_forward(p.a, &x, &call, &ya, NULL));
-        CHECK_OK(p.ca, opf_seq_backward(p.a, &dy, NULL, &dxa, NULL));
-        CHECK_OK(p.cb, opf_compiled_forward(c, &x, &call, &yb, NULL));
-        CHECK_OK(p.cb, opf_compiled_backward(c, &dy, NULL, &dxb, NULL));
-        CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s, -1: y differs", what);
-        CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s, -1: dx differs", what);
-        CHECK(grads_differ(p.a, p.b) == 0, "%s, -1: parameter gradients differ", what);
-        opf_tensor_release(&ya), opf_tensor_release(&dxa);
-        opf_tensor_release(&x), opf_tensor_release(&dy);
+        char tag[96];
+        snprintf(tag, sizeof tag, "%s, -1 call %d", what, i);
+        cu_compare_step(&p, NULL, c, &call, m, h, dt, 0.5f, tag);
     }
     CHECK(opf_compiled_recompiles(c) == 1 && opf_compiled_num_graphs(c) == 2,
           "%s: is_first_microbatch -1 compiled once (%d recompiles, %d graphs)", what,
@@ -181,7 +113,7 @@ static void test_microbatches(opf_recipe_kind kind, opf_dtype dt, int64_t m, int
      * "is_first_microbatch") */
     kw.is_first_microbatch = 0;
     {
-        opf_tensor x = rand_t(p.ca, m, h, dt, 1.0f), dy = rand_t(p.ca, m, h, dt, 0.5f);
+        opf_tensor x = cu_rand2(p.ca, m, h, dt, 1.0f), dy = cu_rand2(p.ca, m, h, dt, 0.5f);
         opf_tensor ya = {0}, yb = {0}, dxb = {0};
         CHECK_FAILS(p.ca, opf_seq_forward(p.a, &x, &call, &ya, NULL), OPF_ERR_STATE, "fc1",
                     "is_first_microbatch=0");
@@ -192,8 +124,7 @@ static void test_microbatches(opf_recipe_kind kind, opf_dtype dt, int64_t m, int
     }
 out:
     opf_compiled_destroy(c);
-    opf_optim_destroy(oa), opf_optim_destroy(ob);
-    pair_free(&p);
+    cu_pair_close(&p);
 }
 
 /* ---- FP8 output feeding the next op ------------------------------------------------- */
@@ -203,21 +134,11 @@ static void test_fp8_output(opf_recipe_kind kind, opf_dtype dt)
     const int64_t m = 64, h = 64, f = 128;
     char what[64];
     snprintf(what, sizeof what, "fp8 output %s %s", opf_recipe_name(kind), opf_dtype_name(dt));
-    opf_ctx_options o = opf_ctx_options_default();
-    o.seed = 37;
-    pair p;
-    opf_ctx_create(&o, &p.ca);
-    opf_ctx_create(&o, &p.cb);
-    opf_seq_create(p.ca, &p.a);
-    opf_seq_create(p.cb, &p.b);
-    opf_seq_append_linear(p.a, h, f, false, dt, "fc1");
-    opf_seq_append_linear(p.a, f, h, false, dt, "fc2");
-    opf_seq_append_linear(p.b, h, f, false, dt, "fc1");
-    opf_seq_append_linear(p.b, f, h, false, dt, "fc2");
-    opf_recipe r = opf_recipe_default(kind);
+    cu_pair p;
+    if (!cu_pair_build(&p, 37, two_linears, dt, h, f)) return;
+    opf_recipe r;
+    opf_seq_call call = cu_call(kind, &r);
     if (kind == OPF_RECIPE_DELAYED) r.amax_history_len = 8;
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = &r;
     opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, dt);
     opf_graph *g = NULL;
     CHECK_OK(p.cb, opf_compile(p.b, &xs, &call, NULL, &g));
@@ -234,27 +155,18 @@ static void test_fp8_output(opf_recipe_kind kind, opf_dtype dt)
     }
     CHECK(found == 1, "%s: one forward node of fc1 (%d)", what, found);
     for (int step = 0; step < 3; step++) {
-        opf_tensor x = rand_t(p.ca, m, h, dt, 1.0f), dy = rand_t(p.ca, m, h, dt, 0.5f);
-        opf_tensor ya = {0}, dxa = {0}, yb = {0}, dxb = {0};
-        opf_seq_zero_grad(p.a);
-        opf_seq_zero_grad(p.b);
-        CHECK_OK(p.ca, opf_seq_forward(p.a, &x, &call, &ya, NULL));
-        CHECK_OK(p.ca, opf_seq_backward(p.a, &dy, NULL, &dxa, NULL));
-        CHECK_OK(p.cb, opf_graph_forward(g, &x, &call, &yb, NULL));
-        CHECK_OK(p.cb, opf_graph_backward(g, &dy, NULL, &dxb, NULL));
-        CHECK(ya.data[0] && opf_test_same_bytes(&ya, &yb), "%s step %d: y differs", what, step);
-        CHECK(dxa.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s step %d: dx differs", what, step);
-        CHECK(grads_differ(p.a, p.b) == 0, "%s step %d: parameter gradients differ", what, step);
-        opf_tensor_release(&ya), opf_tensor_release(&dxa);
-        opf_tensor_release(&x), opf_tensor_release(&dy);
+        char tag[96];
+        snprintf(tag, sizeof tag, "%s step %d", what, step);
+        cu_compare_step(&p, g, NULL, &call, m, h, dt, 0.5f, tag);
     }
 out:
     opf_graph_destroy(g);
-    pair_free(&p);
+    cu_pair_close(&p);
 }
 
 int main(void)
 {
+    cu_rng = 0x714EA25EEDull;
     test_microbatches(OPF_RECIPE_CURRENT, OPF_BF16, 64, 64, 128);
     test_microbatches(OPF_RECIPE_CURRENT, OPF_F32, 64, 64, 128);
     test_microbatches(OPF_RECIPE_DELAYED, OPF_BF16, 64, 64, 128);
