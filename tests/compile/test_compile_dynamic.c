@@ -1,6 +1,6 @@
 /* test_compile_dynamic.c: the dynamic leading dimension beyond the guard
  * test's cases: FP8 block scaling (multiples of 128), a 3-D input whose
- * leading size multiplies into the GEMMs' rows, a residual extra input that
+ * leading size multiplies into the GEMMs' rows, a residual channel that
  * follows x's leading size, and the compile errors when no smaller size
  * traces (MXFP8 with a maximum of 32). Every size matches eager bit
  * for bit with one graph. */
