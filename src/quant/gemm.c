@@ -110,17 +110,18 @@ static opf_status check_operand(opf_ctx *ctx, const char *op, const char *name, 
 static opf_status check_pair(opf_ctx *ctx, const char *op, const opf_spec *a, const opf_spec *b,
                              bool a_row, bool b_row, opf_dtype out_dt)
 {
-    char da[64], db[64];
-    describe(a, da, sizeof da);
-    describe(b, db, sizeof db);
+    char da[64], db[64];  /* described only for a message */
     bool qa = a->scaling != OPF_SCALING_NONE, qb = b->scaling != OPF_SCALING_NONE;
-    if (qa != qb)
-        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: A is %s but B is %s; both operands must "
-                         "be quantized or both plain", op, da, db);
     int fam = scaling_family[a->scaling];
-    if (fam != scaling_family[b->scaling])
+    if (qa != qb || fam != scaling_family[b->scaling]) {
+        describe(a, da, sizeof da);
+        describe(b, db, sizeof db);
+        if (qa != qb)
+            return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: A is %s but B is %s; both operands "
+                             "must be quantized or both plain", op, da, db);
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: cannot multiply A %s with B %s (different "
                          "quantization formats)", op, da, db);
+    }
     if (a->scaling == OPF_SCALING_BLOCK_2D && b->scaling == OPF_SCALING_BLOCK_2D)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: A and B are both %s (128x128 tiles); 2D x "
                          "2D block GEMMs are not supported, quantize one operand in 1D blocks",

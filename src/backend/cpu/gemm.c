@@ -80,6 +80,8 @@ typedef struct gemm_operand {
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+enum { GEMM_SERIAL_WORK = 1 << 20 };  /* M*N*K below which one thread runs the GEMM */
+
 static int num_threads(opf_ctx *ctx)
 {
     int t = opf_ctx_num_threads(ctx);
@@ -91,7 +93,7 @@ static int num_threads(opf_ctx *ctx)
 /* Plain bf16/f16 [R, C] to fp32, row by row. */
 static void decode_plain(const opf_tensor *t, int64_t R, int64_t C, float *out, int nt)
 {
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t r = 0; r < R; r++)
         opf_cpu_load_f32(t->data[OPF_COMP_DATA], t->spec.dtype, r * C, C, out + r * C);
 }
@@ -101,7 +103,7 @@ static void decode_fp8_raw(const uint8_t *q, opf_dtype qd, int64_t R, int64_t C,
 {
     float lut[256];
     opf_fp8_decode_table(qd, lut);
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t r = 0; r < R; r++)
         for (int64_t c = 0; c < C; c++) out[r * C + c] = lut[q[r * C + c]];
 }
@@ -122,7 +124,7 @@ static void decode_mxfp8(const opf_tensor *t, bool rowwise, int64_t R, int64_t C
     const uint8_t *s = t->data[rowwise ? OPF_COMP_SCALE_INV : OPF_COMP_COL_SCALE_INV];
     const opf_component_desc *sd = &L.comp[rowwise ? OPF_COMP_SCALE_INV : OPF_COMP_COL_SCALE_INV];
     if (rowwise) {
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
         for (int64_t r = 0; r < R; r++)
             for (int64_t j = 0; j < C / 32; j++) {
                 size_t si = swz ? opf_swizzle_index(r, j, sd->cols) : (size_t)(r * sd->cols + j);
@@ -132,7 +134,7 @@ static void decode_mxfp8(const opf_tensor *t, bool rowwise, int64_t R, int64_t C
             }
         return;
     }
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t rb = 0; rb < R / 32; rb++)
         for (int64_t c = 0; c < C; c++) {
             size_t si = swz ? opf_swizzle_index(c, rb, sd->rows) : (size_t)(rb * sd->cols + c);
@@ -156,7 +158,7 @@ static void decode_nvfp4(const opf_tensor *t, bool rowwise, int64_t R, int64_t C
     const uint8_t *q = t->data[rowwise ? OPF_COMP_DATA : OPF_COMP_COL_DATA];
     const uint8_t *s = t->data[rowwise ? OPF_COMP_SCALE_INV : OPF_COMP_COL_SCALE_INV];
     int64_t sc = L.comp[rowwise ? OPF_COMP_SCALE_INV : OPF_COMP_COL_SCALE_INV].cols;
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
     for (int64_t r = 0; r < R; r++) {
         const uint8_t *row = q + r * (C / 2);
         for (int64_t j = 0; j < C / 16; j++) {
@@ -260,7 +262,7 @@ static void gemm_tiles(const gemm_operand *a, const gemm_operand *b, int64_t M, 
     int64_t em, en;
     pick_tiles(M, N, TILE_M, TILE_N, &em, &en);
     int64_t tm = opf_ceil_div(M, em), tn = opf_ceil_div(N, en);
-#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1) if (nthr > 1)
     for (int64_t t = 0; t < tm * tn; t++) {
         int64_t m0 = t / tn * em, n0 = t % tn * en;
         int64_t mt = min64(em, M - m0), nt = min64(en, N - n0);
@@ -336,7 +338,7 @@ static void gemm_block(const gemm_operand *a, const gemm_operand *b, int64_t M, 
     pick_tiles(M, N, BTILE_M, BTILE_N, &em, &en);
     int64_t tm = opf_ceil_div(M, em), tn = opf_ceil_div(N, en);
     size_t per_thread = BTILE_M * BTILE_N + BTILE_N;
-#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(nthr) schedule(dynamic, 1) if (nthr > 1)
     for (int64_t t = 0; t < tm * tn; t++) {
         int64_t m0 = t / tn * em, n0 = t % tn * en;
         float *s = scratch + (size_t)omp_get_thread_num() * per_thread;
@@ -435,7 +437,7 @@ static void run_epilogue(const epilogue *e, const float *y, void *out, int64_t M
 {
     if (e->alpha == 1.0f && !e->bias && !e->accumulate && e->dt == OPF_F32 && (void *)y == out)
         return;
-#pragma omp parallel for num_threads(nthr) schedule(static)
+#pragma omp parallel for num_threads(nthr) schedule(static) if (nthr > 1)
     for (int64_t i = 0; i < M; i++) epilogue_row(e, y + i * N, out, i * N, N);
 }
 
@@ -542,7 +544,8 @@ opf_status opf_cpu_gemm(opf_ctx *ctx, const opf_gemm_args *g)
     if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm: M=%lld, N=%lld, K=%lld exceed the BLAS "
                          "int range", (long long)g->m, (long long)g->n, (long long)g->k);
-    int nthr = num_threads(ctx);
+    /* below ~2 MFLOP a parallel region costs more than it splits */
+    int nthr = (double)g->m * (double)g->n * (double)g->k < GEMM_SERIAL_WORK ? 1 : num_threads(ctx);
     opf_scaling sc = g->a->spec.scaling;
     bool block = sc == OPF_SCALING_BLOCK_1D || sc == OPF_SCALING_BLOCK_2D;
     ws_plan w = plan_workspace(g, block, nthr);
