@@ -259,6 +259,20 @@ typedef struct trace_state {
     opf_op_ctx  *probe;               /* [n] real contexts of eager forwards */
 } trace_state;
 
+/* Turns n into an eager node with n_out outputs then n_in inputs in n->t
+ * (the main one, then n_in - 1 extra ones). */
+static opf_status eager_node(opf_graph *g, opf_gnode *n, opf_node_kind kind, const char *reason,
+                             int n_out, int n_in)
+{
+    opf_status st = alloc_tensors(g, n, n_out + n_in);
+    if (st) return st;
+    n->kind = kind;
+    n->reason = reason;
+    n->n_out = n_out;
+    n->n_extra = n_in - 1;
+    return OPF_OK;
+}
+
 static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fwd_env *env,
                                 opf_gnode *n, const char *reason)
 {
@@ -266,12 +280,8 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
     opf_ctx *ctx = g->ctx;
     opf_op *op = e->op;
     int n_out = 1 + op->n_extra_out, n_in = 1 + op->n_extra_in;
-    opf_status st = alloc_tensors(g, n, n_out + n_in);
+    opf_status st = eager_node(g, n, OPF_NODE_EAGER_FORWARD, reason, n_out, n_in);
     if (st) return st;
-    n->kind = OPF_NODE_EAGER_FORWARD;
-    n->reason = reason;
-    n->n_out = n_out;
-    n->n_extra = op->n_extra_in;
     n->requires_grad = env->requires_grad;
     for (int k = 0; k < 2; k++) {
         const opf_quantizer *q = k ? env->next_input_q : env->prev_grad_q;
@@ -330,12 +340,8 @@ static opf_status eager_backward(trace_state *ts, const opf_plan_entry *e, opf_b
     opf_ctx *ctx = g->ctx;
     opf_op *op = e->op;
     int n_out = 1 + op->n_extra_in, n_in = 1 + op->n_extra_out;
-    opf_status st = alloc_tensors(g, n, n_out + n_in);
+    opf_status st = eager_node(g, n, OPF_NODE_EAGER_BACKWARD, reason, n_out, n_in);
     if (st) return st;
-    n->kind = OPF_NODE_EAGER_BACKWARD;
-    n->reason = reason;
-    n->n_out = n_out;
-    n->n_extra = op->n_extra_out;
     n->has_q[0] = env->prev_grad_q != NULL;
     if (env->prev_grad_q) n->qv[0] = *env->prev_grad_q;
     n->restore_octx = !g->fwd_eager[e->first];
