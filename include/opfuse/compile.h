@@ -99,7 +99,11 @@ opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_ca
 opf_status opf_graph_backward(opf_graph *g, const opf_tensor *dy, const opf_tensor *dextra_out,
                               opf_tensor *dx, opf_tensor *dextra_in);
 
-/* ---- introspection ----------------------------------------------------------- */
+/* ---- introspection -----------------------------------------------------------
+ * These read a graph and never fail on a valid one; with g NULL the counts
+ * are 0, stats are zeroed, and opf_graph_node / the dumps return
+ * OPF_ERR_INVALID_ARG. Strings point into the graph (or the op) and live as
+ * long as it. */
 
 typedef enum opf_node_kind {
     OPF_NODE_FORWARD = 0,     /* an op's forward_impl on baked args */
