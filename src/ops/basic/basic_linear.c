@@ -129,9 +129,13 @@ static opf_status fail(opf_ctx *ctx, const opf_op *op, opf_status st)
 
 /* ---- init ------------------------------------------------------------------ */
 
-/* Kaiming-uniform values of the file comment into v[n]. */
-static void kaiming_uniform(opf_ctx *ctx, float *v, int64_t n, int64_t fan_in)
+opf_status opf_linear_init_weight(opf_ctx *ctx, opf_tensor *w, int64_t fan_in, const char *who)
 {
+    int64_t n = opf_spec_numel(&w->spec);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *v = opf_op_scratch(ctx, n);
+    if (!v) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no memory for a %lld-element weight", who,
+                             (long long)n);
     uint64_t seed, off;
     opf_ctx_get_rng(ctx, &seed, NULL);
     off = opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 4));
@@ -139,13 +143,16 @@ static void kaiming_uniform(opf_ctx *ctx, float *v, int64_t n, int64_t fan_in)
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     for (int64_t g = 0; g * 4 < n; g++) {
         uint64_t c = off + (uint64_t)g;
-        uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), LINW_TAG, 0}, w[4];
-        opf_philox4x32_10(ctr, key, w);
+        uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), LINW_TAG, 0}, r[4];
+        opf_philox4x32_10(ctr, key, r);
         for (int j = 0; j < 4 && g * 4 + j < n; j++) {
-            double u = (double)(w[j] >> 8) * (1.0 / 16777216.0);
+            double u = (double)(r[j] >> 8) * (1.0 / 16777216.0);
             v[g * 4 + j] = (float)(bound * (2.0 * u - 1.0));
         }
     }
+    opf_status st = opf_convert(v, OPF_F32, w->data[OPF_COMP_DATA], w->spec.dtype, (size_t)n);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
 }
 
 static opf_status init(opf_ctx *ctx, opf_op *op)
@@ -164,15 +171,9 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     int i = opf_op_add_param(ctx, op, "weight", &s);
     if (i < 0) return (opf_status)-i;
     opf_param *p = opf_op_param(op, i);
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    float *v = opf_op_scratch(ctx, n);
-    opf_status st = v ? OPF_OK : opf_error(ctx, OPF_ERR_NO_MEMORY, "basic_linear \"%s\": no "
-                                           "memory for a %lld-element weight", name, (long long)n);
-    if (!st) {
-        kaiming_uniform(ctx, v, n, c->in_features);
-        st = opf_convert(v, OPF_F32, p->value.data[OPF_COMP_DATA], c->dtype, (size_t)n);
-    }
-    opf_ctx_scratch_pop(ctx, mark);
+    char who[96];
+    snprintf(who, sizeof who, "basic_linear \"%s\"", name);
+    opf_status st = opf_linear_init_weight(ctx, &p->value, c->in_features, who);
     if (!st && c->accumulate_into_main_grad) {
         opf_spec g = opf_spec_make(2, shape, OPF_F32);
         if (!(st = opf_tensor_alloc(ctx, &g, &p->main_grad)))

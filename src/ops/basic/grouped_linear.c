@@ -40,11 +40,11 @@
  * basic_linear.c (one rng_advance per weight); biases start at zero. */
 #include <math.h>
 
+#include "ops/basic/linear-impl.h"
 #include "ops/ops-impl.h"
 #include "opfuse/gemm.h"
 
 #define GL_MAX   OPF_OP_MAX_PARAMS
-#define LINW_TAG 0x4C494E57u  /* Philox counter word 2 of weight init ("LINW") */
 
 typedef struct grouped_fwd {
     opf_tensor    x;              /* [..., in]: plain, or quantized (decoded into aux[2]) */
@@ -205,30 +205,6 @@ static opf_status scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
 
 /* ---- init ---------------------------------------------------------------------------- */
 
-static opf_status kaiming_uniform(opf_ctx *ctx, opf_tensor *w, int64_t fan_in)
-{
-    int64_t n = opf_spec_numel(&w->spec);
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    float *v = opf_op_scratch(ctx, n);
-    if (!v) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no memory for %lld floats",
-                             (long long)n);
-    uint64_t seed, off;
-    opf_ctx_get_rng(ctx, &seed, NULL);
-    off = opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 4));
-    double bound = 1.0 / sqrt((double)fan_in);
-    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    for (int64_t g = 0; g * 4 < n; g++) {
-        uint64_t c = off + (uint64_t)g;
-        uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), LINW_TAG, 0}, r[4];
-        opf_philox4x32_10(ctr, key, r);
-        for (int j = 0; j < 4 && g * 4 + j < n; j++)
-            v[g * 4 + j] = (float)(bound * (2.0 * ((double)(r[j] >> 8) * (1.0 / 16777216.0)) - 1.0));
-    }
-    opf_status st = opf_convert(v, OPF_F32, w->data[OPF_COMP_DATA], w->spec.dtype, (size_t)n);
-    opf_ctx_scratch_pop(ctx, mark);
-    return st;
-}
-
 static opf_status init(opf_ctx *ctx, opf_op *op)
 {
     const opf_grouped_linear_config *c = opf_op_config(op);
@@ -254,7 +230,8 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
         snprintf(pn, sizeof pn, "%s%d", w ? "weight" : "bias", w ? i : i - c->groups);
         int k = opf_op_add_param(ctx, op, pn, w ? &ws : &bs);
         if (k < 0) return (opf_status)-k;
-        opf_status st = w ? kaiming_uniform(ctx, &opf_op_param(op, k)->value, c->in_features) : OPF_OK;
+        opf_status st = w ? opf_linear_init_weight(ctx, &opf_op_param(op, k)->value, c->in_features,
+                                                   "grouped_linear") : OPF_OK;
         if (st) return st;
     }
     return OPF_OK;

@@ -108,6 +108,13 @@ opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alph
 
 /* ---- helpers ----------------------------------------------------------------- */
 
+/* Kaiming-uniform initial values of a weight (basic_linear.c's file comment:
+ * U(-b, b), b = 1/sqrt(fan_in), from the context's Philox stream), rounded
+ * to w's dtype; the Philox offset advances by ceil(numel / 4). `who` names
+ * the op in the out-of-memory message. GroupedLinear draws each group's
+ * weight the same way. */
+opf_status opf_linear_init_weight(opf_ctx *ctx, opf_tensor *w, int64_t fan_in, const char *who);
+
 /* A tensor of spec s in scratch memory (opf_op_scratch), zeroed. */
 opf_status opf_linear_scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t);
 
