@@ -21,6 +21,7 @@ static const command commands[] = {
     {"bench", "quantize", opf_bench_quantize, "quantize GB/s per format vs memcpy"},
     {"bench", "gemm", opf_bench_gemm, "opf_gemm vs OpenBLAS sgemm"},
     {"bench", "ops", opf_bench_ops, "host time per op; LayerNorm-MLP step vs PyTorch CPU"},
+    {"bench", "act", opf_bench_act, "activation ops fwd/bwd on one f32 [128, 1024] tensor"},
     {"bench", "fusion", opf_bench_fusion, "LayerNorm-MLP step with fusions on vs off"},
     {"bench", "compile", opf_bench_compile, "LayerNorm-MLP step host time, eager vs compiled"},
 };

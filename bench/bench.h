@@ -21,6 +21,11 @@ int opf_bench_ops(int argc, char **argv);
  *     opfuse bench fusion [tokens hidden ffn] */
 int opf_bench_fusion(int argc, char **argv);
 
+/* Forward and backward time of the activation ops on one f32 tensor
+ * (bench_act.c).
+ *     opfuse bench act [rows cols]   default 128 1024 */
+int opf_bench_act(int argc, char **argv);
+
 /* Host time of a LayerNorm-MLP training step at tiny shapes, eager against
  * the compiled graph in the same run (bench_compile.c).
  *     opfuse bench compile [steps]   default 2000 */

@@ -13,6 +13,7 @@
 #include "test.h"
 
 #include "op/op-impl.h"
+#include "ops/basic/act-math.h"
 #include "ops/fused/grouped_mlp.h"
 
 /* ---- shared helpers ------------------------------------------------------------- */
@@ -493,10 +494,10 @@ static void test_ssg_bad(opf_ctx *ctx)
 
 /* ==== backward_activation_bias ========================================================== */
 
-/* act.c's f' in fp32, the same expressions (numerics.md 6.3). */
+/* act.c's f' in fp32, the same expressions (numerics.md 6.3) and tanh (6.3.1). */
 static float gelu_df32(float x)
 {
-    const float t = tanhf(0.79788456f * x * (1.0f + 0.044715f * x * x));
+    const float t = opf_tanhf_impl(0.79788456f * x * (1.0f + 0.044715f * x * x));
     return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) + 0.5f * (1.0f + t);
 }
 static float relu_df32(float x) { return x > 0.0f ? 1.0f : 0.0f; }

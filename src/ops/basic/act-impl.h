@@ -6,7 +6,8 @@
  * Plain:  x [..., n]  -> y [..., n],  y = f(x),        dx = f'(x)·dy
  * Gated:  x [..., 2H] -> y [..., H],  y = f(a)·b with a = x[..., :H] (activated)
  *         and b = x[..., H:] (linear); dx = [f'(a)·dy·b | f(a)·dy]
- * All math in fp32 (docs/numerics.md 6.3). The output is quantized with the
+ * All math in fp32 (docs/numerics.md 6.3; exp and tanh from act-math.h,
+ * 6.3.1, not the C library). The output is quantized with the
  * next op's input quantizer, dx with the previous op's grad-output quantizer
  * (kept in the op context at forward time, te-ops 3.9). Backward needs the
  * input x, which setup_context retains. */
@@ -36,16 +37,40 @@ typedef enum opf_act_kind {
  * the others. */
 typedef float (*opf_act_fn)(float x, float alpha);
 
+/* The element-function pair of a row. Rows that share a pair share its
+ * loops: act.c has one vectorized loop per pair and direction, which
+ * inlines f and f' (a call through opf_act_fn per element would not
+ * vectorize). */
+typedef enum opf_act_fn_kind {
+    OPF_ACT_FN_GELU    = 0,  /* tanh-form GELU */
+    OPF_ACT_FN_SWISH   = 1,  /* x·σ(αx): QGELU, SiLU and their GLUs */
+    OPF_ACT_FN_RELU    = 2,
+    OPF_ACT_FN_SRELU   = 3,
+    OPF_ACT_FN_SIGMOID = 4,  /* GLU's gate */
+    OPF_ACT_FN_COUNT
+} opf_act_fn_kind;
+
 typedef struct opf_act_row {
-    const char *name;     /* the class name */
-    opf_act_fn  f, df;
-    double      alpha;    /* default alpha handed to f and df */
-    bool        gated;
-    bool        clamped;  /* ClampedSwiGLU: a' = min(a, limit), b' = clamp(b) + 1 */
+    const char     *name;     /* the class name */
+    opf_act_fn      f, df;    /* one element, for scalar callers; the same bits as the loops */
+    opf_act_fn_kind fn;       /* the pair f, df are */
+    double          alpha;    /* default alpha handed to f and df */
+    bool            gated;
+    bool            clamped;  /* ClampedSwiGLU: a' = min(a, limit), b' = clamp(b) + 1 */
 } opf_act_row;
 
 /* Row of kind k (k in range). */
 const opf_act_row *opf_act_row_at(opf_act_kind k);
+
+/* y[i] = f(x[i]) and dx[i] = f'(x[i])·dy[i] for i < n with row k's f and
+ * alpha (the plain form: the gate of a gated row is not applied), in one
+ * vectorized loop, on all threads when n > 32768. fp32, host memory; y may
+ * be x (in place), dx may be x or dy; no other overlap. Bit for bit the
+ * values of opf_act_row_at(k)->f and ->df. Usage, a fused op's activation
+ * pass: opf_act_apply_f32(OPF_ACT_GELU, 0.0f, t, t, n). */
+void opf_act_apply_f32(opf_act_kind k, float alpha, const float *x, float *y, int64_t n);
+void opf_act_apply_df_f32(opf_act_kind k, float alpha, const float *x, const float *dy, float *dx,
+                          int64_t n);
 
 /* Forward args of every activation. */
 typedef struct opf_act_fwd {

@@ -1,64 +1,83 @@
 /* act.c: the activation table (f, f', gated flag per op) and the generic
  * resolve / fake / impl / backward every activation class plugs in
  * (act-impl.h). Formulas, constants and their grouping follow
- * docs/numerics.md 6.3 exactly; everything is fp32. */
+ * docs/numerics.md 6.3 exactly; everything is fp32, with exp and tanh
+ * from act-math.h (6.3.1). Each element-function pair has its own loops
+ * (opf_act_fn_kind), so f and f' inline and the loops vectorize. */
 #include <math.h>
 
 #include "ops/basic/act-impl.h"
+#include "ops/basic/act-math.h"
 
 /* ---- the element functions (numerics.md 6.3) ------------------------------ */
 
-/* σ(z) = 1/(1+expf(-z)) with the accurate expf. */
-static float sigmoidf_(float z) { return 1.0f / (1.0f + expf(-z)); }
+/* exp, tanh and σ come from act-math.h (numerics.md 6.3.1), not the C
+ * library: the same bits on every libc, in SIMD loops and in a CUDA mirror.
+ * fmaxf and fminf are written as the selects they equal (+0 for ±0 and NaN
+ * in max(v, 0), the limit for a NaN in a clamp), and every select as
+ * opf_select_f32_impl, so that the loops vectorize (act-math.h says why). */
 
-static float gelu_f(float x, float alpha)
+/* σ(z) = 1/(1+exp(-z)) with an accurate exp. */
+static inline float sigmoidf_(float z) { return opf_sigmoidf_impl(z); }
+
+static inline float gelu_f(float x, float alpha)
 {
-    return x * (0.5f + 0.5f * tanhf(x * (0.79788456f + 0.03567741f * x * x)));
+    return x * (0.5f + 0.5f * opf_tanhf_impl(x * (0.79788456f + 0.03567741f * x * x)));
 }
 
 /* The derivative uses its own tanh argument and constants (not a reuse of
  * f's), as the anchor's kernel does. */
-static float gelu_df(float x, float alpha)
+static inline float gelu_df(float x, float alpha)
 {
-    const float t = tanhf(0.79788456f * x * (1.0f + 0.044715f * x * x));
+    const float t = opf_tanhf_impl(0.79788456f * x * (1.0f + 0.044715f * x * x));
     return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) + 0.5f * (1.0f + t);
 }
 
 /* x·σ(αx): QGELU (α = 1.702), SiLU (α = 1: 1·x == x exactly), ClampedSwiGLU. */
-static float swish_f(float x, float alpha) { return x * sigmoidf_(alpha * x); }
+static inline float swish_f(float x, float alpha) { return x * sigmoidf_(alpha * x); }
 
 /* αx·σ'(αx) + σ(αx) with σ' = σ(1-σ). */
-static float swish_df(float x, float alpha)
+static inline float swish_df(float x, float alpha)
 {
     const float c = alpha * x, s = sigmoidf_(c);
     return c * (s * (1.0f - s)) + s;
 }
 
-static float relu_f(float x, float alpha) { return fmaxf(x, 0.0f); }
-static float relu_df(float x, float alpha) { return x > 0.0f ? 1.0f : 0.0f; }
-static float srelu_f(float x, float alpha) { return x > 0.0f ? x * x : 0.0f; }
-static float srelu_df(float x, float alpha) { return fmaxf(2.0f * x, 0.0f); }
+/* max(v, 0) as fmaxf(v, 0.0f) gives it. */
+static inline float max0(float v) { return opf_select_f32_impl(v > 0.0f, v, 0.0f); }
 
-static float sigmoid_f(float x, float alpha) { return sigmoidf_(x); }
-static float sigmoid_df(float x, float alpha)
+static inline float relu_f(float x, float alpha) { return max0(x); }
+static inline float relu_df(float x, float alpha)
+{
+    return opf_select_f32_impl(x > 0.0f, 1.0f, 0.0f);
+}
+static inline float srelu_f(float x, float alpha)
+{
+    return opf_select_f32_impl(x > 0.0f, x * x, 0.0f);
+}
+static inline float srelu_df(float x, float alpha) { return max0(2.0f * x); }
+
+static inline float sigmoid_f(float x, float alpha) { return sigmoidf_(x); }
+static inline float sigmoid_df(float x, float alpha)
 {
     const float s = sigmoidf_(x);
     return s * (1.0f - s);
 }
 
 static const opf_act_row act_table[] = {
-    [OPF_ACT_GELU]           = {"gelu", gelu_f, gelu_df, 0.0, false, false},
-    [OPF_ACT_QGELU]          = {"qgelu", swish_f, swish_df, 1.702, false, false},
-    [OPF_ACT_RELU]           = {"relu", relu_f, relu_df, 0.0, false, false},
-    [OPF_ACT_SRELU]          = {"srelu", srelu_f, srelu_df, 0.0, false, false},
-    [OPF_ACT_SILU]           = {"silu", swish_f, swish_df, 1.0, false, false},
-    [OPF_ACT_GLU]            = {"glu", sigmoid_f, sigmoid_df, 0.0, true, false},
-    [OPF_ACT_GEGLU]          = {"geglu", gelu_f, gelu_df, 0.0, true, false},
-    [OPF_ACT_QGEGLU]         = {"qgeglu", swish_f, swish_df, 1.702, true, false},
-    [OPF_ACT_REGLU]          = {"reglu", relu_f, relu_df, 0.0, true, false},
-    [OPF_ACT_SREGLU]         = {"sreglu", srelu_f, srelu_df, 0.0, true, false},
-    [OPF_ACT_SWIGLU]         = {"swiglu", swish_f, swish_df, 1.0, true, false},
-    [OPF_ACT_CLAMPED_SWIGLU] = {"clamped_swiglu", swish_f, swish_df, 1.702, true, true},
+    [OPF_ACT_GELU]           = {"gelu", gelu_f, gelu_df, OPF_ACT_FN_GELU, 0.0, false, false},
+    [OPF_ACT_QGELU]          = {"qgelu", swish_f, swish_df, OPF_ACT_FN_SWISH, 1.702, false, false},
+    [OPF_ACT_RELU]           = {"relu", relu_f, relu_df, OPF_ACT_FN_RELU, 0.0, false, false},
+    [OPF_ACT_SRELU]          = {"srelu", srelu_f, srelu_df, OPF_ACT_FN_SRELU, 0.0, false, false},
+    [OPF_ACT_SILU]           = {"silu", swish_f, swish_df, OPF_ACT_FN_SWISH, 1.0, false, false},
+    [OPF_ACT_GLU]            = {"glu", sigmoid_f, sigmoid_df, OPF_ACT_FN_SIGMOID, 0.0, true, false},
+    [OPF_ACT_GEGLU]          = {"geglu", gelu_f, gelu_df, OPF_ACT_FN_GELU, 0.0, true, false},
+    [OPF_ACT_QGEGLU]         = {"qgeglu", swish_f, swish_df, OPF_ACT_FN_SWISH, 1.702, true, false},
+    [OPF_ACT_REGLU]          = {"reglu", relu_f, relu_df, OPF_ACT_FN_RELU, 0.0, true, false},
+    [OPF_ACT_SREGLU]         = {"sreglu", srelu_f, srelu_df, OPF_ACT_FN_SRELU, 0.0, true, false},
+    [OPF_ACT_SWIGLU]         = {"swiglu", swish_f, swish_df, OPF_ACT_FN_SWISH, 1.0, true, false},
+    [OPF_ACT_CLAMPED_SWIGLU] = {"clamped_swiglu", swish_f, swish_df, OPF_ACT_FN_SWISH, 1.702, true,
+                                true},
 };
 _Static_assert(sizeof act_table / sizeof act_table[0] == OPF_ACT_COUNT,
                "one activation row per opf_act_kind");
@@ -231,94 +250,167 @@ opf_status opf_act_backward_fake(const void *bargs, opf_spec *grads)
     return opf_op_out_spec(&plain, &b->grad_q, &grads[0]);
 }
 
-/* The element kernels. Gated rows are [a | b] of width 2h; ClampedSwiGLU
- * clamps a from above and b on both sides, then offsets b by 1. */
+/* ---- the loops -----------------------------------------------------------------
+ * One set per element-function pair, generated by ACT_LOOPS so that f and f'
+ * inline and every loop vectorizes (#pragma omp simd). Each lane rounds as
+ * the scalar code does (IEEE fp32 operations, no FMA contraction), so the
+ * bits depend neither on the vector width nor on where OpenMP splits. Gated
+ * rows are [a | b] of width 2h; ClampedSwiGLU has its own gated loops. A
+ * value a select discards is still computed (f'(a) above the limit, x·x of
+ * SReLU below 0): GCC will not if-convert a conditional fp32 operation, which
+ * may trap, and so would not vectorize. OpenMP splits elements (plain) or
+ * rows (gated) above 32768 elements; the plain loops say if (parallel: ...),
+ * since a bare if clause on "parallel for simd" also turns SIMD off below
+ * the threshold (OpenMP 5.0 gave simd an if clause). */
+
 typedef struct act_kernel {
-    const opf_act_row *row;
     float alpha, limit;
 } act_kernel;
 
-static void plain_fwd(const act_kernel *K, const float *x, float *y, int64_t n)
-{
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (int64_t i = 0; i < n; i++) y[i] = K->row->f(x[i], K->alpha);
-}
+typedef struct act_loops {
+    void (*plain_fwd)(float alpha, const float *x, float *y, int64_t n);
+    void (*plain_bwd)(float alpha, const float *x, const float *dy, float *dx, int64_t n);
+    void (*gated_fwd)(const act_kernel *K, const float *x, float *y, int64_t rows, int64_t h);
+    void (*gated_bwd)(const act_kernel *K, const float *x, const float *dy, float *dx, int64_t rows,
+                      int64_t h);
+} act_loops;
 
-static void plain_bwd(const act_kernel *K, const float *x, const float *dy, float *dx, int64_t n)
-{
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (int64_t i = 0; i < n; i++) dx[i] = K->row->df(x[i], K->alpha) * dy[i];
-}
+/* Plain: y = f(x), dx = f'(x)·dy. Gated: y = f(a)·b; da = f'(a)·g·b, db = f(a)·g. */
+#define ACT_LOOPS(name, F, DF)                                                                  \
+    static void name##_plain_fwd(float alpha, const float *x, float *y, int64_t n)              \
+    {                                                                                           \
+        _Pragma("omp parallel for simd schedule(static) if (parallel : n > 32768)")             \
+        for (int64_t i = 0; i < n; i++) y[i] = F(x[i], alpha);                                  \
+    }                                                                                           \
+    static void name##_plain_bwd(float alpha, const float *x, const float *dy, float *dx,       \
+                                 int64_t n)                                                     \
+    {                                                                                           \
+        _Pragma("omp parallel for simd schedule(static) if (parallel : n > 32768)")             \
+        for (int64_t i = 0; i < n; i++) dx[i] = DF(x[i], alpha) * dy[i];                        \
+    }                                                                                           \
+    static void name##_gated_fwd(const act_kernel *K, const float *x, float *y, int64_t rows,   \
+                                 int64_t h)                                                     \
+    {                                                                                           \
+        const float alpha = K->alpha;                                                           \
+        _Pragma("omp parallel for schedule(static) if (rows * h > 32768)")                      \
+        for (int64_t i = 0; i < rows; i++) {                                                    \
+            const float *xa = x + i * 2 * h, *xb = xa + h;                                      \
+            float *yi = y + i * h;                                                              \
+            _Pragma("omp simd")                                                                 \
+            for (int64_t j = 0; j < h; j++) yi[j] = F(xa[j], alpha) * xb[j];                    \
+        }                                                                                       \
+    }                                                                                           \
+    static void name##_gated_bwd(const act_kernel *K, const float *x, const float *dy,          \
+                                 float *dx, int64_t rows, int64_t h)                            \
+    {                                                                                           \
+        const float alpha = K->alpha;                                                           \
+        _Pragma("omp parallel for schedule(static) if (rows * h > 32768)")                      \
+        for (int64_t i = 0; i < rows; i++) {                                                    \
+            const float *xa = x + i * 2 * h, *xb = xa + h, *gi = dy + i * h;                    \
+            float *da = dx + i * 2 * h, *db = da + h;                                           \
+            _Pragma("omp simd")                                                                 \
+            for (int64_t j = 0; j < h; j++) {                                                   \
+                const float a = xa[j], b = xb[j], g = gi[j];                                    \
+                da[j] = DF(a, alpha) * g * b;                                                   \
+                db[j] = F(a, alpha) * g;                                                        \
+            }                                                                                   \
+        }                                                                                       \
+    }
 
-static void gated_fwd(const act_kernel *K, const float *x, float *y, int64_t rows, int64_t h)
+ACT_LOOPS(gelu, gelu_f, gelu_df)
+ACT_LOOPS(swish, swish_f, swish_df)
+ACT_LOOPS(relu, relu_f, relu_df)
+ACT_LOOPS(srelu, srelu_f, srelu_df)
+ACT_LOOPS(sigmoid, sigmoid_f, sigmoid_df)
+
+#define ACT_LOOPS_ROW(name) {name##_plain_fwd, name##_plain_bwd, name##_gated_fwd, name##_gated_bwd}
+static const act_loops loops_of[] = {
+    [OPF_ACT_FN_GELU]    = ACT_LOOPS_ROW(gelu),
+    [OPF_ACT_FN_SWISH]   = ACT_LOOPS_ROW(swish),
+    [OPF_ACT_FN_RELU]    = ACT_LOOPS_ROW(relu),
+    [OPF_ACT_FN_SRELU]   = ACT_LOOPS_ROW(srelu),
+    [OPF_ACT_FN_SIGMOID] = ACT_LOOPS_ROW(sigmoid),
+};
+_Static_assert(sizeof loops_of / sizeof loops_of[0] == OPF_ACT_FN_COUNT,
+               "one set of loops per opf_act_fn_kind");
+
+/* fminf(v, hi) and fmaxf(v, lo) for a finite bound: the bound for a NaN v. */
+static inline float min_limit(float v, float hi) { return opf_select_f32_impl(v < hi, v, hi); }
+static inline float max_limit(float v, float lo) { return opf_select_f32_impl(v > lo, v, lo); }
+
+/* ClampedSwiGLU: a' = min(a, L), b' = clamp(b, -L, L) + 1, y = swish(a')·b'. */
+static void clamped_swiglu_fwd(const act_kernel *K, const float *x, float *y, int64_t rows,
+                               int64_t h)
 {
-    const opf_act_row *r = K->row;
-    const float L = K->limit;
+    const float alpha = K->alpha, L = K->limit;
     #pragma omp parallel for schedule(static) if (rows * h > 32768)
     for (int64_t i = 0; i < rows; i++) {
         const float *xa = x + i * 2 * h, *xb = xa + h;
+        float *yi = y + i * h;
+        #pragma omp simd
         for (int64_t j = 0; j < h; j++) {
-            float a = xa[j], b = xb[j];
-            if (r->clamped) {
-                a = fminf(a, L);
-                b = fminf(fmaxf(b, -L), L) + 1.0f;
-            }
-            y[i * h + j] = r->f(a, K->alpha) * b;
+            const float a = min_limit(xa[j], L), b = min_limit(max_limit(xb[j], -L), L) + 1.0f;
+            yi[j] = swish_f(a, alpha) * b;
         }
     }
 }
 
-/* da = f'(a)·g·b (0 where a > limit), db = f(a)·g (0 where |b| > limit). */
-static void gated_bwd(const act_kernel *K, const float *x, const float *dy, float *dx,
-                      int64_t rows, int64_t h)
+/* da = f'(a)·g·b' (0 where a > L), db = f(a')·g (0 where |b| > L, or b is NaN). */
+static void clamped_swiglu_bwd(const act_kernel *K, const float *x, const float *dy, float *dx,
+                               int64_t rows, int64_t h)
 {
-    const opf_act_row *r = K->row;
-    const float L = K->limit;
+    const float alpha = K->alpha, L = K->limit;
     #pragma omp parallel for schedule(static) if (rows * h > 32768)
     for (int64_t i = 0; i < rows; i++) {
-        const float *xa = x + i * 2 * h, *xb = xa + h;
+        const float *xa = x + i * 2 * h, *xb = xa + h, *gi = dy + i * h;
         float *da = dx + i * 2 * h, *db = da + h;
+        #pragma omp simd
         for (int64_t j = 0; j < h; j++) {
-            const float a = xa[j], g = dy[i * h + j];
-            float b = xb[j], fa, dfa;
-            bool b_live = true;
-            if (r->clamped) {
-                b_live = b >= -L && b <= L;
-                b = fminf(fmaxf(b, -L), L) + 1.0f;
-                fa = r->f(fminf(a, L), K->alpha);
-                dfa = a <= L ? r->df(a, K->alpha) : 0.0f;
-            } else {
-                fa = r->f(a, K->alpha);
-                dfa = r->df(a, K->alpha);
-            }
-            da[j] = dfa * g * b;
-            db[j] = b_live ? fa * g : 0.0f;
+            const float a = xa[j], b = xb[j], g = gi[j];
+            const bool b_live = (b >= -L) & (b <= L);
+            const float bc = min_limit(max_limit(b, -L), L) + 1.0f;
+            const float fa = swish_f(min_limit(a, L), alpha), dfa = swish_df(a, alpha);
+            da[j] = opf_select_f32_impl(a <= L, dfa, 0.0f) * g * bc;
+            db[j] = opf_select_f32_impl(b_live, fa * g, 0.0f);
         }
     }
 }
 
-static act_kernel kernel_of(int act, double alpha, double limit)
+void opf_act_apply_f32(opf_act_kind k, float alpha, const float *x, float *y, int64_t n)
 {
-    return (act_kernel){&act_table[act], (float)alpha, (float)limit};
+    loops_of[act_table[k].fn].plain_fwd(alpha, x, y, n);
+}
+
+void opf_act_apply_df_f32(opf_act_kind k, float alpha, const float *x, const float *dy, float *dx,
+                          int64_t n)
+{
+    loops_of[act_table[k].fn].plain_bwd(alpha, x, dy, dx, n);
+}
+
+static act_kernel kernel_of(double alpha, double limit)
+{
+    return (act_kernel){(float)alpha, (float)limit};
 }
 
 opf_status opf_act_forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const opf_act_fwd *a = args;
-    act_kernel K = kernel_of(a->act, a->alpha, a->limit);
+    const opf_act_row *row = &act_table[a->act];
+    act_kernel K = kernel_of(a->alpha, a->limit);
     int64_t n = opf_spec_numel(&a->x.spec), ny = opf_spec_numel(&outs[0].spec);
     float *xs = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, ny);
     if (!xs || !y)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %lld floats", K.row->name,
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %lld floats", row->name,
                          (long long)(n + ny));
     const float *x;
     opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
     if (st) return st;
-    if (K.row->gated) {
+    if (row->gated) {
         int64_t h = a->x.spec.shape[a->x.spec.ndim - 1] / 2;
-        gated_fwd(&K, x, y, h ? ny / h : 0, h);
+        (row->clamped ? clamped_swiglu_fwd : loops_of[row->fn].gated_fwd)(&K, x, y,
+                                                                          h ? ny / h : 0, h);
     } else {
-        plain_fwd(&K, x, y, n);
+        loops_of[row->fn].plain_fwd(K.alpha, x, y, n);
     }
     return opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
 }
@@ -326,21 +418,23 @@ opf_status opf_act_forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs
 opf_status opf_act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const opf_act_bwd *b = bargs;
-    act_kernel K = kernel_of(b->act, b->alpha, b->limit);
+    const opf_act_row *row = &act_table[b->act];
+    act_kernel K = kernel_of(b->alpha, b->limit);
     int64_t n = opf_spec_numel(&b->x.spec), ny = opf_spec_numel(&b->dy.spec);
     float *xs = opf_op_scratch(ctx, n), *dys = opf_op_scratch(ctx, ny), *dx = opf_op_scratch(ctx, n);
     if (!xs || !dys || !dx)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %lld floats", K.row->name,
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %lld floats", row->name,
                          (long long)(2 * n + ny));
     const float *x, *dy;
     opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
     if (st) return st;
-    if (K.row->gated) {
+    if (row->gated) {
         int64_t h = b->x.spec.shape[b->x.spec.ndim - 1] / 2;
-        gated_bwd(&K, x, dy, dx, h ? ny / h : 0, h);
+        (row->clamped ? clamped_swiglu_bwd : loops_of[row->fn].gated_bwd)(&K, x, dy, dx,
+                                                                          h ? ny / h : 0, h);
     } else {
-        plain_bwd(&K, x, dy, dx, n);
+        loops_of[row->fn].plain_bwd(K.alpha, x, dy, dx, n);
     }
     return opf_op_store_f32(ctx, dx, b->x.spec.dtype, &b->grad_q, &grads[0]);
 }

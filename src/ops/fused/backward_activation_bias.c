@@ -78,7 +78,6 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const bab_bwd *b = bargs;
-    const opf_act_row *row = opf_act_row_at((opf_act_kind)b->act);
     const float alpha = (float)b->alpha;
     int64_t n = b->b.spec.shape[0], numel = opf_spec_numel(&b->x.spec), rows = n ? numel / n : 0;
     float *xs = opf_op_scratch(ctx, numel), *dys = opf_op_scratch(ctx, numel);
@@ -89,8 +88,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
     if (st) return st;
-    #pragma omp parallel for schedule(static) if (numel > 32768)
-    for (int64_t i = 0; i < numel; i++) p[i] = row->df(x[i], alpha) * dy[i];
+    opf_act_apply_df_f32((opf_act_kind)b->act, alpha, x, dy, p, numel);
     for (int64_t j = 0; j < n; j++) db[j] = 0.0f;
     for (int64_t r = 0; r < rows; r++)  /* row order, as the bias op sums */
         for (int64_t j = 0; j < n; j++) db[j] += p[r * n + j];

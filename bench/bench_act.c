@@ -1,0 +1,93 @@
+/* bench_act.c: `opfuse bench act`: forward and backward time of the
+ * activation ops on one f32 tensor through the eager fuser (a seq of one
+ * op), median of 201 calls after 5 warm-ups. Gated ops halve the last dim.
+ *
+ *     opfuse bench act [rows cols]   default 128 1024 */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "bench.h"
+#include "opfuse.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median microseconds of the forward and of the backward of op cls on x. */
+static int act_us(opf_ctx *ctx, const char *cls, const opf_tensor *x, double *fwd, double *bwd)
+{
+    opf_seq *seq;
+    opf_op *op;
+    if (opf_seq_create(ctx, &seq) || opf_op_create(ctx, cls, NULL, cls, &op) ||
+        opf_seq_append(seq, op))
+        return -1;
+    opf_seq_call call = opf_seq_call_default();
+    enum { REPS = 201 };
+    static double tf[REPS], tb[REPS];
+    for (int r = -5; r < REPS; r++) {
+        opf_tensor y, dx;
+        double t0 = now_s();
+        if (opf_seq_forward(seq, x, &call, &y, NULL)) return -1;
+        double t1 = now_s();
+        if (opf_seq_backward(seq, &y, NULL, &dx, NULL)) return -1;  /* dy = y */
+        double t2 = now_s();
+        opf_tensor_release(&dx);
+        opf_tensor_release(&y);
+        if (r >= 0) tf[r] = (t1 - t0) * 1e6, tb[r] = (t2 - t1) * 1e6;
+    }
+    opf_seq_destroy(seq);
+    qsort(tf, REPS, sizeof tf[0], cmp_double);
+    qsort(tb, REPS, sizeof tb[0], cmp_double);
+    *fwd = tf[REPS / 2], *bwd = tb[REPS / 2];
+    return 0;
+}
+
+int opf_bench_act(int argc, char **argv)
+{
+    int64_t rows = argc >= 2 ? atoll(argv[0]) : 128, cols = argc >= 2 ? atoll(argv[1]) : 1024;
+    if (rows < 1 || cols < 2 || cols % 2) {
+        fprintf(stderr, "bench act: rows >= 1 and an even cols >= 2\n");
+        return 1;
+    }
+    opf_ctx *ctx;
+    if (opf_ctx_create(NULL, &ctx)) return 1;
+    float *xv = malloc(sizeof(float) * (size_t)(rows * cols));
+    unsigned s = 12345;
+    for (int64_t i = 0; i < rows * cols; i++) {  /* about N(0, 1.7): GELU inputs of an MLP */
+        s = s * 1664525u + 1013904223u;
+        xv[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 6.0f;
+    }
+    opf_tensor x;
+    opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {rows, cols}, .dtype = OPF_F32}, xv, &x);
+    printf("activation ops, f32 [%lld, %lld], %d threads, median of 201 calls\n\n", (long long)rows,
+           (long long)cols, omp_get_max_threads());
+    printf("| %-14s | %9s | %9s | %13s | %13s |\n", "op", "fwd us", "bwd us", "fwd+bwd us",
+           "ns/element");
+    printf("|----------------|-----------|-----------|---------------|---------------|\n");
+    static const char *const ops[] = {"gelu", "qgelu", "silu", "relu", "geglu", "swiglu"};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        double f, b;
+        if (act_us(ctx, ops[i], &x, &f, &b)) {
+            fprintf(stderr, "bench act %s: %s\n", ops[i], opf_last_error(ctx));
+            rc = 1;
+            continue;
+        }
+        printf("| %-14s | %9.1f | %9.1f | %13.1f | %13.3f |\n", ops[i], f, b, f + b,
+               (f + b) * 1e3 / (double)(rows * cols));
+    }
+    free(xv);
+    opf_ctx_destroy(ctx);
+    return rc;
+}
