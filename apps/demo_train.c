@@ -1,9 +1,11 @@
 /* demo_train.c: `opfuse demo`: trains a small residual LayerNorm-MLP on a
- * synthetic regression task on the CPU with every recipe and prints recipe,
- * first and last loss and time per step. */
+ * synthetic regression task on the CPU with every recipe, eagerly and
+ * compiled (opf_compiled), and prints recipe, first and last loss, time per
+ * step of each, and whether the two runs' losses agree bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "apps.h"
@@ -40,9 +42,11 @@ static void make_task(float *x, float *t)
 
 typedef struct run_result {
     double first, last, ms;
+    double loss[STEPS];
 } run_result;
 
-static opf_status train(const opf_recipe *r, const float *xv, const float *t, run_result *res)
+static opf_status train(const opf_recipe *r, const float *xv, const float *t, bool compiled,
+                        run_result *res)
 {
     opf_ctx_options o = opf_ctx_options_default();
     o.seed = 1234;
@@ -51,12 +55,14 @@ static opf_status train(const opf_recipe *r, const float *xv, const float *t, ru
     if (st) return st;
     opf_seq *seq = NULL;
     opf_optim *opt = NULL;
+    opf_compiled *cc = NULL;
     opf_optim_options oo = opf_optim_options_default();
     oo.lr = 3e-3f;
     opf_tensor x;
     opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {TOKENS, HIDDEN}, .dtype = OPF_F32}, (void *)xv, &x);
     if ((st = opf_model_ln_mlp(ctx, HIDDEN, FFN, OPF_F32, &seq)) ||
-        (st = opf_optim_create(ctx, seq, OPF_OPTIM_ADAMW, &oo, &opt)))
+        (st = opf_optim_create(ctx, seq, OPF_OPTIM_ADAMW, &oo, &opt)) ||
+        (compiled && (st = opf_compiled_create(seq, NULL, &cc))))
         goto done;
     opf_seq_call call = opf_seq_call_default();
     call.recipe = r->kind == OPF_RECIPE_NONE ? NULL : r;
@@ -67,17 +73,21 @@ static opf_status train(const opf_recipe *r, const float *xv, const float *t, ru
         opf_tensor y, dy, dx;
         double loss;
         opf_seq_zero_grad(seq);
-        if ((st = opf_seq_forward(seq, &x, &call, &y, NULL))) break;
+        st = cc ? opf_compiled_forward(cc, &x, &call, &y, NULL) : opf_seq_forward(seq, &x, &call, &y, NULL);
+        if (st) break;
         st = opf_model_mse(ctx, &y, t, &loss, &dy);
-        if (!st) st = opf_seq_backward(seq, &dy, NULL, &dx, NULL);
+        if (!st) st = cc ? opf_compiled_backward(cc, &dy, NULL, &dx, NULL)
+                         : opf_seq_backward(seq, &dy, NULL, &dx, NULL);
         if (!st) st = opf_optim_step(opt);
+        /* compiled outputs are views into the graph: releasing them is a no-op */
         opf_tensor_release(&y), opf_tensor_release(&dy), opf_tensor_release(&dx);
         if (step == 0) res->first = loss;
-        res->last = loss;
+        res->last = res->loss[step] = loss;
     }
     res->ms = (now_s() - t0) * 1e3 / (STEPS - 1);
 done:
     if (st) fprintf(stderr, "%s: %s\n", opf_recipe_name(r->kind), opf_last_error(ctx));
+    opf_compiled_destroy(cc);
     opf_optim_destroy(opt);
     opf_seq_destroy(seq);
     opf_ctx_destroy(ctx);
@@ -91,21 +101,24 @@ int opf_demo_train(int argc, char **argv)
     make_task(x, t);
     printf("opfuse demo: residual LayerNorm-MLP (hidden %d, ffn %d, %d tokens), AdamW, %d steps, "
            "fp32 master weights\n\n", HIDDEN, FFN, TOKENS, STEPS);
-    printf("| %-12s | %11s | %11s | %9s |\n", "recipe", "first loss", "last loss", "ms/step");
-    printf("|--------------|-------------|-------------|-----------|\n");
+    printf("| %-12s | %11s | %11s | %9s | %12s | %14s |\n", "recipe", "first loss", "last loss",
+           "ms/step", "compiled ms", "same losses");
+    printf("|--------------|-------------|-------------|-----------|--------------|----------------|\n");
     static const opf_recipe_kind kinds[] = {OPF_RECIPE_NONE, OPF_RECIPE_DELAYED, OPF_RECIPE_CURRENT,
                                             OPF_RECIPE_BLOCK, OPF_RECIPE_MXFP8, OPF_RECIPE_NVFP4};
     int rc = 0;
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         opf_recipe r = opf_recipe_default(kinds[i]);
         r.amax_history_len = 16;
-        run_result res = {0};
-        if (train(&r, x, t, &res)) {
+        static run_result eager, comp;
+        if (train(&r, x, t, false, &eager) || train(&r, x, t, true, &comp)) {
             rc = 1;
             continue;
         }
-        printf("| %-12s | %11.5f | %11.5f | %9.3f |\n", opf_recipe_name(kinds[i]), res.first,
-               res.last, res.ms);
+        bool same = memcmp(eager.loss, comp.loss, sizeof eager.loss) == 0;
+        printf("| %-12s | %11.5f | %11.5f | %9.3f | %12.3f | %14s |\n", opf_recipe_name(kinds[i]),
+               eager.first, eager.last, eager.ms, comp.ms, same ? "bit for bit" : "NO");
+        if (!same) rc = 1;
     }
     printf("\n");
     return rc;
