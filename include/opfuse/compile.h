@@ -49,8 +49,11 @@
  *
  * A graph references the seq's ops and their recipe state: it stays valid
  * while the seq is not mutated and its recipe state is not rebuilt (a
- * forward with another recipe, opf_seq_prepare). A stale graph refuses to
- * run (OPF_ERR_STATE); opf_compiled recompiles it.
+ * forward with another recipe, opf_seq_prepare), fusions are switched
+ * (opf_seq_set_fusions) or a checkpoint load replaces a quantized weight. A
+ * stale graph refuses to run (OPF_ERR_STATE); opf_compiled recompiles it.
+ * Fusion functions registered after a compile apply to later compiles, as
+ * they apply to plans built after the registration.
  */
 #ifndef OPFUSE_COMPILE_H
 #define OPFUSE_COMPILE_H

@@ -247,7 +247,10 @@ opf_status opf_seq_plan_build(opf_seq *seq)
 
 void opf_seq_set_fusions(opf_seq *seq, bool enabled)
 {
-    if (seq->fusions != enabled) seq->planned = false;
+    if (seq->fusions != enabled) {
+        seq->planned = false;
+        seq->epoch++;  /* compiled graphs hold the other plans */
+    }
     seq->fusions = enabled;
 }
 

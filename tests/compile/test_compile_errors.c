@@ -326,6 +326,14 @@ static void test_stale(opf_ctx *ctx)
     opf_tensor_release(&ye), opf_tensor_release(&dxe);
     if (g3) CHECK_FAILS(ctx, opf_graph_forward(g3, &f.x, &f.call, &y, NULL), OPF_ERR_STATE, "stale");
     still_works(ctx, f.seq, &f.call, NULL, "a recipe change");
+    /* switching fusions changes the plans a graph baked: stale too */
+    opf_graph *g4 = NULL;
+    CHECK_OK(ctx, opf_compile(f.seq, &f.xs, &f.call, NULL, &g4));
+    opf_seq_set_fusions(f.seq, false);
+    if (g4) CHECK_FAILS(ctx, opf_graph_forward(g4, &f.x, &f.call, &y, NULL), OPF_ERR_STATE, "stale");
+    opf_seq_set_fusions(f.seq, true);
+    still_works(ctx, f.seq, &f.call, NULL, "switching fusions");
+    opf_graph_destroy(g4);
     opf_graph_destroy(g3);
     opf_compiled_destroy(c);
     opf_graph_destroy(g);
