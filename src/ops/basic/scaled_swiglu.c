@@ -116,15 +116,15 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &a->scales, ss, &s);
     if (st) return st;
-    const opf_act_row *r = swiglu();
-    const float alpha = (float)r->alpha;
+    const float alpha = (float)swiglu()->alpha;
+    /* y = (f(a) b) s per row, f(a) from the activations' vectorized loop */
     #pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < rows; i++) {
         const float *xa = x + i * 2 * h, *xb = xa + h;
-        for (int64_t j = 0; j < h; j++) {
-            float act = r->f(xa[j], alpha) * xb[j];
-            y[i * h + j] = act * s[i];
-        }
+        float *yr = y + i * h;
+        opf_act_apply_f32(OPF_ACT_SWIGLU, alpha, xa, yr, h);
+        #pragma omp simd
+        for (int64_t j = 0; j < h; j++) yr[j] = yr[j] * xb[j] * s[i];
     }
     return opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
 }
@@ -178,18 +178,25 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 }
 
 /* One row: dx = [da | db] and the row's scale gradient. */
-static float row_bwd(const opf_act_row *r, const float *xa, const float *dy, float s, int64_t h,
-                     float *dx)
+/* One row of the backward: dx of both halves and the row's scale gradient.
+ * fa and g are h floats of scratch; f(a) and f'(a) g come from the
+ * activations' vectorized loops, the products in the scalar order
+ * (f'(a) g) b and f(a) g, and ds sums left to right. */
+static float row_bwd(float alpha, const float *xa, const float *dy, float s, int64_t h, float *dx,
+                     float *fa, float *g)
 {
-    const float alpha = (float)r->alpha, *xb = xa + h;
-    float ds = 0.0f;
+    const float *xb = xa + h;
+    #pragma omp simd
+    for (int64_t j = 0; j < h; j++) g[j] = dy[j] * s;
+    opf_act_apply_f32(OPF_ACT_SWIGLU, alpha, xa, fa, h);
+    opf_act_apply_df_f32(OPF_ACT_SWIGLU, alpha, xa, g, dx, h);
+    #pragma omp simd
     for (int64_t j = 0; j < h; j++) {
-        const float a = xa[j], b = xb[j], g = dy[j] * s, fa = r->f(a, alpha);
-        dx[j] = r->df(a, alpha) * g * b;
-        dx[h + j] = fa * g;
-        float act = fa * b;
-        ds += act * dy[j];
+        dx[j] = dx[j] * xb[j];
+        dx[h + j] = fa[j] * g[j];
     }
+    float ds = 0.0f;
+    for (int64_t j = 0; j < h; j++) ds += fa[j] * xb[j] * dy[j];
     return ds;
 }
 
@@ -199,15 +206,18 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     int64_t n = opf_spec_numel(&b->x.spec), rows = rows_of(&b->x.spec), h = half_width(&b->x.spec);
     float *xs = opf_op_scratch(ctx, n), *ss = opf_op_scratch(ctx, rows);
     float *dys = opf_op_scratch(ctx, n / 2), *dx = opf_op_scratch(ctx, n), *ds = opf_op_scratch(ctx, rows);
-    if (!xs || !ss || !dys || !dx || !ds) return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
+    float *fa = opf_op_scratch(ctx, n / 2), *g = opf_op_scratch(ctx, n / 2);
+    if (!xs || !ss || !dys || !dx || !ds || !fa || !g)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
     const float *x, *s, *dy;
     opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->scales, ss, &s);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
     if (st) return st;
-    const opf_act_row *r = swiglu();
+    const float alpha = (float)swiglu()->alpha;
     #pragma omp parallel for schedule(static) if (n > 32768)
-    for (int64_t i = 0; i < rows; i++) ds[i] = row_bwd(r, x + i * 2 * h, dy + i * h, s[i], h, dx + i * 2 * h);
+    for (int64_t i = 0; i < rows; i++)
+        ds[i] = row_bwd(alpha, x + i * 2 * h, dy + i * h, s[i], h, dx + i * 2 * h, fa + i * h, g + i * h);
     st = opf_convert(ds, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype, (size_t)rows);
     return st ? st : opf_op_store_f32(ctx, dx, b->x.spec.dtype, &b->grad_q, &grads[0]);
 }
