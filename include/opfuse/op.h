@@ -137,7 +137,8 @@ typedef struct opf_param {
 
 /* What one forward call leaves for its backward, per basic op. */
 typedef struct opf_op_ctx {
-    bool       requires_grad;
+    bool       requires_grad;  /* set when saved; a fused op clears it for covered ops that
+                                * run no backward (opf_fwd_env.first_requires_grad) */
     int        n_saved;
     opf_tensor saved[OPF_OP_MAX_SAVED];  /* counted references */
     opf_quantizer prev_grad_q;           /* the previous op's grad-output quantizer */
@@ -159,6 +160,12 @@ typedef struct opf_fwd_env {
     const opf_recipe    *recipe;        /* NULL when not quantizing */
     bool                 requires_grad;
     const void          *kwargs;        /* class kwargs struct or NULL */
+    /* Fused ops, with requires_grad: the first covered basic op whose
+     * backward runs. The fuser runs no backward for ops before the seq's
+     * first op requiring backward (te-ops.md 3.2); a fused op that covers
+     * that point skips its covered ops before it the same way. 0 for basic
+     * ops and whenever every covered op runs backward. */
+    int                  first_requires_grad;
 } opf_fwd_env;
 
 typedef struct opf_bwd_env {

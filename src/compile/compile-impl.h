@@ -89,6 +89,7 @@ typedef struct opf_gnode {
     opf_quantizer     qv[2];
     bool              has_q[2];
     bool              requires_grad;
+    int               first_requires_grad; /* the env's (fused ops) */
     bool              restore_octx; /* eager backward after a traced forward */
     int               n_extra;      /* extra inputs (forward) / outputs (backward) in t */
     unsigned          in_mask;      /* eager: which inputs t[n_out + i] are present */

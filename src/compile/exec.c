@@ -291,6 +291,7 @@ static opf_status run_eager_forward(opf_graph *g, opf_gnode *n, const opf_seq_ca
                        .next_input_q = n->has_q[1] ? &n->qv[1] : NULL,
                        .recipe = g->has_recipe ? &g->recipe : NULL,
                        .requires_grad = n->requires_grad,
+                       .first_requires_grad = n->first_requires_grad,
                        .kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0]};
     env.x = &n->t[n->n_out];
     for (int i = 0; i < n->n_extra; i++)

@@ -283,6 +283,7 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
     opf_status st = eager_node(g, n, OPF_NODE_EAGER_FORWARD, reason, n_out, n_in);
     if (st) return st;
     n->requires_grad = env->requires_grad;
+    n->first_requires_grad = env->first_requires_grad;
     for (int k = 0; k < 2; k++) {
         const opf_quantizer *q = k ? env->next_input_q : env->prev_grad_q;
         n->has_q[k] = q != NULL;

@@ -121,6 +121,7 @@ void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_re
     env->next_input_q = qp[1];
     env->recipe = seq->has_recipe ? &seq->recipe : NULL;
     env->requires_grad = last >= first_req;
+    env->first_requires_grad = env->requires_grad && first_req > first ? first_req - first : 0;
     env->kwargs = opf_op_is_fused(e->op) ? (const void *)kw : kw[0];
 }
 

@@ -76,7 +76,8 @@ opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int fir
 void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
                                   const opf_quantizer *p[2]);
 /* The env of plan entry e except x and extra_in: neighbours' quantizers
- * (copies in qv), the seq's recipe, requires_grad (e reaches first_req), and
+ * (copies in qv), the seq's recipe, requires_grad (e reaches first_req) and
+ * first_requires_grad (first_req's place in e, when inside it), and
  * kwargs (kw: the covered ops' entries of `kwargs`, which may be NULL). */
 void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req,
                        const void *const *kwargs, opf_quantizer qv[2], const void *kw[OPF_FUSED_MAX],

@@ -18,6 +18,22 @@
  * the previous part. A compiled graph cannot see tensors behind references,
  * so the op reports an unsupported reason and runs eagerly there.
  *
+ * Backward override (the recipe's backward_override, numerics.md 3.7): each
+ * grouped linear reads it from the recipe in its own resolve_fwd and saves
+ * and computes what its unfused backward would (plain operands, no dy
+ * quantization); the GLU has no quantizer to drop. So the fused op needs
+ * nothing of its own there and matches the unfused plan bit for bit under
+ * every override.
+ *
+ * Early stop (te-ops.md 3.2): when the seq's first op requiring backward
+ * is the GLU or FC2 (env->first_requires_grad: FC1 frozen, no input
+ * gradient, FC1's split sizes from a channel), the parts before it resolve
+ * their forward without requires_grad, save nothing, and run no backward:
+ * no dx, no gradients of theirs, no dy quantization (which would draw
+ * stochastic-rounding numbers or record delayed-scaling amaxes the unfused
+ * plan does not). The first part that does run computes its dx into the
+ * intermediate and drops it, as the unfused plan drops it.
+ *
  * Extra inputs, in order: FC1's split sizes, the GLU's per-row scales,
  * FC2's split sizes (the caller passes the same split tensor twice).
  * Conditions: opf_grouped_mlp_decline_reason (grouped_mlp.h). */
@@ -57,26 +73,28 @@ typedef struct gm_fwd {
     opf_tensor          x;                 /* the MLP input */
     void               *part[GM_PARTS];    /* each part's resolved forward args (its op's buffer) */
     const opf_op_class *cls[GM_PARTS];
+    int64_t             first_grad;        /* parts before it run no backward (GM_PARTS: none runs) */
 } gm_fwd;
 #define GM_REF(st, m) OPF_F(st, m, OPF_FIELD_REF, 0)
 static const opf_field gm_fwd_fields[] = {
     OPF_F_TENSOR_Q(gm_fwd, x), GM_REF(gm_fwd, part[0]), GM_REF(gm_fwd, part[1]),
     GM_REF(gm_fwd, part[2]),   GM_REF(gm_fwd, cls[0]),  GM_REF(gm_fwd, cls[1]),
-    GM_REF(gm_fwd, cls[2])};
+    GM_REF(gm_fwd, cls[2]),    OPF_F_INT(gm_fwd, first_grad)};
 OPF_SCHEMA(gm_fwd_schema, gm_fwd, gm_fwd_fields);
 
 typedef struct gm_bwd {
     opf_tensor          dy;                /* gradient of the MLP output */
-    void               *part[GM_PARTS];    /* each part's resolved backward args */
+    void               *part[GM_PARTS];    /* each part's resolved backward args (NULL: skipped) */
     const opf_op_class *cls[GM_PARTS];
     int64_t             n_params[GM_PARTS], n_extra[GM_PARTS];
+    int64_t             first;             /* the first part whose backward runs */
 } gm_bwd;
 static const opf_field gm_bwd_fields[] = {
     OPF_F_TENSOR_Q(gm_bwd, dy),         GM_REF(gm_bwd, part[0]),     GM_REF(gm_bwd, part[1]),
     GM_REF(gm_bwd, part[2]),            GM_REF(gm_bwd, cls[0]),      GM_REF(gm_bwd, cls[1]),
     GM_REF(gm_bwd, cls[2]),             OPF_F_INT(gm_bwd, n_params[0]), OPF_F_INT(gm_bwd, n_params[1]),
     OPF_F_INT(gm_bwd, n_params[2]),     OPF_F_INT(gm_bwd, n_extra[0]), OPF_F_INT(gm_bwd, n_extra[1]),
-    OPF_F_INT(gm_bwd, n_extra[2])};
+    OPF_F_INT(gm_bwd, n_extra[2]),      OPF_F_INT(gm_bwd, first)};
 OPF_SCHEMA(gm_bwd_schema, gm_bwd, gm_bwd_fields);
 
 static void none_specs(opf_spec *s, int n)
@@ -193,11 +211,16 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     opf_tensor mid[GM_PARTS - 1];
     const opf_tensor *x = env->x;
     int slot = 0;
+    /* each part gets the requires_grad the unfused runner would give it */
+    int first = !env->requires_grad ? GM_PARTS : env->first_requires_grad;
+    if (first < 0 || first > GM_PARTS)
+        return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "grouped_mlp \"%s\": first_requires_grad "
+                         "%d outside 0..%d", opf_op_name(op), first, GM_PARTS);
     for (int k = 0; k < GM_PARTS; k++) {
         opf_op *p = opf_op_basic(op, k);
         const opf_op_class *c = opf_op_class_of(p);
         opf_fwd_env e = {.ctx = env->ctx, .x = x, .recipe = env->recipe,
-                         .requires_grad = env->requires_grad, .kwargs = kw ? kw[k] : NULL,
+                         .requires_grad = k >= first, .kwargs = kw ? kw[k] : NULL,
                          .prev_grad_q = k ? grad_q_of(opf_op_basic(op, k - 1)) : env->prev_grad_q,
                          .next_input_q = k + 1 < GM_PARTS ? input_q_of(opf_op_basic(op, k + 1))
                                                           : env->next_input_q};
@@ -218,6 +241,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
         a->cls[k] = c;
     }
     a->x = *env->x;
+    a->first_grad = first;
     return OPF_OK;
 }
 
@@ -247,8 +271,9 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     return st;
 }
 
-/* Each part keeps in its own context what its backward reads, from the
- * same views the forward wrote. */
+/* Each part that runs backward keeps in its own context what its backward
+ * reads, from the same views the forward wrote; the others keep nothing
+ * and say so in requires_grad (te-ops.md 3.2), which resolve_bwd reads. */
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                 const opf_tensor *outs, const opf_tensor *aux)
 {
@@ -258,6 +283,8 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
     opf_status st = plan_fwd(a, &L);
     for (int k = 0; k < GM_PARTS && !st; k++) {
         opf_op *p = opf_op_basic(op, k);
+        octx[k].requires_grad = k >= a->first_grad;
+        if (!octx[k].requires_grad) continue;
         if ((st = part_call_fwd(a, &L, k, &aux[0], &outs[0], &c))) break;
         if (k) octx[k].prev_grad_q = opf_q_or_none(grad_q_of(opf_op_basic(op, k - 1)));
         if (a->cls[k]->setup_context) {
@@ -278,9 +305,18 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     gm_bwd *b = bargs;
     opf_tensor mid[GM_PARTS - 1];
     const opf_tensor *dy = env->dy;
-    for (int k = GM_PARTS - 1; k >= 0; k--) {
+    b->first = GM_PARTS;
+    for (int k = 0; k < GM_PARTS; k++) {
         opf_op *p = opf_op_basic(op, k);
-        const opf_op_class *c = opf_op_class_of(p);
+        b->cls[k] = opf_op_class_of(p);
+        b->n_params[k] = opf_op_num_params(p);
+        b->n_extra[k] = b->cls[k]->n_extra_in;
+        b->part[k] = NULL;
+        if (b->first == GM_PARTS && octx[k].requires_grad) b->first = k;
+    }
+    for (int k = GM_PARTS - 1; k >= b->first; k--) {
+        opf_op *p = opf_op_basic(op, k);
+        const opf_op_class *c = b->cls[k];
         opf_bwd_env e = {.ctx = env->ctx, .dy = dy,
                          .prev_grad_q = k ? grad_q_of(opf_op_basic(op, k - 1)) : env->prev_grad_q};
         memset(p->bwd_args, 0, c->bwd_schema->size);
@@ -299,9 +335,6 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
             dy = &mid[k - 1];
         }
         b->part[k] = p->bwd_args;
-        b->cls[k] = c;
-        b->n_params[k] = opf_op_num_params(p);
-        b->n_extra[k] = c->n_extra_in;
     }
     b->dy = *env->dy;
     return OPF_OK;
@@ -327,7 +360,7 @@ static int part_grads(const gm_bwd *b, int k) { return (int)(1 + b->n_params[k] 
 static opf_status backward_fake(const void *bargs, opf_spec *grads)
 {
     const gm_bwd *b = bargs;
-    for (int k = 0; k < GM_PARTS; k++) {
+    for (int k = (int)b->first; k < GM_PARTS; k++) {  /* skipped parts: no gradients */
         opf_spec g[OPF_OP_MAX_GRADS];
         none_specs(g, OPF_OP_MAX_GRADS);
         opf_status st = b->cls[k]->backward_fake(b->part[k], g);
@@ -379,14 +412,14 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
 {
     const gm_bwd *b = bargs;
     opf_tensor mid[GM_PARTS - 1];  /* mid[k]: the gradient of part k's output */
-    for (int k = 1; k < GM_PARTS; k++) {
+    for (int k = b->first > 1 ? (int)b->first : 1; k < GM_PARTS; k++) {
         opf_spec g[OPF_OP_MAX_GRADS];
         none_specs(g, OPF_OP_MAX_GRADS);
         opf_status st = b->cls[k]->backward_fake(b->part[k], g);
         if (!st) st = scratch_tensor(ctx, &g[0], &mid[k - 1]);
         if (st) return st;
     }
-    for (int k = GM_PARTS - 1; k >= 0; k--) {
+    for (int k = GM_PARTS - 1; k >= b->first; k--) {
         opf_status st = part_bwd(ctx, b, k, mid, grads);
         if (st) return st;
     }
