@@ -4,6 +4,31 @@
 #ifndef OPFUSE_BENCH_H
 #define OPFUSE_BENCH_H
 
+#include <stdlib.h>
+#include <time.h>
+
+/* The monotonic clock in seconds. */
+static inline double opf_bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* qsort order of doubles. */
+static inline int opf_bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of t[0..n) (element n / 2 after sorting t in place). */
+static inline double opf_bench_median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof *t, opf_bench_cmp_double);
+    return t[n / 2];
+}
+
 /* Quantize throughput per format against memcpy (bench_quantize.c). */
 int opf_bench_quantize(int argc, char **argv);
 

@@ -11,19 +11,6 @@
 #include "bench.h"
 #include "opfuse.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median microseconds of the forward and of the backward of op cls on x. */
 static int act_us(opf_ctx *ctx, const char *cls, const opf_tensor *x, double *fwd, double *bwd)
 {
@@ -37,18 +24,18 @@ static int act_us(opf_ctx *ctx, const char *cls, const opf_tensor *x, double *fw
     static double tf[REPS], tb[REPS];
     for (int r = -5; r < REPS; r++) {
         opf_tensor y, dx;
-        double t0 = now_s();
+        double t0 = opf_bench_now();
         if (opf_seq_forward(seq, x, &call, &y, NULL)) return -1;
-        double t1 = now_s();
+        double t1 = opf_bench_now();
         if (opf_seq_backward(seq, &y, NULL, &dx, NULL)) return -1;  /* dy = y */
-        double t2 = now_s();
+        double t2 = opf_bench_now();
         opf_tensor_release(&dx);
         opf_tensor_release(&y);
         if (r >= 0) tf[r] = (t1 - t0) * 1e6, tb[r] = (t2 - t1) * 1e6;
     }
     opf_seq_destroy(seq);
-    qsort(tf, REPS, sizeof tf[0], cmp_double);
-    qsort(tb, REPS, sizeof tb[0], cmp_double);
+    qsort(tf, REPS, sizeof tf[0], opf_bench_cmp_double);
+    qsort(tb, REPS, sizeof tb[0], opf_bench_cmp_double);
     *fwd = tf[REPS / 2], *bwd = tb[REPS / 2];
     return 0;
 }

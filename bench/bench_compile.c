@@ -22,25 +22,6 @@
 #include "bench.h"
 #include "model.h"
 
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof t[0], cmp_double);
-    return t[n / 2];
-}
-
 typedef struct bench_case {
     opf_recipe_kind kind;
     opf_dtype       dtype;
@@ -65,15 +46,15 @@ static opf_status run_step(runner *r, const opf_tensor *x, const opf_tensor *dy,
                            const opf_seq_call *call, int i)
 {
     opf_tensor y, dx;
-    double t0 = now_us();
+    double t0 = opf_bench_now() * 1e6;
     opf_seq_zero_grad(r->seq);
     opf_status st = r->g ? opf_graph_forward(r->g, x, call, &y, NULL) : opf_seq_forward(r->seq, x, call, &y, NULL);
     if (st) return st;
-    double t1 = now_us();
+    double t1 = opf_bench_now() * 1e6;
     st = r->g ? opf_graph_backward(r->g, dy, NULL, &dx, NULL) : opf_seq_backward(r->seq, dy, NULL, &dx, NULL);
     opf_tensor_release(&y);
     if (!st) opf_tensor_release(&dx);
-    double t2 = now_us();
+    double t2 = opf_bench_now() * 1e6;
     if (i >= 0) r->fwd[i] = t1 - t0, r->bwd[i] = t2 - t1, r->step[i] = t2 - t0;
     return st;
 }
@@ -128,22 +109,22 @@ static opf_status bench_one(const bench_case *c, int steps, step_times *eager, s
     if (!st && !kern) st = OPF_ERR_NO_MEMORY;
     if (!st) opf_graph_set_profile(r[1].g, true);
     for (int i = 0; i < steps && !st; i++) {
-        double t0 = now_us();
+        double t0 = opf_bench_now() * 1e6;
         st = run_step(&r[0], &x, &dy, &call, -1);
-        double te = now_us() - t0;
+        double te = opf_bench_now() * 1e6 - t0;
         opf_graph_reset_profile(r[1].g);
-        t0 = now_us();
+        t0 = opf_bench_now() * 1e6;
         if (!st) st = run_step(&r[1], &x, &dy, &call, -1);
-        double t = now_us() - t0, k = 0;
+        double t = opf_bench_now() * 1e6 - t0, k = 0;
         for (int n = 0; n < opf_graph_num_nodes(r[1].g); n++) k += opf_graph_node_seconds(r[1].g, n);
         kern[i] = k * 1e6;
         hostc[i] = t - kern[i];
         hoste[i] = te - kern[i];  /* the eager step next to it runs the same kernels */
     }
     if (!st) {
-        comp->kernels = median(kern, steps);
-        comp->host = median(hostc, steps);
-        eager->host = median(hoste, steps);
+        comp->kernels = opf_bench_median(kern, steps);
+        comp->host = opf_bench_median(hostc, steps);
+        eager->host = opf_bench_median(hoste, steps);
     }
     free(kern);
     if (st) {
@@ -152,8 +133,9 @@ static opf_status bench_one(const bench_case *c, int steps, step_times *eager, s
     } else {
         step_times *out[2] = {eager, comp};
         for (int k = 0; k < 2; k++)
-            *out[k] = (step_times){median(r[k].step, steps), median(r[k].fwd, steps),
-                                   median(r[k].bwd, steps), out[k]->kernels, out[k]->host};
+            *out[k] = (step_times){opf_bench_median(r[k].step, steps),
+                                   opf_bench_median(r[k].fwd, steps),
+                                   opf_bench_median(r[k].bwd, steps), out[k]->kernels, out[k]->host};
     }
     opf_tensor_release(&x), opf_tensor_release(&dy);
     for (int k = 0; k < 2; k++) {
@@ -208,7 +190,7 @@ int opf_bench_compile(int argc, char **argv)
         for (int i = 1; i < n_ok; i++) lo = ratios[i] < lo ? ratios[i] : lo;
         printf("\nheadline: the compiled step spends %.1fx less host time than eager (median of %d "
                "cases; lowest %.1fx; target >= 3x); whole steps %.2fx faster (the kernels are the same)\n",
-               median(ratios, n_ok), n_ok, lo, median(steps_r, n_ok));
+               opf_bench_median(ratios, n_ok), n_ok, lo, opf_bench_median(steps_r, n_ok));
     }
     return rc;
 }

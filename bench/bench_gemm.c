@@ -16,25 +16,6 @@
 
 enum { REPS = 5 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return t[n / 2];
-}
-
 /* One operand configuration: how x and W are quantized (or not). */
 typedef struct gemm_case {
     const char *name;
@@ -99,17 +80,17 @@ static bool time_pair(opf_ctx *ctx, const opf_tensor *w, const opf_tensor *x, op
     double to[REPS], tb[REPS];
     if (opf_gemm(ctx, w, x, OPF_GEMM_TN, &o, y)) return false;  /* warm-up, workspace */
     for (int r = 0; r < REPS; r++) {
-        double t0 = now_ms();
+        double t0 = opf_bench_now() * 1e3;
         opf_gemm(ctx, w, x, OPF_GEMM_TN, &o, y);
-        double t1 = now_ms();
+        double t1 = opf_bench_now() * 1e3;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, xv,
                     (int)K, wv, (int)K, 0.0f, yv, (int)N);
-        double t2 = now_ms();
+        double t2 = opf_bench_now() * 1e3;
         to[r] = t1 - t0;
         tb[r] = t2 - t1;
     }
-    *t_opf = median(to, REPS);
-    *t_blas = median(tb, REPS);
+    *t_opf = opf_bench_median(to, REPS);
+    *t_blas = opf_bench_median(tb, REPS);
     return true;
 }
 

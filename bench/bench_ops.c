@@ -12,19 +12,6 @@
 #include "bench.h"
 #include "model.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median microseconds per op of forward (+ backward) through a seq of n ops. */
 static double host_us_per_op(opf_ctx *ctx, const char *cls, const void *cfg, int n, bool backward,
                              const opf_tensor *x)
@@ -40,16 +27,16 @@ static double host_us_per_op(opf_ctx *ctx, const char *cls, const void *cfg, int
     enum { REPS = 41 };
     double t[REPS];
     for (int r = -3; r < REPS; r++) {  /* three warm-up calls build plans and scratch */
-        double t0 = now_s();
+        double t0 = opf_bench_now();
         opf_tensor y, dx;
         if (opf_seq_forward(seq, x, &call, &y, NULL)) return -1;
         if (backward && opf_seq_backward(seq, &y, NULL, &dx, NULL)) return -1;
         if (backward) opf_tensor_release(&dx);
         opf_tensor_release(&y);
-        if (r >= 0) t[r] = (now_s() - t0) * 1e6 / n;
+        if (r >= 0) t[r] = (opf_bench_now() - t0) * 1e6 / n;
     }
     opf_seq_destroy(seq);
-    qsort(t, REPS, sizeof t[0], cmp_double);
+    qsort(t, REPS, sizeof t[0], opf_bench_cmp_double);
     return t[REPS / 2];
 }
 
@@ -74,16 +61,16 @@ static double ln_mlp_ms(opf_ctx *ctx, int64_t tokens, int64_t hidden, int64_t ff
     call.recipe = r;
     double *t = malloc(sizeof(double) * (size_t)steps);
     for (int s = -1; s < steps; s++) {
-        double t0 = now_s(), loss;
+        double t0 = opf_bench_now(), loss;
         opf_tensor y, dy, dx;
         opf_seq_zero_grad(seq);
         if (opf_seq_forward(seq, &x, &call, &y, NULL) || opf_model_mse(ctx, &y, tv, &loss, &dy) ||
             opf_seq_backward(seq, &dy, NULL, &dx, NULL) || opf_optim_step(opt))
             return -1;
         opf_tensor_release(&y), opf_tensor_release(&dy), opf_tensor_release(&dx);
-        if (s >= 0) t[s] = (now_s() - t0) * 1e3;
+        if (s >= 0) t[s] = (opf_bench_now() - t0) * 1e3;
     }
-    qsort(t, (size_t)steps, sizeof t[0], cmp_double);
+    qsort(t, (size_t)steps, sizeof t[0], opf_bench_cmp_double);
     double ms = t[steps / 2];
     free(t), free(xv), free(tv);
     opf_optim_destroy(opt);

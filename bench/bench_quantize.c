@@ -13,19 +13,6 @@
 #include "bench.h"
 #include "opfuse.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 enum { REPS = 7 };
 
 typedef struct qcase {
@@ -56,11 +43,11 @@ static double time_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tens
     double t[REPS];
     opf_quantize(ctx, q, x, out);  /* warm up */
     for (int r = 0; r < REPS; r++) {
-        double t0 = now_s();
+        double t0 = opf_bench_now();
         opf_quantize(ctx, q, x, out);
-        t[r] = now_s() - t0;
+        t[r] = opf_bench_now() - t0;
     }
-    qsort(t, REPS, sizeof t[0], cmp_double);
+    qsort(t, REPS, sizeof t[0], opf_bench_cmp_double);
     return t[REPS / 2];
 }
 
@@ -69,12 +56,12 @@ static double time_memcpy(void *dst, const void *src, size_t n)
     double t[REPS];
     memcpy(dst, src, n);
     for (int r = 0; r < REPS; r++) {
-        double t0 = now_s();
+        double t0 = opf_bench_now();
         memcpy(dst, src, n);
-        t[r] = now_s() - t0;
+        t[r] = opf_bench_now() - t0;
         ((volatile char *)dst)[r] = ((const char *)src)[r];
     }
-    qsort(t, REPS, sizeof t[0], cmp_double);
+    qsort(t, REPS, sizeof t[0], opf_bench_cmp_double);
     return t[REPS / 2];
 }
 
