@@ -1,10 +1,16 @@
 /* bench_act.c: `opfuse bench act`: forward and backward time of the
  * activation ops on one f32 tensor through the eager fuser (a seq of one
  * op), median of 201 calls after 5 warm-ups. Gated ops halve the last dim.
+ * The peer, measured in the same run: the same forward formula as a plain
+ * loop over the C library's tanhf / expf into a preallocated output (no op,
+ * no allocation, no rounding pass; the loops without a libm call are
+ * vectorized), which is what the activations computed before act-math.h.
  *
  *     opfuse bench act [rows cols]   default 128 1024 */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -40,6 +46,45 @@ static int act_us(opf_ctx *ctx, const char *cls, const opf_tensor *x, double *fw
     return 0;
 }
 
+/* The peer's forward of op cls: y = f(x) with libm (gated: f(a) b per row),
+ * the function chosen once, outside the loop. */
+static void libm_forward(const char *cls, const float *x, float *y, int64_t rows, int64_t cols)
+{
+    enum { GELU, RELU, SWISH } k = !strcmp(cls, "gelu") || !strcmp(cls, "geglu") ? GELU
+                                 : !strcmp(cls, "relu") ? RELU : SWISH;
+    const float alpha = !strcmp(cls, "qgelu") ? 1.702f : 1.0f;
+    bool gated = !strcmp(cls, "geglu") || !strcmp(cls, "swiglu");
+    int64_t h = gated ? cols / 2 : cols;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = x + r * cols, *b = a + h;
+        float *o = y + r * h;
+        if (k == GELU)
+            for (int64_t j = 0; j < h; j++)
+                o[j] = a[j] * (0.5f + 0.5f * tanhf(a[j] * (0.79788456f + 0.03567741f * a[j] * a[j])));
+        else if (k == RELU)
+#pragma omp simd
+            for (int64_t j = 0; j < h; j++) o[j] = a[j] > 0.0f ? a[j] : 0.0f;
+        else
+            for (int64_t j = 0; j < h; j++) o[j] = a[j] / (1.0f + expf(-alpha * a[j]));
+        if (gated)
+#pragma omp simd
+            for (int64_t j = 0; j < h; j++) o[j] *= b[j];
+    }
+}
+
+/* Median microseconds of the peer's forward. */
+static double libm_us(const char *cls, const float *x, float *y, int64_t rows, int64_t cols)
+{
+    enum { REPS = 51 };
+    double t[REPS];
+    for (int r = -2; r < REPS; r++) {
+        double t0 = opf_bench_now();
+        libm_forward(cls, x, y, rows, cols);
+        if (r >= 0) t[r] = (opf_bench_now() - t0) * 1e6;
+    }
+    return opf_bench_median(t, REPS);
+}
+
 int opf_bench_act(int argc, char **argv)
 {
     int64_t rows = argc >= 2 ? atoll(argv[0]) : 128, cols = argc >= 2 ? atoll(argv[1]) : 1024;
@@ -59,9 +104,11 @@ int opf_bench_act(int argc, char **argv)
     opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {rows, cols}, .dtype = OPF_F32}, xv, &x);
     printf("activation ops, f32 [%lld, %lld], %d threads, median of 201 calls\n\n", (long long)rows,
            (long long)cols, omp_get_max_threads());
-    printf("| %-14s | %9s | %9s | %13s | %13s |\n", "op", "fwd us", "bwd us", "fwd+bwd us",
-           "ns/element");
-    printf("|----------------|-----------|-----------|---------------|---------------|\n");
+    printf("| %-14s | %9s | %9s | %13s | %13s | %12s | %10s |\n", "op", "fwd us", "bwd us",
+           "fwd+bwd us", "ns/element", "libm fwd us", "fwd ratio");
+    printf("|----------------|-----------|-----------|---------------|---------------|"
+           "-------------:|-----------:|\n");
+    float *yv = malloc(sizeof(float) * (size_t)(rows * cols));
     static const char *const ops[] = {"gelu", "qgelu", "silu", "relu", "geglu", "swiglu"};
     int rc = 0;
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
@@ -71,10 +118,14 @@ int opf_bench_act(int argc, char **argv)
             rc = 1;
             continue;
         }
-        printf("| %-14s | %9.1f | %9.1f | %13.1f | %13.3f |\n", ops[i], f, b, f + b,
-               (f + b) * 1e3 / (double)(rows * cols));
+        double peer = libm_us(ops[i], xv, yv, rows, cols);
+        printf("| %-14s | %9.1f | %9.1f | %13.1f | %13.3f | %12.1f | %9.2fx |\n", ops[i], f, b,
+               f + b, (f + b) * 1e3 / (double)(rows * cols), peer, peer / f);
     }
+    printf("\nfwd ratio: the libm loop's time over the op's forward (> 1: the op is faster, though it\n"
+           "also runs the fuser and allocates its output)\n");
     free(xv);
+    free(yv);
     opf_ctx_destroy(ctx);
     return rc;
 }
