@@ -69,6 +69,51 @@ static inline bool opf_test_same_bytes(const opf_tensor *a, const opf_tensor *b)
     return true;
 }
 
+/* Same bytes ignoring the logical dtype (quantized copies of different
+ * high-precision tensors). */
+static inline bool opf_test_same_qbytes(const opf_tensor *a, const opf_tensor *b)
+{
+    opf_tensor x = *a, y = *b;
+    x.spec.dtype = y.spec.dtype = OPF_F32;
+    return opf_test_same_bytes(&x, &y);
+}
+
+/* A plain tensor of vals rounded to dt; *rounded (may be NULL) gets the
+ * stored values. The caller releases it. */
+static inline opf_tensor opf_test_make_tensor(opf_ctx *ctx, int ndim, const int64_t *shape,
+                                              opf_dtype dt, const double *vals, double *rounded)
+{
+    opf_spec s = opf_spec_make(ndim, shape, dt);
+    int64_t n = opf_spec_numel(&s);
+    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) f[i] = (float)vals[i];
+    opf_tensor t;
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &s, &t));
+    CHECK_OK(ctx, opf_convert(f, OPF_F32, t.data[0], dt, (size_t)n));
+    CHECK_OK(ctx, opf_convert(t.data[0], dt, f, OPF_F32, (size_t)n));
+    if (rounded)
+        for (int64_t i = 0; i < n; i++) rounded[i] = f[i];
+    free(f);
+    return t;
+}
+
+/* The values of t (plain, or the rowwise copy of a quantized tensor). */
+static inline void opf_test_decode(opf_ctx *ctx, const opf_tensor *t, double *out)
+{
+    int64_t n = opf_spec_numel(&t->spec);
+    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        CHECK_OK(ctx, opf_convert(t->data[0], t->spec.dtype, f, OPF_F32, (size_t)n));
+    } else {
+        opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
+        opf_tensor w;
+        CHECK_OK(ctx, opf_tensor_wrap(&s, f, &w));
+        CHECK_OK(ctx, opf_dequantize(ctx, t, OPF_USAGE_ROWWISE, &w));
+    }
+    for (int64_t i = 0; i < n; i++) out[i] = f[i];
+    free(f);
+}
+
 /* Deterministic test randomness (splitmix64). */
 static inline unsigned long long opf_test_rand_u64(unsigned long long *s)
 {

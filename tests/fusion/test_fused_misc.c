@@ -53,60 +53,6 @@ static void fill(unsigned long long *seed, double *v, int64_t n, float sigma)
     for (int64_t i = 0; i < n; i++) v[i] = opf_test_normal(seed, sigma * (i % 3 == 2 ? 3.0f : 1.0f));
 }
 
-/* A plain tensor of vals rounded to dt; *rounded gets the stored values. */
-static opf_tensor make_tensor(opf_ctx *ctx, int ndim, const int64_t *shape, opf_dtype dt,
-                              const double *vals, double *rounded)
-{
-    opf_spec s = opf_spec_make(ndim, shape, dt);
-    int64_t n = opf_spec_numel(&s);
-    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; i < n; i++) f[i] = (float)vals[i];
-    opf_tensor t;
-    CHECK_OK(ctx, opf_tensor_alloc(ctx, &s, &t));
-    CHECK_OK(ctx, opf_convert(f, OPF_F32, t.data[0], dt, (size_t)n));
-    CHECK_OK(ctx, opf_convert(t.data[0], dt, f, OPF_F32, (size_t)n));
-    if (rounded)
-        for (int64_t i = 0; i < n; i++) rounded[i] = f[i];
-    free(f);
-    return t;
-}
-
-/* The values of t (plain, or the rowwise copy of a quantized tensor). */
-static void decode(opf_ctx *ctx, const opf_tensor *t, double *out)
-{
-    int64_t n = opf_spec_numel(&t->spec);
-    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    if (t->spec.scaling == OPF_SCALING_NONE) {
-        CHECK_OK(ctx, opf_convert(t->data[0], t->spec.dtype, f, OPF_F32, (size_t)n));
-    } else {
-        opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
-        opf_tensor w;
-        CHECK_OK(ctx, opf_tensor_wrap(&s, f, &w));
-        CHECK_OK(ctx, opf_dequantize(ctx, t, OPF_USAGE_ROWWISE, &w));
-    }
-    for (int64_t i = 0; i < n; i++) out[i] = f[i];
-    free(f);
-}
-
-/* Same spec and the same bytes in every component. */
-static bool same_bytes(const opf_tensor *a, const opf_tensor *b)
-{
-    if (!opf_spec_equal(&a->spec, &b->spec)) return false;
-    opf_layout L;
-    if (opf_spec_layout(&a->spec, &L)) return false;
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present && memcmp(a->data[c], b->data[c], L.comp[c].nbytes)) return false;
-    return true;
-}
-
-/* Same quantized bytes, ignoring the logical dtype. */
-static bool same_qbytes(const opf_tensor *a, const opf_tensor *b)
-{
-    opf_tensor x = *a, y = *b;
-    x.spec.dtype = y.spec.dtype = OPF_F32;
-    return same_bytes(&x, &y);
-}
-
 /* Elements outside |t - r| <= atol + rtol |r| (the first one in *first). */
 static int64_t count_bad(const double *t, const double *r, int64_t n, tol T, int64_t *first)
 {
@@ -135,8 +81,8 @@ static void check_tensors_close(opf_ctx *ctx, const opf_tensor *a, const opf_ten
           (long long)opf_spec_numel(&b->spec));
     if (n != opf_spec_numel(&b->spec)) return;
     double *va = malloc(sizeof(double) * (size_t)(n + 1)), *vb = malloc(sizeof(double) * (size_t)(n + 1));
-    decode(ctx, a, va);
-    decode(ctx, b, vb);
+    opf_test_decode(ctx, a, va);
+    opf_test_decode(ctx, b, vb);
     check_close(va, vb, n, T, what, which);
     free(va);
     free(vb);
@@ -285,8 +231,8 @@ static void ssg_bit_exact(opf_ctx *ctx, recipe r, opf_dtype dt, const ssg_shape 
     int64_t ys[3];
     memcpy(ys, sh->s, sizeof ys);
     ys[sh->ndim - 1] /= 2;
-    opf_tensor xt = make_tensor(ctx, sh->ndim, sh->s, tdt, xr, NULL);
-    opf_tensor dyt = make_tensor(ctx, sh->ndim, ys, tdt, dyr, NULL);
+    opf_tensor xt = opf_test_make_tensor(ctx, sh->ndim, sh->s, tdt, xr, NULL);
+    opf_tensor dyt = opf_test_make_tensor(ctx, sh->ndim, ys, tdt, dyr, NULL);
     opf_op *op = mk(ctx, "scaled_swiglu", NULL, "ssg_plain");
     opf_fwd_env env = {.ctx = ctx, .x = &xt, .extra_in = {sc}, .requires_grad = true};
     opf_bwd_env benv = {.ctx = ctx, .dy = &dyt};
@@ -296,8 +242,8 @@ static void ssg_bit_exact(opf_ctx *ctx, recipe r, opf_dtype dt, const ssg_shape 
     CHECK_OK(ctx, opf_op_backward(op, &octx, &benv, &dxp, ds));
     CHECK_OK(ctx, opf_quantize_alloc(ctx, fq, &yp[0], &eq));
     CHECK_OK(ctx, opf_quantize_alloc(ctx, gq, &dxp, &ed));
-    CHECK(same_qbytes(y, &eq), "%s: quantized y differs from quantizing the plain y", what);
-    CHECK(same_qbytes(dx, &ed), "%s: quantized dx differs from quantizing the plain dx", what);
+    CHECK(opf_test_same_qbytes(y, &eq), "%s: quantized y differs from quantizing the plain y", what);
+    CHECK(opf_test_same_qbytes(dx, &ed), "%s: quantized dx differs from quantizing the plain dx", what);
     opf_tensor *ts[] = {&xt, &dyt, &yp[0], &dxp, &ds[0], &eq, &ed};
     for (int i = 0; i < 7; i++) opf_tensor_release(ts[i]);
     opf_op_destroy(op);
@@ -338,10 +284,10 @@ static void ssg_case(opf_ctx *ctx, opf_dtype dt, opf_dtype sdt, recipe r, const 
     int64_t ys[3];
     memcpy(ys, sh->s, sizeof ys);
     ys[sh->ndim - 1] = h;
-    opf_tensor x = make_tensor(ctx, sh->ndim, sh->s, dt, xv, xr);
-    opf_tensor dy = make_tensor(ctx, sh->ndim, ys, dt, dyv, dyr);
-    opf_tensor sc = sh->s_ndim == 1 ? make_tensor(ctx, 1, &rows, sdt, sv, sr)
-                                    : make_tensor(ctx, sh->ndim - 1, sh->s, sdt, sv, sr);
+    opf_tensor x = opf_test_make_tensor(ctx, sh->ndim, sh->s, dt, xv, xr);
+    opf_tensor dy = opf_test_make_tensor(ctx, sh->ndim, ys, dt, dyv, dyr);
+    opf_tensor sc = sh->s_ndim == 1 ? opf_test_make_tensor(ctx, 1, &rows, sdt, sv, sr)
+                                    : opf_test_make_tensor(ctx, sh->ndim - 1, sh->s, sdt, sv, sr);
     ssg_ref(xr, sr, dyr, rows, h, yref, dxref, dsref, dsmag);
 
     opf_delayed_state *fs = NULL, *bs = NULL;
@@ -365,7 +311,7 @@ static void ssg_case(opf_ctx *ctx, opf_dtype dt, opf_dtype sdt, recipe r, const 
           "%s: forward fake differs from the real output", what);
     CHECK(y[0].spec.scaling == fq.scaling && y[0].spec.dtype == dt, "%s: y is %s", what,
           opf_scaling_name(y[0].spec.scaling));
-    decode(ctx, &y[0], got);
+    opf_test_decode(ctx, &y[0], got);
     check_close(got, yref, ny, r ? quant_tol(fq.qdtype, amax_of(yref, ny)) : dtype_tol(dt), what, "y");
     opf_tensor_release(&x);  /* the op keeps its own reference */
     opf_bwd_env benv = {.ctx = ctx, .dy = &dy};
@@ -373,11 +319,11 @@ static void ssg_case(opf_ctx *ctx, opf_dtype dt, opf_dtype sdt, recipe r, const 
     ssg_check_fakes(op, &y[0], &dx, &ds[0], what);
     CHECK(dx.spec.scaling == gq.scaling && dx.spec.dtype == dt, "%s: dx is %s", what,
           opf_scaling_name(dx.spec.scaling));
-    decode(ctx, &dx, got);
+    opf_test_decode(ctx, &dx, got);
     check_close(got, dxref, nx, r ? quant_tol(gq.qdtype, amax_of(dxref, nx)) : dtype_tol(dt), what, "dx");
     CHECK(ds[0].spec.dtype == sdt && opf_spec_numel(&ds[0].spec) == rows, "%s: d(scales) is %s[%lld]",
           what, opf_dtype_name(ds[0].spec.dtype), (long long)opf_spec_numel(&ds[0].spec));
-    decode(ctx, &ds[0], got);
+    opf_test_decode(ctx, &ds[0], got);
     for (int64_t i = 0; i < rows; i++) {  /* fp32 sums of h terms, then one rounding to sdt */
         tol T = dtype_tol(sdt);
         T.atol += 1e-6 * (double)h * dsmag[i];
@@ -590,10 +536,10 @@ static void bab_case(opf_ctx *ctx, const char *act, opf_dtype dt, recipe rk, uns
     fill(seed, xv, ROWS * N, 1.0f);
     fill(seed, dyv, ROWS * N, 0.5f);
     fill(seed, bv, N, 0.5f);
-    opf_tensor bt = make_tensor(ctx, 1, (int64_t[]){N}, dt, bv, br);
+    opf_tensor bt = opf_test_make_tensor(ctx, 1, (int64_t[]){N}, dt, bv, br);
     opf_tensor_release(&bt);
-    opf_tensor x = make_tensor(ctx, 2, (int64_t[]){ROWS, N}, dt, xv, xr);
-    opf_tensor dy = make_tensor(ctx, 2, (int64_t[]){ROWS, N}, dt, dyv, dyr);
+    opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, N}, dt, xv, xr);
+    opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, N}, dt, dyv, dyr);
     opf_recipe r = opf_recipe_default(recipe_kinds[rk]);
     opf_seq *fused = bias_act_seq(ctx, X_QUANTIZE_BWD, act, N, dt, br);
     opf_seq *plain = bias_act_seq(ctx, X_QUANTIZE_BWD, act, N, dt, br);
@@ -606,13 +552,13 @@ static void bab_case(opf_ctx *ctx, const char *act, opf_dtype dt, recipe rk, uns
     CHECK(plan_len(fused, false) == 3 && !class_in_plan(fused, false, "backward_activation_bias"),
           "%s: the forward plan changed", what);
     CHECK(plan_len(plain, true) == 3, "%s: fusions off still fused", what);
-    CHECK(a.y.data[0] && same_bytes(&a.y, &b.y), "%s: y differs from the unfused plan", what);
+    CHECK(a.y.data[0] && opf_test_same_bytes(&a.y, &b.y), "%s: y differs from the unfused plan", what);
     CHECK(a.dx.spec.scaling != OPF_SCALING_NONE, "%s: dx reaches X unquantized", what);
     if (rk != R_DELAYED || dt == OPF_F32) {  /* rounded, then the same quantizer */
-        CHECK(same_bytes(&a.dx, &b.dx), "%s: dx differs from the unfused plan", what);
+        CHECK(opf_test_same_bytes(&a.dx, &b.dx), "%s: dx differs from the unfused plan", what);
     } else {  /* delayed scaling casts the fp32 products, unfused the rounded ones */
         double *ref = malloc(sizeof(double) * ROWS * N);
-        decode(ctx, &b.dx, ref);
+        opf_test_decode(ctx, &b.dx, ref);
         check_tensors_close(ctx, &a.dx, &b.dx, quant_tol(a.dx.spec.qdtype, amax_of(ref, ROWS * N)), what, "dx");
         free(ref);
     }
@@ -620,8 +566,8 @@ static void bab_case(opf_ctx *ctx, const char *act, opf_dtype dt, recipe rk, uns
     const opf_param *pb = opf_op_param_const(opf_seq_at(plain, 1), 0);
     opf_tensor want;
     expected_dbias(ctx, act, xr, br, dyr, ROWS, N, dt, &want);
-    CHECK(pa->has_grad && same_bytes(&pa->grad, &want), "%s: dbias is not the sum of fp32 products", what);
-    if (dt == OPF_F32) CHECK(same_bytes(&pa->grad, &pb->grad), "%s: f32 dbias differs from unfused", what);
+    CHECK(pa->has_grad && opf_test_same_bytes(&pa->grad, &want), "%s: dbias is not the sum of fp32 products", what);
+    if (dt == OPF_F32) CHECK(opf_test_same_bytes(&pa->grad, &pb->grad), "%s: f32 dbias differs from unfused", what);
     else {
         tol T = dtype_tol(dt);
         T.atol = 0.02 * sqrt((double)ROWS);  /* ROWS rounded terms of ~0.5 */
@@ -651,7 +597,7 @@ static void test_bab_declines(opf_ctx *ctx)
     unsigned long long seed = 5;
     fill(&seed, bv, N, 0.5f);
     fill(&seed, xv, 4 * N, 1.0f);
-    opf_tensor x = make_tensor(ctx, 2, (int64_t[]){4, N}, OPF_F32, xv, NULL);
+    opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){4, N}, OPF_F32, xv, NULL);
     opf_recipe cur = opf_recipe_default(OPF_RECIPE_CURRENT);
     const struct {
         x_kind xk;
@@ -710,8 +656,8 @@ static void test_bab_mlp(opf_ctx *ctx)
             opf_seq_append_linear(s[i], N, K, false, OPF_BF16, "fc2");
         }
         opf_seq_set_fusions(s[1], false);
-        opf_tensor x = make_tensor(ctx, 2, (int64_t[]){T, K}, OPF_BF16, xv, NULL);
-        opf_tensor dy = make_tensor(ctx, 2, (int64_t[]){T, K}, OPF_BF16, dyv, NULL);
+        opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){T, K}, OPF_BF16, xv, NULL);
+        opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){T, K}, OPF_BF16, dyv, NULL);
         opf_recipe r = opf_recipe_default(recipe_kinds[rs[k]]);
         run_out o[2];
         memset(o, 0, sizeof o);
@@ -764,8 +710,8 @@ static void rms_dx_f32(opf_ctx *ctx, const double *xr, const double *dyr, const 
                        int64_t H, float *dx)
 {
     opf_seq *seq = add_rms_seq(ctx, H, OPF_F32, false, false, gr);
-    opf_tensor x = make_tensor(ctx, 2, (int64_t[]){rows, H}, OPF_F32, xr, NULL);
-    opf_tensor dy = make_tensor(ctx, 2, (int64_t[]){rows, H}, OPF_F32, dyr, NULL);
+    opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){rows, H}, OPF_F32, xr, NULL);
+    opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){rows, H}, OPF_F32, dyr, NULL);
     opf_seq_set_fusions(seq, false);
     opf_seq_call call = opf_seq_call_default();
     opf_tensor y, e, d;
@@ -790,11 +736,11 @@ static void bar_case(opf_ctx *ctx, opf_dtype dt, bool with_dextra, const opf_rec
     fill(seed, dyv, ROWS * H, 1.0f);
     fill(seed, ev, ROWS * H, 1.0f);
     for (int j = 0; j < H; j++) gv[j] = 1.0 + 0.25 * opf_test_normal(seed, 1.0f);
-    opf_tensor g = make_tensor(ctx, 1, (int64_t[]){H}, dt, gv, gr);
+    opf_tensor g = opf_test_make_tensor(ctx, 1, (int64_t[]){H}, dt, gv, gr);
     opf_tensor_release(&g);
-    opf_tensor x = make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, xv, xr);
-    opf_tensor dy = make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, dyv, dyr);
-    opf_tensor de = make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, ev, er);
+    opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, xv, xr);
+    opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, dyv, dyr);
+    opf_tensor de = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, ev, er);
     opf_seq *s[2] = {add_rms_seq(ctx, H, dt, false, false, gr), add_rms_seq(ctx, H, dt, false, false, gr)};
     opf_seq_set_fusions(s[1], false);
     run_out o[2];
@@ -805,14 +751,14 @@ static void bar_case(opf_ctx *ctx, opf_dtype dt, bool with_dextra, const opf_rec
     CHECK(plan_has(s[0], true, "backward_add_rmsnorm", 0, 2, NULL) && plan_len(s[0], false) == 2 &&
               plan_len(s[1], true) == 2 && !class_in_plan(s[1], true, "backward_add_rmsnorm"),
           "%s: plans", what);
-    CHECK(same_bytes(&o[0].y, &o[1].y) && same_bytes(&eo[0], &eo[1]), "%s: forward differs", what);
+    CHECK(opf_test_same_bytes(&o[0].y, &o[1].y) && opf_test_same_bytes(&eo[0], &eo[1]), "%s: forward differs", what);
     const opf_param *ga = opf_op_param_const(opf_seq_at(s[0], 1), 0);
     const opf_param *gb = opf_op_param_const(opf_seq_at(s[1], 1), 0);
-    CHECK(same_bytes(&ga->grad, &gb->grad), "%s: dgamma differs from the unfused plan", what);
+    CHECK(opf_test_same_bytes(&ga->grad, &gb->grad), "%s: dgamma differs from the unfused plan", what);
     CHECK(o[0].dx.spec.scaling == OPF_SCALING_NONE && o[0].dx.spec.dtype == dt, "%s: dx is %s %s", what,
           opf_scaling_name(o[0].dx.spec.scaling), opf_dtype_name(o[0].dx.spec.dtype));
     if (!with_dextra || dt == OPF_F32) {
-        CHECK(same_bytes(&o[0].dx, &o[1].dx), "%s: dx differs from the unfused plan", what);
+        CHECK(opf_test_same_bytes(&o[0].dx, &o[1].dx), "%s: dx differs from the unfused plan", what);
     } else {
         tol T = dtype_tol(dt);
         T.atol = 2 * T.rtol;  /* |dx| ~ 1: the unfused plan rounds twice */
@@ -825,7 +771,7 @@ static void bar_case(opf_ctx *ctx, opf_dtype dt, bool with_dextra, const opf_rec
     opf_tensor want;
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &o[0].dx.spec, &want));
     CHECK_OK(ctx, opf_convert(f, OPF_F32, want.data[0], dt, ROWS * H));
-    CHECK(same_bytes(&o[0].dx, &want), "%s: dx is not round(fp32 dx_rms + extra grad)", what);
+    CHECK(opf_test_same_bytes(&o[0].dx, &want), "%s: dx is not round(fp32 dx_rms + extra grad)", what);
     opf_tensor_release(&want);
     free(f);
     for (int i = 0; i < 2; i++) release_out(&o[i]), opf_tensor_release(&eo[i]), opf_seq_destroy(s[i]);
@@ -846,8 +792,8 @@ static void test_bar(opf_ctx *ctx)
     fill(&seed, xv, ROWS * H, 1.0f);
     fill(&seed, dyv, ROWS * H, 1.0f);
     for (int j = 0; j < H; j++) gv[j] = 1.0 + 0.1 * j / H;
-    opf_tensor x = make_tensor(ctx, 2, (int64_t[]){ROWS, H}, OPF_F32, xv, NULL);
-    opf_tensor dy = make_tensor(ctx, 2, (int64_t[]){ROWS, H}, OPF_F32, dyv, NULL);
+    opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, OPF_F32, xv, NULL);
+    opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, OPF_F32, dyv, NULL);
     opf_seq *s[2] = {add_rms_seq(ctx, H, OPF_F32, false, true, gv), add_rms_seq(ctx, H, OPF_F32, false, true, gv)};
     opf_seq_set_fusions(s[1], false);
     run_out o[2];
@@ -855,13 +801,13 @@ static void test_bar(opf_ctx *ctx)
     for (int i = 0; i < 2; i++) CHECK_OK(ctx, run_seq(ctx, s[i], &x, &dy, NULL, 0, NULL, NULL, NULL, NULL, &o[i]));
     CHECK(plan_has(s[0], true, "backward_add_rmsnorm", 0, 2, NULL) && plan_len(s[0], true) == 2,
           "residual: the backward plan lacks the fused op");
-    CHECK(same_bytes(&o[0].y, &o[1].y) && same_bytes(&o[0].dx, &o[1].dx),
+    CHECK(opf_test_same_bytes(&o[0].y, &o[1].y) && opf_test_same_bytes(&o[0].dx, &o[1].dx),
           "residual: results differ from the unfused plan");
     for (int i = 0; i < 2; i++) release_out(&o[i]), opf_seq_destroy(s[i]);
 
     /* an extra gradient of the wrong shape: MakeExtraOutput's check names it */
     opf_seq *bad = add_rms_seq(ctx, H, OPF_F32, false, false, gv);
-    opf_tensor dew = make_tensor(ctx, 2, (int64_t[]){ROWS / 2, H}, OPF_F32, xv, NULL), eo, y, dxb;
+    opf_tensor dew = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS / 2, H}, OPF_F32, xv, NULL), eo, y, dxb;
     opf_seq_call call = opf_seq_call_default();
     CHECK_OK(ctx, opf_seq_forward(bad, &x, &call, &y, &eo));
     CHECK(class_in_plan(bad, true, "backward_add_rmsnorm"), "bad-gradient seq not fused");
@@ -949,9 +895,9 @@ static void gm_inputs_make(opf_ctx *ctx, const gm_dims *d, opf_dtype dt, unsigne
     fill(seed, xv, M * d->K, 1.0f);
     fill(seed, dyv, M * d->N, 0.2f);
     fill(seed, sv, M, 1.0f);
-    in->x = make_tensor(ctx, 2, (int64_t[]){M, d->K}, dt, xv, NULL);
-    in->dy = make_tensor(ctx, 2, (int64_t[]){M, d->N}, dt, dyv, NULL);
-    in->scales = make_tensor(ctx, 1, &M, OPF_F32, sv, NULL);
+    in->x = opf_test_make_tensor(ctx, 2, (int64_t[]){M, d->K}, dt, xv, NULL);
+    in->dy = opf_test_make_tensor(ctx, 2, (int64_t[]){M, d->N}, dt, dyv, NULL);
+    in->scales = opf_test_make_tensor(ctx, 1, &M, OPF_F32, sv, NULL);
     opf_spec ss = opf_spec_make(1, (int64_t[]){d->groups}, OPF_I64);
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &ss, &in->split));
     memcpy(in->split.data[0], d->split, sizeof(int64_t) * (size_t)d->groups);
@@ -976,17 +922,17 @@ static void gm_compare_step(opf_ctx *ctx, opf_seq *a, opf_seq *b, const gm_input
     opf_seq *s[2] = {a, b};
     for (int i = 0; i < 2; i++)
         CHECK_OK(ctx, run_seq(ctx, s[i], &in->x, &in->dy, r, 3, in->extra, NULL, NULL, dex[i], &o[i]));
-    CHECK(o[0].y.data[0] && same_bytes(&o[0].y, &o[1].y), "%s: y differs from the unfused plan", what);
-    CHECK(o[0].dx.data[0] && same_bytes(&o[0].dx, &o[1].dx), "%s: dx differs from the unfused plan", what);
-    CHECK(dex[0][1].data[0] && same_bytes(&dex[0][1], &dex[1][1]), "%s: d(scales) differs", what);
+    CHECK(o[0].y.data[0] && opf_test_same_bytes(&o[0].y, &o[1].y), "%s: y differs from the unfused plan", what);
+    CHECK(o[0].dx.data[0] && opf_test_same_bytes(&o[0].dx, &o[1].dx), "%s: dx differs from the unfused plan", what);
+    CHECK(dex[0][1].data[0] && opf_test_same_bytes(&dex[0][1], &dex[1][1]), "%s: d(scales) differs", what);
     CHECK(dex[0][0].data[0] == NULL || opf_spec_numel(&dex[0][0].spec) == 0 ||
-              same_bytes(&dex[0][0], &dex[1][0]), "%s: split-size gradient", what);
+              opf_test_same_bytes(&dex[0][0], &dex[1][0]), "%s: split-size gradient", what);
     int bad = 0, n = 0;
     for (int k = 0; k < 3; k += 2)
         for (int p = 0; p < opf_op_num_params(opf_seq_at(a, k)); p++, n++) {
             const opf_param *pa = opf_op_param_const(opf_seq_at(a, k), p);
             const opf_param *pb = opf_op_param_const(opf_seq_at(b, k), p);
-            bad += pa->has_grad != pb->has_grad || !same_bytes(&pa->grad, &pb->grad);
+            bad += pa->has_grad != pb->has_grad || !opf_test_same_bytes(&pa->grad, &pb->grad);
         }
     CHECK(bad == 0, "%s: %d of %d parameter gradients differ", what, bad, n);
     for (int i = 0; i < 2; i++) {
@@ -1147,7 +1093,7 @@ static void test_gm_errors(opf_ctx *ctx)
     gm_inputs_make(ctx, &d, OPF_F32, &seed, &in);
     opf_seq_call call = opf_seq_call_default();
     call.n_extra_in = 3;
-    opf_tensor bad_scales = make_tensor(ctx, 1, (int64_t[]){63}, OPF_F32, (double[64]){0}, NULL);
+    opf_tensor bad_scales = opf_test_make_tensor(ctx, 1, (int64_t[]){63}, OPF_F32, (double[64]){0}, NULL);
     opf_spec ss = opf_spec_make(1, (int64_t[]){2}, OPF_I64);
     opf_tensor split2;
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &ss, &split2));
@@ -1165,7 +1111,7 @@ static void test_gm_errors(opf_ctx *ctx)
     CHECK_OK(ctx, run_seq(ctx, a, &in.x, &in.dy, NULL, 3, in.extra, NULL, NULL, NULL, &o));
     CHECK(plan_len(a, true) == 1, "fused after errors");
     /* a gradient of the wrong width is refused by FC2, the first part backward runs */
-    opf_tensor dyw = make_tensor(ctx, 2, (int64_t[]){64, 16}, OPF_F32, (double[1024]){0}, NULL);
+    opf_tensor dyw = opf_test_make_tensor(ctx, 2, (int64_t[]){64, 16}, OPF_F32, (double[1024]){0}, NULL);
     CHECK_OK(ctx, opf_seq_forward(a, &in.x, &call, &y, NULL));
     CHECK_FAILS(ctx, opf_seq_backward(a, &dyw, NULL, &o.dx, NULL), OPF_ERR_SHAPE, "fc2", "16");
     opf_tensor_release(&y);

@@ -310,54 +310,6 @@ static int64_t count_bad(const double *t, const double *r, int64_t n, tol T, int
 
 /* ---- tensors ------------------------------------------------------------------- */
 
-/* A plain tensor of vals rounded to dt; *rounded gets the stored values. */
-static opf_tensor make_tensor(opf_ctx *ctx, int ndim, const int64_t *shape, opf_dtype dt,
-                              const double *vals, double *rounded)
-{
-    opf_spec s = opf_spec_make(ndim, shape, dt);
-    int64_t n = opf_spec_numel(&s);
-    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; i < n; i++) f[i] = (float)vals[i];
-    opf_tensor t;
-    CHECK_OK(ctx, opf_tensor_alloc(ctx, &s, &t));
-    CHECK_OK(ctx, opf_convert(f, OPF_F32, t.data[0], dt, (size_t)n));
-    CHECK_OK(ctx, opf_convert(t.data[0], dt, f, OPF_F32, (size_t)n));
-    if (rounded)
-        for (int64_t i = 0; i < n; i++) rounded[i] = f[i];
-    free(f);
-    return t;
-}
-
-/* The values of t (plain, or the rowwise copy of a quantized tensor). */
-static void decode(opf_ctx *ctx, const opf_tensor *t, double *out)
-{
-    int64_t n = opf_spec_numel(&t->spec);
-    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    if (t->spec.scaling == OPF_SCALING_NONE) {
-        CHECK_OK(ctx, opf_convert(t->data[0], t->spec.dtype, f, OPF_F32, (size_t)n));
-    } else {
-        opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
-        opf_tensor w;
-        CHECK_OK(ctx, opf_tensor_wrap(&s, f, &w));
-        CHECK_OK(ctx, opf_dequantize(ctx, t, OPF_USAGE_ROWWISE, &w));
-    }
-    for (int64_t i = 0; i < n; i++) out[i] = f[i];
-    free(f);
-}
-
-/* Same quantized bytes in every component (the logical dtype may differ). */
-static bool same_bytes(const opf_tensor *a, const opf_tensor *b)
-{
-    opf_spec sa = a->spec, sb = b->spec;
-    sa.dtype = sb.dtype = OPF_F32;
-    if (!opf_spec_equal(&sa, &sb)) return false;
-    opf_layout L;
-    if (opf_spec_layout(&sa, &L)) return false;
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present && memcmp(a->data[c], b->data[c], L.comp[c].nbytes)) return false;
-    return true;
-}
-
 /* ---- fake-vs-real conformance ---------------------------------------------------- */
 
 /* A copy of args with every tensor's memory detached (specs only). */
@@ -461,8 +413,8 @@ static void check_bit_exact(opf_ctx *ctx, const act_case *c, const opf_clamped_s
                             const char *what)
 {
     opf_dtype tdt = r == R_DELAYED ? OPF_F32 : dt;
-    opf_tensor xt = make_tensor(ctx, d->ndim, d->xs, tdt, d->xr, NULL);
-    opf_tensor dyt = make_tensor(ctx, d->ndim, d->ys, tdt, d->dyr, NULL);
+    opf_tensor xt = opf_test_make_tensor(ctx, d->ndim, d->xs, tdt, d->xr, NULL);
+    opf_tensor dyt = opf_test_make_tensor(ctx, d->ndim, d->ys, tdt, d->dyr, NULL);
     opf_op *op;
     CHECK_OK(ctx, create_op(ctx, c, cfg, &op));
     opf_fwd_env env = {.ctx = ctx, .x = &xt, .requires_grad = true};
@@ -473,8 +425,8 @@ static void check_bit_exact(opf_ctx *ctx, const act_case *c, const opf_clamped_s
     CHECK_OK(ctx, opf_op_backward(op, &octx, &benv, &dxp, NULL));
     CHECK_OK(ctx, opf_quantize_alloc(ctx, fq, &yp[0], &eq));
     CHECK_OK(ctx, opf_quantize_alloc(ctx, gq, &dxp, &ed));
-    CHECK(same_bytes(y, &eq), "%s: quantized output differs from quantizing the plain output", what);
-    CHECK(same_bytes(dx, &ed), "%s: quantized dx differs from quantizing the plain dx", what);
+    CHECK(opf_test_same_qbytes(y, &eq), "%s: quantized output differs from quantizing the plain output", what);
+    CHECK(opf_test_same_qbytes(dx, &ed), "%s: quantized dx differs from quantizing the plain dx", what);
     opf_tensor *ts[] = {&xt, &dyt, &yp[0], &dxp, &eq, &ed};
     for (int i = 0; i < 6; i++) opf_tensor_release(ts[i]);
     opf_op_destroy(op);
@@ -483,7 +435,7 @@ static void check_bit_exact(opf_ctx *ctx, const act_case *c, const opf_clamped_s
 static void compare(opf_ctx *ctx, const opf_tensor *t, const double *ref, int64_t n, opf_dtype dt,
                     const opf_quantizer *q, double *got, const char *what, const char *which)
 {
-    decode(ctx, t, got);
+    opf_test_decode(ctx, t, got);
     tol T = q->scaling == OPF_SCALING_NONE ? dtype_tol(dt) : quant_tol(q->qdtype, amax_of(ref, n));
     int64_t first, bad = count_bad(got, ref, n, T, &first);
     CHECK(bad == 0, "%s: %s: %lld of %lld outside rtol %g atol %g (first [%lld] %.9g vs %.9g)", what,
@@ -502,8 +454,8 @@ static void run_case(opf_ctx *ctx, const act_case *c, const opf_clamped_swiglu_c
     run_data_init(&d, c, sh);
     fill(seed, d.xv, d.nx, (const float[]){0.3f, 1.5f, 6.0f}, 3);
     fill(seed, d.dyv, d.ny, (const float[]){0.5f, 2.0f}, 2);
-    opf_tensor x = make_tensor(ctx, d.ndim, d.xs, dt, d.xv, d.xr);
-    opf_tensor dy = make_tensor(ctx, d.ndim, d.ys, dt, d.dyv, d.dyr);
+    opf_tensor x = opf_test_make_tensor(ctx, d.ndim, d.xs, dt, d.xv, d.xr);
+    opf_tensor dy = opf_test_make_tensor(ctx, d.ndim, d.ys, dt, d.dyv, d.dyr);
     ref_act(c, &p, d.xr, d.dyr, d.nx, d.w, d.yref, d.dxref);
 
     opf_delayed_state *fs = NULL, *bs = NULL;
@@ -571,11 +523,11 @@ static void test_quantized_input(opf_ctx *ctx)
         run_data_init(&d, c, &sh);
         fill(&seed, d.xv, d.nx, (const float[]){0.5f, 3.0f}, 2);
         fill(&seed, d.dyv, d.ny, (const float[]){1.0f}, 1);
-        opf_tensor x = make_tensor(ctx, d.ndim, d.xs, OPF_BF16, d.xv, NULL), xq, y[1], dx;
-        opf_tensor dy = make_tensor(ctx, d.ndim, d.ys, OPF_BF16, d.dyv, d.dyr);
+        opf_tensor x = opf_test_make_tensor(ctx, d.ndim, d.xs, OPF_BF16, d.xv, NULL), xq, y[1], dx;
+        opf_tensor dy = opf_test_make_tensor(ctx, d.ndim, d.ys, OPF_BF16, d.dyv, d.dyr);
         opf_quantizer q = make_q(R_CURRENT, NULL, 0);
         CHECK_OK(ctx, opf_quantize_alloc(ctx, &q, &x, &xq));
-        decode(ctx, &xq, d.xr);
+        opf_test_decode(ctx, &xq, d.xr);
         ref_p p = {c->clamped ? cfg.alpha : c->alpha, cfg.limit};
         ref_act(c, &p, d.xr, d.dyr, d.nx, d.w, d.yref, d.dxref);
         opf_op *op;
