@@ -146,6 +146,19 @@ static inline void opf_fused_chain_grad_q(opf_op *fused, opf_op_ctx *octx)
     }
 }
 
+/* setup_context of a forward-only fused op whose first part is the linear
+ * (args lin): the linear's own context, then the chained grad quantizers of
+ * the later parts. */
+static inline opf_status opf_fused_linear_setup_context(opf_op *fused, opf_op_ctx *octx,
+                                                        const opf_linear_fwd *lin,
+                                                        const opf_tensor *outs,
+                                                        const opf_tensor *aux)
+{
+    opf_status st = opf_linear_setup_context(opf_op_basic(fused, 0), &octx[0], lin, outs, aux);
+    if (!st) opf_fused_chain_grad_q(fused, octx);
+    return st;
+}
+
 /* Re-reports the thread's last error (a pure fake's) under the fused op's
  * name: "<op name>: <message>" (the op name lists its class and parts). */
 static inline opf_status opf_fused_fail(opf_ctx *ctx, const opf_op *op, opf_status st)

@@ -130,9 +130,8 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                 const opf_tensor *outs, const opf_tensor *aux)
 {
     const flba_fwd *a = args;
-    opf_status st = opf_linear_setup_context(opf_op_basic(op, 0), &octx[0], &a->lin, outs, aux);
+    opf_status st = opf_fused_linear_setup_context(op, octx, &a->lin, outs, aux);
     if (st) return st;
-    opf_fused_chain_grad_q(op, octx);
     if (!a->has_act) return OPF_OK;
     /* the activation's own args, as its resolve would have made them from
      * the bias output it now reads from aux */

@@ -72,10 +72,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                 const opf_tensor *outs, const opf_tensor *aux)
 {
-    const flsadd_fwd *a = args;
-    opf_status st = opf_linear_setup_context(opf_op_basic(op, 0), &octx[0], &a->lin, outs, aux);
-    if (!st) opf_fused_chain_grad_q(op, octx);
-    return st;
+    return opf_fused_linear_setup_context(op, octx, &((const flsadd_fwd *)args)->lin, outs, aux);
 }
 
 const opf_op_class opf_op_class_forward_linear_scale_add =
