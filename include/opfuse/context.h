@@ -75,9 +75,12 @@ void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
 /* Emits a warning through the callback (printf-style). */
 void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
 
-/* Emits a warning only the first time this context sees `key`. */
+/* Emits a warning (printf-style, through the warning callback) only the
+ * first time this context sees `key` (compared by a 64-bit hash of the
+ * string; the first 128 keys are remembered). ctx and key must not be NULL. */
 void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...);
-/* Restarts the peak counter at the bytes live now (to measure one step). */
+/* Restarts the peak counter (opf_alloc_stats.bytes_peak) at the bytes live
+ * now, so that one step's peak can be read after it. ctx must not be NULL. */
 void opf_ctx_alloc_reset_peak(opf_ctx *ctx);
 
 /* Raw allocation through the context's allocator (counted). */
