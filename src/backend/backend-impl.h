@@ -10,6 +10,13 @@
 #include "opfuse/gemm.h"
 #include "opfuse/quant.h"
 
+/* One header per kernel family, each a sub-table of entries. */
+#include "backend/act.h"
+#include "backend/elem.h"
+#include "backend/norm.h"
+#include "backend/optim.h"
+#include "backend/scale.h"
+
 /* Quantize a plain f32/bf16/f16 tensor into the copies out->spec.usage asks
  * for. Delayed scaling reads the scale from q->delayed and max-accumulates the
  * amax into its row 0; stochastic rounding draws from rng_seed/rng_offset. */
@@ -36,6 +43,11 @@ typedef struct opf_backend_i {
     opf_quantize_kernel   quantize[OPF_SCALING_COUNT];   /* NULL for NONE */
     opf_dequantize_kernel dequantize[OPF_SCALING_COUNT];
     opf_gemm_kernel       gemm;
+    const opf_scale_kernels *scale;  /* amax, delayed-scaling update */
+    const opf_norm_kernels  *norm;   /* LayerNorm, RMSNorm, L2 normalization */
+    const opf_act_kernels   *act;    /* activations, GLUs, dact + dbias + quantize */
+    const opf_elem_kernels  *elem;   /* bias, scale, add, dropout, cast, sums, fill, copy */
+    const opf_optim_kernels *optim;  /* SGD, AdamW over many tensors */
 } opf_backend_i;
 
 /* The table of a device; NULL when this build lacks it. */
