@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend-impl.h"
 #include "core/core-impl.h"
 #include "op/op-impl.h"
 
@@ -263,6 +264,55 @@ opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const f
     return st;
 }
 
+/* An fp32 tensor of spec like's shape and device in scratch. */
+static opf_status f32_scratch(opf_ctx *ctx, const opf_spec *like, opf_tensor *out)
+{
+    int64_t n = opf_spec_numel(like);
+    float *ws = opf_op_scratch(ctx, n);
+    if (!ws) return opf_error(ctx, OPF_ERR_NO_MEMORY, "op: no scratch for %lld floats", (long long)n);
+    opf_spec s = opf_spec_make(like->ndim, like->shape, OPF_F32);
+    s.device = like->device;
+    return opf_tensor_wrap(&s, ws, out);
+}
+
+opf_status opf_op_plain_view(opf_ctx *ctx, const opf_tensor *t, opf_tensor *out)
+{
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        *out = *t;
+        return OPF_OK;
+    }
+    const float *v;
+    opf_status st = f32_scratch(ctx, &t->spec, out);
+    return st ? st : opf_op_load_f32(ctx, t, out->data[OPF_COMP_DATA], &v);
+}
+
+opf_status opf_op_kernel_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *target)
+{
+    if (out->spec.scaling != OPF_SCALING_NONE) return f32_scratch(ctx, &out->spec, target);
+    *target = *out;
+    return OPF_OK;
+}
+
+const struct opf_elem_kernels *opf_op_elem(opf_ctx *ctx, const char *who, const opf_tensor *t)
+{
+    const opf_backend_i *be = opf_backend_get(t->spec.device);
+    if (be && be->elem) return be->elem;
+    opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no element-wise kernels on device %d", who,
+              (int)t->spec.device);
+    return NULL;
+}
+
+opf_status opf_op_add(opf_ctx *ctx, const char *who, const opf_tensor *a, const opf_tensor *b,
+                      opf_tensor *out)
+{
+    const struct opf_elem_kernels *k = opf_op_elem(ctx, who, out);
+    opf_tensor pa, pb;
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, a, &pa);
+    if (!st) st = opf_op_plain_view(ctx, b, &pb);
+    return st ? st : k->add(ctx, &pa, &pb, out);
+}
+
 opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_spec *out)
 {
     if (!q || q->scaling == OPF_SCALING_NONE) {
@@ -310,8 +360,10 @@ opf_status opf_op_copy_tensor(opf_ctx *ctx, const char *who, const opf_tensor *s
             return opf_error(ctx, OPF_ERR_SHAPE, "%s: component %d of the copy has %zu bytes, "
                              "the source %zu", who, c, ld.comp[c].nbytes, ls.comp[c].nbytes);
     }
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
+    const struct opf_elem_kernels *k = opf_op_elem(ctx, who, dst);
+    opf_status st = k ? OPF_OK : OPF_ERR_UNSUPPORTED;
+    for (int c = 0; c < OPF_COMP_COUNT && !st; c++)
         if (ls.comp[c].present && ls.comp[c].nbytes && src->data[c] != dst->data[c])
-            memcpy(dst->data[c], src->data[c], ls.comp[c].nbytes);
-    return OPF_OK;
+            st = k->copy(ctx, src->data[c], dst->data[c], ls.comp[c].nbytes);
+    return st;
 }
