@@ -245,23 +245,21 @@ float *opf_op_scratch(opf_ctx *ctx, int64_t n)
 
 opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const float **out)
 {
-    int64_t n = opf_spec_numel(&t->spec);
     if (t->spec.scaling == OPF_SCALING_NONE && t->spec.dtype == OPF_F32) {
         *out = t->data[OPF_COMP_DATA];
         return OPF_OK;
     }
-    opf_status st;
-    if (t->spec.scaling == OPF_SCALING_NONE) {
-        st = opf_convert(t->data[OPF_COMP_DATA], t->spec.dtype, ws, OPF_F32, (size_t)n);
-    } else {
-        opf_tensor w;
-        opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
-        opf_tensor_wrap(&s, ws, &w);
-        unsigned which = (t->spec.usage & OPF_USAGE_ROWWISE) ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
-        st = opf_dequantize(ctx, t, which, &w);
-    }
+    opf_tensor w;
+    opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
+    s.device = t->spec.device;
+    opf_tensor_wrap(&s, ws, &w);
     *out = ws;
-    return st;
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        const struct opf_elem_kernels *k = opf_op_elem(ctx, "load", t);
+        return k ? k->cast(ctx, t, &w) : OPF_ERR_UNSUPPORTED;
+    }
+    unsigned which = (t->spec.usage & OPF_USAGE_ROWWISE) ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
+    return opf_dequantize(ctx, t, which, &w);
 }
 
 /* An fp32 tensor of spec like's shape and device in scratch. */
@@ -322,30 +320,39 @@ opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_sp
     return opf_quantizer_spec(q, plain, out);
 }
 
+/* t (fp32) becomes a scratch copy of itself rounded to dt and back (RNE),
+ * by two casts of the device's kernels. */
+static opf_status round_through(opf_ctx *ctx, const struct opf_elem_kernels *k, opf_dtype dt,
+                                opf_tensor *t)
+{
+    opf_tensor h, r;
+    opf_status st = f32_scratch(ctx, &t->spec, &h);  /* n floats hold n values of dt */
+    if (!st) st = f32_scratch(ctx, &t->spec, &r);
+    h.spec.dtype = dt;
+    if (!st) st = k->cast(ctx, t, &h);
+    if (!st) st = k->cast(ctx, &h, &r);
+    if (!st) *t = r;
+    return st;
+}
+
 opf_status opf_op_store_f32(opf_ctx *ctx, const float *y, opf_dtype act_dtype,
                             const opf_quantizer *q, opf_tensor *out)
 {
-    int64_t n = opf_spec_numel(&out->spec);
-    if (out->spec.scaling == OPF_SCALING_NONE)
-        return opf_convert(y, OPF_F32, out->data[OPF_COMP_DATA], out->spec.dtype, (size_t)n);
+    const struct opf_elem_kernels *k = opf_op_elem(ctx, "store", out);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_tensor in;
+    opf_spec s = opf_spec_make(out->spec.ndim, out->spec.shape, OPF_F32);
+    s.device = out->spec.device;
+    opf_status st = opf_tensor_wrap(&s, (void *)y, &in);
+    if (st) return opf_error(ctx, st, "store: %s", opf_last_error(NULL));
+    if (out->spec.scaling == OPF_SCALING_NONE) return k->cast(ctx, &in, out);
     /* Delayed scaling casts the fp32 value; other recipes see the value
      * rounded to the activation dtype first (numerics.md 6.1, 6.3). */
     size_t mark = opf_ctx_scratch_mark(ctx);
-    const float *src = y;
-    if (!q->delayed && act_dtype != OPF_F32) {
-        float *r = opf_op_scratch(ctx, n);
-        if (!r) return opf_error(ctx, OPF_ERR_NO_MEMORY, "store: no scratch for %lld floats", (long long)n);
-        for (int64_t i = 0; i < n; i++)
-            r[i] = act_dtype == OPF_BF16 ? opf_bf16_to_f32(opf_f32_to_bf16(y[i]))
-                                         : opf_f16_to_f32(opf_f32_to_f16(y[i]));
-        src = r;
-    }
-    opf_tensor in;
-    opf_spec s = opf_spec_make(out->spec.ndim, out->spec.shape, OPF_F32);
-    opf_tensor_wrap(&s, (void *)src, &in);
+    if (!q->delayed && act_dtype != OPF_F32) st = round_through(ctx, k, act_dtype, &in);
     opf_tensor view = *out;
     view.spec.dtype = OPF_F32;  /* quantized layouts do not depend on the logical dtype */
-    opf_status st = opf_quantize(ctx, q, &in, &view);
+    if (!st) st = opf_quantize(ctx, q, &in, &view);
     opf_ctx_scratch_pop(ctx, mark);
     return st;
 }
