@@ -37,12 +37,17 @@ typedef struct opf_gemm_args {
     int64_t                 m, n, k;
 } opf_gemm_args;
 typedef opf_status (*opf_gemm_kernel)(opf_ctx *ctx, const opf_gemm_args *args);
+/* count independent GEMMs, each as the GEMM kernel takes it (GroupedLinear's
+ * groups: one launch on a device that batches them). Each D is written as
+ * the single GEMM would write it; no D is read by another GEMM of the call. */
+typedef opf_status (*opf_grouped_gemm_kernel)(opf_ctx *ctx, int count, const opf_gemm_args *args);
 
 typedef struct opf_backend_i {
     const char           *name;
     opf_quantize_kernel   quantize[OPF_SCALING_COUNT];   /* NULL for NONE */
     opf_dequantize_kernel dequantize[OPF_SCALING_COUNT];
     opf_gemm_kernel       gemm;
+    opf_grouped_gemm_kernel grouped_gemm;
     const opf_scale_kernels *scale;  /* amax, delayed-scaling update */
     const opf_norm_kernels  *norm;   /* LayerNorm, RMSNorm, L2 normalization */
     const opf_act_kernels   *act;    /* activations, GLUs, dact + dbias + quantize */
@@ -67,5 +72,6 @@ opf_status opf_cpu_dequantize_mxfp8(opf_ctx *, const opf_tensor *, unsigned, flo
 opf_status opf_cpu_dequantize_block(opf_ctx *, const opf_tensor *, unsigned, float *);
 opf_status opf_cpu_dequantize_nvfp4(opf_ctx *, const opf_tensor *, unsigned, float *);
 opf_status opf_cpu_gemm(opf_ctx *, const opf_gemm_args *);
+opf_status opf_cpu_grouped_gemm(opf_ctx *, int, const opf_gemm_args *);
 
 #endif

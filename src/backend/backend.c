@@ -20,6 +20,7 @@ static const opf_backend_i cpu_backend = {
         [OPF_SCALING_NVFP4_2D] = opf_cpu_dequantize_nvfp4,
     },
     .gemm = opf_cpu_gemm,
+    .grouped_gemm = opf_cpu_grouped_gemm,
     .scale = &opf_cpu_scale,
     .norm = &opf_cpu_norm,
     .act = &opf_cpu_act,

@@ -55,6 +55,25 @@ opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_sp
 opf_status opf_op_copy_tensor(opf_ctx *ctx, const char *who, const opf_tensor *src,
                               opf_tensor *dst);
 
+/* t as a plain tensor a kernel can read: t itself when plain, else its
+ * values decoded (as opf_op_load_f32 does) into an fp32 tensor in scratch. */
+opf_status opf_op_plain_view(opf_ctx *ctx, const opf_tensor *t, opf_tensor *out);
+
+/* Where a kernel writes op output out: out itself when plain, else an fp32
+ * tensor of its shape in scratch, for opf_op_store_f32 to quantize into out. */
+opf_status opf_op_kernel_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *target);
+
+/* out (plain f32/bf16/f16) = a + b, summed in fp32 by the device's add
+ * kernel; quantized a or b are decoded first (scratch). out may be a itself
+ * (accumulation). `who` names the caller in errors. */
+opf_status opf_op_add(opf_ctx *ctx, const char *who, const opf_tensor *a, const opf_tensor *b,
+                      opf_tensor *out);
+
+/* The element-wise kernels (backend/elem.h) of the device t lives on; NULL,
+ * with an error naming `who`, when this build has no kernels there. */
+struct opf_elem_kernels;
+const struct opf_elem_kernels *opf_op_elem(opf_ctx *ctx, const char *who, const opf_tensor *t);
+
 /* n floats of scratch from the context's scratch stack (see context.h);
  * callers take a mark first and pop it before returning. */
 float *opf_op_scratch(opf_ctx *ctx, int64_t n);

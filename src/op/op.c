@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend-impl.h"
 #include "core/core-impl.h"
 #include "op/op-impl.h"
 
@@ -244,23 +245,70 @@ float *opf_op_scratch(opf_ctx *ctx, int64_t n)
 
 opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const float **out)
 {
-    int64_t n = opf_spec_numel(&t->spec);
     if (t->spec.scaling == OPF_SCALING_NONE && t->spec.dtype == OPF_F32) {
         *out = t->data[OPF_COMP_DATA];
         return OPF_OK;
     }
-    opf_status st;
-    if (t->spec.scaling == OPF_SCALING_NONE) {
-        st = opf_convert(t->data[OPF_COMP_DATA], t->spec.dtype, ws, OPF_F32, (size_t)n);
-    } else {
-        opf_tensor w;
-        opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
-        opf_tensor_wrap(&s, ws, &w);
-        unsigned which = (t->spec.usage & OPF_USAGE_ROWWISE) ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
-        st = opf_dequantize(ctx, t, which, &w);
-    }
+    opf_tensor w;
+    opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
+    s.device = t->spec.device;
+    opf_tensor_wrap(&s, ws, &w);
     *out = ws;
-    return st;
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        const struct opf_elem_kernels *k = opf_op_elem(ctx, "load", t);
+        return k ? k->cast(ctx, t, &w) : OPF_ERR_UNSUPPORTED;
+    }
+    unsigned which = (t->spec.usage & OPF_USAGE_ROWWISE) ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
+    return opf_dequantize(ctx, t, which, &w);
+}
+
+/* An fp32 tensor of spec like's shape and device in scratch. */
+static opf_status f32_scratch(opf_ctx *ctx, const opf_spec *like, opf_tensor *out)
+{
+    int64_t n = opf_spec_numel(like);
+    float *ws = opf_op_scratch(ctx, n);
+    if (!ws) return opf_error(ctx, OPF_ERR_NO_MEMORY, "op: no scratch for %lld floats", (long long)n);
+    opf_spec s = opf_spec_make(like->ndim, like->shape, OPF_F32);
+    s.device = like->device;
+    return opf_tensor_wrap(&s, ws, out);
+}
+
+opf_status opf_op_plain_view(opf_ctx *ctx, const opf_tensor *t, opf_tensor *out)
+{
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        *out = *t;
+        return OPF_OK;
+    }
+    const float *v;
+    opf_status st = f32_scratch(ctx, &t->spec, out);
+    return st ? st : opf_op_load_f32(ctx, t, out->data[OPF_COMP_DATA], &v);
+}
+
+opf_status opf_op_kernel_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *target)
+{
+    if (out->spec.scaling != OPF_SCALING_NONE) return f32_scratch(ctx, &out->spec, target);
+    *target = *out;
+    return OPF_OK;
+}
+
+const struct opf_elem_kernels *opf_op_elem(opf_ctx *ctx, const char *who, const opf_tensor *t)
+{
+    const opf_backend_i *be = opf_backend_get(t->spec.device);
+    if (be && be->elem) return be->elem;
+    opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no element-wise kernels on device %d", who,
+              (int)t->spec.device);
+    return NULL;
+}
+
+opf_status opf_op_add(opf_ctx *ctx, const char *who, const opf_tensor *a, const opf_tensor *b,
+                      opf_tensor *out)
+{
+    const struct opf_elem_kernels *k = opf_op_elem(ctx, who, out);
+    opf_tensor pa, pb;
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, a, &pa);
+    if (!st) st = opf_op_plain_view(ctx, b, &pb);
+    return st ? st : k->add(ctx, &pa, &pb, out);
 }
 
 opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_spec *out)
@@ -272,30 +320,39 @@ opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_sp
     return opf_quantizer_spec(q, plain, out);
 }
 
+/* t (fp32) becomes a scratch copy of itself rounded to dt and back (RNE),
+ * by two casts of the device's kernels. */
+static opf_status round_through(opf_ctx *ctx, const struct opf_elem_kernels *k, opf_dtype dt,
+                                opf_tensor *t)
+{
+    opf_tensor h, r;
+    opf_status st = f32_scratch(ctx, &t->spec, &h);  /* n floats hold n values of dt */
+    if (!st) st = f32_scratch(ctx, &t->spec, &r);
+    h.spec.dtype = dt;
+    if (!st) st = k->cast(ctx, t, &h);
+    if (!st) st = k->cast(ctx, &h, &r);
+    if (!st) *t = r;
+    return st;
+}
+
 opf_status opf_op_store_f32(opf_ctx *ctx, const float *y, opf_dtype act_dtype,
                             const opf_quantizer *q, opf_tensor *out)
 {
-    int64_t n = opf_spec_numel(&out->spec);
-    if (out->spec.scaling == OPF_SCALING_NONE)
-        return opf_convert(y, OPF_F32, out->data[OPF_COMP_DATA], out->spec.dtype, (size_t)n);
+    const struct opf_elem_kernels *k = opf_op_elem(ctx, "store", out);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_tensor in;
+    opf_spec s = opf_spec_make(out->spec.ndim, out->spec.shape, OPF_F32);
+    s.device = out->spec.device;
+    opf_status st = opf_tensor_wrap(&s, (void *)y, &in);
+    if (st) return opf_error(ctx, st, "store: %s", opf_last_error(NULL));
+    if (out->spec.scaling == OPF_SCALING_NONE) return k->cast(ctx, &in, out);
     /* Delayed scaling casts the fp32 value; other recipes see the value
      * rounded to the activation dtype first (numerics.md 6.1, 6.3). */
     size_t mark = opf_ctx_scratch_mark(ctx);
-    const float *src = y;
-    if (!q->delayed && act_dtype != OPF_F32) {
-        float *r = opf_op_scratch(ctx, n);
-        if (!r) return opf_error(ctx, OPF_ERR_NO_MEMORY, "store: no scratch for %lld floats", (long long)n);
-        for (int64_t i = 0; i < n; i++)
-            r[i] = act_dtype == OPF_BF16 ? opf_bf16_to_f32(opf_f32_to_bf16(y[i]))
-                                         : opf_f16_to_f32(opf_f32_to_f16(y[i]));
-        src = r;
-    }
-    opf_tensor in;
-    opf_spec s = opf_spec_make(out->spec.ndim, out->spec.shape, OPF_F32);
-    opf_tensor_wrap(&s, (void *)src, &in);
+    if (!q->delayed && act_dtype != OPF_F32) st = round_through(ctx, k, act_dtype, &in);
     opf_tensor view = *out;
     view.spec.dtype = OPF_F32;  /* quantized layouts do not depend on the logical dtype */
-    opf_status st = opf_quantize(ctx, q, &in, &view);
+    if (!st) st = opf_quantize(ctx, q, &in, &view);
     opf_ctx_scratch_pop(ctx, mark);
     return st;
 }
@@ -310,8 +367,10 @@ opf_status opf_op_copy_tensor(opf_ctx *ctx, const char *who, const opf_tensor *s
             return opf_error(ctx, OPF_ERR_SHAPE, "%s: component %d of the copy has %zu bytes, "
                              "the source %zu", who, c, ld.comp[c].nbytes, ls.comp[c].nbytes);
     }
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
+    const struct opf_elem_kernels *k = opf_op_elem(ctx, who, dst);
+    opf_status st = k ? OPF_OK : OPF_ERR_UNSUPPORTED;
+    for (int c = 0; c < OPF_COMP_COUNT && !st; c++)
         if (ls.comp[c].present && ls.comp[c].nbytes && src->data[c] != dst->data[c])
-            memcpy(dst->data[c], src->data[c], ls.comp[c].nbytes);
-    return OPF_OK;
+            st = k->copy(ctx, src->data[c], dst->data[c], ls.comp[c].nbytes);
+    return st;
 }

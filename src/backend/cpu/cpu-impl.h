@@ -177,4 +177,35 @@ static inline size_t opf_cpu_swizzle_index(int64_t i, int64_t j, int64_t C)
                     (((ui >> 5) & 3u) << 2) + (uj & 3u));
 }
 
+/* ---- elem family (src/backend/cpu/elem.c) ---- */
+
+/* Writes n fp32 values into a plain f32/bf16/f16 array from element i0,
+ * rounded (RNE) to its dtype: the inverse of opf_cpu_load_f32. */
+static inline void opf_cpu_store_f32(const float *restrict src, opf_dtype dt, void *dst, int64_t i0,
+                                     int64_t n)
+{
+    switch (dt) {
+    case OPF_F32: {
+        float *restrict d = (float *)dst + i0;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) d[i] = src[i];
+        break;
+    }
+    case OPF_BF16: {
+        uint16_t *restrict d = (uint16_t *)dst + i0;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) d[i] = opf_f32_to_bf16_impl(src[i]);
+        break;
+    }
+    case OPF_F16: {
+        uint16_t *restrict d = (uint16_t *)dst + i0;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) d[i] = opf_f32_to_f16_impl(src[i]);
+        break;
+    }
+    default:
+        break;  /* unreachable: validated by the caller */
+    }
+}
+
 #endif

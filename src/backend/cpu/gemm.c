@@ -362,21 +362,6 @@ typedef struct epilogue {
  * simple loop the compiler vectorizes. */
 enum { EPI_CHUNK = 256 };
 
-static void load_row(const void *src, opf_dtype dt, int64_t i0, int64_t n, float *restrict dst)
-{
-    if (dt == OPF_BF16) {
-        const uint16_t *s = (const uint16_t *)src + i0;
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) dst[j] = opf_bf16_to_f32_impl(s[j]);
-    } else if (dt == OPF_F16) {
-        const uint16_t *s = (const uint16_t *)src + i0;
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) dst[j] = opf_f16_to_f32_impl(s[j]);
-    } else {
-        memcpy(dst, (const float *)src + i0, (size_t)n * sizeof(float));
-    }
-}
-
 /* t[j] = RNE(t[j]) in dt, back in fp32. */
 static void round_row(opf_dtype dt, float *restrict t, int64_t n)
 {
@@ -386,21 +371,6 @@ static void round_row(opf_dtype dt, float *restrict t, int64_t n)
     } else if (dt == OPF_F16) {
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) t[j] = opf_f16_to_f32_impl(opf_f32_to_f16_impl(t[j]));
-    }
-}
-
-static void store_row(opf_dtype dt, const float *restrict t, void *dst, int64_t i0, int64_t n)
-{
-    if (dt == OPF_BF16) {
-        uint16_t *d = (uint16_t *)dst + i0;
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) d[j] = opf_f32_to_bf16_impl(t[j]);
-    } else if (dt == OPF_F16) {
-        uint16_t *d = (uint16_t *)dst + i0;
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) d[j] = opf_f32_to_f16_impl(t[j]);
-    } else {
-        memcpy((float *)dst + i0, t, (size_t)n * sizeof(float));
     }
 }
 
@@ -423,12 +393,12 @@ static void epilogue_row(const epilogue *e, const float *y, void *out, int64_t i
         }
         if (e->accumulate) {
             float beta = e->beta;
-            load_row(out, e->dt, i0 + j0, len, c);
+            opf_cpu_load_f32(out, e->dt, i0 + j0, len, c);
             if (e->round_first) round_row(e->dt, t, len);
 #pragma omp simd
             for (int64_t j = 0; j < len; j++) t[j] = t[j] + beta * c[j];
         }
-        store_row(e->dt, t, out, i0 + j0, len);
+        opf_cpu_store_f32(t, e->dt, out, i0 + j0, len);
     }
 }
 
@@ -558,4 +528,13 @@ opf_status opf_cpu_gemm(opf_ctx *ctx, const opf_gemm_args *g)
     float *y = result_in_d(g) ? (float *)g->d->data[OPF_COMP_DATA] : base + w.y;
     compute(g, base, &w, y, nthr);
     return g->opts->out_quantizer ? quantize_output(ctx, g, y) : OPF_OK;
+}
+
+/* The groups one after another: each is an independent GEMM with its own
+ * workspace use, so the results are those of count single calls. */
+opf_status opf_cpu_grouped_gemm(opf_ctx *ctx, int count, const opf_gemm_args *args)
+{
+    opf_status st = OPF_OK;
+    for (int i = 0; i < count && !st; i++) st = opf_cpu_gemm(ctx, &args[i]);
+    return st;
 }

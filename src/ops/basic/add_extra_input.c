@@ -79,18 +79,7 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const add_fwd *a = args;
-    int64_t n = opf_spec_numel(&a->x.spec);
-    float *xs = opf_op_scratch(ctx, n), *es = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, n);
-    const float *x, *e;
-    if (!xs || !es || !y)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "add_extra_input: no scratch for %lld floats",
-                         (long long)n);
-    opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &a->extra, es, &e);
-    if (st) return st;
-    #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] + e[i];
-    return opf_op_store_f32(ctx, y, outs[0].spec.dtype, NULL, &outs[0]);
+    return opf_op_add(ctx, "add_extra_input", &a->x, &a->extra, &outs[0]);
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)

@@ -67,6 +67,7 @@
  * (numerics 5.3: D = alpha * acc (+ bias) + beta * C). */
 #include <math.h>
 
+#include "backend/elem.h"
 #include "ops/basic/linear-impl.h"
 
 #define LINW_TAG 0x4C494E57u  /* Philox counter word 2 of weight init */
@@ -131,28 +132,12 @@ static opf_status fail(opf_ctx *ctx, const opf_op *op, opf_status st)
 
 opf_status opf_linear_init_weight(opf_ctx *ctx, opf_tensor *w, int64_t fan_in, const char *who)
 {
-    int64_t n = opf_spec_numel(&w->spec);
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    float *v = opf_op_scratch(ctx, n);
-    if (!v) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no memory for a %lld-element weight", who,
-                             (long long)n);
+    const opf_elem_kernels *k = opf_op_elem(ctx, who, w);
+    if (!k) return OPF_ERR_UNSUPPORTED;
     uint64_t seed, off;
     opf_ctx_get_rng(ctx, &seed, NULL);
-    off = opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 4));
-    double bound = 1.0 / sqrt((double)fan_in);
-    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    for (int64_t g = 0; g * 4 < n; g++) {
-        uint64_t c = off + (uint64_t)g;
-        uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), LINW_TAG, 0}, r[4];
-        opf_philox4x32_10(ctr, key, r);
-        for (int j = 0; j < 4 && g * 4 + j < n; j++) {
-            double u = (double)(r[j] >> 8) * (1.0 / 16777216.0);
-            v[g * 4 + j] = (float)(bound * (2.0 * u - 1.0));
-        }
-    }
-    opf_status st = opf_convert(v, OPF_F32, w->data[OPF_COMP_DATA], w->spec.dtype, (size_t)n);
-    opf_ctx_scratch_pop(ctx, mark);
-    return st;
+    off = opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(opf_spec_numel(&w->spec), 4));
+    return k->fill_uniform(ctx, seed, off, LINW_TAG, 1.0 / sqrt((double)fan_in), w);
 }
 
 static opf_status init(opf_ctx *ctx, opf_op *op)
@@ -166,7 +151,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     if (!is_float_plain(c->dtype))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": dtype %s, expected f32, "
                          "bf16 or f16", name, opf_dtype_name(c->dtype));
-    int64_t shape[2] = {c->out_features, c->in_features}, n = shape[0] * shape[1];
+    int64_t shape[2] = {c->out_features, c->in_features};
     opf_spec s = opf_spec_make(2, shape, c->dtype);
     int i = opf_op_add_param(ctx, op, "weight", &s);
     if (i < 0) return (opf_status)-i;
@@ -177,7 +162,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     if (!st && c->accumulate_into_main_grad) {
         opf_spec g = opf_spec_make(2, shape, OPF_F32);
         if (!(st = opf_tensor_alloc(ctx, &g, &p->main_grad)))
-            memset(p->main_grad.data[OPF_COMP_DATA], 0, (size_t)n * sizeof(float));
+            st = opf_op_elem(ctx, who, &p->main_grad)->fill(ctx, 0.0, &p->main_grad);
     }
     return st;
 }
@@ -250,10 +235,10 @@ opf_status opf_linear_scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor
 {
     opf_layout L;
     opf_status st = opf_spec_layout(s, &L);
-    if (st) return opf_error(ctx, st, "basic_linear: %s", opf_last_error(NULL));
+    if (st) return opf_error(ctx, st, "linear: %s", opf_last_error(NULL));
     size_t bytes = L.total_bytes + OPF_COMPONENT_ALIGN;
     unsigned char *p = (unsigned char *)opf_op_scratch(ctx, (int64_t)((bytes + 3) / 4));
-    if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "basic_linear: no scratch for %zu bytes", bytes);
+    if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "linear: no scratch for %zu bytes", bytes);
     uintptr_t a = ((uintptr_t)p + OPF_COMPONENT_ALIGN - 1) & ~(uintptr_t)(OPF_COMPONENT_ALIGN - 1);
     memset((void *)a, 0, L.total_bytes);
     return opf_tensor_wrap(s, (void *)a, t);
@@ -273,13 +258,13 @@ static opf_status recast(opf_ctx *ctx, const opf_tensor *t, const opf_quantizer 
     return st ? st : opf_op_store_f32(ctx, v, t->spec.dtype, q, out);
 }
 
-/* dst[0..n) = the values of t (decoded when not plain f32). */
-static opf_status load_into(opf_ctx *ctx, const opf_tensor *t, float *dst)
+/* y (fp32, t's shape) = the values of t: decoded when quantized, else cast. */
+static opf_status load_into(opf_ctx *ctx, const opf_tensor *t, opf_tensor *y)
 {
     const float *v;
-    opf_status st = opf_op_load_f32(ctx, t, dst, &v);
-    if (!st && v != dst) memcpy(dst, v, (size_t)opf_spec_numel(&t->spec) * sizeof(float));
-    return st;
+    if (t->spec.scaling != OPF_SCALING_NONE) return opf_op_load_f32(ctx, t, y->data[OPF_COMP_DATA], &v);
+    const opf_elem_kernels *k = opf_op_elem(ctx, "basic_linear", y);
+    return k ? k->cast(ctx, t, y) : OPF_ERR_UNSUPPORTED;
 }
 
 /* D = alpha * gemm(a, b) (+ bias) (+ c) into d, plain or quantized with
@@ -309,7 +294,7 @@ static opf_status gemm_out(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *
     s.device = d->spec.device;
     opf_tensor y;
     st = opf_linear_scratch_tensor(ctx, &s, &y);
-    if (!st && c) st = load_into(ctx, c, y.data[OPF_COMP_DATA]);
+    if (!st && c) st = load_into(ctx, c, &y);
     if (!st) st = opf_gemm(ctx, a, b, layout, &o, &y);
     return st ? st : opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], act, out_q, d);
 }

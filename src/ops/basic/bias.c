@@ -5,6 +5,7 @@
  * te-ops.md 5), which BackwardActivationBias reads through the fuser, and
  * drops it under a backward override, which quantizes no gradient. dx = dy
  * passes through as it came: the op that consumes it quantizes it. */
+#include "backend/elem.h"
 #include "ops/ops-impl.h"
 
 typedef struct bias_fwd {
@@ -62,16 +63,14 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const bias_fwd *a = args;
-    int64_t n = a->b.spec.shape[0], numel = opf_spec_numel(&a->x.spec), rows = n ? numel / n : 0;
-    float *xs = opf_op_scratch(ctx, numel), *bs = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, numel);
-    const float *x, *b;
-    if (!xs || !bs || !y) return opf_error(ctx, OPF_ERR_NO_MEMORY, "bias: no scratch");
-    opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &a->b, bs, &b);
-    if (st) return st;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < n; j++) y[r * n + j] = x[r * n + j] + b[j];
-    return opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
+    const opf_elem_kernels *k = opf_op_elem(ctx, "bias", &a->x);
+    opf_tensor x, y;
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->x, &x);
+    if (!st) st = opf_op_kernel_out(ctx, &outs[0], &y);
+    if (!st) st = k->bias_add(ctx, &x, &a->b, &y);
+    if (st || outs[0].spec.scaling == OPF_SCALING_NONE) return st;
+    return opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], a->x.spec.dtype, &a->next_q, &outs[0]);
 }
 
 /* The runner filled octx->prev_grad_q; an override nulls it. */
@@ -99,20 +98,15 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
     return OPF_OK;
 }
 
-/* db[j] = sum over rows of dy[r, j], summed in fp32 in row order. */
+/* db = the column sums of dy (elem.h: fp32, in row order). */
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
     const bias_bwd *a = args;
-    int64_t n = a->b.spec.shape[0], numel = opf_spec_numel(&a->dy.spec), rows = numel / n;
-    float *ds = opf_op_scratch(ctx, numel), *db = opf_op_scratch(ctx, n);
-    const float *dy;
-    if (!ds || !db) return opf_error(ctx, OPF_ERR_NO_MEMORY, "bias: no scratch");
-    opf_status st = opf_op_load_f32(ctx, &a->dy, ds, &dy);
-    if (st) return st;
-    for (int64_t j = 0; j < n; j++) db[j] = 0.0f;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < n; j++) db[j] += dy[r * n + j];
-    return opf_convert(db, OPF_F32, grads[1].data[0], grads[1].spec.dtype, (size_t)n);
+    const opf_elem_kernels *k = opf_op_elem(ctx, "bias", &a->dy);
+    opf_tensor dy;
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->dy, &dy);
+    return st ? st : k->dbias(ctx, &dy, &grads[1]);
 }
 
 const opf_op_class opf_op_class_bias = {

@@ -3,6 +3,7 @@
  * may be quantized for the next op (numerics.md 6.1/6.3 store rules). */
 #include <math.h>
 
+#include "backend/elem.h"
 #include "ops/ops-impl.h"
 
 typedef struct scale_fwd {
@@ -56,30 +57,25 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return opf_op_out_spec(&plain, &a->next_q, &outs[0]);
 }
 
-/* y[i] = fl32(fl32(s) * v[i]) into scratch; the caller stores it. */
-static opf_status scale_into(opf_ctx *ctx, const opf_tensor *t, double scale, float **y)
+/* out = fl32(fl32(s) * t) by the device's kernel; a quantized out gets the
+ * fp32 product through opf_op_store_f32 with q. */
+static opf_status scale_into(opf_ctx *ctx, const opf_tensor *t, double scale,
+                             const opf_quantizer *q, opf_tensor *out)
 {
-    int64_t n = opf_spec_numel(&t->spec);
-    float *ws = opf_op_scratch(ctx, n), *out = opf_op_scratch(ctx, n);
-    const float *v;
-    if (!ws || !out)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "constant_scale: no scratch for %lld floats",
-                         (long long)n);
-    opf_status st = opf_op_load_f32(ctx, t, ws, &v);
-    if (st) return st;
-    float s = (float)scale;
-    #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = s * v[i];
-    *y = out;
-    return OPF_OK;
+    const opf_elem_kernels *k = opf_op_elem(ctx, "constant_scale", t);
+    opf_tensor x, y;
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, t, &x);
+    if (!st) st = opf_op_kernel_out(ctx, out, &y);
+    if (!st) st = k->scale(ctx, &x, (float)scale, &y);
+    if (st || out->spec.scaling == OPF_SCALING_NONE) return st;
+    return opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], t->spec.dtype, q, out);
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const scale_fwd *a = args;
-    float *y;
-    opf_status st = scale_into(ctx, &a->x, a->scale, &y);
-    return st ? st : opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
+    return scale_into(ctx, &a->x, a->scale, &a->next_q, &outs[0]);
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
@@ -102,9 +98,7 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
     const scale_bwd *a = args;
-    float *dx;
-    opf_status st = scale_into(ctx, &a->dy, a->scale, &dx);
-    return st ? st : opf_op_store_f32(ctx, dx, a->dy.spec.dtype, NULL, &grads[0]);
+    return scale_into(ctx, &a->dy, a->scale, NULL, &grads[0]);
 }
 
 const opf_op_class opf_op_class_constant_scale = {

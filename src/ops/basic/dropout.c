@@ -13,6 +13,7 @@
  * ones v * 0. The mask is saved as a U8 tensor (1 = kept) for backward. */
 #include <math.h>
 
+#include "backend/elem.h"
 #include "ops/ops-impl.h"
 
 typedef struct dropout_fwd {
@@ -77,47 +78,19 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return OPF_OK;
 }
 
-/* mask[e] for e < n from counters starting at `offset` (see the header). */
-static void draw_mask(uint64_t seed, uint64_t offset, double p, int64_t n, uint8_t *mask)
-{
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    const uint32_t thr = (uint32_t)(p * 4294967296.0);
-    int64_t groups = (n + 3) / 4;
-    #pragma omp parallel for schedule(static) if (groups > 16384)
-    for (int64_t g = 0; g < groups; g++) {
-        uint64_t c = offset + (uint64_t)g;
-        const uint32_t ctr[4] = {(uint32_t)c, (uint32_t)(c >> 32), 0, 0};
-        uint32_t w[4];
-        opf_philox4x32_10(ctr, key, w);
-        for (int j = 0; j < 4 && 4 * g + j < n; j++) mask[4 * g + j] = w[j] >= thr;
-    }
-}
-
-/* out[e] = v[e] * (mask[e] ? s : 0) in fp32. */
-static void apply_mask(const float *v, const uint8_t *mask, double p, int64_t n, float *out)
-{
-    const float s = (float)(1.0 / (1.0 - p));
-    #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = v[i] * (mask[i] ? s : 0.0f);
-}
-
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const dropout_fwd *a = args;
     if (!a->training) return opf_op_copy_tensor(ctx, "dropout", &a->x, &outs[0]);
-    int64_t n = opf_spec_numel(&a->x.spec);
-    float *xs = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, n);
-    const float *x;
-    if (!xs || !y)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "dropout: no scratch for %lld floats", (long long)n);
-    opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
+    const opf_elem_kernels *k = opf_op_elem(ctx, "dropout", &a->x);
+    opf_tensor x;
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->x, &x);
     if (st) return st;
-    uint64_t seed = 0;
+    uint64_t seed = 0, n = (uint64_t)opf_spec_numel(&a->x.spec);
     opf_ctx_get_rng(ctx, &seed, NULL);
-    uint64_t offset = opf_ctx_rng_advance(ctx, (uint64_t)((n + 3) / 4));
-    draw_mask(seed, offset, a->p, n, aux[0].data[0]);
-    apply_mask(x, aux[0].data[0], a->p, n, y);
-    return opf_op_store_f32(ctx, y, a->x.spec.dtype, NULL, &outs[0]);
+    uint64_t offset = opf_ctx_rng_advance(ctx, (n + 3) / 4);
+    return k->dropout_fwd(ctx, &x, a->p, seed, offset, &outs[0], &aux[0]);
 }
 
 /* attrs[0] = training; saved[0] = the mask when training. */
@@ -166,15 +139,11 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 {
     const dropout_bwd *a = args;
     if (!a->training) return OPF_OK;  /* the runner passes dy on */
-    int64_t n = opf_spec_numel(&a->dy.spec);
-    float *ds = opf_op_scratch(ctx, n), *dx = opf_op_scratch(ctx, n);
-    const float *dy;
-    if (!ds || !dx)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "dropout: no scratch for %lld floats", (long long)n);
-    opf_status st = opf_op_load_f32(ctx, &a->dy, ds, &dy);
-    if (st) return st;
-    apply_mask(dy, a->mask.data[0], a->p, n, dx);
-    return opf_op_store_f32(ctx, dx, a->dy.spec.dtype, NULL, &grads[0]);
+    const opf_elem_kernels *k = opf_op_elem(ctx, "dropout", &a->dy);
+    opf_tensor dy;
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->dy, &dy);
+    return st ? st : k->dropout_bwd(ctx, &dy, &a->mask, a->p, &grads[0]);
 }
 
 const opf_op_class opf_op_class_dropout = {

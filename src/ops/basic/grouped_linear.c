@@ -40,6 +40,7 @@
  * basic_linear.c (one rng_advance per weight); biases start at zero. */
 #include <math.h>
 
+#include "backend/backend-impl.h"
 #include "ops/basic/linear-impl.h"
 #include "ops/ops-impl.h"
 #include "opfuse/gemm.h"
@@ -184,23 +185,51 @@ static opf_tensor row_view(const opf_tensor *t, int64_t off, int64_t m)
     return v;
 }
 
-static void zero_plain(opf_tensor *t)
+/* The GEMMs of one grouped call (backend-impl.h's grouped_gemm), in
+ * scratch: each entry holds copies of its operands, so views made per group
+ * may go out of scope before the call. */
+typedef struct gemm_batch {
+    int              count;
+    opf_tensor       a[2 * GL_MAX], b[2 * GL_MAX], d[2 * GL_MAX];
+    opf_gemm_options o[2 * GL_MAX];
+    opf_gemm_args    args[2 * GL_MAX];
+} gemm_batch;
+
+static opf_status batch_begin(opf_ctx *ctx, gemm_batch **out)
 {
-    memset(t->data[OPF_COMP_DATA], 0, opf_dtype_nbytes(t->spec.dtype, (size_t)opf_spec_numel(&t->spec)));
+    *out = (gemm_batch *)opf_op_scratch(ctx, (int64_t)((sizeof(gemm_batch) + 3) / 4));
+    if (!*out) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no scratch for the GEMM list");
+    (*out)->count = 0;
+    return OPF_OK;
 }
 
-/* A tensor of spec s in scratch memory, aligned like a buffer, zeroed. */
-static opf_status scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
+/* Appends d = gemm(a, b) (+ bias), checked as opf_gemm checks shapes and
+ * formats; the operands were made by this op, on the context's device. */
+static opf_status batch_add(opf_ctx *ctx, gemm_batch *bt, const opf_tensor *a, const opf_tensor *b,
+                            opf_gemm_layout layout, const opf_tensor *bias, const opf_tensor *d)
 {
-    opf_layout L;
-    opf_status st = opf_spec_layout(s, &L);
+    opf_spec ds;
+    opf_status st = opf_gemm_out_spec(&a->spec, &b->spec, layout, d->spec.dtype, &ds);
     if (st) return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
-    size_t bytes = L.total_bytes + OPF_COMPONENT_ALIGN;
-    unsigned char *p = (unsigned char *)opf_op_scratch(ctx, (int64_t)((bytes + 3) / 4));
-    if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no scratch for %zu bytes", bytes);
-    uintptr_t a = ((uintptr_t)p + OPF_COMPONENT_ALIGN - 1) & ~(uintptr_t)(OPF_COMPONENT_ALIGN - 1);
-    memset((void *)a, 0, L.total_bytes);
-    return opf_tensor_wrap(s, (void *)a, t);
+    int i = bt->count++;
+    int64_t m, n, ar, ac;
+    bt->a[i] = *a, bt->b[i] = *b, bt->d[i] = *d;
+    bt->o[i] = opf_gemm_options_default();
+    bt->o[i].bias = bias;
+    opf_shape_2d(&d->spec, &m, &n);
+    opf_shape_2d(&a->spec, &ar, &ac);
+    bt->args[i] = (opf_gemm_args){&bt->a[i], &bt->b[i], layout, &bt->o[i], &bt->d[i], m, n,
+                                  layout == OPF_GEMM_TN ? ac : ar};
+    return OPF_OK;
+}
+
+static opf_status batch_run(opf_ctx *ctx, const gemm_batch *bt)
+{
+    const opf_backend_i *be = opf_backend_get(opf_ctx_device(ctx));
+    if (!be || !be->grouped_gemm)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "grouped_linear: no grouped GEMM on device %d",
+                         (int)opf_ctx_device(ctx));
+    return bt->count ? be->grouped_gemm(ctx, bt->count, bt->args) : OPF_OK;
 }
 
 /* ---- init ---------------------------------------------------------------------------- */
@@ -273,11 +302,11 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return OPF_OK;
 }
 
-/* Group g: quantize x_g and W_g into the packs (under a recipe), then the
- * fprop GEMM into y's rows. */
+/* Group g: quantize x_g and W_g into the packs (under a recipe), then
+ * append the fprop GEMM into y's rows. */
 static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const opf_tensor *x,
                                 int64_t off, const pack_plan *px, const pack_plan *pw,
-                                opf_tensor *aux, opf_tensor *y)
+                                opf_tensor *aux, opf_tensor *y, gemm_batch *bt)
 {
     int G = (int)a->groups;
     opf_tensor xg = row_view(x, off, a->rows[g]), yg = row_view(y, off, a->rows[g]), xq, wq;
@@ -290,9 +319,7 @@ static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const
             return st;
         xo = &xq, wo = &wq;
     }
-    opf_gemm_options o = opf_gemm_options_default();
-    o.bias = a->bias ? &a->params[G + g].value : NULL;
-    return opf_gemm(ctx, wo, xo, OPF_GEMM_TN, &o, &yg);
+    return batch_add(ctx, bt, wo, xo, OPF_GEMM_TN, a->bias ? &a->params[G + g].value : NULL, &yg);
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
@@ -320,10 +347,12 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
         if ((st = plan_pack(&a->x_q, xs, G, &px)) || (st = plan_pack(&a->w_q, ws, G, &pw)))
             return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
     }
+    gemm_batch *bt;
+    if ((st = batch_begin(ctx, &bt))) return st;
     int64_t off = 0;
-    for (int g = 0; g < G; off += a->rows[g], g++)
-        if (a->rows[g] && (st = forward_group(ctx, a, g, x, off, &px, &pw, aux, &outs[0]))) return st;
-    return OPF_OK;
+    for (int g = 0; g < G && !st; off += a->rows[g], g++)
+        if (a->rows[g]) st = forward_group(ctx, a, g, x, off, &px, &pw, aux, &outs[0], bt);
+    return st ? st : batch_run(ctx, bt);
 }
 
 /* x, split sizes, dtypes: every check that needs no recipe state. */
@@ -487,22 +516,6 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
     return OPF_OK;
 }
 
-/* db_g = column sums of the plain dy_g, fp32 in row order. */
-static opf_status dbias(opf_ctx *ctx, const opf_tensor *dyg, opf_tensor *db)
-{
-    int64_t m, n;
-    opf_shape_2d(&dyg->spec, &m, &n);
-    float *ws = opf_op_scratch(ctx, m * n), *s = opf_op_scratch(ctx, n);
-    const float *v;
-    if (!ws || !s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no scratch");
-    opf_status st = opf_op_load_f32(ctx, dyg, ws, &v);
-    if (st) return st;
-    for (int64_t j = 0; j < n; j++) s[j] = 0.0f;
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < n; j++) s[j] += v[r * n + j];
-    return opf_convert(s, OPF_F32, db->data[OPF_COMP_DATA], db->spec.dtype, (size_t)n);
-}
-
 /* The packs' layouts of the saved operands (as the forward laid them out). */
 static opf_status plan_saved(const grouped_bwd *b, pack_plan *px, pack_plan *pw)
 {
@@ -520,30 +533,31 @@ static opf_status decoded(opf_ctx *ctx, const grouped_bwd *b, const opf_tensor *
 {
     opf_spec s = opf_spec_make(q->spec.ndim, q->spec.shape, (opf_dtype)b->act_dtype);
     s.device = q->spec.device;
-    opf_status st = scratch_tensor(ctx, &s, out);
+    opf_status st = opf_linear_scratch_tensor(ctx, &s, out);
     return st ? st : opf_dequantize(ctx, q, OPF_USAGE_ROWWISE, out);
 }
 
-/* Group g of the backward: dy_g (quantized under a recipe without an
- * override), dgrad into dx's rows, wgrad, dbias. The W_g / x_g operands are
- * the saved packs (decoded under the dequantized override) or, without
- * packs, the plain parameter and the saved plain x's rows. */
+/* Group g of the backward: dbias, dy_g (quantized under a recipe without
+ * an override), and the dgrad (into dx's rows) and wgrad GEMMs appended to
+ * bt. The W_g / x_g operands are the saved packs (decoded under the
+ * dequantized override) or, without packs, the plain parameter and the saved
+ * plain x's rows. Scratch made here lives until the batch has run. */
 static opf_status backward_group(opf_ctx *ctx, const grouped_bwd *b, int g, const opf_tensor *dy,
                                  int64_t off, const pack_plan *px, const pack_plan *pw,
-                                 opf_tensor *grads)
+                                 opf_tensor *grads, const opf_elem_kernels *k, gemm_batch *bt)
 {
     int G = (int)b->groups;
     bool packed = is_q(&b->w_q), wgrad = b->wgrad, decode = b->ovr != OPF_BACKWARD_NONE;
     opf_tensor dyg = row_view(dy, off, b->rows[g]), dxg = row_view(&grads[0], off, b->rows[g]);
     opf_tensor dyq, wq, xq, xg, wd, xd;
     const opf_tensor *dyo = &dyg, *wo = &b->params[g].value, *xo = &xg;
-    opf_status st = b->bias ? dbias(ctx, &dyg, &grads[1 + G + g]) : OPF_OK;
+    opf_status st = b->bias ? k->dbias(ctx, &dyg, &grads[1 + G + g]) : OPF_OK;
     if (st) return st;
     if (is_q(&b->dy_q)) {
         opf_quantizer q = group_q(&b->dy_q, g, 2);
         opf_spec s;
-        if ((st = opf_quantizer_spec(&q, &dyg.spec, &s)) || (st = scratch_tensor(ctx, &s, &dyq)) ||
-            (st = opf_quantize(ctx, &q, &dyg, &dyq)))
+        if ((st = opf_quantizer_spec(&q, &dyg.spec, &s)) ||
+            (st = opf_linear_scratch_tensor(ctx, &s, &dyq)) || (st = opf_quantize(ctx, &q, &dyg, &dyq)))
             return st;
         dyo = &dyq;
     }
@@ -557,8 +571,8 @@ static opf_status backward_group(opf_ctx *ctx, const grouped_bwd *b, int g, cons
     } else if (wgrad) {
         xg = row_view(&b->x, off, b->rows[g]);
     }
-    if ((st = opf_gemm(ctx, wo, dyo, OPF_GEMM_NN, NULL, &dxg))) return st;
-    return wgrad ? opf_gemm(ctx, xo, dyo, OPF_GEMM_NT, NULL, &grads[1 + g]) : OPF_OK;
+    if ((st = batch_add(ctx, bt, wo, dyo, OPF_GEMM_NN, NULL, &dxg))) return st;
+    return wgrad ? batch_add(ctx, bt, xo, dyo, OPF_GEMM_NT, NULL, &grads[1 + g]) : OPF_OK;
 }
 
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
@@ -568,30 +582,28 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     opf_tensor dyd;
     const opf_tensor *dy = &b->dy;
     opf_status st;
+    const opf_elem_kernels *k = opf_op_elem(ctx, "grouped_linear", dy);
+    if (!k) return OPF_ERR_UNSUPPORTED;
     if (dy->spec.scaling != OPF_SCALING_NONE) {  /* decode once to fp32, then split */
         opf_spec s = opf_spec_make(dy->spec.ndim, dy->spec.shape, OPF_F32);
         const float *v;
-        if ((st = scratch_tensor(ctx, &s, &dyd)) ||
+        if ((st = opf_linear_scratch_tensor(ctx, &s, &dyd)) ||
             (st = opf_op_load_f32(ctx, dy, dyd.data[OPF_COMP_DATA], &v)))
             return st;
         dy = &dyd;
     }
     pack_plan px, pw;
+    gemm_batch *bt;
     if (is_q(&b->w_q) && (st = plan_saved(b, &px, &pw)))
         return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
+    if ((st = batch_begin(ctx, &bt))) return st;
     int64_t off = 0;
-    for (int g = 0; g < G; off += b->rows[g], g++) {
-        if (!b->rows[g]) {  /* an empty group: zero gradients */
-            if (b->wgrad) zero_plain(&grads[1 + g]);
-            if (b->bias) zero_plain(&grads[1 + G + g]);
-            continue;
-        }
-        size_t mark = opf_ctx_scratch_mark(ctx);
-        st = backward_group(ctx, b, g, dy, off, &px, &pw, grads);
-        opf_ctx_scratch_pop(ctx, mark);
-        if (st) return st;
+    for (int g = 0; g < G && !st; off += b->rows[g], g++) {
+        if (b->rows[g]) st = backward_group(ctx, b, g, dy, off, &px, &pw, grads, k, bt);
+        else if (b->wgrad) st = k->fill(ctx, 0.0, &grads[1 + g]);  /* an empty group */
+        if (!st && !b->rows[g] && b->bias) st = k->fill(ctx, 0.0, &grads[1 + G + g]);
     }
-    return OPF_OK;
+    return st ? st : batch_run(ctx, bt);
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *bargs)

@@ -29,14 +29,7 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
  * (y's memory is x's) there is nothing to copy. */
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
-    const opf_tensor *x = &((const identity_fwd *)args)->x;
-    opf_layout L;
-    opf_status st = opf_spec_layout(&x->spec, &L);
-    if (st) return opf_error(ctx, st, "identity: %s", opf_last_error(NULL));
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present && x->data[c] && x->data[c] != outs[0].data[c])
-            memcpy(outs[0].data[c], x->data[c], L.comp[c].nbytes);
-    return OPF_OK;
+    return opf_op_copy_tensor(ctx, "identity", &((const identity_fwd *)args)->x, &outs[0]);
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *b)

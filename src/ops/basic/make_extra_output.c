@@ -91,18 +91,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 {
     const make_bwd *a = args;
     if (!a->has_dextra) return OPF_OK;  /* pass-through: the runner hands dy on */
-    int64_t n = opf_spec_numel(&a->dy.spec);
-    float *ds = opf_op_scratch(ctx, n), *es = opf_op_scratch(ctx, n), *dx = opf_op_scratch(ctx, n);
-    const float *dy, *de;
-    if (!ds || !es || !dx)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "make_extra_output: no scratch for %lld floats",
-                         (long long)n);
-    opf_status st = opf_op_load_f32(ctx, &a->dy, ds, &dy);
-    if (!st) st = opf_op_load_f32(ctx, &a->dextra, es, &de);
-    if (st) return st;
-    #pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] + de[i];
-    return opf_op_store_f32(ctx, dx, a->dy.spec.dtype, NULL, &grads[0]);
+    return opf_op_add(ctx, "make_extra_output", &a->dy, &a->dextra, &grads[0]);
 }
 
 const opf_op_class opf_op_class_make_extra_output = {
