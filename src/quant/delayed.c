@@ -3,9 +3,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/scale-math.h"
 #include "core/core-impl.h"
 #include "opfuse/quant.h"
-#include "quant/scale-impl.h"
 
 struct opf_delayed_state {
     opf_ctx      *ctx;         /* whose allocator holds this block */
