@@ -119,6 +119,10 @@ static opf_optim_tensor slot_tensor(const slot *s)
 opf_status opf_optim_step(opf_optim *opt)
 {
     OPF_CHECK_NULL(NULL, "opf_optim_step", opt);
+    const opf_backend_i *be = opf_backend_get(opf_ctx_device(opt->ctx));
+    if (!be || !be->optim->sgd)
+        return opf_error(opt->ctx, OPF_ERR_UNSUPPORTED, "optim: no optimizer kernels on device %d",
+                         (int)opf_ctx_device(opt->ctx));
     opt->step++;
     int count = 0;
     for (int i = 0; i < opt->n; i++) {
@@ -127,12 +131,11 @@ opf_status opf_optim_step(opf_optim *opt)
         opt->list[count++] = slot_tensor(&opt->s[i]);
         p->qvalue_valid = false;  /* the quantized copy is stale after the step */
     }
-    const opf_optim_kernels *k = opf_backend_get(opf_ctx_device(opt->ctx))->optim;
     const opf_optim_options *o = &opt->o;
     if (opt->kind == OPF_OPTIM_SGD)
-        return k->sgd(opt->ctx, opt->list, count, o->lr, o->momentum, o->weight_decay);
-    return k->adamw(opt->ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
-                    o->weight_decay, opt->step);
+        return be->optim->sgd(opt->ctx, opt->list, count, o->lr, o->momentum, o->weight_decay);
+    return be->optim->adamw(opt->ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
+                            o->weight_decay, opt->step);
 }
 
 opf_optim_kind opf_optim_kind_of(const opf_optim *opt) { return opt->kind; }

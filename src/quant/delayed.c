@@ -126,5 +126,10 @@ opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                             .reduced = reduce ? s->reduced : NULL, .n = s->n, .len = s->len,
                             .scaled_max = s->scaled_max, .algo = s->algo};
     /* The arrays live on the device of the context that made the state. */
-    return opf_backend_get(opf_ctx_device(s->ctx))->scale->delayed_update(s->ctx, &a, 1);
+    const opf_backend_i *be = opf_backend_get(opf_ctx_device(s->ctx));
+    if (!be || !be->scale->delayed_update)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED,
+                         "opf_delayed_state_update: no delayed-scaling kernel on device %d",
+                         (int)opf_ctx_device(s->ctx));
+    return be->scale->delayed_update(s->ctx, &a, 1);
 }
