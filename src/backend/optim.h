@@ -33,8 +33,9 @@ typedef struct opf_optim_kernels {
                       float momentum, float weight_decay);
     /* AdamW step number `step` (from 1), decoupled weight decay: m and v
      * move toward g and g*g, and w -= lr * (m_hat / (sqrt(v_hat) + eps) +
-     * weight_decay * w) with the bias corrections 1 - beta^step (src of the
-     * exact operation order: src/backend/cpu/optim.c). */
+     * weight_decay * w) with the bias corrections 1 - beta^step. The CPU
+     * kernel (src/backend/cpu/optim.c) fixes the order of the operations that
+     * another device must reproduce. */
     opf_status (*adamw)(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
                         float beta1, float beta2, float eps, float weight_decay, int64_t step);
 } opf_optim_kernels;
