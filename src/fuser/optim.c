@@ -1,9 +1,11 @@
 /* optim.c: SGD (with momentum) and AdamW over a seq's parameters, with FP32
- * master weights written back in each parameter's dtype. */
-#include <math.h>
+ * master weights written back in each parameter's dtype. The state lives
+ * here; one step is one call of the device's multi-tensor kernel
+ * (backend/optim.h) over every parameter that has a gradient. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend-impl.h"
 #include "fuser/fuser-impl.h"
 
 typedef struct slot {
@@ -18,6 +20,7 @@ struct opf_optim {
     opf_optim_options o;
     int               n;
     slot             *s;
+    opf_optim_tensor *list;  /* [n] the kernel's view of the slots of one step */
     int64_t           step;
 };
 
@@ -44,6 +47,7 @@ void opf_optim_destroy(opf_optim *opt)
     if (!opt) return;
     for (int i = 0; i < opt->n; i++) free(opt->s[i].master), free(opt->s[i].m), free(opt->s[i].v);
     free(opt->s);
+    free(opt->list);
     free(opt);
 }
 
@@ -74,7 +78,8 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
     c.p = calloc((size_t)(c.n ? c.n : 1), sizeof *c.p);
     if (!opt || !c.p) goto oom;
     opt->s = calloc((size_t)(c.n ? c.n : 1), sizeof *opt->s);
-    if (!opt->s) goto oom;
+    opt->list = calloc((size_t)(c.n ? c.n : 1), sizeof *opt->list);
+    if (!opt->s || !opt->list) goto oom;
     opt->ctx = ctx, opt->kind = kind, opt->o = o;
     int total = c.n;
     c.n = 0;
@@ -99,53 +104,38 @@ oom:
     return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_create: out of memory");
 }
 
-/* The gradient as fp32: main_grad when the op accumulates there, else grad. */
-static const float *grad_f32(opf_ctx *ctx, const opf_param *p, float *ws)
+/* The kernel's view of a slot; the gradient is main_grad when the op
+ * accumulates there, else grad. */
+static opf_optim_tensor slot_tensor(const slot *s)
 {
+    const opf_param *p = s->p;
     const opf_tensor *g = p->main_grad.data[0] ? &p->main_grad : &p->grad;
-    if (g->spec.dtype == OPF_F32) return g->data[0];
-    opf_convert(g->data[0], g->spec.dtype, ws, OPF_F32, (size_t)opf_spec_numel(&g->spec));
-    return ws;
-}
-
-static void sgd(const opf_optim_options *o, slot *s, const float *g)
-{
-    for (int64_t i = 0; i < s->n; i++) {
-        float d = g[i] + o->weight_decay * s->master[i];
-        if (s->m) d = s->m[i] = o->momentum * s->m[i] + d;
-        s->master[i] -= o->lr * d;
-    }
-}
-
-static void adamw(const opf_optim_options *o, slot *s, const float *g, int64_t step)
-{
-    float bc1 = 1.0f - powf(o->beta1, (float)step), bc2 = 1.0f - powf(o->beta2, (float)step);
-    for (int64_t i = 0; i < s->n; i++) {
-        s->m[i] = o->beta1 * s->m[i] + (1.0f - o->beta1) * g[i];
-        s->v[i] = o->beta2 * s->v[i] + (1.0f - o->beta2) * g[i] * g[i];
-        float mh = s->m[i] / bc1, vh = s->v[i] / bc2;
-        s->master[i] -= o->lr * (mh / (sqrtf(vh) + o->eps) + o->weight_decay * s->master[i]);
-    }
+    return (opf_optim_tensor){.grad = g->data[0], .grad_dtype = g->spec.dtype,
+                              .master = s->master, .m = s->m, .v = s->v,
+                              .param = p->value.data[0], .param_dtype = p->value.spec.dtype,
+                              .n = s->n};
 }
 
 opf_status opf_optim_step(opf_optim *opt)
 {
     OPF_CHECK_NULL(NULL, "opf_optim_step", opt);
+    const opf_backend_i *be = opf_backend_get(opf_ctx_device(opt->ctx));
+    if (!be || !be->optim->sgd)
+        return opf_error(opt->ctx, OPF_ERR_UNSUPPORTED, "optim: no optimizer kernels on device %d",
+                         (int)opf_ctx_device(opt->ctx));
     opt->step++;
+    int count = 0;
     for (int i = 0; i < opt->n; i++) {
-        slot *s = &opt->s[i];
-        if (!s->p->requires_grad || (!s->p->has_grad && !s->p->main_grad.data[0])) continue;
-        size_t mark = opf_ctx_scratch_mark(opt->ctx);
-        float *ws = opf_ctx_scratch_push(opt->ctx, sizeof(float) * (size_t)s->n);
-        if (!ws) return opf_error(opt->ctx, OPF_ERR_NO_MEMORY, "optim: no scratch");
-        const float *g = grad_f32(opt->ctx, s->p, ws);
-        if (opt->kind == OPF_OPTIM_SGD) sgd(&opt->o, s, g);
-        else adamw(&opt->o, s, g, opt->step);
-        opf_convert(s->master, OPF_F32, s->p->value.data[0], s->p->value.spec.dtype, (size_t)s->n);
-        s->p->qvalue_valid = false;  /* the quantized copy is stale now */
-        opf_ctx_scratch_pop(opt->ctx, mark);
+        opf_param *p = opt->s[i].p;
+        if (!p->requires_grad || (!p->has_grad && !p->main_grad.data[0])) continue;
+        opt->list[count++] = slot_tensor(&opt->s[i]);
+        p->qvalue_valid = false;  /* the quantized copy is stale after the step */
     }
-    return OPF_OK;
+    const opf_optim_options *o = &opt->o;
+    if (opt->kind == OPF_OPTIM_SGD)
+        return be->optim->sgd(opt->ctx, opt->list, count, o->lr, o->momentum, o->weight_decay);
+    return be->optim->adamw(opt->ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
+                            o->weight_decay, opt->step);
 }
 
 opf_optim_kind opf_optim_kind_of(const opf_optim *opt) { return opt->kind; }

@@ -1,11 +1,13 @@
 /* delayed.c: FP8 delayed-scaling state (scales and amax history) and its
- * update after a step, the fused path of docs/numerics.md 3.1. */
+ * update after a step, the fused path of docs/numerics.md 3.1: the amax
+ * reduction here, the roll and the new scales in the device's kernel. */
 #include <math.h>
 #include <string.h>
 
+#include "backend/backend-impl.h"
+#include "backend/scale-math.h"
 #include "core/core-impl.h"
 #include "opfuse/quant.h"
-#include "quant/scale-impl.h"
 
 struct opf_delayed_state {
     opf_ctx      *ctx;         /* whose allocator holds this block */
@@ -108,24 +110,6 @@ void opf_delayed_state_reset(opf_delayed_state *s)
     memset(s->history, 0, (size_t)s->n * (size_t)s->len * sizeof(float));
 }
 
-/* One slot of the fused update (3.1 steps 2-5) given its amax a. The column
- * of slot j is H[i*n + j]. */
-static void update_slot(opf_delayed_state *s, int j, float a)
-{
-    if (a == 0.0f) return;  /* no roll, scale unchanged */
-    float *h = s->history + j;
-    size_t n = (size_t)s->n, L = (size_t)s->len;
-    /* The window is a and the L-1 previous amaxes H[1..L-1]; fmaxf skips NaN. */
-    float amax = 0.0f;
-    for (size_t i = 1; i < L; i++) amax = fmaxf(amax, h[i * n]);
-    amax = fmaxf(amax, a);
-    for (size_t i = 1; i + 1 < L; i++) h[i * n] = h[(i + 1) * n];
-    if (L > 1) h[(L - 1) * n] = a;
-    h[0] = 0.0f;
-    if (s->algo == OPF_AMAX_MOST_RECENT) amax = a;
-    s->scale[j] = opf_delayed_scale(amax, s->scaled_max, s->scale[j]);
-}
-
 opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                                     opf_amax_reduce_fn reduce, void *reduce_user)
 {
@@ -138,9 +122,14 @@ opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                              "opf_delayed_state_update: amax reduction of %d slots failed "
                              "with %s; state unchanged", s->n, opf_status_str(st));
     }
-    for (int j = 0; j < s->n; j++) {
-        float a = (reduce && s->reduced[j] != 0.0f) ? s->reduced[j] : s->history[j];
-        update_slot(s, j, a);
-    }
-    return OPF_OK;
+    opf_delayed_arrays a = {.history = s->history, .scale = s->scale,
+                            .reduced = reduce ? s->reduced : NULL, .n = s->n, .len = s->len,
+                            .scaled_max = s->scaled_max, .algo = s->algo};
+    /* The arrays live on the device of the context that made the state. */
+    const opf_backend_i *be = opf_backend_get(opf_ctx_device(s->ctx));
+    if (!be || !be->scale->delayed_update)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED,
+                         "opf_delayed_state_update: no delayed-scaling kernel on device %d",
+                         (int)opf_ctx_device(s->ctx));
+    return be->scale->delayed_update(s->ctx, &a, 1);
 }

@@ -50,9 +50,9 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu/cpu-impl.h"
+#include "backend/scale-math.h"
 #include "core/codec-impl.h"
 #include "core/core-impl.h"
-#include "quant/scale-impl.h"
 
 enum {
     TILE_M = 512, TILE_N = 1024,    /* largest tiles of the one-sgemm path */

@@ -1,6 +1,98 @@
-/* optim.c: the CPU reference kernels for SGD and AdamW steps over many tensors at once. */
+/* optim.c: the CPU reference kernels for SGD and AdamW steps over many tensors
+ * at once. Each tensor goes in chunks: its gradient widened to fp32, the
+ * update of the master weights and moments, then the write-back in the
+ * parameter's dtype. Every element is independent, so the chunks may run on
+ * any number of threads with the same bits. */
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+
 #include "backend/optim.h"
+#include "core/core-impl.h"
+
+enum {
+    CHUNK = 2048,        /* elements per unit of work; its fp32 gradient sits on the stack */
+    PAR_MIN = 1 << 15,   /* below this many elements one thread is faster */
+};
+
+typedef struct step_params {
+    bool  adamw;
+    float lr, momentum, weight_decay;  /* SGD; lr and weight_decay also AdamW */
+    float beta1, beta2, eps, bc1, bc2; /* AdamW, bc = 1 - beta^step */
+} step_params;
+
+static void sgd_run(const step_params *p, const opf_optim_tensor *t, int64_t i0, int64_t len,
+                    const float *g)
+{
+    float *w = t->master + i0, *m = t->m ? t->m + i0 : NULL;
+    for (int64_t i = 0; i < len; i++) {
+        float d = g[i] + p->weight_decay * w[i];
+        if (m) d = m[i] = p->momentum * m[i] + d;
+        w[i] -= p->lr * d;
+    }
+}
+
+static void adamw_run(const step_params *p, const opf_optim_tensor *t, int64_t i0, int64_t len,
+                      const float *g)
+{
+    float *w = t->master + i0, *m = t->m + i0, *v = t->v + i0;
+    for (int64_t i = 0; i < len; i++) {
+        m[i] = p->beta1 * m[i] + (1.0f - p->beta1) * g[i];
+        v[i] = p->beta2 * v[i] + (1.0f - p->beta2) * g[i] * g[i];
+        float mh = m[i] / p->bc1, vh = v[i] / p->bc2;
+        w[i] -= p->lr * (mh / (sqrtf(vh) + p->eps) + p->weight_decay * w[i]);
+    }
+}
+
+/* Elements [i0, i0 + len) of one tensor. The conversions are opf_convert's
+ * (exact widening; one rounding per element on the way back). */
+static void step_chunk(const step_params *p, const opf_optim_tensor *t, int64_t i0, int64_t len)
+{
+    float gbuf[CHUNK];
+    const float *g = (const float *)t->grad + i0;
+    if (t->grad_dtype != OPF_F32) {
+        opf_convert((const char *)t->grad + opf_dtype_nbytes(t->grad_dtype, (size_t)i0),
+                    t->grad_dtype, gbuf, OPF_F32, (size_t)len);
+        g = gbuf;
+    }
+    if (p->adamw) adamw_run(p, t, i0, len, g);
+    else sgd_run(p, t, i0, len, g);
+    opf_convert(t->master + i0, OPF_F32,
+                (char *)t->param + opf_dtype_nbytes(t->param_dtype, (size_t)i0), t->param_dtype,
+                (size_t)len);
+}
+
+static opf_status step_all(opf_ctx *ctx, const step_params *p, const opf_optim_tensor *t,
+                           int count)
+{
+    int threads = opf_ctx_num_threads(ctx);
+    for (int k = 0; k < count; k++) {
+        int64_t n = t[k].n, nchunks = opf_ceil_div(n, CHUNK);
+        int nt = n < PAR_MIN ? 1 : threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t c = 0; c < nchunks; c++)
+            step_chunk(p, &t[k], c * CHUNK, n - c * CHUNK < CHUNK ? n - c * CHUNK : CHUNK);
+    }
+    return OPF_OK;
+}
+
+static opf_status cpu_sgd(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
+                          float momentum, float weight_decay)
+{
+    step_params p = {.lr = lr, .momentum = momentum, .weight_decay = weight_decay};
+    return step_all(ctx, &p, t, count);
+}
+
+static opf_status cpu_adamw(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
+                            float beta1, float beta2, float eps, float weight_decay, int64_t step)
+{
+    step_params p = {.adamw = true, .lr = lr, .weight_decay = weight_decay, .beta1 = beta1,
+                     .beta2 = beta2, .eps = eps, .bc1 = 1.0f - powf(beta1, (float)step),
+                     .bc2 = 1.0f - powf(beta2, (float)step)};
+    return step_all(ctx, &p, t, count);
+}
 
 const opf_optim_kernels opf_cpu_optim = {
-    .reserved_ = 0,
+    .sgd = cpu_sgd,
+    .adamw = cpu_adamw,
 };

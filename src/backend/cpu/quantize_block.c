@@ -8,8 +8,8 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu/cpu-impl.h"
+#include "backend/scale-math.h"
 #include "core/core-impl.h"
-#include "quant/scale-impl.h"
 
 enum {
     BLK = 128,         /* block edge */

@@ -7,9 +7,9 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu/cpu-impl.h"
+#include "backend/scale-math.h"
 #include "core/codec-impl.h"
 #include "core/core-impl.h"
-#include "quant/scale-impl.h"
 
 enum {
     MX = 32,           /* block edge */

@@ -43,9 +43,9 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu/cpu-impl.h"
+#include "backend/scale-math.h"
 #include "core/codec-impl.h"
 #include "core/core-impl.h"
-#include "quant/scale-impl.h"
 
 #define NVFP4_BLOCK 16
 #define NVFP4_PAR_MIN (1 << 14)

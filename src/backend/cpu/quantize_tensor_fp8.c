@@ -10,9 +10,9 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cpu/cpu-impl.h"
+#include "backend/scale-math.h"
 #include "core/codec-impl.h"
 #include "core/core-impl.h"
-#include "quant/scale-impl.h"
 
 enum {
     CHUNK = 4096,          /* elements per unit of parallel work in flat passes */

@@ -1,10 +1,14 @@
-/* scale-impl.h: the scale-from-amax primitives of docs/numerics.md section 2,
+/* scale-math.h: the scale-from-amax primitives of docs/numerics.md section 2,
  * shared by the per-tensor FP8, FP8 block, delayed-state and NVFP4 code, and
  * the helpers of the quantizers that are not per-element loops: the FP8
  * decode table, the byte transpose of the transposed columnwise copies and
- * the Hadamard transform of NVFP4 column blocks. */
-#ifndef OPFUSE_SCALE_IMPL_H
-#define OPFUSE_SCALE_IMPL_H
+ * the Hadamard transform of NVFP4 column blocks.
+ *
+ * The backend owns them (src/backend/cpu/scale_math.c): its CPU kernels use
+ * them, and the quant layer above it includes this header for the host-side
+ * values (FP8 maxima, the Hadamard transform of opf_rht16). */
+#ifndef OPFUSE_BACKEND_SCALE_MATH_H
+#define OPFUSE_BACKEND_SCALE_MATH_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -60,7 +64,7 @@ void opf_transpose_bytes(const uint8_t *src, int64_t lds, uint8_t *dst, int64_t 
 
 /* numerics.md 3.4.3 on the columns of a 16 x w fp32 tile: column k of x
  * (x[r * ldx + k], r = 0..15) is transformed as opf_rht16 does (the same
- * summation order, see rht.c) into column k of y (y[c * ldy + k]). x and y
+ * summation order, see scale_math.c) into column k of y (y[c * ldy + k]). x and y
  * may be the same tile. */
 void opf_rht16_cols(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t w,
                     uint16_t sign_mask);
