@@ -71,17 +71,6 @@ bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b);
 int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call);
 /* The recipe state and plans for a call (plan cache, te-ops.md 3.3). */
 opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int first_req);
-/* The neighbours' quantizers of basic ops [first, last]: p[0] the previous
- * op's grad-output quantizer, p[1] the next op's input quantizer (copies in q). */
-void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
-                                  const opf_quantizer *p[2]);
-/* The env of plan entry e except x and extra_in: neighbours' quantizers
- * (copies in qv), the seq's recipe, requires_grad (e reaches first_req) and
- * first_requires_grad (first_req's place in e, when inside it), and
- * kwargs (kw: the covered ops' entries of `kwargs`, which may be NULL). */
-void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req,
-                       const void *const *kwargs, opf_quantizer qv[2], const void *kw[OPF_FUSED_MAX],
-                       opf_fwd_env *env);
 /* Delayed-scaling updates of every op after a forward or a backward. */
 void opf_seq_update_delayed(opf_seq *seq, bool backward);
 /* Channel gradients: the spec of a sum (acc's shape; acc's dtype when plain,

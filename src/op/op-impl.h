@@ -75,9 +75,20 @@ opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *o
  * fake's gradient specs; *n_grads = 1 + parameters + extra inputs. */
 opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                  void *bargs, opf_spec *gs, int *n_grads);
+/* out[i] = a[i] + b[i] in fp32 (out may be a). */
+void opf_sum_f32(float *out, const float *a, const float *b, int64_t n);
 /* p->grad (+)= g: the first gradient is converted in, later ones summed in
  * fp32; sets has_grad. */
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g);
+
+/* ---- schemas (schema.c, value_schemas.c) ---- */
+
+/* Folds a spec (without its leading size when skip_dim0) into hash h. */
+uint64_t opf_spec_hash(uint64_t h, const opf_spec *s, bool skip_dim0);
+/* Prints one field's value at p into buf (snprintf's return). */
+int opf_field_print(const opf_field *f, const void *p, char *buf, size_t size);
+/* The field table of opf_recipe: compare (opf_schema_equal), hash, print. */
+extern const opf_schema opf_recipe_schema;
 
 /* Registers the built-in classes (ops/ops-impl.h lists them). */
 void opf_ops_register_builtins(void);
