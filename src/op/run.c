@@ -49,7 +49,7 @@ opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, 
     none_specs(aux_s, OPF_OP_MAX_AUX);
     if (c->forward_fake && (st = c->forward_fake(args, out_s, aux_s)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
-    return OPF_OK;
+    return c->after_fake ? c->after_fake(op, env, args, out_s, aux_s) : OPF_OK;
 }
 
 opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
