@@ -59,8 +59,9 @@ opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int fir
         seq->key_valid = true;
         seq->epoch++;
     }
+    if (reset) opf_seq_drop_plans(seq, false);  /* the fusion functions see the recipe */
     if (reset || !seq->planned || first_req != seq->key_first_req) {
-        opf_status st = opf_seq_plan_build(seq);
+        opf_status st = opf_seq_use_plans(seq, first_req);
         if (st) return st;
     }
     seq->key_first_req = first_req;

@@ -15,9 +15,25 @@ typedef struct opf_src {
 
 typedef struct opf_group {
     int             first, count;  /* basic ops [first, first + count) */
-    opf_plan_entry *fwd, *bwd;     /* plans (count entries at most) */
+    opf_plan_entry *fwd, *bwd;     /* plans (count entries at most): the current slot's */
     int             n_fwd, n_bwd;
 } opf_group;
+
+/* One cached set of plans (every group's forward and backward) and the
+ * fused ops they use. The plan cache keeps a few, keyed by the first op
+ * needing backward, so flipping grad mode (activation recompute) switches
+ * plans instead of re-running the fusion functions. */
+enum { OPF_PLAN_SLOTS = 4 };
+typedef struct opf_plan_slot {
+    bool            used;
+    int             key;        /* first_req the plans were made for */
+    uint64_t        registry;   /* the fusion registries' generation they saw */
+    uint64_t        tick;       /* last use, for eviction */
+    opf_plan_entry *entries;    /* [2 * n]: group g's forward at g->first, backward at n + g->first */
+    int            *counts;     /* [2 * n_groups]: entries of each group's forward, backward */
+    opf_op        **fused;      /* [3 * n] fused ops the plans use, owned */
+    int             n_fused;
+} opf_plan_slot;
 
 struct opf_seq {
     opf_ctx    *ctx;
@@ -36,16 +52,18 @@ struct opf_seq {
     opf_tensor *chan_grad;                    /* [n][OPF_OP_MAX_EXTRA] gradients flowing back */
     bool        pending;                      /* a forward awaits its backward */
     int         first_req;
-    /* plan cache key */
-    bool            planned;
+    /* plan cache */
+    bool            planned;                  /* the groups point at a valid slot */
+    bool            plans_stale;              /* drop every slot before the next use */
+    opf_plan_slot   slots[OPF_PLAN_SLOTS];
+    int             cur_slot;
+    uint64_t        plan_tick;
     bool            key_valid;                /* recipe states match `recipe` */
     int             key_first_req;
     opf_recipe      recipe;                   /* the recipe of the last forward */
     bool            has_recipe;
     /* fusions */
     bool            fusions;                  /* on unless opf_seq_set_fusions(false) */
-    opf_op        **fused;                    /* fused ops the plans use, owned */
-    int             n_fused;
     bool            first_forward_done;       /* pre_first_forward ran */
     /* bumped whenever the ops' recipe state is rebuilt or the seq changes:
      * a compiled graph that baked quantizer state checks it */
@@ -53,16 +71,19 @@ struct opf_seq {
 };
 
 /* fusion.c */
-void opf_seq_destroy_fused(opf_seq *seq);
+/* Drops every cached plan and destroys their fused ops; free_slots also
+ * frees the slots' arrays (the seq's shape changes). */
+void opf_seq_drop_plans(opf_seq *seq, bool free_slots);
 /* Hands the fused ops of the current plans to the caller (a compiled graph
- * keeps them alive); the seq rebuilds its plans on next use. Returns the
+ * keeps them alive); the seq rebuilds those plans on next use. Returns the
  * count; *ops is a malloc'ed array the caller frees (NULL when 0). */
 int opf_seq_take_fused(opf_seq *seq, opf_op ***ops);
+/* Points the groups at the plans for first_req: cached, or built now. */
+opf_status opf_seq_use_plans(opf_seq *seq, int first_req);
 
 /* seq.c: groups, channels, plans. */
 opf_status opf_seq_build(opf_seq *seq);
 void opf_seq_unbuild(opf_seq *seq);
-opf_status opf_seq_plan_build(opf_seq *seq);
 
 /* exec.c, shared with the compiler (src/compile/). */
 /* Recipes equal in every value field (the factory by identity); NULL == NULL. */
