@@ -16,10 +16,18 @@
  *     opf_seq_append(seq, gelu_op);
  *     opf_seq_call call = opf_seq_call_default();
  *     call.recipe = &recipe;                      // NULL: no quantization
+ *     opf_optim *opt;                             // AdamW over the seq's parameters
+ *     opf_optim_create(ctx, seq, OPF_OPTIM_ADAMW, NULL, &opt);
  *     opf_tensor y, dx;
  *     opf_seq_forward(seq, &x, &call, &y, NULL);
  *     opf_seq_backward(seq, &dy, NULL, &dx, NULL);
- *     opf_adamw_step(opt);
+ *     opf_optim_step(opt);                        // then opf_seq_zero_grad(seq)
+ *
+ * Plans are cached per recipe and per first op needing backward (a few at
+ * once), so alternating calls with and without gradients (activation
+ * recompute) reuse their fused ops. A new recipe or opf_seq_set_fusions
+ * makes them again; a change of the fusion registries reaches a seq's plans
+ * the next time it switches plans.
  */
 #ifndef OPFUSE_FUSER_H
 #define OPFUSE_FUSER_H

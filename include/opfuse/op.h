@@ -31,7 +31,7 @@
 extern "C" {
 #endif
 
-#define OPF_OP_ABI_VERSION 1
+#define OPF_OP_ABI_VERSION 2
 #define OPF_OP_MAX_PARAMS  64   /* parameters of one basic op */
 #define OPF_OP_MAX_EXTRA   4    /* extra inputs or outputs of one basic op */
 #define OPF_OP_MAX_AUX     6    /* tensors a forward may produce for backward */
@@ -55,6 +55,8 @@ typedef enum opf_field_kind {
     OPF_FIELD_ENUM      = 6,  /* int */
     OPF_FIELD_BUNDLE    = 7,  /* a nested struct described by its own schema */
     OPF_FIELD_REF       = 8,  /* a pointer compared by identity, never baked into a graph */
+    OPF_FIELD_F32       = 9,  /* float, compared and hashed by its bits */
+    OPF_FIELD_I32       = 10, /* int */
     OPF_FIELD_KIND_COUNT
 } opf_field_kind;
 
@@ -77,7 +79,11 @@ typedef struct opf_field {
     size_t             offset;  /* offsetof in the args struct */
     opf_field_kind     kind;
     unsigned           flags;   /* OPF_FIELD_* */
-    const opf_schema  *bundle;  /* for OPF_FIELD_BUNDLE */
+    /* OPF_FIELD_BUNDLE: the nested struct's schema. OPF_FIELD_ENUM
+     * (optional): the enum's values, a schema whose fields name the values
+     * 0..n_fields-1 in order (OPF_ENUM_VALUES): validate refuses other
+     * values and print writes the names. */
+    const opf_schema  *bundle;
 } opf_field;
 
 struct opf_schema {
@@ -99,6 +105,15 @@ struct opf_schema {
 #define OPF_F_FLOAT(st, m)    OPF_F(st, m, OPF_FIELD_FLOAT, 0)
 #define OPF_F_BOOL(st, m)     OPF_F(st, m, OPF_FIELD_BOOL, 0)
 #define OPF_F_ENUM(st, m)     OPF_F(st, m, OPF_FIELD_ENUM, 0)
+#define OPF_F_F32(st, m)      OPF_F(st, m, OPF_FIELD_F32, 0)
+#define OPF_F_I32(st, m)      OPF_F(st, m, OPF_FIELD_I32, 0)
+#define OPF_F_REF(st, m)      OPF_F(st, m, OPF_FIELD_REF, 0)
+/* An enum field with its values (validated, printed by name):
+ *     static const opf_field algo_values[] = {{.name = "max"}, {.name = "most_recent"}};
+ *     OPF_ENUM_VALUES(algo_enum, opf_amax_algo, algo_values);
+ *     ... OPF_F_ENUM_OF(opf_recipe, amax_algo, algo_enum) ...                  */
+#define OPF_F_ENUM_OF(st, m, values) {#m, offsetof(st, m), OPF_FIELD_ENUM, 0, &values}
+#define OPF_ENUM_VALUES(var, type, names) OPF_SCHEMA(var, type, names)
 #define OPF_SCHEMA(var, st, fields) \
     static const opf_schema var = {#st, sizeof(st), (int)(sizeof(fields) / sizeof(fields[0])), fields}
 
@@ -117,6 +132,8 @@ int opf_schema_slots(const opf_schema *s, void *args, opf_slot *slots, int max);
 uint64_t opf_schema_hash(const opf_schema *s, const void *args);
 /* Checks fields: required tensors present, enums in range. */
 opf_status opf_schema_validate(const opf_schema *s, const void *args);
+/* Value equality in the hash's terms: equal args have equal hashes. */
+bool opf_schema_equal(const opf_schema *s, const void *a, const void *b);
 /* "layernorm.fwd{x: bf16[8,64], eps: 1e-05, ...}" into buf. */
 void opf_schema_print(const opf_schema *s, const void *args, char *buf, size_t size);
 /* Looks up a field by name; NULL if absent. */
@@ -212,6 +229,12 @@ struct opf_op_class {
                                 const opf_tensor *outs, const opf_tensor *aux);
     opf_status (*resolve_bwd)(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                               void *bargs);
+    /* Optional, traced half: runs once after forward_fake accepted args
+     * (outs / aux: its specs), before any impl; the place for a step that
+     * changes the op's state only once every check passed (BasicLinear
+     * allocates its quantized-weight cache here). May update args. */
+    opf_status (*after_fake)(opf_op *op, const opf_fwd_env *env, void *args, const opf_spec *outs,
+                             const opf_spec *aux);
     /* pure half: reads only its args, writes only its outputs */
     opf_status (*forward_fake)(const void *args, opf_spec *outs, opf_spec *aux);
     opf_status (*forward_impl)(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux);

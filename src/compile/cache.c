@@ -8,65 +8,40 @@
 
 #include "compile/compile-impl.h"
 
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    return h * 0x100000001B3ull;
-}
-
-static uint64_t mix_spec(uint64_t h, const opf_spec *s, int skip_dim0)
-{
-    h = mix(h, (uint64_t)s->ndim);
-    for (int d = skip_dim0 ? 1 : 0; d < s->ndim && d < OPF_MAX_DIMS; d++) h = mix(h, (uint64_t)s->shape[d]);
-    return mix(h, (uint64_t)s->dtype | (uint64_t)s->scaling << 8 | (uint64_t)s->qdtype << 16 |
-                      (uint64_t)s->usage << 24 | (uint64_t)s->flags << 32);
-}
-
-static uint64_t mix_float(uint64_t h, float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return mix(h, u);
-}
-
 static uint64_t mix_recipe(uint64_t h, const opf_recipe *r)
 {
-    if (!r) return mix(h, 0xFFFF);
-    h = mix(h, (uint64_t)r->kind);
-    h = mix(h, (uint64_t)r->format);
-    h = mix_float(h, r->margin);
-    h = mix(h, (uint64_t)r->amax_history_len);
-    h = mix(h, (uint64_t)r->amax_algo);
-    h = mix(h, (uint64_t)r->reduce_amax | (uint64_t)r->power_2_scales << 1 |
-                   (uint64_t)r->mxfp8_2d_weights << 2 | (uint64_t)r->nvfp4_rht << 3 |
-                   (uint64_t)r->nvfp4_stochastic << 4 | (uint64_t)r->nvfp4_2d_weights << 5);
-    h = mix_float(h, r->amax_epsilon);
-    h = mix(h, (uint64_t)r->x_block_dim | (uint64_t)r->w_block_dim << 8 | (uint64_t)r->grad_block_dim << 16);
-    h = mix(h, (uint64_t)(uintptr_t)r->factory);
-    h = mix(h, (uint64_t)(uintptr_t)r->factory_user);
-    return mix(h, (uint64_t)r->backward_override);
+    return opf_hash_mix(h, r ? opf_schema_hash(&opf_recipe_schema, r) : 0xFFFF);
 }
 
 uint64_t opf_graph_key(const opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
                        const opf_compile_options *opts)
 {
     bool dyn = opts->max_leading > 0 && x->ndim >= 1;
-    uint64_t h = mix_spec(0xCBF29CE484222325ull, x, dyn);
-    h = mix(h, (uint64_t)opts->max_leading);
+    uint64_t h = opf_spec_hash(OPF_HASH_SEED, x, dyn);
+    h = opf_hash_mix(h, (uint64_t)opts->max_leading);
     h = mix_recipe(h, call->recipe);
-    h = mix(h, (uint64_t)call->requires_grad | (uint64_t)call->input_requires_grad << 1);
-    h = mix(h, (uint64_t)call->n_extra_in);
+    h = opf_hash_mix(h, (uint64_t)call->requires_grad | (uint64_t)call->input_requires_grad << 1);
+    h = opf_hash_mix(h, (uint64_t)call->n_extra_in);
     for (int i = 0; call->extra_in && i < call->n_extra_in; i++) {
         const opf_spec *s = &call->extra_in[i].spec;
-        h = mix_spec(h, s, dyn && s->ndim >= 1 && s->shape[0] == x->shape[0]);
+        h = opf_spec_hash(h, s, dyn && s->ndim >= 1 && s->shape[0] == x->shape[0]);
     }
     for (int i = 0; call->kwargs && i < seq->n; i++) {
         const opf_schema *ks = seq->ops[i]->cls->kwargs_schema;
         if (!call->kwargs[i]) continue;
-        h = mix(h, (uint64_t)i);
+        h = opf_hash_mix(h, (uint64_t)i);
         /* a class without a kwargs schema runs eagerly; its kwargs are its own business */
-        if (ks) h = mix(h, opf_schema_hash(ks, call->kwargs[i]));
+        if (ks) h = opf_hash_mix(h, opf_schema_hash(ks, call->kwargs[i]));
     }
+    return h;
+}
+
+uint64_t opf_graph_kwargs_hash(const opf_seq *seq, const opf_seq_call *call)
+{
+    uint64_t h = 0;
+    for (int i = 0; call->kwargs && i < seq->n; i++)
+        if (call->kwargs[i] && seq->ops[i]->cls->kwargs_schema)
+            h = h * 31 + opf_schema_hash(seq->ops[i]->cls->kwargs_schema, call->kwargs[i]);
     return h;
 }
 

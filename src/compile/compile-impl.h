@@ -20,7 +20,7 @@
 #ifndef OPFUSE_COMPILE_IMPL_H
 #define OPFUSE_COMPILE_IMPL_H
 
-#include "fuser/fuser-impl.h"
+#include "fuser/walk-impl.h"
 #include "opfuse/compile.h"
 
 _Static_assert(sizeof(void *) == 8, "graph tags need 64-bit pointers");
@@ -191,5 +191,7 @@ void opf_graph_value_tensor(const opf_graph *g, int v, opf_tensor *out);
 /* cache.c */
 uint64_t opf_graph_key(const opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
                        const opf_compile_options *opts);
+/* The kwargs' value fields (what an explicit graph checks per call). */
+uint64_t opf_graph_kwargs_hash(const opf_seq *seq, const opf_seq_call *call);
 
 #endif

@@ -226,13 +226,7 @@ opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call
         if (!g->held || !g->dzero) st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
     }
     if (!st) g->key = opf_graph_key(seq, x, call, &o);
-    if (!st) {
-        uint64_t h = 0;
-        for (int i = 0; call->kwargs && i < seq->n; i++)
-            if (call->kwargs[i] && seq->ops[i]->cls->kwargs_schema)
-                h = h * 31 + opf_schema_hash(seq->ops[i]->cls->kwargs_schema, call->kwargs[i]);
-        g->kw_hash = h;
-    }
+    if (!st) g->kw_hash = opf_graph_kwargs_hash(seq, call);
     if (st) {
         opf_graph_destroy(g);
         return st;
@@ -285,14 +279,15 @@ static opf_status copy_into(opf_ctx *ctx, const opf_op *op, const opf_tensor *sr
 static opf_status run_eager_forward(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
 {
     opf_op *op = n->op;
-    const void *kw[OPF_FUSED_MAX] = {0};
-    for (int k = 0; call->kwargs && k < n->count; k++) kw[k] = call->kwargs[n->first + k];
+    const void *kw[OPF_FUSED_MAX];
+    opf_plan_entry e = {op, n->first, n->count};
+    /* the env as traced (quantizers and grad flags baked), the call's kwargs */
     opf_fwd_env env = {.ctx = g->ctx, .prev_grad_q = n->has_q[0] ? &n->qv[0] : NULL,
                        .next_input_q = n->has_q[1] ? &n->qv[1] : NULL,
                        .recipe = g->has_recipe ? &g->recipe : NULL,
                        .requires_grad = n->requires_grad,
                        .first_requires_grad = n->first_requires_grad,
-                       .kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0]};
+                       .kwargs = opf_entry_kwargs(&e, call->kwargs, kw)};
     env.x = &n->t[n->n_out];
     for (int i = 0; i < n->n_extra; i++)
         env.extra_in[i] = n->in_mask & (1u << (1 + i)) ? &n->t[n->n_out + 1 + i] : NULL;
@@ -407,11 +402,7 @@ static opf_status check_call(opf_graph *g, const opf_tensor *x, const opf_seq_ca
     if (call->n_extra_in != g->n_pub_in || (call->n_extra_in && !call->extra_in))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %d extra inputs given, the graph takes %d", fn,
                          call->n_extra_in, g->n_pub_in);
-    uint64_t h = 0;
-    for (int i = 0; call->kwargs && i < g->seq->n; i++)
-        if (call->kwargs[i] && g->seq->ops[i]->cls->kwargs_schema)
-            h = h * 31 + opf_schema_hash(g->seq->ops[i]->cls->kwargs_schema, call->kwargs[i]);
-    if (h != g->kw_hash)
+    if (opf_graph_kwargs_hash(g->seq, call) != g->kw_hash)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the kwargs' values differ from the compiled "
                          "ones", fn);
     if (g->lead0 > 0) {

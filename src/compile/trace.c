@@ -254,8 +254,6 @@ static opf_status eager_inputs(opf_graph *g, const opf_seq_call *call, opf_gnode
 typedef struct trace_state {
     opf_graph   *g;
     const opf_seq_call *call;
-    int          cur;                 /* value of the current activation / gradient */
-    int         *chan, *chan_grad;    /* [n][OPF_OP_MAX_EXTRA] values */
     opf_op_ctx  *probe;               /* [n] real contexts of eager forwards */
 } trace_state;
 
@@ -296,9 +294,8 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
     src[0] = env->x;
     for (int i = 1; i < n_in; i++) src[i] = env->extra_in[i - 1];
     opf_fwd_env probe = *env;
-    const void *kw[OPF_FUSED_MAX] = {0};
-    for (int k = 0; ts->call->kwargs && k < e->count; k++) kw[k] = ts->call->kwargs[e->first + k];
-    probe.kwargs = opf_op_is_fused(op) ? (const void *)kw : kw[0];
+    const void *kw[OPF_FUSED_MAX];
+    probe.kwargs = opf_entry_kwargs(e, ts->call->kwargs, kw);
     st = eager_inputs(g, ts->call, n, src, n_in, real_in, pin);
     probe.x = pin[0];
     for (int i = 1; i < n_in; i++) probe.extra_in[i - 1] = pin[i];
@@ -396,31 +393,19 @@ static opf_status eager_backward(trace_state *ts, const opf_plan_entry *e, opf_b
     return st;
 }
 
-static opf_status forward_entry(trace_state *ts, const opf_plan_entry *e)
+/* ---- the tracing visitor of the seq walker (fuser/walk-impl.h) ------------------ */
+
+static opf_status trace_forward(opf_walker *w, const opf_plan_entry *e, const opf_fwd_env *walk_env,
+                                opf_tensor *outs)
 {
+    trace_state *ts = w->user;
     opf_graph *g = ts->g;
-    opf_seq *seq = g->seq;
     opf_op *op = e->op;
-    int first = e->first, last = e->first + e->count - 1;
-    opf_quantizer qv[2];
-    const void *kw[OPF_FUSED_MAX];
-    opf_fwd_env env;
-    opf_seq_entry_env(seq, e, g->first_req, (const void *const *)g->kwargs, qv, kw, &env);
-    opf_tensor x, extra[OPF_OP_MAX_EXTRA];
-    tag_tensor(g, ts->cur, &x);
-    env.x = &x;
-    int slot = 0;
-    for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
-            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
-            int v = s->op < 0 ? g->extra_in_val[s->pub]
-                  : s->op >= first ? -1 : ts->chan[s->op * OPF_OP_MAX_EXTRA + s->slot];
-            if (v >= 0) tag_tensor(g, v, &extra[slot]);
-            env.extra_in[slot] = v >= 0 ? &extra[slot] : NULL;
-        }
+    int first = e->first;
+    opf_fwd_env env = *walk_env;
     opf_gnode *n = new_node(g, OPF_NODE_FORWARD, op, first, e->count);
     if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
-    n->x_val = ts->cur;
+    n->x_val = tensor_val(env.x);
     const char *reason = eager_reason(g, op, first, e->count, false, ts->call);
     opf_status st = OPF_OK;
     if (!reason) {  /* trace on tags */
@@ -459,71 +444,56 @@ static opf_status forward_entry(trace_state *ts, const opf_plan_entry *e)
         if ((st = eager_forward(ts, e, &env, n, reason))) return st;
     }
     if (st) return st;
-    ts->cur = tensor_val(&n->t[0]);
-    slot = 0;
-    for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++, slot++)
-            ts->chan[i * OPF_OP_MAX_EXTRA + j] = tensor_val(&n->t[1 + slot]);
+    for (int i = 0; i < 1 + op->n_extra_out; i++) outs[i] = n->t[i];
     return OPF_OK;
 }
 
-/* chan_grad[idx] += value v (a GRAD_ADD node when both exist). */
-static opf_status add_grad(trace_state *ts, int *acc, int v, bool backward)
+/* acc += g: a GRAD_ADD node when both exist (channel gradients flow only in
+ * the backward graph). */
+static opf_status trace_add_grad(opf_walker *w, opf_tensor *acc, const opf_tensor *gt)
 {
+    trace_state *ts = w->user;
     opf_graph *g = ts->g;
+    int v = tensor_val(gt);
     if (v < 0) return OPF_OK;
-    if (*acc < 0) {
-        *acc = v;
+    if (tensor_val(acc) < 0) {
+        *acc = *gt;
         return OPF_OK;
     }
     opf_gnode *n = new_node(g, OPF_NODE_GRAD_ADD, NULL, -1, 0);
     if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
-    n->backward = backward;
+    n->backward = true;
     opf_status st = alloc_tensors(g, n, 3);
     if (st) return st;
     n->n_out = 1;
-    opf_spec s = opf_grad_sum_spec(&g->vals[*acc].spec);
+    opf_spec s = opf_grad_sum_spec(&acc->spec);
     if ((st = out_tensor(g, n, &s, ROLE_SUM, 0, &n->t[0]))) return st;
-    tag_tensor(g, *acc, &n->t[1]);
+    tag_tensor(g, tensor_val(acc), &n->t[1]);
     tag_tensor(g, v, &n->t[2]);
     if ((st = add_ref(g, n, &n->t[1], false)) || (st = add_ref(g, n, &n->t[2], false))) return st;
-    *acc = tensor_val(&n->t[0]);
+    *acc = n->t[0];
     return OPF_OK;
 }
 
-static opf_status backward_entry(trace_state *ts, const opf_plan_entry *e)
+static opf_status trace_backward(opf_walker *w, const opf_plan_entry *e, const opf_bwd_env *walk_env,
+                                 opf_tensor *dx, opf_tensor *dextra_in)
 {
+    trace_state *ts = w->user;
     opf_graph *g = ts->g;
-    opf_seq *seq = g->seq;
     opf_op *op = e->op;
-    int first = e->first, last = e->first + e->count - 1;
-    opf_quantizer qv[2];
-    const opf_quantizer *qp[2];
-    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
-    opf_tensor dy, dext[OPF_OP_MAX_EXTRA];
-    if (ts->cur < 0)
+    int first = e->first;
+    opf_bwd_env env = *walk_env;
+    int cur = tensor_val(env.dy);
+    if (cur < 0)
         return opf_error(g->ctx, OPF_ERR_UNSUPPORTED, "compile: %s: no gradient reaches its backward",
                          op->name);
-    tag_tensor(g, ts->cur, &dy);
-    opf_bwd_env env = {.ctx = g->ctx, .dy = &dy, .prev_grad_q = qp[0]};
     opf_status st = OPF_OK;
-    int slot = 0;
-    for (int i = first; i <= last && !st; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out && !st; j++, slot++) {
-            int *cg = &ts->chan_grad[i * OPF_OP_MAX_EXTRA + j];
-            int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
-            if (pub >= 0) st = add_grad(ts, cg, g->dextra_out_val[pub], true);
-            if (*cg >= 0) tag_tensor(g, *cg, &dext[slot]);
-            env.dextra_out[slot] = *cg >= 0 ? &dext[slot] : NULL;
-        }
-    if (st) return st;
     opf_gnode *n = new_node(g, OPF_NODE_BACKWARD, op, first, e->count);
     if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
     n->backward = true;
     int n_params = opf_op_num_params(op);
     const char *reason = eager_reason(g, op, first, e->count, true, ts->call);
-    int dx_val = -1, dxi[OPF_OP_MAX_EXTRA];
-    for (int i = 0; i < OPF_OP_MAX_EXTRA; i++) dxi[i] = -1;
+    int dx_val = -1, dxi_at = 1;  /* extra-input gradients: n->t[dxi_at + i] */
     if (!reason) {
         n->schema = op->cls->bwd_schema;
         n->args = calloc(1, n->schema->size);
@@ -549,25 +519,20 @@ static opf_status backward_entry(trace_state *ts, const opf_plan_entry *e)
             for (int i = 0; i < ng && !st; i++)
                 if (gs[i].ndim >= 0) st = out_tensor(g, n, &gs[i], ROLE_GRAD, i, &n->t[i]);
             if (st) return st;
-            dx_val = n->passthrough ? ts->cur : tensor_val(&n->t[0]);
-            for (int i = 0; i < op->n_extra_in; i++) dxi[i] = tensor_val(&n->t[1 + n_params + i]);
+            dx_val = n->passthrough ? cur : tensor_val(&n->t[0]);
+            dxi_at = 1 + n_params;
         }
     }
     if (reason) {
         if ((st = eager_backward(ts, e, &env, n, reason))) return st;
-        dx_val = n->passthrough ? ts->cur : tensor_val(&n->t[0]);
-        for (int i = 0; i < op->n_extra_in; i++) dxi[i] = tensor_val(&n->t[1 + i]);
+        dx_val = n->passthrough ? cur : tensor_val(&n->t[0]);
     }
-    slot = 0;
-    for (int i = first; i <= last && !st; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_in && !st; j++, slot++) {
-            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
-            if (s->op < 0) g->dextra_in_val[s->pub] = dxi[slot];
-            else if (s->op < first) st = add_grad(ts, &ts->chan_grad[s->op * OPF_OP_MAX_EXTRA + s->slot], dxi[slot], true);
-        }
-    ts->cur = dx_val;
-    return st;
+    if (dx_val >= 0) tag_tensor(g, dx_val, dx);
+    for (int i = 0; i < op->n_extra_in; i++) dextra_in[i] = n->t[dxi_at + i];
+    return OPF_OK;
 }
+
+static const opf_walk_i trace_walk = {trace_forward, trace_backward, trace_add_grad};
 
 static opf_status add_update(opf_graph *g, bool backward)
 {
@@ -634,48 +599,48 @@ opf_status opf_graph_trace(opf_graph *g, const opf_spec *x, const opf_seq_call *
     g->extra_out_val = calloc((size_t)seq->n_pub_out + 1, sizeof(int));
     g->dextra_out_val = calloc((size_t)seq->n_pub_out + 1, sizeof(int));
     trace_state ts = {.g = g, .call = call};
-    ts.chan = malloc(sizeof(int) * (size_t)n * OPF_OP_MAX_EXTRA);
-    ts.chan_grad = malloc(sizeof(int) * (size_t)n * OPF_OP_MAX_EXTRA);
+    size_t ne = (size_t)n * OPF_OP_MAX_EXTRA;
+    opf_tensor *chan = calloc(ne, sizeof *chan), *chan_grad = calloc(ne, sizeof *chan_grad);
+    opf_tensor *ext = calloc((size_t)seq->n_pub_in + 1, sizeof *ext);
+    opf_tensor *dext = calloc((size_t)seq->n_pub_in + (size_t)seq->n_pub_out + 1, sizeof *dext);
     ts.probe = calloc((size_t)n, sizeof *ts.probe);
     if (!g->octx || !g->octx_traced || !g->fwd_eager || !g->extra_in_spec || !g->extra_in_val ||
-        !g->dextra_in_val || !g->extra_out_val || !g->dextra_out_val || !ts.chan || !ts.chan_grad ||
-        !ts.probe) {
+        !g->dextra_in_val || !g->extra_out_val || !g->dextra_out_val || !chan || !chan_grad ||
+        !ext || !dext || !ts.probe) {
         st = opf_error(ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
         goto done;
     }
-    for (int i = 0; i < n * OPF_OP_MAX_EXTRA; i++) ts.chan[i] = ts.chan_grad[i] = -1;
     g->n_pub_in = seq->n_pub_in;
     g->n_pub_out = seq->n_pub_out;
     g->x_val = input_val(g, x, OPF_IN_X, -1, "x");
     for (int p = 0; p < seq->n_pub_in; p++) {
         g->extra_in_spec[p] = call->extra_in[p].spec;
         g->extra_in_val[p] = input_val(g, &call->extra_in[p].spec, OPF_IN_EXTRA, p, "extra_in");
+        tag_tensor(g, g->extra_in_val[p], &ext[p]);
         g->dextra_in_val[p] = -1;
     }
     if ((st = trace_kwargs(g, call))) goto done;
-    /* forward */
-    ts.cur = g->x_val;
-    for (int gi = 0; gi < seq->n_groups && !st; gi++) {
-        const opf_group *gr = &seq->groups[gi];
-        for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(&ts, &gr->fwd[k]);
-    }
-    if (st) goto done;
-    g->y_val = ts.cur;
+    opf_walker w = {.seq = seq, .vt = &trace_walk, .user = &ts, .first_req = g->first_req,
+                    .kwargs = (const void *const *)g->kwargs, .extra_in = ext, .chan = chan,
+                    .chan_grad = chan_grad};
+    opf_tensor xt, yt;
+    tag_tensor(g, g->x_val, &xt);
+    if ((st = opf_walk_forward(&w, &xt, &yt))) goto done;
+    g->y_val = tensor_val(&yt);
     g->vals[g->y_val].keep = true;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
-            int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
-            if (pub < 0) continue;
-            g->extra_out_val[pub] = ts.chan[i * OPF_OP_MAX_EXTRA + j];
-            g->vals[g->extra_out_val[pub]].keep = true;
-        }
+    opf_tensor *eout = dext + seq->n_pub_in;  /* scratch for the public extra outputs */
+    opf_walk_extra_out(&w, eout);
+    for (int p = 0; p < seq->n_pub_out; p++) {
+        g->extra_out_val[p] = tensor_val(&eout[p]);
+        if (g->extra_out_val[p] >= 0) g->vals[g->extra_out_val[p]].keep = true;
+    }
     if (g->call.requires_grad && (st = add_update(g, false))) goto done;
     g->n_fwd = g->n_nodes;
     g->dx_val = -1;
     if (!g->forward_only) {
-        /* backward */
+        /* backward: callers pass plain gradients */
         const opf_spec *ys = &g->vals[g->y_val].spec;
-        opf_spec dys = opf_spec_make(ys->ndim, ys->shape, ys->dtype);  /* callers pass plain dy */
+        opf_spec dys = opf_spec_make(ys->ndim, ys->shape, ys->dtype);
         dys.device = ys->device;
         g->dy_val = input_val(g, &dys, OPF_IN_DY, -1, "dy");
         for (int p = 0; p < seq->n_pub_out; p++) {
@@ -683,25 +648,17 @@ opf_status opf_graph_trace(opf_graph *g, const opf_spec *x, const opf_seq_call *
             opf_spec s = opf_spec_make(es->ndim, es->shape, es->dtype);
             s.device = es->device;
             g->dextra_out_val[p] = input_val(g, &s, OPF_IN_DEXTRA_OUT, p, "dextra_out");
+            tag_tensor(g, g->dextra_out_val[p], &eout[p]);
         }
-        ts.cur = g->dy_val;
-        for (int gi = seq->n_groups - 1; gi >= 0 && !st; gi--) {
-            const opf_group *gr = &seq->groups[gi];
-            for (int k = gr->n_bwd - 1; k >= 0 && !st; k--) {
-                const opf_plan_entry *e = &gr->bwd[k];
-                if (e->first + e->count - 1 < g->first_req) {
-                    ts.cur = -1;
-                    gi = -1;
-                    break;
-                }
-                st = backward_entry(&ts, e);
-            }
-        }
-        if (st) goto done;
-        g->dx_val = g->first_req == 0 ? ts.cur : -1;
+        opf_tensor dyt, dxt;
+        tag_tensor(g, g->dy_val, &dyt);
+        if ((st = opf_walk_backward(&w, &dyt, eout, &dxt, dext))) goto done;
+        g->dx_val = g->first_req == 0 ? tensor_val(&dxt) : -1;
         if (g->dx_val >= 0) g->vals[g->dx_val].keep = true;
-        for (int p = 0; p < seq->n_pub_in; p++)
+        for (int p = 0; p < seq->n_pub_in; p++) {
+            g->dextra_in_val[p] = tensor_val(&dext[p]);
             if (g->dextra_in_val[p] >= 0) g->vals[g->dextra_in_val[p]].keep = true;
+        }
         if ((st = add_update(g, true))) goto done;
     }
     /* warn once per reason */
@@ -716,7 +673,7 @@ opf_status opf_graph_trace(opf_graph *g, const opf_spec *x, const opf_seq_call *
 done:
     if (ts.probe)
         for (int i = 0; i < n; i++) opf_op_ctx_clear(&ts.probe[i]);
-    free(ts.chan), free(ts.chan_grad), free(ts.probe);
+    free(chan), free(chan_grad), free(ext), free(dext), free(ts.probe);
     return st;
 }
 

@@ -33,6 +33,15 @@ static inline int64_t opf_round_up(int64_t a, int64_t b) { return opf_ceil_div(a
 static inline uint32_t opf_f32_bits(float f) { union { float f; uint32_t u; } v = {f}; return v.u; }
 static inline float opf_bits_f32(uint32_t u) { union { uint32_t u; float f; } v = {u}; return v.f; }
 
+/* The one hash mixer of the library (guard keys, schema and quantizer
+ * hashes): folds v into h. Start from OPF_HASH_SEED. */
+#define OPF_HASH_SEED 0xCBF29CE484222325ull
+static inline uint64_t opf_hash_mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0x100000001B3ull;
+}
+
 /* The 2D view [M, K] of a shape: M = prod(shape[:-1]), K = shape[-1]. */
 void opf_shape_2d(const opf_spec *s, int64_t *m, int64_t *k);
 

@@ -2,7 +2,7 @@
  * quantizers, channel routing, early stop, delayed-scaling updates. */
 #include <string.h>
 
-#include "fuser/fuser-impl.h"
+#include "fuser/walk-impl.h"
 
 opf_seq_call opf_seq_call_default(void)
 {
@@ -28,19 +28,11 @@ int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call)
     return seq->n;
 }
 
-/* Recipes are equal when every value field is (the factory by identity). */
+/* Recipes are equal when every field of the recipe's table is (the
+ * factory by identity). */
 bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b)
 {
-    if (!a || !b) return a == b;
-    return a->kind == b->kind && a->format == b->format && a->margin == b->margin &&
-           a->amax_history_len == b->amax_history_len && a->amax_algo == b->amax_algo &&
-           a->reduce_amax == b->reduce_amax && a->power_2_scales == b->power_2_scales &&
-           a->amax_epsilon == b->amax_epsilon && a->x_block_dim == b->x_block_dim &&
-           a->w_block_dim == b->w_block_dim && a->grad_block_dim == b->grad_block_dim &&
-           a->mxfp8_2d_weights == b->mxfp8_2d_weights && a->nvfp4_rht == b->nvfp4_rht &&
-           a->nvfp4_stochastic == b->nvfp4_stochastic && a->nvfp4_2d_weights == b->nvfp4_2d_weights &&
-           a->factory == b->factory && a->factory_user == b->factory_user &&
-           a->backward_override == b->backward_override;
+    return opf_schema_equal(&opf_recipe_schema, a, b);
 }
 
 /* Plan cache (te-ops.md 3.3). The key is the recipe (kind, format, history
@@ -67,8 +59,9 @@ opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int fir
         seq->key_valid = true;
         seq->epoch++;
     }
+    if (reset) opf_seq_drop_plans(seq, false);  /* the fusion functions see the recipe */
     if (reset || !seq->planned || first_req != seq->key_first_req) {
-        opf_status st = opf_seq_plan_build(seq);
+        opf_status st = opf_seq_use_plans(seq, first_req);
         if (st) return st;
     }
     seq->key_first_req = first_req;
@@ -88,41 +81,6 @@ opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe)
     if ((st = opf_seq_prepare_plans(seq, &call, seq->n))) return st;
     seq->key_first_req = -1;  /* the next forward sets it and rebuilds the plans only */
     return OPF_OK;
-}
-
-/* The neighbours' quantizers of the basic ops [first, last]: q[0] the
- * previous op's grad-output quantizer, q[1] the next op's input quantizer
- * (te-ops.md 3.7: basic-op neighbours, even inside another fused op). */
-void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
-                                  const opf_quantizer *p[2])
-{
-    p[0] = p[1] = NULL;
-    if (first > 0 && seq->ops[first - 1]->cls->grad_output_quantizer) {
-        const opf_quantizer *g = seq->ops[first - 1]->cls->grad_output_quantizer(seq->ops[first - 1]);
-        if (g) q[0] = *g, p[0] = &q[0];
-    }
-    if (last + 1 < seq->n && seq->ops[last + 1]->cls->input_quantizer) {
-        const opf_quantizer *n = seq->ops[last + 1]->cls->input_quantizer(seq->ops[last + 1]);
-        if (n) q[1] = *n, p[1] = &q[1];
-    }
-}
-
-void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req,
-                       const void *const *kwargs, opf_quantizer qv[2], const void *kw[OPF_FUSED_MAX],
-                       opf_fwd_env *env)
-{
-    int first = e->first, last = e->first + e->count - 1;
-    const opf_quantizer *qp[2];
-    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
-    for (int k = 0; k < OPF_FUSED_MAX; k++) kw[k] = kwargs && k < e->count ? kwargs[first + k] : NULL;
-    memset(env, 0, sizeof *env);
-    env->ctx = seq->ctx;
-    env->prev_grad_q = qp[0];
-    env->next_input_q = qp[1];
-    env->recipe = seq->has_recipe ? &seq->recipe : NULL;
-    env->requires_grad = last >= first_req;
-    env->first_requires_grad = env->requires_grad && first_req > first ? first_req - first : 0;
-    env->kwargs = opf_op_is_fused(e->op) ? (const void *)kw : kw[0];
 }
 
 static void release_pending(opf_seq *seq)
@@ -158,85 +116,10 @@ static opf_status check_call(opf_seq *seq, const opf_tensor *x, const opf_seq_ca
     return OPF_OK;
 }
 
-/* Runs one plan entry forward; *cur is replaced by its output. Extra inputs
- * produced inside the entry are left NULL: a fused op wires them itself. */
-static opf_status forward_entry(opf_seq *seq, const opf_plan_entry *e, const opf_seq_call *call,
-                                opf_tensor *cur, bool *cur_owned)
-{
-    opf_op *op = e->op;
-    int first = e->first, last = e->first + e->count - 1;
-    opf_quantizer qv[2];
-    const void *kw[OPF_FUSED_MAX];
-    opf_fwd_env env;
-    opf_seq_entry_env(seq, e, seq->first_req, call->kwargs, qv, kw, &env);
-    env.x = cur;
-    int slot = 0;
-    for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
-            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
-            env.extra_in[slot] = s->op < 0 ? &call->extra_in[s->pub]
-                               : s->op >= first ? NULL
-                               : &seq->chan[s->op * OPF_OP_MAX_EXTRA + s->slot];
-        }
-    opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
-    opf_status st = opf_op_forward(op, &env, &seq->octx[first], outs);
-    if (st) return st;
-    if (*cur_owned) opf_tensor_release(cur);
-    *cur = outs[0];
-    *cur_owned = true;
-    slot = 0;
-    for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++, slot++) {
-            opf_tensor *c = &seq->chan[i * OPF_OP_MAX_EXTRA + j];
-            opf_tensor_release(c);
-            *c = outs[1 + slot];
-        }
-    return OPF_OK;
-}
-
 void opf_seq_update_delayed(opf_seq *seq, bool backward)
 {
     for (int i = 0; i < seq->n; i++)
         if (seq->ops[i]->rs) opf_recipe_state_update(seq->ctx, seq->ops[i]->rs, backward, NULL, NULL);
-}
-
-opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
-                           opf_tensor *y, opf_tensor *extra_out)
-{
-    OPF_CHECK_NULL(NULL, "opf_seq_forward", seq);
-    OPF_CHECK_NULL(seq->ctx, "opf_seq_forward", y);
-    opf_status st = opf_seq_build(seq);
-    if (st || (st = check_call(seq, x, call))) return st;
-    if (!call->requires_grad && seq->pending)  /* inference between a forward and its backward */
-        return opf_error(seq->ctx, OPF_ERR_STATE, "opf_seq_forward: a backward is pending");
-    int first_req = opf_seq_first_req(seq, call);
-    if ((st = opf_seq_prepare_plans(seq, call, first_req))) return st;
-    seq->first_req = first_req;
-    opf_tensor cur = *x;
-    bool owned = false;
-    for (int g = 0; g < seq->n_groups && !st; g++) {
-        const opf_group *gr = &seq->groups[g];
-        for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(seq, &gr->fwd[k], call, &cur, &owned);
-    }
-    if (st) {
-        if (owned) opf_tensor_release(&cur);
-        release_pending(seq);
-        return st;
-    }
-    if (!owned) opf_tensor_retain(x, &cur);  /* cannot happen with n >= 1; keep the contract */
-    *y = cur;
-    if (extra_out)
-        for (int i = 0; i < seq->n; i++)
-            for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
-                int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
-                if (pub >= 0) opf_tensor_retain(&seq->chan[i * OPF_OP_MAX_EXTRA + j], &extra_out[pub]);
-            }
-    if (call->requires_grad) {
-        seq->pending = first_req < seq->n;
-        opf_seq_update_delayed(seq, false);
-    }
-    if (!seq->pending) release_pending(seq);
-    return OPF_OK;
 }
 
 opf_spec opf_grad_sum_spec(const opf_spec *acc)
@@ -260,7 +143,7 @@ opf_status opf_grad_sum(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b, 
     if (!st) st = opf_op_load_f32(ctx, a, x, &pa);
     if (!st) st = opf_op_load_f32(ctx, b, y, &pb);
     if (!st) {
-        for (int64_t i = 0; i < n; i++) x[i] = pa[i] + pb[i];
+        opf_sum_f32(x, pa, pb, n);
         st = opf_convert(x, OPF_F32, out->data[0], out->spec.dtype, (size_t)n);
     }
     opf_ctx_scratch_pop(ctx, mark);
@@ -269,8 +152,9 @@ opf_status opf_grad_sum(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b, 
 
 /* acc += g: acc takes a reference to g when empty, else a new fp32 sum in
  * acc's dtype. */
-static opf_status add_grad(opf_ctx *ctx, opf_tensor *acc, const opf_tensor *g)
+static opf_status add_grad(opf_walker *w, opf_tensor *acc, const opf_tensor *g)
 {
+    opf_ctx *ctx = w->seq->ctx;
     if (!g || (!g->data[0] && !g->data[OPF_COMP_COL_DATA])) return OPF_OK;
     if (!acc->data[0] && !acc->data[OPF_COMP_COL_DATA]) {
         opf_tensor_retain(g, acc);
@@ -289,45 +173,47 @@ static opf_status add_grad(opf_ctx *ctx, opf_tensor *acc, const opf_tensor *g)
     return OPF_OK;
 }
 
-/* Backward of one plan entry: dy in *cur (replaced by dx). Gradients of
- * extra outputs consumed inside the entry are the fused op's business. */
-static opf_status backward_entry(opf_seq *seq, const opf_plan_entry *e, const opf_tensor *dextra_out,
-                                 opf_tensor *cur, opf_tensor *dextra_in)
+/* ---- the eager visitor of the seq walker: the ops' own runners ---- */
+
+static opf_status run_forward(opf_walker *w, const opf_plan_entry *e, const opf_fwd_env *env,
+                              opf_tensor *outs)
 {
-    opf_op *op = e->op;
-    opf_ctx *ctx = seq->ctx;
-    int first = e->first, last = e->first + e->count - 1;
-    opf_quantizer qv[2];
-    const opf_quantizer *qp[2];
-    opf_seq_neighbour_quantizers(seq, first, last, qv, qp);
-    opf_bwd_env env = {.ctx = ctx, .dy = cur, .prev_grad_q = qp[0]};
-    opf_status st = OPF_OK;
-    int slot = 0;
-    for (int i = first; i <= last && !st; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out && !st; j++, slot++) {
-            opf_tensor *cg = &seq->chan_grad[i * OPF_OP_MAX_EXTRA + j];
-            int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
-            if (pub >= 0 && dextra_out) st = add_grad(ctx, cg, &dextra_out[pub]);
-            env.dextra_out[slot] = cg->data[0] || cg->data[OPF_COMP_COL_DATA] ? cg : NULL;
-        }
-    opf_tensor dx, dxi[OPF_OP_MAX_EXTRA];
-    memset(dxi, 0, sizeof dxi);
-    if (!st) st = opf_op_backward(op, &seq->octx[first], &env, &dx, dxi);
-    if (st) return st;
-    slot = 0;
-    for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
-            const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
-            if (s->op < 0) {
-                if (dextra_in && !st) opf_tensor_retain(&dxi[slot], &dextra_in[s->pub]);
-            } else if (s->op < first && !st) {
-                st = add_grad(ctx, &seq->chan_grad[s->op * OPF_OP_MAX_EXTRA + s->slot], &dxi[slot]);
-            }
-            opf_tensor_release(&dxi[slot]);
-        }
-    opf_tensor_release(cur);
-    *cur = dx;
-    return st;
+    return opf_op_forward(e->op, env, &w->seq->octx[e->first], outs);
+}
+
+static opf_status run_backward(opf_walker *w, const opf_plan_entry *e, const opf_bwd_env *env,
+                               opf_tensor *dx, opf_tensor *dextra_in)
+{
+    return opf_op_backward(e->op, &w->seq->octx[e->first], env, dx, dextra_in);
+}
+
+static const opf_walk_i eager_walk = {run_forward, run_backward, add_grad};
+
+opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
+                           opf_tensor *y, opf_tensor *extra_out)
+{
+    OPF_CHECK_NULL(NULL, "opf_seq_forward", seq);
+    OPF_CHECK_NULL(seq->ctx, "opf_seq_forward", y);
+    opf_status st = opf_seq_build(seq);
+    if (st || (st = check_call(seq, x, call))) return st;
+    if (!call->requires_grad && seq->pending)  /* inference between a forward and its backward */
+        return opf_error(seq->ctx, OPF_ERR_STATE, "opf_seq_forward: a backward is pending");
+    int first_req = opf_seq_first_req(seq, call);
+    if ((st = opf_seq_prepare_plans(seq, call, first_req))) return st;
+    seq->first_req = first_req;
+    opf_walker w = {.seq = seq, .vt = &eager_walk, .first_req = first_req, .kwargs = call->kwargs,
+                    .extra_in = call->extra_in, .chan = seq->chan, .chan_grad = seq->chan_grad};
+    if ((st = opf_walk_forward(&w, x, y))) {
+        release_pending(seq);
+        return st;
+    }
+    if (extra_out) opf_walk_extra_out(&w, extra_out);
+    if (call->requires_grad) {
+        seq->pending = first_req < seq->n;
+        opf_seq_update_delayed(seq, false);
+    }
+    if (!seq->pending) release_pending(seq);
+    return OPF_OK;
 }
 
 opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor *dextra_out,
@@ -340,30 +226,16 @@ opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor
         return opf_error(seq->ctx, OPF_ERR_STATE,
                          "%s: no forward awaits a backward (run opf_seq_forward with requires_grad "
                          "first; each forward allows one backward)", fn);
-    opf_tensor cur;
-    opf_tensor_retain(dy, &cur);
-    opf_status st = OPF_OK;
-    if (dextra_in)
-        for (int p = 0; p < seq->n_pub_in; p++) memset(&dextra_in[p], 0, sizeof *dextra_in);
-    for (int g = seq->n_groups - 1; g >= 0 && !st; g--) {
-        const opf_group *gr = &seq->groups[g];
-        for (int k = gr->n_bwd - 1; k >= 0 && !st; k--) {
-            const opf_plan_entry *e = &gr->bwd[k];
-            if (e->first + e->count - 1 < seq->first_req) {  /* early stop: nothing before needs gradients */
-                opf_tensor_release(&cur);
-                g = -1;
-                break;
-            }
-            st = backward_entry(seq, e, dextra_out, &cur, dextra_in);
-        }
-    }
+    opf_walker w = {.seq = seq, .vt = &eager_walk, .first_req = seq->first_req,
+                    .chan = seq->chan, .chan_grad = seq->chan_grad};
+    opf_tensor d;
+    opf_status st = opf_walk_backward(&w, dy, dextra_out, &d, dextra_in);
     if (st) {
-        opf_tensor_release(&cur);
         release_pending(seq);
         return st;
     }
-    if (dx) *dx = cur;
-    else opf_tensor_release(&cur);
+    if (dx) *dx = d;
+    else opf_tensor_release(&d);
     opf_seq_update_delayed(seq, true);
     release_pending(seq);
     return OPF_OK;

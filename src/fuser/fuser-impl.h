@@ -15,9 +15,25 @@ typedef struct opf_src {
 
 typedef struct opf_group {
     int             first, count;  /* basic ops [first, first + count) */
-    opf_plan_entry *fwd, *bwd;     /* plans (count entries at most) */
+    opf_plan_entry *fwd, *bwd;     /* plans (count entries at most): the current slot's */
     int             n_fwd, n_bwd;
 } opf_group;
+
+/* One cached set of plans (every group's forward and backward) and the
+ * fused ops they use. The plan cache keeps a few, keyed by the first op
+ * needing backward, so flipping grad mode (activation recompute) switches
+ * plans instead of re-running the fusion functions. */
+enum { OPF_PLAN_SLOTS = 4 };
+typedef struct opf_plan_slot {
+    bool            used;
+    int             key;        /* first_req the plans were made for */
+    uint64_t        registry;   /* the fusion registries' generation they saw */
+    uint64_t        tick;       /* last use, for eviction */
+    opf_plan_entry *entries;    /* [2 * n]: group g's forward at g->first, backward at n + g->first */
+    int            *counts;     /* [2 * n_groups]: entries of each group's forward, backward */
+    opf_op        **fused;      /* [3 * n] fused ops the plans use, owned */
+    int             n_fused;
+} opf_plan_slot;
 
 struct opf_seq {
     opf_ctx    *ctx;
@@ -36,16 +52,18 @@ struct opf_seq {
     opf_tensor *chan_grad;                    /* [n][OPF_OP_MAX_EXTRA] gradients flowing back */
     bool        pending;                      /* a forward awaits its backward */
     int         first_req;
-    /* plan cache key */
-    bool            planned;
+    /* plan cache */
+    bool            planned;                  /* the groups point at a valid slot */
+    bool            plans_stale;              /* drop every slot before the next use */
+    opf_plan_slot   slots[OPF_PLAN_SLOTS];
+    int             cur_slot;
+    uint64_t        plan_tick;
     bool            key_valid;                /* recipe states match `recipe` */
     int             key_first_req;
     opf_recipe      recipe;                   /* the recipe of the last forward */
     bool            has_recipe;
     /* fusions */
     bool            fusions;                  /* on unless opf_seq_set_fusions(false) */
-    opf_op        **fused;                    /* fused ops the plans use, owned */
-    int             n_fused;
     bool            first_forward_done;       /* pre_first_forward ran */
     /* bumped whenever the ops' recipe state is rebuilt or the seq changes:
      * a compiled graph that baked quantizer state checks it */
@@ -53,16 +71,19 @@ struct opf_seq {
 };
 
 /* fusion.c */
-void opf_seq_destroy_fused(opf_seq *seq);
+/* Drops every cached plan and destroys their fused ops; free_slots also
+ * frees the slots' arrays (the seq's shape changes). */
+void opf_seq_drop_plans(opf_seq *seq, bool free_slots);
 /* Hands the fused ops of the current plans to the caller (a compiled graph
- * keeps them alive); the seq rebuilds its plans on next use. Returns the
+ * keeps them alive); the seq rebuilds those plans on next use. Returns the
  * count; *ops is a malloc'ed array the caller frees (NULL when 0). */
 int opf_seq_take_fused(opf_seq *seq, opf_op ***ops);
+/* Points the groups at the plans for first_req: cached, or built now. */
+opf_status opf_seq_use_plans(opf_seq *seq, int first_req);
 
 /* seq.c: groups, channels, plans. */
 opf_status opf_seq_build(opf_seq *seq);
 void opf_seq_unbuild(opf_seq *seq);
-opf_status opf_seq_plan_build(opf_seq *seq);
 
 /* exec.c, shared with the compiler (src/compile/). */
 /* Recipes equal in every value field (the factory by identity); NULL == NULL. */
@@ -71,17 +92,6 @@ bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b);
 int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call);
 /* The recipe state and plans for a call (plan cache, te-ops.md 3.3). */
 opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int first_req);
-/* The neighbours' quantizers of basic ops [first, last]: p[0] the previous
- * op's grad-output quantizer, p[1] the next op's input quantizer (copies in q). */
-void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
-                                  const opf_quantizer *p[2]);
-/* The env of plan entry e except x and extra_in: neighbours' quantizers
- * (copies in qv), the seq's recipe, requires_grad (e reaches first_req) and
- * first_requires_grad (first_req's place in e, when inside it), and
- * kwargs (kw: the covered ops' entries of `kwargs`, which may be NULL). */
-void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req,
-                       const void *const *kwargs, opf_quantizer qv[2], const void *kw[OPF_FUSED_MAX],
-                       opf_fwd_env *env);
 /* Delayed-scaling updates of every op after a forward or a backward. */
 void opf_seq_update_delayed(opf_seq *seq, bool backward);
 /* Channel gradients: the spec of a sum (acc's shape; acc's dtype when plain,

@@ -22,6 +22,7 @@ typedef struct fusion {
 
 static fusion reg[3][MAX_FUSIONS];
 static int n_reg[3];
+static uint64_t reg_generation;  /* bumped by every change: cached plans of older ones are stale */
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
 
@@ -53,6 +54,7 @@ static opf_status add(which w, const char *name, opf_fusion_fn fn, void *user, b
         slot->fn = fn;
         slot->user = user;
         n_reg[w]++;
+        reg_generation++;
     }
     pthread_mutex_unlock(&reg_lock);
     return st;
@@ -92,6 +94,7 @@ opf_status opf_unregister_fusion(const char *name)
             if (name && !strcmp(reg[w][i].name, name)) {
                 memmove(&reg[w][i], &reg[w][i + 1], sizeof reg[w][0] * (size_t)(n_reg[w] - i - 1));
                 n_reg[w]--;
+                reg_generation++;
                 pthread_mutex_unlock(&reg_lock);
                 return OPF_OK;
             }
@@ -154,11 +157,12 @@ static opf_status apply(opf_seq *seq, which w, opf_op **list, int *n, opf_op *co
             st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "fusion \"%s\" returned %d ops for %d",
                            f[i].name, n_out, *n);
         if (!st) st = map_back(seq->ctx, f[i].name, out, n_out, basic, nb, first, NULL);
-        /* new fused ops belong to the seq from here, kept or not */
+        /* new fused ops belong to the plans from here, kept or not */
+        opf_plan_slot *sl = &seq->slots[seq->cur_slot];
         for (int j = 0; j < n_out && j < *n; j++)
             if (out[j] && opf_op_is_fused(out[j]) && !in_list(list, *n, out[j]) &&
-                !in_list(seq->fused, seq->n_fused, out[j]))
-                seq->fused[seq->n_fused++] = out[j];
+                !in_list(sl->fused, sl->n_fused, out[j]))
+                sl->fused[sl->n_fused++] = out[j];
         if (st) return st;
         memcpy(list, out, sizeof *out * (size_t)n_out);
         *n = n_out;
@@ -166,22 +170,43 @@ static opf_status apply(opf_seq *seq, which w, opf_op **list, int *n, opf_op *co
     return OPF_OK;
 }
 
-void opf_seq_destroy_fused(opf_seq *seq)
+/* ---- the plan cache: a few plan sets by first_req ------------------------------- */
+
+static void drop_slot(opf_plan_slot *sl)
 {
-    for (int i = 0; i < seq->n_fused; i++) opf_op_destroy(seq->fused[i]);
-    seq->n_fused = 0;
+    for (int i = 0; i < sl->n_fused; i++) opf_op_destroy(sl->fused[i]);
+    sl->n_fused = 0;
+    sl->used = false;
+}
+
+void opf_seq_drop_plans(opf_seq *seq, bool free_slots)
+{
+    for (int k = 0; k < OPF_PLAN_SLOTS; k++) {
+        opf_plan_slot *sl = &seq->slots[k];
+        drop_slot(sl);
+        if (!free_slots) continue;
+        free(sl->entries), free(sl->counts), free(sl->fused);
+        memset(sl, 0, sizeof *sl);
+    }
+    for (int g = 0; g < seq->n_groups; g++) {
+        seq->groups[g].fwd = seq->groups[g].bwd = NULL;
+        seq->groups[g].n_fwd = seq->groups[g].n_bwd = 0;
+    }
+    seq->planned = seq->plans_stale = false;
 }
 
 int opf_seq_take_fused(opf_seq *seq, opf_op ***ops)
 {
-    int n = seq->n_fused;
+    opf_plan_slot *sl = &seq->slots[seq->cur_slot];
+    int n = seq->planned ? sl->n_fused : 0;
     *ops = NULL;
     if (n) {
         *ops = malloc(sizeof **ops * (size_t)n);
         if (!*ops) return -1;
-        memcpy(*ops, seq->fused, sizeof **ops * (size_t)n);
+        memcpy(*ops, sl->fused, sizeof **ops * (size_t)n);
     }
-    seq->n_fused = 0;
+    sl->n_fused = 0;
+    sl->used = false;  /* its plans point at ops the caller owns now */
     seq->planned = false;
     return n;
 }
@@ -204,43 +229,96 @@ static opf_status plan_group(opf_seq *seq, opf_group *g)
         st = apply(seq, FORWARD, fw, &nf, basic, g->count, g->first);
         if (!st) st = apply(seq, BACKWARD, bw, &nbw, basic, g->count, g->first);
     }
+    /* a fused op must be able to run the pass it is planned in */
+    for (int i = 0; i < nf && !st; i++)
+        if (!fw[i]->cls->forward_impl)
+            st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "seq: \"%s\" has no forward but was "
+                           "planned in the forward pass", opf_op_name(fw[i]));
+    for (int i = 0; i < nbw && !st; i++)
+        if (!bw[i]->cls->backward_impl && bw[i]->cls->covers > 0)
+            st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "seq: \"%s\" has no backward but was "
+                           "planned in the backward pass", opf_op_name(bw[i]));
     if (!st) st = map_back(seq->ctx, "(plan)", fw, nf, basic, g->count, g->first, g->fwd);
     if (!st) st = map_back(seq->ctx, "(plan)", bw, nbw, basic, g->count, g->first, g->bwd);
     if (st) return st;
-    /* a fused op must be able to run the pass it is planned in */
-    for (int i = 0; i < nf; i++)
-        if (!fw[i]->cls->forward_impl)
-            return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "seq: \"%s\" has no forward but was "
-                             "planned in the forward pass", opf_op_name(fw[i]));
-    for (int i = 0; i < nbw; i++)
-        if (!bw[i]->cls->backward_impl && bw[i]->cls->covers > 0)
-            return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "seq: \"%s\" has no backward but was "
-                             "planned in the backward pass", opf_op_name(bw[i]));
     g->n_fwd = nf;
     g->n_bwd = nbw;
     return OPF_OK;
 }
 
-opf_status opf_seq_plan_build(opf_seq *seq)
+/* Points the groups at slot k's plans. */
+static void point_groups(opf_seq *seq, int k)
+{
+    opf_plan_slot *sl = &seq->slots[k];
+    for (int g = 0; g < seq->n_groups; g++) {
+        opf_group *gr = &seq->groups[g];
+        gr->fwd = sl->entries + gr->first;
+        gr->bwd = sl->entries + seq->n + gr->first;
+        gr->n_fwd = sl->counts[2 * g];
+        gr->n_bwd = sl->counts[2 * g + 1];
+    }
+    seq->cur_slot = k;
+    sl->tick = ++seq->plan_tick;
+}
+
+/* A free slot, else the least recently used one (dropped), with its arrays. */
+static opf_status claim_slot(opf_seq *seq, int *out)
+{
+    int k = 0;
+    for (int i = 1; i < OPF_PLAN_SLOTS; i++)
+        if (seq->slots[k].used && (!seq->slots[i].used || seq->slots[i].tick < seq->slots[k].tick)) k = i;
+    opf_plan_slot *sl = &seq->slots[k];
+    drop_slot(sl);
+    size_t n = (size_t)(seq->n ? seq->n : 1);
+    if (!sl->entries) sl->entries = calloc(2 * n, sizeof *sl->entries);
+    if (!sl->counts) sl->counts = calloc(2 * n, sizeof *sl->counts);
+    if (!sl->fused) sl->fused = calloc(3 * n, sizeof *sl->fused);
+    if (!sl->entries || !sl->counts || !sl->fused)
+        return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
+    *out = k;
+    return OPF_OK;
+}
+
+/* Runs the fusion registries over every group into slot k. */
+static opf_status build_slot(opf_seq *seq, int k)
+{
+    point_groups(seq, k);
+    for (int g = 0; g < seq->n_groups; g++) {
+        opf_group *gr = &seq->groups[g];
+        opf_status st = plan_group(seq, gr);
+        if (st) return st;
+        seq->slots[k].counts[2 * g] = gr->n_fwd;
+        seq->slots[k].counts[2 * g + 1] = gr->n_bwd;
+    }
+    return OPF_OK;
+}
+
+opf_status opf_seq_use_plans(opf_seq *seq, int first_req)
 {
     pthread_once(&builtin_once, register_builtins);
-    opf_seq_destroy_fused(seq);
-    if (!seq->fused) {
-        seq->fused = calloc((size_t)(seq->n ? seq->n : 1) * 3, sizeof *seq->fused);
-        if (!seq->fused) return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
-    }
+    if (seq->plans_stale) opf_seq_drop_plans(seq, false);
+    seq->planned = false;
+    pthread_mutex_lock(&reg_lock);
+    uint64_t gen = reg_generation;
+    pthread_mutex_unlock(&reg_lock);
+    for (int k = 0; k < OPF_PLAN_SLOTS; k++)
+        if (seq->slots[k].used && seq->slots[k].key == first_req && seq->slots[k].registry == gen) {
+            point_groups(seq, k);
+            seq->planned = true;
+            return OPF_OK;
+        }
     if (!seq->first_forward_done) {
         for (int i = 0; i < seq->n; i++)
             if (seq->ops[i]->cls->pre_first_forward) seq->ops[i]->cls->pre_first_forward(seq->ops[i]);
         seq->first_forward_done = true;
     }
-    for (int g = 0; g < seq->n_groups; g++) {
-        opf_status st = plan_group(seq, &seq->groups[g]);
-        if (st) {
-            seq->planned = false;
-            return st;
-        }
-    }
+    int k = 0;
+    opf_status st = claim_slot(seq, &k);
+    if (!st && (st = build_slot(seq, k))) drop_slot(&seq->slots[k]);
+    if (st) return st;
+    seq->slots[k].used = true;
+    seq->slots[k].key = first_req;
+    seq->slots[k].registry = gen;
     seq->planned = true;
     return OPF_OK;
 }
@@ -249,7 +327,8 @@ void opf_seq_set_fusions(opf_seq *seq, bool enabled)
 {
     if (seq->fusions != enabled) {
         seq->planned = false;
-        seq->epoch++;  /* compiled graphs hold the other plans */
+        seq->plans_stale = true;  /* every cached plan saw the other setting */
+        seq->epoch++;             /* compiled graphs hold the other plans */
     }
     seq->fusions = enabled;
 }

@@ -27,13 +27,7 @@ void opf_seq_unbuild(opf_seq *seq)
         }
     if (seq->octx)
         for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]);
-    for (int g = 0; g < seq->n_groups; g++) {
-        free(seq->groups[g].fwd);
-        free(seq->groups[g].bwd);
-    }
-    opf_seq_destroy_fused(seq);
-    free(seq->fused);
-    seq->fused = NULL;
+    opf_seq_drop_plans(seq, true);
     free(seq->groups), free(seq->octx), free(seq->in_src), free(seq->out_pub);
     free(seq->chan), free(seq->chan_grad);
     seq->groups = NULL, seq->octx = NULL, seq->in_src = NULL, seq->out_pub = NULL;
@@ -192,9 +186,6 @@ static opf_status add_group(opf_seq *seq, int first, int end)
     opf_group *g = &seq->groups[seq->n_groups++];
     g->first = first;
     g->count = end - first;
-    g->fwd = calloc((size_t)g->count, sizeof *g->fwd);
-    g->bwd = calloc((size_t)g->count, sizeof *g->bwd);
-    if (!g->fwd || !g->bwd) return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
     return resolve_channels(seq, first, end);
 }
 
@@ -236,7 +227,7 @@ int opf_seq_first_requiring_backward(const opf_seq *seq) { return seq->first_req
 int opf_seq_plan(opf_seq *seq, int group, bool backward, opf_plan_entry *entries, int max)
 {
     if (opf_seq_build(seq) || group < 0 || group >= seq->n_groups) return -1;
-    if (!seq->planned) opf_seq_plan_build(seq);
+    if (!seq->planned && opf_seq_use_plans(seq, seq->key_first_req)) return -1;
     const opf_group *g = &seq->groups[group];
     int n = backward ? g->n_bwd : g->n_fwd;
     for (int i = 0; i < n && i < max; i++) entries[i] = backward ? g->bwd[i] : g->fwd[i];

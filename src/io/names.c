@@ -17,13 +17,6 @@ static const char *const comp_names[] = {
 _Static_assert(sizeof comp_names / sizeof comp_names[0] == OPF_COMP_COUNT,
                "comp_names must name every component");
 
-static const char *const format_names[] = {
-    [OPF_FORMAT_E4M3] = "e4m3", [OPF_FORMAT_E5M2] = "e5m2", [OPF_FORMAT_HYBRID] = "hybrid",
-    [OPF_FORMAT_E2M1] = "e2m1",
-};
-_Static_assert(sizeof format_names / sizeof format_names[0] == OPF_FORMAT_COUNT,
-               "format_names must name every format");
-
 void opf_ck_list_free(opf_ck_list *l)
 {
     free(l->v);
@@ -214,8 +207,34 @@ opf_status opf_ck_collect(const opf_ck_src *s, opf_ck_list *out)
 
 /* ---- metadata strings --------------------------------------------------------- */
 
-/* The recipe fields that change what an op computes, per kind: two ops
- * whose strings match quantize alike. */
+/* The recipe fields that change what an op computes, per kind, under their
+ * checkpoint labels (a NULL label continues the previous one: "blocks=1,2,1").
+ * Values print through the recipe's field table, bools as 0/1. */
+typedef struct ck_field {
+    int         kind;  /* opf_recipe_kind; -1: every kind */
+    const char *label, *field;
+} ck_field;
+static const ck_field ck_fields[] = {
+    {-1, "format", "format"},
+    {OPF_RECIPE_DELAYED, "margin", "margin"},         {OPF_RECIPE_DELAYED, "history", "amax_history_len"},
+    {OPF_RECIPE_DELAYED, "algo", "amax_algo"},        {OPF_RECIPE_CURRENT, "pow2", "power_2_scales"},
+    {OPF_RECIPE_CURRENT, "eps", "amax_epsilon"},      {OPF_RECIPE_BLOCK, "pow2", "power_2_scales"},
+    {OPF_RECIPE_BLOCK, "eps", "amax_epsilon"},        {OPF_RECIPE_BLOCK, "blocks", "x_block_dim"},
+    {OPF_RECIPE_BLOCK, NULL, "w_block_dim"},          {OPF_RECIPE_BLOCK, NULL, "grad_block_dim"},
+    {OPF_RECIPE_MXFP8, "2d_weights", "mxfp8_2d_weights"}, {OPF_RECIPE_NVFP4, "rht", "nvfp4_rht"},
+    {OPF_RECIPE_NVFP4, "stochastic", "nvfp4_stochastic"},
+    {OPF_RECIPE_NVFP4, "2d_weights", "nvfp4_2d_weights"},
+};
+
+static size_t ck_value(const opf_recipe *r, const char *name, char *buf, size_t size)
+{
+    const opf_field *f = opf_schema_field(&opf_recipe_schema, name);
+    const void *p = (const char *)r + f->offset;
+    int n = f->kind == OPF_FIELD_BOOL ? snprintf(buf, size, "%d", *(const bool *)p)
+                                      : opf_field_print(f, p, buf, size);
+    return n < 0 ? size : (size_t)n;
+}
+
 void opf_ck_recipe_str(const opf_op *op, char *buf, size_t size)
 {
     const opf_recipe_state *rs = opf_op_recipe_state(op);
@@ -224,29 +243,12 @@ void opf_ck_recipe_str(const opf_op *op, char *buf, size_t size)
         return;
     }
     const opf_recipe *r = opf_recipe_state_recipe(rs);
-    const char *fmt = (unsigned)r->format < OPF_FORMAT_COUNT ? format_names[r->format] : "invalid";
-    int n = snprintf(buf, size, "%s format=%s", opf_recipe_name(r->kind), fmt);
-    if (n < 0 || (size_t)n >= size) return;
-    char *p = buf + n;
-    size_t left = size - (size_t)n;
-    switch (r->kind) {
-    case OPF_RECIPE_DELAYED:
-        snprintf(p, left, " margin=%.9g history=%d algo=%s", (double)r->margin, r->amax_history_len,
-                 r->amax_algo == OPF_AMAX_MAX ? "max" : "most_recent");
-        break;
-    case OPF_RECIPE_CURRENT:
-        snprintf(p, left, " pow2=%d eps=%.9g", r->power_2_scales, (double)r->amax_epsilon);
-        break;
-    case OPF_RECIPE_BLOCK:
-        snprintf(p, left, " pow2=%d eps=%.9g blocks=%d,%d,%d", r->power_2_scales,
-                 (double)r->amax_epsilon, r->x_block_dim, r->w_block_dim, r->grad_block_dim);
-        break;
-    case OPF_RECIPE_MXFP8: snprintf(p, left, " 2d_weights=%d", r->mxfp8_2d_weights); break;
-    case OPF_RECIPE_NVFP4:
-        snprintf(p, left, " rht=%d stochastic=%d 2d_weights=%d", r->nvfp4_rht,
-                 r->nvfp4_stochastic, r->nvfp4_2d_weights);
-        break;
-    default: break;  /* custom: the factory decides; none has no state */
+    size_t n = ck_value(r, "kind", buf, size);
+    for (size_t i = 0; i < sizeof ck_fields / sizeof ck_fields[0] && n < size; i++) {
+        if (ck_fields[i].kind >= 0 && ck_fields[i].kind != (int)r->kind) continue;
+        const char *l = ck_fields[i].label;
+        n += l ? (size_t)snprintf(buf + n, size - n, " %s=", l) : (size_t)snprintf(buf + n, size - n, ",");
+        if (n < size) n += ck_value(r, ck_fields[i].field, buf + n, size - n);
     }
 }
 

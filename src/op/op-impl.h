@@ -81,8 +81,9 @@ float *opf_op_scratch(opf_ctx *ctx, int64_t n);
 /* ---- the steps of one op call (run.c), shared by the eager runner and the
  * compiler, which replays only the *_impl between them ---- */
 
-/* The traced half of a forward: zeroes args, resolve_fwd, schema check, and
- * the fake's specs (all "none" for a class without a fake). */
+/* The traced half of a forward: zeroes args, resolve_fwd, schema check, the
+ * fake's specs (all "none" for a class without a fake) and after_fake. The
+ * one place a forward fake runs, for eager and compiled execution alike. */
 opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, opf_spec *out_s,
                                 opf_spec *aux_s);
 /* What the forward keeps for backward in octx (one context per covered
@@ -91,12 +92,24 @@ opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, 
 opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
                                const void *args, const opf_tensor *outs, const opf_tensor *aux);
 /* The traced half of a backward: checks the contexts, resolve_bwd and the
- * fake's gradient specs; *n_grads = 1 + parameters + extra inputs. */
+ * fake's gradient specs (the one place a backward fake runs);
+ * *n_grads = 1 + parameters + extra inputs. */
 opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                  void *bargs, opf_spec *gs, int *n_grads);
+/* out[i] = a[i] + b[i] in fp32 (out may be a). */
+void opf_sum_f32(float *out, const float *a, const float *b, int64_t n);
 /* p->grad (+)= g: the first gradient is converted in, later ones summed in
  * fp32; sets has_grad. */
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g);
+
+/* ---- schemas (schema.c, value_schemas.c) ---- */
+
+/* Folds a spec (without its leading size when skip_dim0) into hash h. */
+uint64_t opf_spec_hash(uint64_t h, const opf_spec *s, bool skip_dim0);
+/* Prints one field's value at p into buf (snprintf's return). */
+int opf_field_print(const opf_field *f, const void *p, char *buf, size_t size);
+/* The field table of opf_recipe: compare (opf_schema_equal), hash, print. */
+extern const opf_schema opf_recipe_schema;
 
 /* Registers the built-in classes (ops/ops-impl.h lists them). */
 void opf_ops_register_builtins(void);

@@ -49,7 +49,7 @@ opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, 
     none_specs(aux_s, OPF_OP_MAX_AUX);
     if (c->forward_fake && (st = c->forward_fake(args, out_s, aux_s)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
-    return OPF_OK;
+    return c->after_fake ? c->after_fake(op, env, args, out_s, aux_s) : OPF_OK;
 }
 
 opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
@@ -96,6 +96,13 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
     return st;
 }
 
+/* The one fp32 gradient-sum loop (channel gradients, parameter
+ * accumulation); the step that moves into the backend's elem family. */
+void opf_sum_f32(float *out, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
 {
     int64_t n = opf_spec_numel(&p->grad.spec);
@@ -112,7 +119,7 @@ opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
     if (!st) st = opf_convert(p->grad.data[0], p->grad.spec.dtype, a, OPF_F32, (size_t)n);
     if (!st) st = opf_convert(g->data[0], g->spec.dtype, b, OPF_F32, (size_t)n);
     if (!st) {
-        for (int64_t i = 0; i < n; i++) a[i] += b[i];
+        opf_sum_f32(a, a, b, n);
         st = opf_convert(a, OPF_F32, p->grad.data[0], p->grad.spec.dtype, (size_t)n);
     }
     opf_ctx_scratch_pop(ctx, mark);

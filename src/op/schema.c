@@ -1,5 +1,6 @@
-/* schema.c: field schemas of op argument structs: flatten to tensor slots,
- * hash, validate, print. Written once here so no op hand-writes them. */
+/* schema.c: field schemas of op argument structs and of the library's value
+ * structs (the recipe, value-schemas.c): flatten to tensor slots, hash,
+ * compare, validate, print. Written once here so nobody hand-writes them. */
 #include <stdio.h>
 #include <string.h>
 
@@ -24,51 +25,95 @@ int opf_schema_slots(const opf_schema *s, void *args, opf_slot *slots, int max)
     return n;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v)
+uint64_t opf_spec_hash(uint64_t h, const opf_spec *sp, bool skip_dim0)
 {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    return h * 0x100000001B3ull;
-}
-
-static uint64_t hash_spec(uint64_t h, const opf_spec *sp)
-{
-    h = mix(h, (uint64_t)sp->ndim);
-    for (int i = 0; i < sp->ndim && i < OPF_MAX_DIMS; i++) h = mix(h, (uint64_t)sp->shape[i]);
-    h = mix(h, (uint64_t)sp->dtype | (uint64_t)sp->scaling << 8 | (uint64_t)sp->qdtype << 16 |
+    h = opf_hash_mix(h, (uint64_t)sp->ndim);
+    for (int i = skip_dim0 ? 1 : 0; i < sp->ndim && i < OPF_MAX_DIMS; i++)
+        h = opf_hash_mix(h, (uint64_t)sp->shape[i]);
+    h = opf_hash_mix(h, (uint64_t)sp->dtype | (uint64_t)sp->scaling << 8 | (uint64_t)sp->qdtype << 16 |
                    (uint64_t)sp->usage << 24 | (uint64_t)sp->flags << 32);
     return h;
 }
 
+/* A pointer field (data or function) as an integer, by identity. */
+static uint64_t ref_bits(const void *p)
+{
+    uintptr_t u;
+    memcpy(&u, p, sizeof u);
+    return (uint64_t)u;
+}
+
+static bool tensor_present(const opf_tensor *t) { return t->data[0] || t->data[OPF_COMP_COL_DATA]; }
+
+/* A runtime field's value (read per call; keys see only its sign). */
+static int64_t runtime_value(const opf_field *f, const void *p)
+{
+    return f->kind == OPF_FIELD_INT ? *(const int64_t *)p
+         : f->kind == OPF_FIELD_ENUM ? *(const int *)p : (int64_t)*(const bool *)p;
+}
+
 uint64_t opf_schema_hash(const opf_schema *s, const void *args)
 {
-    uint64_t h = 0xCBF29CE484222325ull;
+    uint64_t h = OPF_HASH_SEED;
     for (int i = 0; i < s->n_fields; i++) {
         const opf_field *f = &s->fields[i];
         const void *p = field_ptr(args, f);
         if (f->flags & OPF_FIELD_RUNTIME) {  /* the value is read per call: only set or unset */
-            int64_t v = f->kind == OPF_FIELD_INT ? *(const int64_t *)p
-                      : f->kind == OPF_FIELD_ENUM ? *(const int *)p : (int64_t)*(const bool *)p;
-            h = mix(h, v < 0 ? 0x5E7u : 0x0FFu);
+            h = opf_hash_mix(h, runtime_value(f, p) < 0 ? 0x5E7u : 0x0FFu);
             continue;
         }
         switch (f->kind) {
         case OPF_FIELD_TENSOR:
         case OPF_FIELD_TENSOR_Q: {
             const opf_tensor *t = p;
-            h = t->data[0] || t->data[OPF_COMP_COL_DATA] ? hash_spec(h, &t->spec) : mix(h, 0);
+            h = tensor_present(t) ? opf_spec_hash(h, &t->spec, false) : opf_hash_mix(h, 0);
             break;
         }
-        case OPF_FIELD_QUANTIZER: h = mix(h, opf_quantizer_hash(p)); break;
-        case OPF_FIELD_INT: h = mix(h, (uint64_t)*(const int64_t *)p); break;
-        case OPF_FIELD_FLOAT: { uint64_t u; memcpy(&u, p, 8); h = mix(h, u); break; }
-        case OPF_FIELD_BOOL: h = mix(h, *(const bool *)p); break;
-        case OPF_FIELD_ENUM: h = mix(h, (uint64_t)*(const int *)p); break;
-        case OPF_FIELD_BUNDLE: h = mix(h, f->bundle ? opf_schema_hash(f->bundle, p) : 0); break;
-        case OPF_FIELD_REF: h = mix(h, (uint64_t)(uintptr_t)*(void *const *)p); break;
+        case OPF_FIELD_QUANTIZER: h = opf_hash_mix(h, opf_quantizer_hash(p)); break;
+        case OPF_FIELD_INT: h = opf_hash_mix(h, (uint64_t)*(const int64_t *)p); break;
+        case OPF_FIELD_FLOAT: { uint64_t u; memcpy(&u, p, 8); h = opf_hash_mix(h, u); break; }
+        case OPF_FIELD_BOOL: h = opf_hash_mix(h, *(const bool *)p); break;
+        case OPF_FIELD_ENUM: h = opf_hash_mix(h, (uint64_t)*(const int *)p); break;
+        case OPF_FIELD_BUNDLE: h = opf_hash_mix(h, f->bundle ? opf_schema_hash(f->bundle, p) : 0); break;
+        case OPF_FIELD_REF: h = opf_hash_mix(h, ref_bits(p)); break;
+        case OPF_FIELD_F32: h = opf_hash_mix(h, opf_f32_bits(*(const float *)p)); break;
+        case OPF_FIELD_I32: h = opf_hash_mix(h, (uint64_t)(int64_t)*(const int *)p); break;
         default: break;
         }
     }
     return h;
+}
+
+static bool field_equal(const opf_field *f, const void *a, const void *b)
+{
+    if (f->flags & OPF_FIELD_RUNTIME) return (runtime_value(f, a) < 0) == (runtime_value(f, b) < 0);
+    switch (f->kind) {
+    case OPF_FIELD_TENSOR:
+    case OPF_FIELD_TENSOR_Q: {
+        const opf_tensor *x = a, *y = b;
+        if (tensor_present(x) != tensor_present(y)) return false;
+        return !tensor_present(x) || opf_spec_equal(&x->spec, &y->spec);
+    }
+    case OPF_FIELD_QUANTIZER: return opf_quantizer_equal(a, b);
+    case OPF_FIELD_INT: return *(const int64_t *)a == *(const int64_t *)b;
+    case OPF_FIELD_FLOAT: return !memcmp(a, b, sizeof(double));
+    case OPF_FIELD_BOOL: return *(const bool *)a == *(const bool *)b;
+    case OPF_FIELD_ENUM:
+    case OPF_FIELD_I32: return *(const int *)a == *(const int *)b;
+    case OPF_FIELD_BUNDLE: return !f->bundle || opf_schema_equal(f->bundle, a, b);
+    case OPF_FIELD_REF: return ref_bits(a) == ref_bits(b);
+    case OPF_FIELD_F32: return opf_f32_bits(*(const float *)a) == opf_f32_bits(*(const float *)b);
+    default: return true;
+    }
+}
+
+bool opf_schema_equal(const opf_schema *s, const void *a, const void *b)
+{
+    if (!a || !b) return a == b;
+    for (int i = 0; i < s->n_fields; i++)
+        if (!field_equal(&s->fields[i], field_ptr(a, &s->fields[i]), field_ptr(b, &s->fields[i])))
+            return false;
+    return true;
 }
 
 opf_status opf_schema_validate(const opf_schema *s, const void *args)
@@ -91,12 +136,16 @@ opf_status opf_schema_validate(const opf_schema *s, const void *args)
         } else if (f->kind == OPF_FIELD_BUNDLE && f->bundle) {
             opf_status st = opf_schema_validate(f->bundle, p);
             if (st) return st;
+        } else if (f->kind == OPF_FIELD_ENUM && f->bundle &&
+                   (unsigned)*(const int *)p >= (unsigned)f->bundle->n_fields) {
+            return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: %s %d outside 0..%d", s->name, f->name,
+                             *(const int *)p, f->bundle->n_fields - 1);
         }
     }
     return OPF_OK;
 }
 
-static int print_field(const opf_field *f, const void *p, char *buf, size_t size)
+int opf_field_print(const opf_field *f, const void *p, char *buf, size_t size)
 {
     char sb[128];
     switch (f->kind) {
@@ -114,12 +163,19 @@ static int print_field(const opf_field *f, const void *p, char *buf, size_t size
     case OPF_FIELD_INT: return snprintf(buf, size, "%lld", (long long)*(const int64_t *)p);
     case OPF_FIELD_FLOAT: return snprintf(buf, size, "%g", *(const double *)p);
     case OPF_FIELD_BOOL: return snprintf(buf, size, "%s", *(const bool *)p ? "true" : "false");
-    case OPF_FIELD_ENUM: return snprintf(buf, size, "%d", *(const int *)p);
+    case OPF_FIELD_ENUM: {
+        int v = *(const int *)p;
+        if (f->bundle && (unsigned)v < (unsigned)f->bundle->n_fields)
+            return snprintf(buf, size, "%s", f->bundle->fields[v].name);
+        return snprintf(buf, size, "%d", v);
+    }
+    case OPF_FIELD_F32: return snprintf(buf, size, "%.9g", (double)*(const float *)p);
+    case OPF_FIELD_I32: return snprintf(buf, size, "%d", *(const int *)p);
     case OPF_FIELD_BUNDLE:
         if (!f->bundle) return snprintf(buf, size, "{}");
         opf_schema_print(f->bundle, p, buf, size);
         return (int)strlen(buf);
-    case OPF_FIELD_REF: return snprintf(buf, size, "%p", *(void *const *)p);
+    case OPF_FIELD_REF: return snprintf(buf, size, "0x%llx", (unsigned long long)ref_bits(p));
     default: return snprintf(buf, size, "?");
     }
 }
@@ -131,7 +187,7 @@ void opf_schema_print(const opf_schema *s, const void *args, char *buf, size_t s
     for (int i = 0; i < s->n_fields && n < size; i++) {
         const opf_field *f = &s->fields[i];
         n += (size_t)snprintf(buf + n, size - n, "%s%s: ", i ? ", " : "", f->name);
-        if (n < size) n += (size_t)print_field(f, field_ptr(args, f), buf + n, size - n);
+        if (n < size) n += (size_t)opf_field_print(f, field_ptr(args, f), buf + n, size - n);
     }
     if (n < size) snprintf(buf + n, size - n, "}");
     buf[size - 1] = '\0';

@@ -28,24 +28,19 @@ bool opf_quantizer_equal(const opf_quantizer *a, const opf_quantizer *b)
            a->amax_reduce_user == b->amax_reduce_user;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    return h * 0x100000001B3ull;
-}
-
 uint64_t opf_quantizer_hash(const opf_quantizer *q)
 {
-    uint64_t h = 0xCBF29CE484222325ull;
-    h = mix(h, (uint64_t)q->scaling);
-    h = mix(h, (uint64_t)q->qdtype);
-    h = mix(h, q->usage);
-    h = mix(h, (uint64_t)q->swizzled | (uint64_t)q->pow2_scales << 1 | (uint64_t)q->mxfp8_2d << 2 |
-                   (uint64_t)q->rht << 3 | (uint64_t)q->stochastic << 4);
-    h = mix(h, opf_f32_bits(q->amax_epsilon));
-    h = mix(h, q->rht_sign_mask);
-    h = mix(h, (uint64_t)(uintptr_t)q->delayed);
-    h = mix(h, (uint64_t)q->slot);
+    uint64_t h = OPF_HASH_SEED;
+    h = opf_hash_mix(h, (uint64_t)q->scaling);
+    h = opf_hash_mix(h, (uint64_t)q->qdtype);
+    h = opf_hash_mix(h, q->usage);
+    h = opf_hash_mix(h, (uint64_t)q->swizzled | (uint64_t)q->pow2_scales << 1 |
+                            (uint64_t)q->mxfp8_2d << 2 | (uint64_t)q->rht << 3 |
+                            (uint64_t)q->stochastic << 4);
+    h = opf_hash_mix(h, opf_f32_bits(q->amax_epsilon));
+    h = opf_hash_mix(h, q->rht_sign_mask);
+    h = opf_hash_mix(h, (uint64_t)(uintptr_t)q->delayed);
+    h = opf_hash_mix(h, (uint64_t)q->slot);
     return h;
 }
 

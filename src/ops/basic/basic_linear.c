@@ -423,7 +423,9 @@ static opf_status check_cache(opf_ctx *ctx, const opf_op *op, const opf_param *p
     return OPF_OK;
 }
 
-opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+/* The class's resolve_fwd: everything but the cache's buffer, which waits
+ * for the fake's checks (after_fake), so a refused call changes nothing. */
+static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
     opf_linear_fwd *a = args;
     opf_ctx *ctx = env->ctx;
@@ -463,18 +465,35 @@ opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args
     a->w_q = quant ? role_q(op, OPF_ROLE_WEIGHT, wu) : opf_quantizer_default();
     if (is_q(&a->w_q) && first == 0 && (st = check_cache(ctx, op, p, &a->w_q))) return st;
     /* the cache's spec for the fake's checks; its buffer only after them */
-    bool cache = is_q(&a->w_q) && first >= 0;
-    if (cache && (st = opf_quantizer_spec(&a->w_q, &p->value.spec, &a->w_cache.spec)))
+    if (has_cache(a) && (st = opf_quantizer_spec(&a->w_q, &p->value.spec, &a->w_cache.spec)))
         return fail(ctx, op, st);
-    /* Every shape and format check of the fake, under the op's name, before
-     * anything changes. */
-    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = opf_linear_forward_fake(a, o, x))) return fail(ctx, op, st);
-    if (cache) {
-        if (first == 1 && (st = cache_buffer(ctx, op, p, &a->w_cache.spec))) return st;
-        a->w_cache = p->qvalue;
-    }
     return OPF_OK;
+}
+
+/* After the fake accepted the args: the cache's buffer (is_first_microbatch
+ * == 1 writes it, 0 reads it). */
+static opf_status after_fake(opf_op *op, const opf_fwd_env *env, void *args, const opf_spec *outs,
+                             const opf_spec *aux)
+{
+    opf_linear_fwd *a = args;
+    if (!has_cache(a)) return OPF_OK;
+    opf_param *p = opf_op_param(op, 0);
+    opf_status st;
+    if (a->is_first_microbatch == 1 && (st = cache_buffer(env->ctx, op, p, &a->w_cache.spec)))
+        return st;
+    a->w_cache = p->qvalue;
+    return OPF_OK;
+}
+
+/* For fused ops that resolve their linear part themselves: the class's
+ * three traced steps, the fake's checks under the op's name. */
+opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    opf_status st = resolve_fwd(op, env, args);
+    if (st) return st;
+    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
+    if ((st = opf_linear_forward_fake(args, o, x))) return fail(env->ctx, op, st);
+    return after_fake(op, env, args, o, x);
 }
 
 opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -650,10 +669,7 @@ opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_
         b->to_main_grad = c->accumulate_into_main_grad;
         if (b->to_main_grad) b->main_grad = p->main_grad;
     }
-    opf_spec g[2 + OPF_OP_MAX_EXTRA];
-    for (int i = 0; i < 2; i++) g[i].ndim = OPF_SPEC_NONE_NDIM;
-    if ((st = opf_linear_backward_fake(b, g))) return fail(ctx, op, st);
-    return OPF_OK;
+    return OPF_OK;  /* the runner's backward_fake checks the rest (fused ops: their fake) */
 }
 
 const opf_op_class opf_op_class_basic_linear = {
@@ -669,7 +685,8 @@ const opf_op_class opf_op_class_basic_linear = {
     .init = init,
     .input_quantizer = input_quantizer,
     .grad_output_quantizer = grad_output_quantizer,
-    .resolve_fwd = opf_linear_resolve_fwd,
+    .resolve_fwd = resolve_fwd,
+    .after_fake = after_fake,
     .setup_context = opf_linear_setup_context,
     .resolve_bwd = opf_linear_resolve_bwd,
     .forward_fake = opf_linear_forward_fake,

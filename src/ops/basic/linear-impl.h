@@ -65,9 +65,10 @@ extern const opf_schema opf_linear_bwd_schema;
 #define OPF_F_LINEAR_BWD(st, m) {#m, offsetof(st, m), OPF_FIELD_BUNDLE, 0, &opf_linear_bwd_schema}
 
 /* ---- forward ---------------------------------------------------------------
- * The class entries of basic_linear. op is the basic_linear op; env->kwargs
- * its own kwargs (opf_basic_linear_kwargs or NULL); env->next_input_q sets
- * out_q. resolve runs every check of the fake under the op's name. */
+ * For fused ops: the traced half of basic_linear's forward as its class runs
+ * it (resolve, the fake's checks under the op's name, after_fake: the weight
+ * cache). op is the basic_linear op; env->kwargs its own kwargs
+ * (opf_basic_linear_kwargs or NULL); env->next_input_q sets out_q. */
 opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args);
 opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *aux);
 /* Saves (weight operand, x operand when wgrad) and the attrs the backward
@@ -94,7 +95,8 @@ opf_status opf_linear_fprop(opf_ctx *ctx, const opf_linear_fwd *a, opf_tensor *a
 /* ---- backward ------------------------------------------------------------- */
 
 /* The class entries: octx is the linear's own context, env->dy its output
- * gradient. resolve runs the checks of the fake under the op's name. */
+ * gradient. The fake's checks run in the fake (the runner's, or the fused
+ * op's, which calls opf_linear_backward_fake). */
 opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                   void *bargs);
 opf_status opf_linear_backward_fake(const void *bargs, opf_spec *grads);
