@@ -24,6 +24,7 @@ static const command commands[] = {
     {"bench", "act", opf_bench_act, "activation ops fwd/bwd on one f32 [128, 1024] tensor"},
     {"bench", "fusion", opf_bench_fusion, "LayerNorm-MLP step with fusions on vs off"},
     {"bench", "compile", opf_bench_compile, "LayerNorm-MLP step host time, eager vs compiled"},
+    {"bench", "cuda", opf_bench_cuda, "GPU quantize GB/s vs a device copy; cuBLASLt GEMM TFLOP/s"},
 };
 
 static void usage(void)

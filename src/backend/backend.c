@@ -1,5 +1,8 @@
 /* backend.c: the kernel table of each device. */
 #include "backend/backend-impl.h"
+#ifdef OPF_HAVE_CUDA
+#include "backend/cuda/cuda.h"
+#endif
 
 static const opf_backend_i cpu_backend = {
     .name = "cpu",
@@ -28,7 +31,20 @@ static const opf_backend_i cpu_backend = {
     .optim = &opf_cpu_optim,
 };
 
+#ifdef OPF_HAVE_CUDA
+/* Filled family by family as the kernels land (src/backend/cuda/). */
+static const opf_backend_i cuda_backend = {
+    .name = "cuda",
+    .quantize = {[OPF_SCALING_TENSOR] = opf_cuda_quantize_tensor_fp8},
+    .dequantize = {[OPF_SCALING_TENSOR] = opf_cuda_dequantize_tensor_fp8},
+    .gemm = opf_cuda_gemm,
+};
+#endif
+
 const opf_backend_i *opf_backend_get(opf_device dev)
 {
+#ifdef OPF_HAVE_CUDA
+    if (dev == OPF_DEVICE_CUDA) return &cuda_backend;
+#endif
     return dev == OPF_DEVICE_CPU ? &cpu_backend : NULL;
 }
