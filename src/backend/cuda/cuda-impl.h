@@ -15,7 +15,7 @@
 extern "C" {
 #include "backend/backend-impl.h"
 #include "core/core-impl.h"
-#include "quant/scale-impl.h"
+#include "backend/scale-math.h"
 }
 
 /* A freed device block waiting for reuse. */
@@ -140,7 +140,7 @@ __device__ __forceinline__ float opf_dev_from_fp8(uint8_t q, bool e4m3)
     return __half2float(__half(h));
 }
 
-/* numerics.md 2.1, as opf_scale_from_amax_impl (quant/scale-impl.h). */
+/* numerics.md 2.1, as opf_scale_from_amax_impl (backend/scale-math.h). */
 __device__ __forceinline__ float opf_dev_scale_from_amax(float amax, float fp8_max, bool pow2,
                                                          float eps, float value_for_inf)
 {
