@@ -12,4 +12,5 @@
 #include "opfuse/fuser.h"
 #include "opfuse/compile.h"
 #include "opfuse/io.h"
+#include "opfuse/nn.h"
 #endif

@@ -13,6 +13,7 @@
 /* One header per kernel family, each a sub-table of entries. */
 #include "backend/act.h"
 #include "backend/elem.h"
+#include "backend/nn.h"
 #include "backend/norm.h"
 #include "backend/optim.h"
 #include "backend/scale.h"
@@ -53,6 +54,7 @@ typedef struct opf_backend_i {
     const opf_act_kernels   *act;    /* activations, GLUs, dact + dbias + quantize */
     const opf_elem_kernels  *elem;   /* bias, scale, add, dropout, cast, sums, fill, copy */
     const opf_optim_kernels *optim;  /* SGD, AdamW over many tensors */
+    const opf_nn_kernels    *nn;     /* embedding, causal attention, cross-entropy, sumsq */
 } opf_backend_i;
 
 /* The table of a device; NULL when this build lacks it. */

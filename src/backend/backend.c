@@ -29,6 +29,7 @@ static const opf_backend_i cpu_backend = {
     .act = &opf_cpu_act,
     .elem = &opf_cpu_elem,
     .optim = &opf_cpu_optim,
+    .nn = &opf_cpu_nn,
 };
 
 #ifdef OPF_HAVE_CUDA

@@ -2,11 +2,13 @@
  * master weights written back in each parameter's dtype. The state lives
  * here; one step is one call of the device's multi-tensor kernel
  * (backend/optim.h) over every parameter that has a gradient. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend-impl.h"
 #include "fuser/fuser-impl.h"
+#include "opfuse/nn.h"
 
 typedef struct slot {
     opf_param *p;
@@ -136,6 +138,15 @@ opf_status opf_optim_step(opf_optim *opt)
         return be->optim->sgd(opt->ctx, opt->list, count, o->lr, o->momentum, o->weight_decay);
     return be->optim->adamw(opt->ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
                             o->weight_decay, opt->step);
+}
+
+opf_status opf_optim_set_lr(opf_optim *opt, float lr)
+{
+    OPF_CHECK_NULL(NULL, "opf_optim_set_lr", opt);
+    if (!(lr > 0) || !isfinite(lr))
+        return opf_error(opt->ctx, OPF_ERR_INVALID_ARG, "optim: learning rate %g, want > 0", (double)lr);
+    opt->o.lr = lr;
+    return OPF_OK;
 }
 
 opf_optim_kind opf_optim_kind_of(const opf_optim *opt) { return opt->kind; }

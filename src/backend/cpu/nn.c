@@ -1,0 +1,198 @@
+/* nn.c: the CPU reference kernels of backend/nn.h (embedding, causal
+ * attention, cross-entropy, sum of squares), in the order nn.h fixes. Work
+ * is split over independent units (rows, columns, batch x head, chunks
+ * summed in order afterwards), so the bits never depend on the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu-impl.h"
+#include "backend/nn.h"
+#include "core/core-impl.h"
+
+enum { SUMSQ_CHUNK = 4096, PAR_MIN = 1 << 14 };
+
+static opf_status embed_fwd(opf_ctx *ctx, const int32_t *tok, const float *wte, const float *wpe,
+                            float *y, int64_t rows, int64_t T, int64_t C, int64_t V)
+{
+    for (int64_t r = 0; r < rows; r++)
+        if (tok[r] < 0 || tok[r] >= V)
+            return opf_error(ctx, OPF_ERR_INVALID_ARG, "embedding: token %d at row %lld is outside "
+                             "the vocabulary [0, %lld)", (int)tok[r], (long long)r, (long long)V);
+#pragma omp parallel for schedule(static) if (rows * C >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *e = wte + (int64_t)tok[r] * C, *p = wpe + (r % T) * C;
+        float *o = y + r * C;
+        for (int64_t c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+    return OPF_OK;
+}
+
+/* Columns split across threads; each walks every row in order. */
+static opf_status embed_bwd(opf_ctx *ctx, const int32_t *tok, const float *dy, float *dwte,
+                            float *dwpe, int64_t rows, int64_t T, int64_t C, int64_t V, int64_t P)
+{
+    memset(dwte, 0, sizeof(float) * (size_t)(V * C));
+    memset(dwpe, 0, sizeof(float) * (size_t)(P * C));
+#pragma omp parallel for schedule(static) if (rows * C >= PAR_MIN)
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t r = 0; r < rows; r++) {
+            float g = dy[r * C + c];
+            dwte[(int64_t)tok[r] * C + c] += g;
+            dwpe[(r % T) * C + c] += g;
+        }
+    return OPF_OK;
+}
+
+static float dot(const float *a, const float *b, int64_t n)
+{
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* One (batch, head) of the forward: q_i against k_0..k_i, one key at a time. */
+static void attn_fwd_head(const float *qkv, float *o, float *lse, int64_t T, int64_t C, int64_t D,
+                          float scale)
+{
+    for (int64_t i = 0; i < T; i++) {
+        const float *q = qkv + i * 3 * C;
+        float *acc = o + i * C, m = -INFINITY, l = 0.0f;
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+        for (int64_t j = 0; j <= i; j++) {
+            const float *k = qkv + j * 3 * C + C, *v = k + C;
+            float s = dot(q, k, D) * scale, mn = s > m ? s : m;
+            float c = expf(m - mn), p = expf(s - mn);
+            l = l * c + p;
+            for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * c + p * v[d];
+            m = mn;
+        }
+        for (int64_t d = 0; d < D; d++) acc[d] = acc[d] / l;
+        lse[i] = m + logf(l);
+    }
+}
+
+static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+                           int64_t T, int64_t H, int64_t D)
+{
+    int64_t C = H * D;
+    float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for schedule(dynamic) if (B * H > 1 && T * T * C >= PAR_MIN)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        int64_t b = bh / H, h = bh % H;
+        attn_fwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T, T, C, D,
+                      scale);
+    }
+    return OPF_OK;
+}
+
+/* One (batch, head) of the backward; its dq, dk, dv columns are its own. */
+static void attn_bwd_head(const float *qkv, const float *o, const float *lse, const float *dout,
+                          float *dqkv, int64_t T, int64_t C, int64_t D, float scale)
+{
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t d = 0; d < D; d++)
+            dqkv[i * 3 * C + d] = dqkv[i * 3 * C + C + d] = dqkv[i * 3 * C + 2 * C + d] = 0.0f;
+    for (int64_t i = 0; i < T; i++) {
+        const float *q = qkv + i * 3 * C, *dO = dout + i * C;
+        float *dq = dqkv + i * 3 * C, Di = dot(dO, o + i * C, D);
+        for (int64_t j = 0; j <= i; j++) {
+            const float *k = qkv + j * 3 * C + C, *v = k + C;
+            float *dk = dqkv + j * 3 * C + C, *dv = dk + C;
+            float p = expf(dot(q, k, D) * scale - lse[i]);
+            for (int64_t d = 0; d < D; d++) dv[d] += p * dO[d];
+            float ds = p * (dot(dO, v, D) - Di) * scale;
+            for (int64_t d = 0; d < D; d++) dq[d] += ds * k[d];
+            for (int64_t d = 0; d < D; d++) dk[d] += ds * q[d];
+        }
+    }
+}
+
+static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
+                           const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
+                           int64_t D)
+{
+    int64_t C = H * D;
+    float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for schedule(dynamic) if (B * H > 1 && T * T * C >= PAR_MIN)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        int64_t b = bh / H, h = bh % H;
+        attn_bwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T,
+                      dout + b * T * C + h * D, dqkv + b * T * 3 * C + h * D, T, C, D, scale);
+    }
+    return OPF_OK;
+}
+
+static float row_lse(const float *x, int64_t V)
+{
+    float m = x[0], e = 0.0f;
+    for (int64_t j = 1; j < V; j++) m = x[j] > m ? x[j] : m;
+    for (int64_t j = 0; j < V; j++) e += expf(x[j] - m);
+    return m + logf(e);
+}
+
+static int64_t count_targets(const int32_t *tgt, int64_t rows)
+{
+    int64_t n = 0;
+    for (int64_t r = 0; r < rows; r++) n += tgt[r] >= 0;
+    return n;
+}
+
+static opf_status xent_fwd(opf_ctx *ctx, const float *x, const int32_t *tgt, float *lse,
+                           float *loss, int64_t rows, int64_t V)
+{
+#pragma omp parallel for schedule(static) if (rows * V >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) lse[r] = tgt[r] >= 0 ? row_lse(x + r * V, V) : 0.0f;
+    double s = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        if (tgt[r] >= 0) s += (double)(lse[r] - x[r * V + tgt[r]]);
+    int64_t n = count_targets(tgt, rows);
+    loss[0] = n ? (float)(s / (double)n) : 0.0f;
+    return OPF_OK;
+}
+
+static opf_status xent_bwd(opf_ctx *ctx, const float *x, const int32_t *tgt, const float *lse,
+                           const float *dloss, float *dx, int64_t rows, int64_t V)
+{
+    int64_t n = count_targets(tgt, rows);
+    float g = n ? dloss[0] / (float)n : 0.0f;
+#pragma omp parallel for schedule(static) if (rows * V >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * V;
+        float *d = dx + r * V;
+        if (tgt[r] < 0) {
+            for (int64_t j = 0; j < V; j++) d[j] = 0.0f;
+            continue;
+        }
+        for (int64_t j = 0; j < V; j++) d[j] = (expf(xr[j] - lse[r]) - (j == tgt[r])) * g;
+    }
+    return OPF_OK;
+}
+
+/* Chunks summed independently, then added in chunk order. */
+static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out)
+{
+    int64_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double total = 0.0;
+#pragma omp parallel for ordered schedule(static) if (n >= PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        float buf[SUMSQ_CHUNK];
+        int64_t i0 = c * SUMSQ_CHUNK, len = n - i0 < SUMSQ_CHUNK ? n - i0 : SUMSQ_CHUNK;
+        opf_cpu_load_f32(x, dt, i0, len, buf);
+        double s = 0.0;
+        for (int64_t i = 0; i < len; i++) s += (double)buf[i] * buf[i];
+#pragma omp ordered
+        total += s;
+    }
+    *out = total;
+    return OPF_OK;
+}
+
+const opf_nn_kernels opf_cpu_nn = {
+    .embed_fwd = embed_fwd,
+    .embed_bwd = embed_bwd,
+    .attn_fwd = attn_fwd,
+    .attn_bwd = attn_bwd,
+    .xent_fwd = xent_fwd,
+    .xent_bwd = xent_bwd,
+    .sumsq = sumsq,
+};

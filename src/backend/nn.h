@@ -1,0 +1,79 @@
+/* nn.h: the kernel-table entries a language model needs beyond the linear
+ * layers: token + position embedding, causal self-attention, softmax
+ * cross-entropy over the vocabulary, and the sum of squares behind gradient
+ * clipping.
+ *
+ * Every entry works on fp32 arrays in the device's memory, row-major, with
+ * int32 token ids; the caller widens inputs to fp32 before and rounds or
+ * quantizes outputs after (as for backend/act.h), so none sees a dtype (but
+ * sumsq), a quantizer or an op. Entries take validated arguments (ids in
+ * range or, for targets, negative = ignored), allocate nothing, and return
+ * OPF_OK on the CPU.
+ *
+ * The order of the fp32 math is fixed here, so every bit is independent of
+ * the thread count and a CUDA kernel can reproduce it:
+ *  - embed_bwd: dwte[v] = the sum of dy[r] over the rows r with tok[r] = v,
+ *    in increasing r, from 0; dwpe[t] = the sum over b of dy[b*T + t], in
+ *    increasing b, from 0.
+ *  - attention, per batch b and head h (scale = 1.0f / sqrtf(D), no FMA):
+ *    s_ij = fl(dot(q_i, k_j) * scale), the dot summed over d in order; for
+ *    j = 0..i in order (online softmax, one key at a time) m' = max(m, s),
+ *    c = expf(m - m'), p = expf(s - m'), l = fl(l c) + p,
+ *    acc_d = fl(acc_d c) + fl(p v_jd); o_id = acc_d / l, lse_i = m + logf(l).
+ *    backward: D_i = dot(do_i, o_i); for i in order, j = 0..i in order:
+ *    p = expf(s_ij - lse_i), dv_j += p do_i, dp = dot(do_i, v_j),
+ *    ds = fl(fl(p fl(dp - D_i)) * scale), dq_i += ds k_j, dk_j += ds q_i.
+ *  - cross-entropy, per row r: m = max_j x_j, e = the sum of expf(x_j - m)
+ *    in j order, lse_r = m + logf(e); loss = (the sum over rows with
+ *    tgt_r >= 0, in r order, of lse_r - x_{r, tgt_r}, in double) / count,
+ *    rounded to fp32. dx_j = fl(expf(x_j - lse_r) - [j == tgt_r]) * g with
+ *    g = fl(dloss / count); ignored rows get 0.
+ *  - sumsq: the sum of x_i^2 in double, in element order.
+ *
+ * Usage (attention forward over qkv [B, T, 3C]):
+ *   be->nn->attn_fwd(ctx, qkv, o, lse, B, T, H, C / H);
+ */
+#ifndef OPFUSE_BACKEND_NN_H
+#define OPFUSE_BACKEND_NN_H
+
+#include <stdint.h>
+
+#include "opfuse/context.h"
+#include "opfuse/tensor.h"
+
+typedef struct opf_nn_kernels {
+    /* y [rows, C] = wte[tok[r]] + wpe[r mod T]; wte [V, C], wpe [>= T, C].
+     * The one entry that checks its data: a token outside [0, V) is
+     * OPF_ERR_INVALID_ARG (the message names the row and the id). */
+    opf_status (*embed_fwd)(opf_ctx *ctx, const int32_t *tok, const float *wte, const float *wpe,
+                            float *y, int64_t rows, int64_t T, int64_t C, int64_t V);
+    /* dwte [V, C] and dwpe [P, C], P >= T (both overwritten; rows of dwpe
+     * past T are 0) from dy [rows, C]. */
+    opf_status (*embed_bwd)(opf_ctx *ctx, const int32_t *tok, const float *dy, float *dwte,
+                            float *dwpe, int64_t rows, int64_t T, int64_t C, int64_t V, int64_t P);
+    /* Causal attention over qkv [B, T, 3C] (q, k, v side by side; head h in
+     * columns h*D .. h*D + D - 1 of each, C = H*D): o [B, T, C] and the
+     * logsumexp of each softmax row, lse [B, H, T]. No [T, T] matrix. */
+    opf_status (*attn_fwd)(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+                           int64_t T, int64_t H, int64_t D);
+    /* dqkv [B, T, 3C] (overwritten) from do [B, T, C] and the forward's qkv,
+     * o and lse; scores recomputed, never stored. */
+    opf_status (*attn_bwd)(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
+                           const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
+                           int64_t D);
+    /* Mean softmax cross-entropy of logits x [rows, V] against tgt [rows]
+     * (negative: ignored) into loss[0] (0 when no row counts); lse [rows]
+     * out (0 for ignored rows). */
+    opf_status (*xent_fwd)(opf_ctx *ctx, const float *x, const int32_t *tgt, float *lse,
+                           float *loss, int64_t rows, int64_t V);
+    /* dx [rows, V] = dloss[0] * d(mean loss)/dx from x, tgt and the
+     * forward's lse. */
+    opf_status (*xent_bwd)(opf_ctx *ctx, const float *x, const int32_t *tgt, const float *lse,
+                           const float *dloss, float *dx, int64_t rows, int64_t V);
+    /* *out = the sum of squares of n values of x (f32, bf16 or f16). */
+    opf_status (*sumsq)(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out);
+} opf_nn_kernels;
+
+extern const opf_nn_kernels opf_cpu_nn;
+
+#endif
