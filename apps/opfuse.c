@@ -1,4 +1,4 @@
-/* opfuse.c: the opfuse command: `demo`, `graph`, `bench <what>`. */
+/* opfuse.c: the opfuse command: `demo`, `train`, `graph`, `bench <what>`. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +15,9 @@ typedef struct command {
 static const command commands[] = {
     {"demo", NULL, opf_demo_train, "train a residual LayerNorm-MLP with every recipe"},
     {"demo", NULL, opf_demo_quantize, "quantize a sample tensor with every recipe"},
+    {"train", NULL, opf_app_train, "train a small GPT (the addition task or --data FILE):\n"
+                                   "                   [--recipe bf16|fp8-delayed|fp8-current|fp8-block|mxfp8|nvfp4]\n"
+                                   "                   [--compile] [--steps N] [--save DIR] [--resume DIR] (--help)"},
     {"graph", NULL, opf_app_graph, "compile the LayerNorm-MLP, write PREFIX.txt/.dot(/.svg/.png):\n"
                                    "                   [--recipe none|delayed|current|block|mxfp8|nvfp4]\n"
                                    "                   [--out PREFIX] [--inference]"},

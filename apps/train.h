@@ -1,0 +1,48 @@
+/* train.h: the pieces of `opfuse train` (train.c: options and the loop;
+ * train_eval.c: evaluation and samples; train_state.c: --save / --resume). */
+#ifndef OPFUSE_APPS_TRAIN_H
+#define OPFUSE_APPS_TRAIN_H
+
+#include "data.h"
+#include "gpt.h"
+
+typedef struct train_opts {
+    const char *recipe, *device, *data, *save, *resume;
+    bool        compile;
+    int64_t     steps, batch, layers, width, heads, context, digits, seed;
+    int64_t     warmup, eval_every, save_every, eval_batches;
+    double      lr, min_lr, clip, weight_decay;
+    bool        quiet;    /* no progress line even on a terminal */
+} train_opts;
+
+typedef struct trainer {
+    train_opts     o;
+    opf_recipe     recipe;
+    bool           quantized;  /* recipe.kind != NONE */
+    opf_data       data;
+    opf_ctx       *ctx;
+    opf_gpt       *gpt;
+    opf_optim     *opt;
+    opf_compiled  *cc;
+    int32_t       *tok, *tgt;  /* [batch, T] */
+    double         last_loss;
+} trainer;
+
+/* One forward of tokens [B, T] (B rows of tok) through the model: logits
+ * (released by the caller; a view when compiled) and, with tgt, the loss. */
+opf_status train_forward(trainer *t, const int32_t *tok, const int32_t *tgt, int64_t B, bool grad,
+                         opf_tensor *logits, float *loss);
+
+/* Evaluation loss over o.eval_batches fixed batches and, for addition, the
+ * exact-match accuracy of greedy answers to the same problems. */
+opf_status train_eval(trainer *t, double *loss, double *accuracy);
+/* Prints a few generated samples. */
+opf_status train_sample(trainer *t);
+
+/* The checkpoint of DIR (DIR/model.safetensors, DIR/train.txt). */
+opf_status train_save(trainer *t, const char *dir);
+/* Loads DIR into the fresh model and optimizer; false with a message on
+ * stderr when DIR is unreadable or was written by another configuration. */
+bool train_resume(trainer *t, const char *dir);
+
+#endif
