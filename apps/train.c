@@ -33,7 +33,8 @@ static void usage(void)
             "                    [--compile] [--device cpu|cuda] [--steps N] [--batch N]\n"
             "                    [--layers N] [--width N] [--heads N] [--seed N] [--lr X]\n"
             "                    [--data FILE [--context T]] [--digits D] [--eval-every N]\n"
-            "                    [--save DIR [--save-every N]] [--resume DIR] [--quiet]\n");
+            "                    [--save DIR [--save-every N]] [--resume DIR] [--stop-after N]\n"
+            "                    [--quiet]\n");
 }
 
 static train_opts default_opts(void)
@@ -57,6 +58,7 @@ static const int_opt int_opts[] = {
     {"--digits", offsetof(train_opts, digits)}, {"--seed", offsetof(train_opts, seed)},
     {"--warmup", offsetof(train_opts, warmup)}, {"--eval-every", offsetof(train_opts, eval_every)},
     {"--save-every", offsetof(train_opts, save_every)},
+    {"--stop-after", offsetof(train_opts, stop_after)},
 };
 
 static bool parse_int(const char *s, int64_t *v)
@@ -273,7 +275,8 @@ static opf_status train_loop(trainer *t, int64_t s0)
     bool tty = !t->o.quiet && isatty(2);
     double t0 = now_s();
     opf_status st = OPF_OK;
-    for (int64_t s = s0; s < t->o.steps && !st; s++) {
+    int64_t end = t->o.stop_after > 0 && t->o.stop_after < t->o.steps ? t->o.stop_after : t->o.steps;
+    for (int64_t s = s0; s < end && !st; s++) {
         float loss;
         if ((st = step(t, s, &loss))) break;
         t->last_loss = loss;
@@ -282,14 +285,14 @@ static opf_status train_loop(trainer *t, int64_t s0)
             return OPF_ERR_INVALID_ARG;
         }
         if (tty) progress(t, s, loss, t0, s0);
-        bool last = s + 1 == t->o.steps;
+        bool last = s + 1 == end;
         if ((s + 1) % t->o.eval_every == 0 || last) st = evaluate(t, s + 1, tty);
         if (!st && t->o.save && ((s + 1) % t->o.save_every == 0 || last)) st = train_save(t, t->o.save);
     }
     double el = now_s() - t0;
-    if (!st && t->o.steps > s0)
-        printf("%lld steps in %.1f s: %.0f tokens/s\n", (long long)(t->o.steps - s0), el,
-               (double)((t->o.steps - s0) * t->o.batch * t->data.T) / el);
+    if (!st && end > s0)
+        printf("%lld steps in %.1f s: %.0f tokens/s\n", (long long)(end - s0), el,
+               (double)((end - s0) * t->o.batch * t->data.T) / el);
     return st;
 }
 

@@ -11,6 +11,7 @@ typedef struct train_opts {
     bool        compile;
     int64_t     steps, batch, layers, width, heads, context, digits, seed;
     int64_t     warmup, eval_every, save_every, eval_batches;
+    int64_t     stop_after;  /* > 0: end after this step (the schedule still spans steps) */
     double      lr, min_lr, clip, weight_decay;
     bool        quiet;    /* no progress line even on a terminal */
 } train_opts;
