@@ -39,7 +39,7 @@ static void usage(void)
 
 static train_opts default_opts(void)
 {
-    return (train_opts){.recipe = "bf16", .device = "cpu", .steps = 1200, .batch = 32,
+    return (train_opts){.recipe = "bf16", .device = "cpu", .steps = 1500, .batch = 32,
                         .layers = 2, .width = 64, .heads = 4, .context = 64, .digits = 3,
                         .seed = 1, .warmup = -1, .eval_every = -1, .save_every = -1,
                         .eval_batches = 4, .lr = 3e-3, .min_lr = 3e-4, .clip = 1.0,
@@ -244,9 +244,13 @@ static opf_status step(trainer *t, int64_t s, float *loss)
 
 /* ---- the loop --------------------------------------------------------------------- */
 
+/* The progress line, redrawn at most ten times a second. */
 static void progress(const trainer *t, int64_t s, double loss, double t0, int64_t s0)
 {
-    double el = now_s() - t0, per = el / (double)(s + 1 - s0);
+    static double next;
+    double now = now_s(), el = now - t0, per = el / (double)(s + 1 - s0);
+    if (now < next) return;
+    next = now + 0.1;
     double tps = (double)(t->o.batch * t->data.T) / per, left = per * (double)(t->o.steps - s - 1);
     int width = 24, done = (int)((s + 1) * width / t->o.steps);
     char bar[32];
@@ -255,6 +259,16 @@ static void progress(const trainer *t, int64_t s, double loss, double t0, int64_
     fprintf(stderr, "\r[%s] step %lld/%lld  loss %.4f  %.0f tok/s  %dm%02ds left ", bar,
             (long long)(s + 1), (long long)t->o.steps, loss, tps, (int)left / 60, (int)left % 60);
     fflush(stderr);
+}
+
+/* What the compiler made of the model, once. */
+static void report_graph(trainer *t, bool tty)
+{
+    opf_graph_stats gs;
+    opf_graph_get_stats(opf_compiled_last_graph(t->cc), &gs);
+    if (tty) fprintf(stderr, "\r%*s\r", 100, "");
+    printf("compiled: %d forward + %d backward nodes (%d fused, %d eager), arena %.1f MiB\n",
+           gs.n_forward, gs.n_backward, gs.n_fused, gs.n_eager, gs.arena_bytes / 1048576.0);
 }
 
 static opf_status evaluate(trainer *t, int64_t s, bool tty)
@@ -285,6 +299,7 @@ static opf_status train_loop(trainer *t, int64_t s0)
             return OPF_ERR_INVALID_ARG;
         }
         if (tty) progress(t, s, loss, t0, s0);
+        if (s == s0 && t->cc) report_graph(t, tty);
         bool last = s + 1 == end;
         if ((s + 1) % t->o.eval_every == 0 || last) st = evaluate(t, s + 1, tty);
         if (!st && t->o.save && ((s + 1) % t->o.save_every == 0 || last)) st = train_save(t, t->o.save);

@@ -119,7 +119,7 @@ static opf_status sample_text(trainer *t)
         text[have] = (char)next[0];
     }
     text[have] = 0;
-    if (!st) printf("sample:\n%s\n", text);
+    if (!st) printf("%s\n", text);
     free(text);
     return st;
 }
