@@ -26,7 +26,7 @@ void opf_data_addition(int digits, opf_data *d)
     d->addition = true;
     d->digits = digits;
     d->vocab = OPF_ADD_VOCAB;
-    int64_t len = 3 * digits + 2;     /* the tokens fed: all but the last answer digit */
+    int64_t len = 3 * digits + 3;     /* the whole text, so a decoded answer fits a row */
     d->T = (len + 7) / 8 * 8;         /* rows padded to a multiple of 8 tokens */
 }
 
