@@ -60,8 +60,13 @@ typedef struct opf_alloc_stats {
 OPF_API opf_ctx_options opf_ctx_options_default(void);
 /* Creates a context; OPF_ERR_UNSUPPORTED for a device this build lacks. */
 OPF_API opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out);
-/* destroy(NULL) is a no-op. Buffers still alive keep working: they hold no
- * pointer into the context... except their allocator, so destroy the context last. */
+/* destroy(NULL) is a no-op. Destroy the ops, seqs, graphs and optimizers
+ * made with the context before it. Tensor buffers may outlive it: a context
+ * destroyed while buffers are alive frees its workspace and caches at once
+ * and the rest (itself, the buffer headers) when the last of those buffers
+ * is released, so opf_tensor_release stays valid after destroy (on the
+ * context's thread, as every call on it; a custom allocator must stay
+ * usable until then). */
 OPF_API void opf_ctx_destroy(opf_ctx *ctx);
 
 /* Last error message of this context (ctx NULL: of this thread); "" if none. */

@@ -33,6 +33,11 @@ static inline int64_t opf_round_up(int64_t a, int64_t b) { return opf_ceil_div(a
 static inline uint32_t opf_f32_bits(float f) { union { float f; uint32_t u; } v = {f}; return v.u; }
 static inline float opf_bits_f32(uint32_t u) { union { uint32_t u; float f; } v = {u}; return v.f; }
 
+/* n zeroed elements of `size` bytes from the context's allocator (counted);
+ * NULL when out of memory or n * size overflows. Free with
+ * opf_ctx_free(ctx, p, n * size). */
+void *opf_ctx_calloc(opf_ctx *ctx, size_t n, size_t size);
+
 /* The 2D view [M, K] of a shape: M = prod(shape[:-1]), K = shape[-1]. */
 void opf_shape_2d(const opf_spec *s, int64_t *m, int64_t *k);
 
