@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fit_act_math.py: derives the polynomial coefficients of src/ops/basic/act-math.h.
+"""fit_act_math.py: derives the polynomial coefficients of src/backend/cpu/act-math.h.
 
     .venv/bin/python scripts/fit_act_math.py
 

@@ -1,15 +1,78 @@
-/* act.h: the kernel-table entries for every activation forward and backward, GLU, scaled and clamped variants, fused dact + dbias + quantize.
- * Each entry takes the context (later: its stream), tensors or plain pointers
- * with sizes, and scratch from the context's workspace; none allocates, none
- * sees an op, a seq or a recipe object. */
+/* act.h: the kernel-table entries for every activation forward and backward,
+ * the GLU, scaled and clamped variants, and the fused dact + dbias.
+ *
+ * Every entry works on fp32 arrays in the device's memory, row-major, and
+ * computes in fp32 exactly as numerics.md 6.3 writes it (exp, tanh and σ of
+ * 6.3.1); the caller widens inputs to fp32 before and rounds or quantizes
+ * the outputs after (the quant layer's entries), so none sees a dtype or a
+ * quantizer. The kind selects the element function; its parameters come as
+ * plain values. Entries take validated arguments, allocate nothing and
+ * return OPF_OK on the CPU (a device reports its launch errors).
+ *
+ * Shapes, with x [rows, cols]:
+ *   plain kinds:  y [rows, cols] = f(x)
+ *   GLU kinds:    x = [a | b], a = x[:, :h] (activated), b = x[:, h:],
+ *                 h = cols / 2; y [rows, h] = f(a)·b
+ * Usage, a fused op's activation pass in place over t [m, n]:
+ *     be->act->fwd(ctx, OPF_ACT_GELU, (opf_act_params){0}, t, t, m, n); */
 #ifndef OPFUSE_BACKEND_ACT_H
 #define OPFUSE_BACKEND_ACT_H
+
+#include <stdbool.h>
+#include <stdint.h>
 
 #include "opfuse/context.h"
 #include "opfuse/tensor.h"
 
+/* The activation a kernel computes: plain kinds first, then the GLUs. */
+typedef enum opf_act_kind {
+    OPF_ACT_GELU           = 0,   /* tanh-form GELU */
+    OPF_ACT_QGELU          = 1,   /* x·σ(αx), α = 1.702 */
+    OPF_ACT_RELU           = 2,
+    OPF_ACT_SRELU          = 3,   /* squared ReLU */
+    OPF_ACT_SILU           = 4,   /* x·σ(αx), α = 1 */
+    OPF_ACT_GLU            = 5,   /* σ(a)·b */
+    OPF_ACT_GEGLU          = 6,
+    OPF_ACT_QGEGLU         = 7,
+    OPF_ACT_REGLU          = 8,
+    OPF_ACT_SREGLU         = 9,
+    OPF_ACT_SWIGLU         = 10,
+    OPF_ACT_CLAMPED_SWIGLU = 11,  /* a' = min(a, limit), b' = clamp(b, ±limit) + 1 */
+    OPF_ACT_COUNT
+} opf_act_kind;
+
+/* Whether kind k (in range) halves the last dim: y = f(a)·b. */
+static inline bool opf_act_is_glu(opf_act_kind k) { return k >= OPF_ACT_GLU; }
+
+/* The parameters of a kind; unused ones are ignored. */
+typedef struct opf_act_params {
+    float alpha;  /* slope of the x·σ(αx) kinds: QGELU(-GLU) 1.702, SiLU and SwiGLU 1 */
+    float limit;  /* ClampedSwiGLU's limit (> 0, finite) */
+} opf_act_params;
+
 typedef struct opf_act_kernels {
-    int reserved_;  /* placeholder until the family's entries land */
+    /* y = f(x) or f(a)·b (shapes above). In place (y == x) for plain kinds. */
+    opf_status (*fwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x, float *y,
+                      int64_t rows, int64_t cols);
+    /* dx [rows, cols] from dy (the shape of y): plain dx = f'(x)·dy; GLU
+     * dx = [f'(a)·dy·b | f(a)·dy]. dx may be x or dy for plain kinds. */
+    opf_status (*bwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
+                      const float *dy, float *dx, int64_t rows, int64_t cols);
+    /* The backward of bias + a plain activation in one pass: dx = f'(x)·dy
+     * as bwd gives it and dbias[j] = the sum of dx[r, j] over the rows in
+     * row order, from 0 (dbias [cols]). Quantizing dx is the caller's. */
+    opf_status (*dact_dbias)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
+                             const float *dy, float *dx, float *dbias, int64_t rows, int64_t cols);
+    /* A GLU kind with a scale per row (s [rows]), not ClampedSwiGLU:
+     * y[r, j] = fl(fl(f(a) b) s[r]). */
+    opf_status (*scaled_glu_fwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
+                                 const float *s, float *y, int64_t rows, int64_t cols);
+    /* Its backward, with g = fl(dy s[r]): dx = [f'(a) g b | f(a) g] and
+     * ds[r] = the sum over j, left to right, of fl(fl(f(a) b) dy). work:
+     * rows·cols floats of scratch. */
+    opf_status (*scaled_glu_bwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
+                                 const float *s, const float *dy, float *dx, float *ds, float *work,
+                                 int64_t rows, int64_t cols);
 } opf_act_kernels;
 
 extern const opf_act_kernels opf_cpu_act;

@@ -36,7 +36,7 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
 }
 
 /* The list of built-in classes; each defined in its own file under src/ops/basic/
- * (shared code: act.c, norm_common.c). */
+ * (shared code: norm_common.c), but the activations: act.c builds them from one table. */
 #define OPF_BUILTIN_OPS(X)                                                     \
     X(identity) X(reshape) X(constant_scale) X(bias) X(basic_linear)           \
     X(layernorm) X(rmsnorm) X(l2normalization)                                 \

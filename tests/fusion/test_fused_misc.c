@@ -13,7 +13,7 @@
 #include "test.h"
 
 #include "op/op-impl.h"
-#include "ops/basic/act-math.h"
+#include "backend/cpu/act-math.h"
 #include "ops/fused/grouped_mlp.h"
 
 /* ---- shared helpers ------------------------------------------------------------- */

@@ -3,9 +3,9 @@
  * fp32 pattern) and of exp's whole finite range, one million random
  * patterns over every float, and the special values; the documented maximum
  * ulp errors are asserted. Then the bits: a SIMD loop and a scalar loop over
- * the same inputs agree, and so do the activation loops of act.c
- * (opf_act_apply_f32 / _df_f32) and the row's scalar f and f' (bit for bit,
- * but for the payload and sign of NaN results: see same_value).
+ * the same inputs agree (bit for bit, but for the payload and sign of NaN
+ * results: see same_value). The activation kernels built on them are
+ * tested in tests/backend/test_act.c.
  *
  * OPF_TEST_EXHAUSTIVE=1 checks every fp32 input instead of the sweeps
  * (minutes; the errors act-math.h documents come from this run). */
@@ -14,8 +14,7 @@
 
 #include "test.h"
 
-#include "ops/basic/act-impl.h"
-#include "ops/basic/act-math.h"
+#include "backend/cpu/act-math.h"
 
 /* The documented bounds (act-math.h, numerics.md 6.3.1). */
 #define EXP_MAX_ULP 0.98
@@ -215,11 +214,12 @@ static void test_special(void)
     CHECK(isnan(opf_sigmoidf_impl(qnan)) && isnan(opf_sigmoidf_impl(snan)), "sigmoid(NaN)");
 
     /* max(v, 0) of ReLU and SReLU' as fmaxf(v, 0.0f) gives it: +0 for -0 and NaN */
-    const opf_act_row *relu = opf_act_row_at(OPF_ACT_RELU), *srelu = opf_act_row_at(OPF_ACT_SRELU);
     const float odd[] = {-0.0f, qnan, nnan, -inf};
     for (int i = 0; i < 4; i++)
-        CHECK(same_bits(relu->f(odd[i], 0.0f), 0.0f) && same_bits(relu->df(odd[i], 0.0f), 0.0f) &&
-              same_bits(srelu->f(odd[i], 0.0f), 0.0f) && same_bits(srelu->df(odd[i], 0.0f), 0.0f),
+        CHECK(same_bits(opf_act_relu_f(odd[i], 0.0f), 0.0f) &&
+              same_bits(opf_act_relu_df(odd[i], 0.0f), 0.0f) &&
+              same_bits(opf_act_srelu_f(odd[i], 0.0f), 0.0f) &&
+              same_bits(opf_act_srelu_df(odd[i], 0.0f), 0.0f),
               "relu / srelu of %a is not +0", (double)odd[i]);
 }
 
@@ -292,35 +292,6 @@ static void test_simd_vs_scalar(void)
     free(x), free(a), free(b);
 }
 
-/* act.c's loops (vectorized, on all threads above 32768) against the
- * row's f and f' one element at a time, for every activation kind. */
-static void test_act_loops_vs_rows(void)
-{
-    const int64_t sizes[] = {1, 15, 17, 100, 32768, 100003};
-    for (int k = 0; k < OPF_ACT_COUNT; k++) {
-        const opf_act_row *row = opf_act_row_at((opf_act_kind)k);
-        const float alpha = (float)row->alpha;
-        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-            int64_t n = sizes[si];
-            float *x = mixed_inputs(n, 5 + si), *dy = mixed_inputs(n, 99 + si);
-            float *y = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
-            opf_act_apply_f32((opf_act_kind)k, alpha, x, y, n);
-            opf_act_apply_df_f32((opf_act_kind)k, alpha, x, dy, dx, n);
-            int bad_y = 0, bad_dx = 0;
-            for (int64_t i = 0; i < n; i++) {
-                bad_y += !same_value(y[i], row->f(x[i], alpha));
-                bad_dx += !same_value(dx[i], row->df(x[i], alpha) * dy[i]);
-            }
-            CHECK(bad_y == 0 && bad_dx == 0, "%s n=%lld: the loops differ from f at %d, f' at %d",
-                  row->name, (long long)n, bad_y, bad_dx);
-            opf_act_apply_f32((opf_act_kind)k, alpha, x, x, n);  /* in place */
-            CHECK(!memcmp(x, y, sizeof(float) * n), "%s n=%lld: in place differs", row->name,
-                  (long long)n);
-            free(x), free(dy), free(y), free(dx);
-        }
-    }
-}
-
 int main(void)
 {
     const char *ex = getenv("OPF_TEST_EXHAUSTIVE");
@@ -336,6 +307,5 @@ int main(void)
         random_patterns(&fns[i], 1000000);
     }
     test_simd_vs_scalar();
-    test_act_loops_vs_rows();
     TEST_DONE();
 }

@@ -6,7 +6,7 @@
 #include "test.h"
 
 #include "op/op-impl.h"
-#include "ops/basic/act-math.h"
+#include "backend/cpu/act-math.h"
 
 /* ---- FP64 reference (numerics.md 6.3, same constants) ---------------------- */
 

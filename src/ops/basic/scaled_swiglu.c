@@ -9,12 +9,12 @@
  *   backward, g_rj = fl(dy_rj * s_r):
  *   da_rj = f'(a_rj) * g_rj * b_rj,  db_rj = silu(a_rj) * g_rj   (as SwiGLU)
  *   ds_r  = sum over j, left to right, of fl(fl(silu(a_rj) * b_rj) * dy_rj)
- * f and f' are the activation table's SwiGLU row (act.c). Everything is
- * fp32 with one rounding at the end: y to x's dtype or quantized with the
- * next op's input quantizer, dx likewise with the previous op's grad-output
- * quantizer, ds to the scales' dtype. (TE's Python op rounds the SwiGLU
- * output to the activation dtype before scaling; we keep fp32 throughout,
- * like every other activation here.) Saved for backward: x and the scales.
+ * The math is the backend's scaled GLU kernel of kind SwiGLU
+ * (backend/act.h), all fp32 with one rounding at the end: y to x's dtype
+ * or quantized with the next op's input quantizer, dx likewise with the
+ * previous op's grad-output quantizer, ds to the scales' dtype. (TE's
+ * Python op rounds the SwiGLU output to the activation dtype before
+ * scaling; we keep fp32 throughout, like every other activation here.) Saved for backward: x and the scales.
  * The interleaved GLU layout of the anchor is not offered. Takes no config. */
 #include "ops/basic/act-impl.h"
 
@@ -39,13 +39,6 @@ static const opf_field ssg_bwd_fields[] = {
 OPF_SCHEMA(ssg_bwd_schema, ssg_bwd, ssg_bwd_fields);
 
 static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
-static int64_t half_width(const opf_spec *x) { return x->shape[x->ndim - 1] / 2; }
-static int64_t rows_of(const opf_spec *x)
-{
-    int64_t h2 = x->shape[x->ndim - 1];
-    return h2 ? opf_spec_numel(x) / h2 : 0;
-}
 
 static opf_spec out_plain(const opf_spec *x)
 {
@@ -89,7 +82,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
     ssg_fwd *a = args;
     opf_status st = check_x(env->ctx, op, env->x);
-    if (!st) st = check_scales(env->ctx, op, env->extra_in[0], rows_of(&env->x->spec));
+    if (!st) st = check_scales(env->ctx, op, env->extra_in[0], opf_act_rows(&env->x->spec));
     if (st) return st;
     a->x = *env->x;
     a->scales = *env->extra_in[0];
@@ -104,29 +97,27 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return opf_op_out_spec(&plain, &a->next_q, &outs[0]);
 }
 
-static const opf_act_row *swiglu(void) { return opf_act_row_at(OPF_ACT_SWIGLU); }
+/* SwiGLU's row of the activation table. */
+static opf_act_params swiglu_params(void)
+{
+    return (opf_act_params){(float)opf_act_default_alpha(OPF_ACT_SWIGLU), 0.0f};
+}
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const ssg_fwd *a = args;
-    int64_t n = opf_spec_numel(&a->x.spec), rows = rows_of(&a->x.spec), h = half_width(&a->x.spec);
+    const opf_act_kernels *K;
+    opf_status st = opf_act_kernels_for(ctx, a->x.spec.device, "scaled_swiglu", &K);
+    if (st) return st;
+    int64_t n = opf_spec_numel(&a->x.spec), rows = opf_act_rows(&a->x.spec);
     float *xs = opf_op_scratch(ctx, n), *ss = opf_op_scratch(ctx, rows), *y = opf_op_scratch(ctx, n / 2);
     if (!xs || !ss || !y) return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
     const float *x, *s;
-    opf_status st = opf_op_load_f32(ctx, &a->x, xs, &x);
+    st = opf_op_load_f32(ctx, &a->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &a->scales, ss, &s);
-    if (st) return st;
-    const float alpha = (float)swiglu()->alpha;
-    /* y = (f(a) b) s per row, f(a) from the activations' vectorized loop */
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (int64_t i = 0; i < rows; i++) {
-        const float *xa = x + i * 2 * h, *xb = xa + h;
-        float *yr = y + i * h;
-        opf_act_apply_f32(OPF_ACT_SWIGLU, alpha, xa, yr, h);
-        #pragma omp simd
-        for (int64_t j = 0; j < h; j++) yr[j] = yr[j] * xb[j] * s[i];
-    }
-    return opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
+    if (!st) st = K->scaled_glu_fwd(ctx, OPF_ACT_SWIGLU, swiglu_params(), x, s, y, rows,
+                                    opf_act_cols(&a->x.spec));
+    return st ? st : opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -177,48 +168,26 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
     return opf_op_out_spec(&plain, &b->grad_q, &grads[0]);
 }
 
-/* One row: dx = [da | db] and the row's scale gradient. */
-/* One row of the backward: dx of both halves and the row's scale gradient.
- * fa and g are h floats of scratch; f(a) and f'(a) g come from the
- * activations' vectorized loops, the products in the scalar order
- * (f'(a) g) b and f(a) g, and ds sums left to right. */
-static float row_bwd(float alpha, const float *xa, const float *dy, float s, int64_t h, float *dx,
-                     float *fa, float *g)
-{
-    const float *xb = xa + h;
-    #pragma omp simd
-    for (int64_t j = 0; j < h; j++) g[j] = dy[j] * s;
-    opf_act_apply_f32(OPF_ACT_SWIGLU, alpha, xa, fa, h);
-    opf_act_apply_df_f32(OPF_ACT_SWIGLU, alpha, xa, g, dx, h);
-    #pragma omp simd
-    for (int64_t j = 0; j < h; j++) {
-        dx[j] = dx[j] * xb[j];
-        dx[h + j] = fa[j] * g[j];
-    }
-    float ds = 0.0f;
-    for (int64_t j = 0; j < h; j++) ds += fa[j] * xb[j] * dy[j];
-    return ds;
-}
-
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const ssg_bwd *b = bargs;
-    int64_t n = opf_spec_numel(&b->x.spec), rows = rows_of(&b->x.spec), h = half_width(&b->x.spec);
+    const opf_act_kernels *K;
+    opf_status st = opf_act_kernels_for(ctx, b->x.spec.device, "scaled_swiglu", &K);
+    if (st) return st;
+    int64_t n = opf_spec_numel(&b->x.spec), rows = opf_act_rows(&b->x.spec);
     float *xs = opf_op_scratch(ctx, n), *ss = opf_op_scratch(ctx, rows);
     float *dys = opf_op_scratch(ctx, n / 2), *dx = opf_op_scratch(ctx, n), *ds = opf_op_scratch(ctx, rows);
-    float *fa = opf_op_scratch(ctx, n / 2), *g = opf_op_scratch(ctx, n / 2);
-    if (!xs || !ss || !dys || !dx || !ds || !fa || !g)
+    float *work = opf_op_scratch(ctx, n);
+    if (!xs || !ss || !dys || !dx || !ds || !work)
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
     const float *x, *s, *dy;
-    opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
+    st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->scales, ss, &s);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
-    if (st) return st;
-    const float alpha = (float)swiglu()->alpha;
-    #pragma omp parallel for schedule(static) if (n > 32768)
-    for (int64_t i = 0; i < rows; i++)
-        ds[i] = row_bwd(alpha, x + i * 2 * h, dy + i * h, s[i], h, dx + i * 2 * h, fa + i * h, g + i * h);
-    st = opf_convert(ds, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype, (size_t)rows);
+    if (!st) st = K->scaled_glu_bwd(ctx, OPF_ACT_SWIGLU, swiglu_params(), x, s, dy, dx, ds, work,
+                                    rows, opf_act_cols(&b->x.spec));
+    if (!st) st = opf_convert(ds, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype,
+                              (size_t)rows);
     return st ? st : opf_op_store_f32(ctx, dx, b->x.spec.dtype, &b->grad_q, &grads[0]);
 }
 

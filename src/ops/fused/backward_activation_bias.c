@@ -4,19 +4,21 @@
  * fused op: it only supplies the quantizer, which the fuser hands the fused
  * op as env->prev_grad_q (X is the basic-op neighbour before the bias).
  *
- * One kernel: p = f'(x) * dy in fp32, with x the activation's saved input;
- * dbias = the fp32 column sum of p in row order, taken before any rounding
- * (numerics.md 6.3, last line); dx = p rounded to the activation dtype or
- * quantized with X's grad-output quantizer (per-tensor delayed FP8 casts
- * the fp32 value, numerics.md 6.1), so X gets its dy already quantized.
- * Unfused, the activation rounds dx first and the bias sums the rounded
- * values: dbias agrees within the dtype's tolerance (bit for bit in f32).
+ * One kernel, the backend's dact_dbias: p = f'(x) * dy in fp32, with x the
+ * activation's saved input; dbias = the fp32 column sum of p in row order,
+ * taken before any rounding (numerics.md 6.3, last line); then dx = p
+ * rounded to the activation dtype or quantized with X's grad-output
+ * quantizer (per-tensor delayed FP8 casts the fp32 value, numerics.md 6.1),
+ * so X gets its dy already quantized. Unfused, the activation rounds dx
+ * first and the bias sums the rounded values: dbias agrees within the
+ * dtype's tolerance (bit for bit in f32).
  *
  * Applies only under a recipe without a backward override and when X's
  * grad-output quantizer exists, as in the anchor (an override quantizes no
- * gradient, so there is nothing to fuse the quantization into). The fused op consumes what the unfused forwards saved:
- * nothing for the bias, the input for the activation (read through the
- * activation's own resolve_bwd). */
+ * gradient, so there is nothing to fuse the quantization into). The fused
+ * op consumes what the unfused forwards saved: nothing for the bias, the
+ * input for the activation (read through the activation's own
+ * resolve_bwd). Both ops are recognized by their class pointers. */
 #include "ops/basic/act-impl.h"
 
 typedef struct bab_bwd {
@@ -33,13 +35,10 @@ static const opf_field bab_bwd_fields[] = {
 OPF_SCHEMA(bab_bwd_schema, bab_bwd, bab_bwd_fields);
 
 /* The activations this fusion takes (the anchor's dact + dbias kernels). */
-static const opf_act_kind fusable_acts[] = {OPF_ACT_GELU, OPF_ACT_RELU};
-
 static bool is_fusable_act(const opf_op *op)
 {
-    for (size_t i = 0; i < sizeof fusable_acts / sizeof fusable_acts[0]; i++)
-        if (!strcmp(opf_op_class_of(op)->name, opf_act_row_at(fusable_acts[i])->name)) return true;
-    return false;
+    int k = opf_act_kind_of(op);
+    return k == OPF_ACT_GELU || k == OPF_ACT_RELU;
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *bargs)
@@ -78,21 +77,21 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const bab_bwd *b = bargs;
-    const float alpha = (float)b->alpha;
+    const opf_act_kernels *K;
+    opf_status st = opf_act_kernels_for(ctx, b->x.spec.device, "backward_activation_bias", &K);
+    if (st) return st;
     int64_t n = b->b.spec.shape[0], numel = opf_spec_numel(&b->x.spec), rows = n ? numel / n : 0;
     float *xs = opf_op_scratch(ctx, numel), *dys = opf_op_scratch(ctx, numel);
     float *p = opf_op_scratch(ctx, numel), *db = opf_op_scratch(ctx, n);
     if (!xs || !dys || !p || !db)
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
     const float *x, *dy;
-    opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
+    st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
-    if (st) return st;
-    opf_act_apply_df_f32((opf_act_kind)b->act, alpha, x, dy, p, numel);
-    for (int64_t j = 0; j < n; j++) db[j] = 0.0f;
-    for (int64_t r = 0; r < rows; r++)  /* row order, as the bias op sums */
-        for (int64_t j = 0; j < n; j++) db[j] += p[r * n + j];
-    st = opf_convert(db, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype, (size_t)n);
+    if (!st) st = K->dact_dbias(ctx, (opf_act_kind)b->act, (opf_act_params){(float)b->alpha, 0.0f},
+                                x, dy, p, db, rows, n);
+    if (!st) st = opf_convert(db, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype,
+                              (size_t)n);
     return st ? st : opf_op_store_f32(ctx, p, b->x.spec.dtype, &b->dx_q, &grads[0]);
 }
 
@@ -123,7 +122,7 @@ static bool matches_at(opf_op *const *ops, int n, int i, const opf_recipe *recip
     if (!recipe || recipe->backward_override != OPF_BACKWARD_NONE || i < 1 || i + 1 >= n ||
         opf_op_is_fused(ops[i]) || opf_op_is_fused(ops[i + 1]))
         return false;
-    return !strcmp(opf_op_class_of(ops[i])->name, "bias") && is_fusable_act(ops[i + 1]) &&
+    return opf_op_class_of(ops[i]) == &opf_op_class_bias && is_fusable_act(ops[i + 1]) &&
            has_grad_output_q(ops[i - 1]);
 }
 

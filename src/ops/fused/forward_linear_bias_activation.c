@@ -55,9 +55,8 @@ OPF_SCHEMA(flba_fwd_schema, flba_fwd, flba_fwd_fields);
 /* The activations the 3-op class takes (te-ops 6: GELU | ReLU). */
 static int act_kind(const opf_op *op)
 {
-    if (opf_op_is_class(op, "gelu")) return OPF_ACT_GELU;
-    if (opf_op_is_class(op, "relu")) return OPF_ACT_RELU;
-    return -1;
+    int k = opf_act_kind_of(op);
+    return k == OPF_ACT_GELU || k == OPF_ACT_RELU ? k : -1;
 }
 
 static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
@@ -96,12 +95,13 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     return OPF_OK;
 }
 
-/* t[i] = f(t[i]) for the activation's row of the table (numerics 6.3), in
- * the activation op's own vectorized loop. */
-static void activate(int act, float *t, int64_t n)
+/* t = f(t) in place (numerics 6.3), by the activation op's own kernel. */
+static opf_status activate(opf_ctx *ctx, int act, const opf_spec *s, float *t)
 {
-    const opf_act_row *row = opf_act_row_at((opf_act_kind)act);
-    opf_act_apply_f32((opf_act_kind)act, (float)row->alpha, t, t, n);
+    const opf_act_kernels *K;
+    opf_status st = opf_act_kernels_for(ctx, s->device, "forward_linear_bias_activation", &K);
+    opf_act_params p = {(float)opf_act_default_alpha((opf_act_kind)act), 0.0f};
+    return st ? st : K->fwd(ctx, (opf_act_kind)act, p, t, t, opf_act_rows(s), opf_act_cols(s));
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
@@ -121,9 +121,8 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     float *v = t.data[OPF_COMP_DATA];
     opf_dtype act_dt = a->lin.x.spec.dtype;
     if (!st && a->save_act_input) st = opf_op_store_f32(ctx, v, act_dt, NULL, &aux[AUX_ACT_IN]);
-    if (st) return st;
-    activate(a->act, v, opf_spec_numel(&s));
-    return opf_op_store_f32(ctx, v, act_dt, &a->out_q, &outs[0]);
+    if (!st) st = activate(ctx, a->act, &s, v);
+    return st ? st : opf_op_store_f32(ctx, v, act_dt, &a->out_q, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -137,7 +136,7 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
      * the bias output it now reads from aux */
     opf_op *act = opf_op_basic(op, 2);
     opf_act_fwd af = {.x = aux[AUX_ACT_IN], .next_q = a->out_q, .act = a->act,
-                      .alpha = opf_act_row_at((opf_act_kind)a->act)->alpha, .limit = 0.0};
+                      .alpha = opf_act_default_alpha((opf_act_kind)a->act), .limit = 0.0};
     return opf_op_class_of(act)->setup_context(act, &octx[2], &af, outs, NULL);
 }
 

@@ -1,5 +1,6 @@
 /* act-math.h: the fp32 exp, tanh and sigmoid of the activations
- * (docs/numerics.md 6.3.1), as static inline functions written with fp32
+ * (docs/numerics.md 6.3.1), and on them the element functions f and f' of
+ * every activation kind (6.3), as static inline functions written with fp32
  * +, -, *, / and integer operations on the bit pattern only. Their results
  * depend on no C library, so a loop over them vectorizes (no calls, no
  * data-dependent branches: both paths of a select are computed) and the same
@@ -38,6 +39,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/act.h"
 #include "core/core-impl.h"
 
 #ifdef __FAST_MATH__
@@ -114,5 +116,103 @@ static inline float opf_tanhf_impl(float x)
 
 /* σ(z) = 1/(1 + e^-z), numerics.md 6.3's formula with the exp above. */
 static inline float opf_sigmoidf_impl(float z) { return 1.0f / (1.0f + opf_expf_impl(-z)); }
+
+/* ---- the element functions (numerics.md 6.3) ------------------------------------
+ * f and f' of one fp32 value; alpha is the slope of the x·σ(αx) family and
+ * unused by the others. fmaxf and fminf are written as the selects they
+ * equal (+0 for ±0 and NaN in max(v, 0)), and every select as
+ * opf_select_f32_impl, so that loops over them vectorize. */
+
+static inline float opf_act_gelu_f(float x, float alpha)
+{
+    return x * (0.5f + 0.5f * opf_tanhf_impl(x * (0.79788456f + 0.03567741f * x * x)));
+}
+
+/* The derivative uses its own tanh argument and constants (not a reuse of
+ * f's), as the anchor's kernel does. */
+static inline float opf_act_gelu_df(float x, float alpha)
+{
+    const float t = opf_tanhf_impl(0.79788456f * x * (1.0f + 0.044715f * x * x));
+    return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) + 0.5f * (1.0f + t);
+}
+
+/* x·σ(αx): QGELU (α = 1.702), SiLU (α = 1: 1·x == x exactly), ClampedSwiGLU. */
+static inline float opf_act_swish_f(float x, float alpha)
+{
+    return x * opf_sigmoidf_impl(alpha * x);
+}
+
+/* αx·σ'(αx) + σ(αx) with σ' = σ(1-σ). */
+static inline float opf_act_swish_df(float x, float alpha)
+{
+    const float c = alpha * x, s = opf_sigmoidf_impl(c);
+    return c * (s * (1.0f - s)) + s;
+}
+
+/* max(v, 0) as fmaxf(v, 0.0f) gives it. */
+static inline float opf_act_max0(float v) { return opf_select_f32_impl(v > 0.0f, v, 0.0f); }
+
+static inline float opf_act_relu_f(float x, float alpha) { return opf_act_max0(x); }
+static inline float opf_act_relu_df(float x, float alpha)
+{
+    return opf_select_f32_impl(x > 0.0f, 1.0f, 0.0f);
+}
+static inline float opf_act_srelu_f(float x, float alpha)
+{
+    return opf_select_f32_impl(x > 0.0f, x * x, 0.0f);
+}
+static inline float opf_act_srelu_df(float x, float alpha) { return opf_act_max0(2.0f * x); }
+
+static inline float opf_act_sigmoid_f(float x, float alpha) { return opf_sigmoidf_impl(x); }
+static inline float opf_act_sigmoid_df(float x, float alpha)
+{
+    const float s = opf_sigmoidf_impl(x);
+    return s * (1.0f - s);
+}
+
+/* The element-function pair of a kind. Kinds that share a pair share its
+ * loops (cpu/act.c has one vectorized set per pair). */
+typedef enum opf_act_fn {
+    OPF_ACT_FN_GELU    = 0,  /* GELU, GEGLU */
+    OPF_ACT_FN_SWISH   = 1,  /* QGELU, SiLU and their GLUs, ClampedSwiGLU */
+    OPF_ACT_FN_RELU    = 2,
+    OPF_ACT_FN_SRELU   = 3,
+    OPF_ACT_FN_SIGMOID = 4,  /* GLU's gate */
+    OPF_ACT_FN_COUNT
+} opf_act_fn;
+
+static inline opf_act_fn opf_act_fn_of(opf_act_kind k)
+{
+    switch (k) {
+    case OPF_ACT_GELU: case OPF_ACT_GEGLU: return OPF_ACT_FN_GELU;
+    case OPF_ACT_RELU: case OPF_ACT_REGLU: return OPF_ACT_FN_RELU;
+    case OPF_ACT_SRELU: case OPF_ACT_SREGLU: return OPF_ACT_FN_SRELU;
+    case OPF_ACT_GLU: return OPF_ACT_FN_SIGMOID;
+    default: return OPF_ACT_FN_SWISH;
+    }
+}
+
+/* f (deriv false) or f' of kind k at one value, for scalar callers (tests,
+ * references): the same bits as the loops of cpu/act.c (the gate of a GLU
+ * kind is not applied, nor ClampedSwiGLU's clamps). */
+static inline float opf_act_scalar_impl(opf_act_kind k, float x, float alpha, bool deriv)
+{
+    switch (opf_act_fn_of(k)) {
+    case OPF_ACT_FN_GELU: return deriv ? opf_act_gelu_df(x, alpha) : opf_act_gelu_f(x, alpha);
+    case OPF_ACT_FN_RELU: return deriv ? opf_act_relu_df(x, alpha) : opf_act_relu_f(x, alpha);
+    case OPF_ACT_FN_SRELU: return deriv ? opf_act_srelu_df(x, alpha) : opf_act_srelu_f(x, alpha);
+    case OPF_ACT_FN_SIGMOID:
+        return deriv ? opf_act_sigmoid_df(x, alpha) : opf_act_sigmoid_f(x, alpha);
+    default: return deriv ? opf_act_swish_df(x, alpha) : opf_act_swish_f(x, alpha);
+    }
+}
+static inline float opf_act_f_impl(opf_act_kind k, float x, float alpha)
+{
+    return opf_act_scalar_impl(k, x, alpha, false);
+}
+static inline float opf_act_df_impl(opf_act_kind k, float x, float alpha)
+{
+    return opf_act_scalar_impl(k, x, alpha, true);
+}
 
 #endif
