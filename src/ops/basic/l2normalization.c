@@ -6,22 +6,12 @@
  * neighbours quantize the plain tensors themselves. Saved for backward: x and
  * rnorm ([rows] fp32).
  *
- * The exact fp32 order, per row of H values, no FMA. Every sum S(t_j) is
- * taken like a warp's reduction: lane l = j mod 32 adds its terms left to
- * right, then the 32 lanes fold in halves (lane i += lane i+16, then i+8,
- * i+4, i+2, i+1), as layernorm.c and rmsnorm.c do:
- *   s    = S(fl(x_j * x_j))
- *   r    = 1.0f / sqrtf(s + eps)              each operation rounded once
- *   y_j  = fl(x_j * r)
- * backward (d/dx of x * (s + eps)^-1/2):
- *   c    = S(fl(dy_j * y_j))
- *   dx_j = r * fl(dy_j - fl(c * y_j))
- * eps = 0 with an all-zero row gives r = inf and NaN outputs, as in TE. Rows
- * run in parallel and each row is sequential, so the bits never depend on the
- * thread count. The sums, loads and checks it shares with layernorm.c and
- * rmsnorm.c are in norm_common.c. */
-#include <math.h>
-
+ * The math and its exact fp32 order (every sum a warp's tree, as in
+ * layernorm.c and rmsnorm.c) are the backend's: backend/norm.h, the CPU
+ * reference in backend/cpu/norm.c. eps = 0 with an all-zero row gives
+ * r = inf and NaN outputs, as in TE. This file validates and dispatches; the
+ * loads, checks and dispatch it shares with layernorm.c and rmsnorm.c are in
+ * norm_common.c. */
 #include "ops/basic/norm-impl.h"
 
 typedef struct l2n_fwd {
@@ -39,36 +29,6 @@ typedef struct l2n_bwd {
 static const opf_field l2n_bwd_fields[] = {
     OPF_F_TENSOR_Q(l2n_bwd, dy), OPF_F_TENSOR_Q(l2n_bwd, x), OPF_F_TENSOR(l2n_bwd, rnorm)};
 OPF_SCHEMA(l2n_bwd_schema, l2n_bwd, l2n_bwd_fields);
-
-/* A quantized input is seen as TE's dequantize returns it: decoded to fp32,
- * then rounded to its logical dtype. */
-static opf_status load_x(opf_ctx *ctx, const opf_tensor *t, float *ws, const float **out)
-{
-    return opf_norm_load_as(ctx, t, t->spec.dtype, ws, out);
-}
-
-/* The output row doubles as the buffer of the terms being summed. */
-static void l2n_row_fwd(const float *x, int64_t H, float eps, float *y, float *r_out)
-{
-    for (int64_t j = 0; j < H; j++) y[j] = x[j] * x[j];
-    float r = 1.0f / sqrtf(opf_norm_lane_sum(y, H) + eps);
-    for (int64_t j = 0; j < H; j++) y[j] = x[j] * r;
-    *r_out = r;
-}
-
-static void l2n_row_bwd(const float *x, const float *dy, int64_t H, float r, float *dx)
-{
-    for (int64_t j = 0; j < H; j++) {
-        float y = x[j] * r;
-        dx[j] = dy[j] * y;
-    }
-    float c = opf_norm_lane_sum(dx, H);
-    for (int64_t j = 0; j < H; j++) {
-        float y = x[j] * r;
-        float cy = c * y;
-        dx[j] = r * (dy[j] - cy);
-    }
-}
 
 /* ---- the class -------------------------------------------------------------- */
 
@@ -105,21 +65,17 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return OPF_OK;
 }
 
+/* A quantized input is seen as TE's dequantize returns it: decoded to fp32,
+ * then rounded to its logical dtype, the dtype of y and dx (the kernels
+ * round x to that dtype). */
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const l2n_fwd *a = args;
-    int64_t H = a->x.spec.shape[a->x.spec.ndim - 1], n = opf_spec_numel(&a->x.spec);
-    int64_t rows = H ? n / H : 0;
-    float *xs = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, n);
-    if (!xs || !y) return opf_error(ctx, OPF_ERR_NO_MEMORY, "l2normalization: no scratch");
-    const float *x;
-    opf_status st = load_x(ctx, &a->x, xs, &x);
-    if (st) return st;
-    float eps = (float)a->eps, *r = aux[0].data[0];
-    int nt = opf_norm_threads(ctx, n);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < rows; i++) l2n_row_fwd(x + i * H, H, eps, y + i * H, &r[i]);
-    return opf_op_store_f32(ctx, y, a->x.spec.dtype, NULL, &outs[0]);
+    const opf_norm_kernels *k;
+    opf_tensor x;
+    opf_status st = opf_norm_kernels_of(ctx, "l2normalization", &a->x, &k);
+    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
+    return st ? st : k->l2norm_fwd(ctx, &x, (float)a->eps, &outs[0], &aux[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -159,19 +115,12 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
     const l2n_bwd *a = args;
-    int64_t H = a->x.spec.shape[a->x.spec.ndim - 1], n = opf_spec_numel(&a->x.spec);
-    int64_t rows = H ? n / H : 0;
-    float *xs = opf_op_scratch(ctx, n), *dys = opf_op_scratch(ctx, n), *dx = opf_op_scratch(ctx, n);
-    if (!xs || !dys || !dx) return opf_error(ctx, OPF_ERR_NO_MEMORY, "l2normalization: no scratch");
-    const float *x, *dy;
-    opf_status st = load_x(ctx, &a->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &a->dy, dys, &dy);
-    if (st) return st;
-    const float *r = a->rnorm.data[0];
-    int nt = opf_norm_threads(ctx, n);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < rows; i++) l2n_row_bwd(x + i * H, dy + i * H, H, r[i], dx + i * H);
-    return opf_op_store_f32(ctx, dx, a->x.spec.dtype, NULL, &grads[0]);
+    const opf_norm_kernels *k;
+    opf_tensor dy, x;
+    opf_status st = opf_norm_kernels_of(ctx, "l2normalization", &a->x, &k);
+    if (!st) st = opf_norm_plain_in(ctx, &a->dy, &dy);
+    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
+    return st ? st : k->l2norm_bwd(ctx, &dy, &x, &a->rnorm, &grads[0]);
 }
 
 OPF_NORM_CLASS(l2normalization, opf_l2norm_config, &l2n_fwd_schema, &l2n_bwd_schema);

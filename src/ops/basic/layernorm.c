@@ -7,28 +7,11 @@
  * next op's input quantizer, dx likewise with the previous op's grad-output
  * quantizer. Saved for backward: x, mu and rsigma ([rows] fp32 each).
  *
- * The exact fp32 order, per row of H values, rn = fl(1/H), no FMA. Every
- * sum S(t_j) is taken like a warp's reduction (TE reduces in trees): lane
- * l = j mod 32 adds its terms left to right, then the 32 lanes fold in
- * halves (lane i += lane i+16, then i+8, i+4, i+2, i+1); a sequential sum
- * loses too much to an offset mean in fp32.
- *   mu   = S(x_j) * rn
- *   m2   = S(fl(d_j * d_j)),  d_j = fl(x_j - mu)       (second pass)
- *   rs   = 1.0f / sqrtf(fl(rn * m2) + eps)              each operation rounded once
- *   z_j  = fl(g_j * fl(rs * d_j)) + beta_j,  g_j = gamma_j (+ 1.0f zero-centred)
- * backward, with y_j = fl(rs * d_j) and e_j = fl(g_j * dz_j):
- *   a    = S(e_j) * rn,  c = S(fl(e_j * y_j)) * rn
- *   dx_j = rs * fl(e_j - fl(fl(c * y_j) + a))
- *   dgamma_j = S over rows of fl(dz_j * y_j), dbeta_j = S over rows of dz_j
- *   (rows fold the same way, row r in lane r mod 32)
- * TE's kernels use other trees and rsqrtf and may contract to FMA, so this
- * agrees with TE within te-ops.md 8.1 tolerances, not bit for bit
- * (numerics.md 9.6). Rows run in parallel and column sums in blocks of
- * columns; the order inside each is fixed, so no bit depends on the thread
- * count. The sums, loads and checks it shares with rmsnorm.c and
+ * The math and its exact fp32 order (every sum a warp's tree, so a CUDA
+ * kernel reproduces it bit for bit) are the backend's: backend/norm.h, the
+ * CPU reference in backend/cpu/norm.c. This file validates and dispatches;
+ * the loads, checks and dispatch it shares with rmsnorm.c and
  * l2normalization.c are in norm_common.c. */
-#include <math.h>
-
 #include "ops/basic/norm-impl.h"
 
 typedef struct ln_fwd {
@@ -58,44 +41,6 @@ static const opf_field ln_bwd_fields[] = {
     OPF_F_TENSOR(ln_bwd, rsigma), OPF_F_TENSOR(ln_bwd, weight), OPF_F_TENSOR(ln_bwd, bias),
     OPF_F_QUANT(ln_bwd, dx_q),    OPF_F_BOOL(ln_bwd, zero_centered)};
 OPF_SCHEMA(ln_bwd_schema, ln_bwd, ln_bwd_fields);
-
-/* ---- the math of one row (order in the file comment) ----------------------
- * The output row doubles as the buffer of the terms being summed. */
-
-static void ln_row_fwd(const float *x, int64_t H, float rn, float eps, const float *g,
-                       const float *b, float *z, float *mu_out, float *rs_out)
-{
-    float mu;
-    float m2 = opf_norm_row_m2(x, H, rn, z, &mu);
-    float var = rn * m2;
-    float rs = 1.0f / sqrtf(var + eps);
-    for (int64_t j = 0; j < H; j++) {
-        float y = rs * (x[j] - mu);
-        float gy = g[j] * y;
-        z[j] = gy + b[j];
-    }
-    *mu_out = mu;
-    *rs_out = rs;
-}
-
-/* Writes y (kept for dgamma) and dx of one row. */
-static void ln_row_bwd(const float *x, const float *dz, int64_t H, float rn, float mu, float rs,
-                       const float *g, float *y, float *dx)
-{
-    for (int64_t j = 0; j < H; j++) {
-        y[j] = rs * (x[j] - mu);
-        dx[j] = g[j] * dz[j];
-    }
-    float a = opf_norm_lane_sum(dx, H) * rn;
-    for (int64_t j = 0; j < H; j++) dx[j] = dx[j] * y[j];
-    float c = opf_norm_lane_sum(dx, H) * rn;
-    for (int64_t j = 0; j < H; j++) {
-        float e = g[j] * dz[j];
-        float cy = c * y[j];
-        float t = cy + a;
-        dx[j] = rs * (e - t);
-    }
-}
 
 /* ---- the class -------------------------------------------------------------- */
 
@@ -129,23 +74,15 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const ln_fwd *a = args;
-    opf_dtype act = a->weight.spec.dtype;
-    int64_t H = a->weight.spec.shape[0], n = opf_spec_numel(&a->x.spec), rows = n / H;
-    float *xs = opf_op_scratch(ctx, n), *g = opf_op_scratch(ctx, H), *b = opf_op_scratch(ctx, H);
-    float *z = opf_op_scratch(ctx, n);
-    if (!xs || !g || !b || !z) return opf_error(ctx, OPF_ERR_NO_MEMORY, "layernorm: no scratch");
-    const float *x;
-    opf_status st = opf_norm_load_as(ctx, &a->x, act, xs, &x);
-    if (!st) st = opf_norm_load_gamma(ctx, &a->weight, a->zero_centered, g);
-    if (!st) st = opf_convert(a->bias.data[0], act, b, OPF_F32, (size_t)H);
-    if (st) return st;
-    float rn = 1.0f / (float)H, eps = (float)a->eps;
-    float *mu = aux[0].data[0], *rs = aux[1].data[0];
-    int nt = opf_norm_threads(ctx, n);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        ln_row_fwd(x + r * H, H, rn, eps, g, b, z + r * H, &mu[r], &rs[r]);
-    return opf_op_store_f32(ctx, z, act, &a->next_q, &outs[0]);
+    const opf_norm_kernels *k;
+    opf_tensor x, z;
+    opf_status st = opf_norm_kernels_of(ctx, "layernorm", &a->x, &k);
+    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
+    if (!st) st = opf_norm_plain_out(ctx, &outs[0], &z);
+    if (!st)
+        st = k->layernorm_fwd(ctx, &x, &a->weight, &a->bias, (float)a->eps, a->zero_centered, &z,
+                              &aux[0], &aux[1]);
+    return st ? st : opf_norm_finish_out(ctx, &z, a->weight.spec.dtype, &a->next_q, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -184,29 +121,16 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
     const ln_bwd *a = args;
-    opf_dtype act = a->weight.spec.dtype;
-    int64_t H = a->weight.spec.shape[0], n = opf_spec_numel(&a->x.spec), rows = n / H;
-    float *xs = opf_op_scratch(ctx, n), *dzs = opf_op_scratch(ctx, n), *g = opf_op_scratch(ctx, H);
-    float *y = opf_op_scratch(ctx, n), *dx = opf_op_scratch(ctx, n);
-    float *dg = opf_op_scratch(ctx, H), *db = opf_op_scratch(ctx, H);
-    if (!xs || !dzs || !g || !y || !dx || !dg || !db)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "layernorm: no scratch");
-    const float *x, *dz;
-    opf_status st = opf_norm_load_as(ctx, &a->x, act, xs, &x);
-    if (!st) st = opf_norm_load_as(ctx, &a->dy, act, dzs, &dz);
-    if (!st) st = opf_norm_load_gamma(ctx, &a->weight, a->zero_centered, g);
-    if (st) return st;
-    const float *mu = a->mu.data[0], *rs = a->rsigma.data[0];
-    float rn = 1.0f / (float)H;
-    int nt = opf_norm_threads(ctx, n);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        ln_row_bwd(x + r * H, dz + r * H, H, rn, mu[r], rs[r], g, y + r * H, dx + r * H);
-    opf_norm_param_grads(dz, y, rows, H, dg, db, nt);
-    st = opf_convert(dg, OPF_F32, grads[1].data[0], grads[1].spec.dtype, (size_t)H);
-    if (!st) st = opf_convert(db, OPF_F32, grads[2].data[0], grads[2].spec.dtype, (size_t)H);
-    if (!st) st = opf_op_store_f32(ctx, dx, act, &a->dx_q, &grads[0]);
-    return st;
+    const opf_norm_kernels *k;
+    opf_tensor dz, x, dx;
+    opf_status st = opf_norm_kernels_of(ctx, "layernorm", &a->x, &k);
+    if (!st) st = opf_norm_plain_in(ctx, &a->dy, &dz);
+    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
+    if (!st) st = opf_norm_plain_out(ctx, &grads[0], &dx);
+    if (!st)
+        st = k->layernorm_bwd(ctx, &dz, &x, &a->mu, &a->rsigma, &a->weight, a->zero_centered, &dx,
+                              &grads[1], &grads[2]);
+    return st ? st : opf_norm_finish_out(ctx, &dx, a->weight.spec.dtype, &a->dx_q, &grads[0]);
 }
 
 OPF_NORM_CLASS(layernorm, opf_norm_config, &ln_fwd_schema, &ln_bwd_schema);

@@ -1,15 +1,17 @@
 /* norm-impl.h: what the norm ops (layernorm.c, rmsnorm.c, l2normalization.c)
  * share among themselves and with fused ops built on them.
  *  - The pieces of the three ops whose logic is the same (norm_common.c): the
- *    warp-like sums, the loads that see values as the op's dtype does, the
- *    config and input checks, the saved context, the class table.
- *  - The RMSNorm backward args and its fp32 backward kernel (rmsnorm.c), so
- *    BackwardAddRMSNorm (ops/fused/backward_add_rmsnorm.c) reuses the exact
- *    math and adds the residual gradient before the one rounding of dx.
+ *    dispatch to the backend's norm kernels (backend/norm.h, where the math
+ *    and its order are), the config and input checks, the saved context, the
+ *    class table.
+ *  - The RMSNorm backward args and its dispatch (rmsnorm.c), so
+ *    BackwardAddRMSNorm (ops/fused/backward_add_rmsnorm.c) runs the same
+ *    kernel and adds the residual gradient before the one rounding of dx.
  * Every message names the op's class and the op: layernorm "ln": ... */
 #ifndef OPFUSE_NORM_IMPL_H
 #define OPFUSE_NORM_IMPL_H
 
+#include "backend/backend-impl.h"
 #include "ops/ops-impl.h"
 
 /* Backward args of "rmsnorm" (what its resolve_bwd fills). */
@@ -23,47 +25,29 @@ typedef struct opf_rmsnorm_bwd {
 } opf_rmsnorm_bwd;
 extern const opf_schema opf_rmsnorm_bwd_schema;
 
-/* The RMSNorm backward of numerics.md 6.2 in fp32, before any rounding:
- * dx (numel(x) floats) and dgamma (H floats), caller-provided (scratch).
- * Takes scratch of its own from ctx (the caller pops it). */
-opf_status opf_rmsnorm_bwd_f32(opf_ctx *ctx, const opf_rmsnorm_bwd *a, float *dx, float *dgamma);
+/* The RMSNorm backward (the backend's rmsnorm_bwd, numerics.md 6.2): dx into
+ * dx (plain, or quantized with a->dx_q), dgamma into dgamma; dadd (NULL:
+ * none; plain or quantized like dy) is added to dx in fp32 before dx is
+ * rounded. */
+opf_status opf_rmsnorm_backward(opf_ctx *ctx, const opf_rmsnorm_bwd *a, const opf_tensor *dadd,
+                                opf_tensor *dx, opf_tensor *dgamma);
 
-/* ---- the fp32 math (order as the ops' file comments specify) ---------------- */
+/* ---- the dispatch to the backend (backend/norm.h) -------------------------------- */
 
-/* Lanes of a sum; columns per block of a column sum; fewer elements than
- * OPF_NORM_PAR_MIN run on one thread. */
-enum { OPF_NORM_LANES = 32, OPF_NORM_COL_BLOCK = 64, OPF_NORM_PAR_MIN = 1 << 15 };
+/* The norm kernels of t's device, or OPF_ERR_UNSUPPORTED naming `who`. */
+opf_status opf_norm_kernels_of(opf_ctx *ctx, const char *who, const opf_tensor *t,
+                               const opf_norm_kernels **k);
 
-/* Threads for `work` elements: 1 when small, else the ctx's count (0: OpenMP's). */
-int opf_norm_threads(opf_ctx *ctx, int64_t work);
+/* The plain tensor a kernel reads for input t: t itself when plain, else t
+ * decoded to fp32 in scratch (the caller pops it). */
+opf_status opf_norm_plain_in(opf_ctx *ctx, const opf_tensor *t, opf_tensor *plain);
 
-/* S(t_0 .. t_{n-1}), like a warp's reduction: lane l = j mod 32 adds its
- * terms left to right, then the 32 lanes fold in halves (lane i += lane
- * i+16, then i+8, i+4, i+2, i+1). */
-float opf_norm_lane_sum(const float *t, int64_t n);
-
-/* One row's statistics: *mu = S(x_j) * rn and the returned
- * m2 = S(fl(d_j * d_j)), d_j = fl(x_j - mu) (a second pass); t (n floats)
- * is overwritten with the squares. */
-float opf_norm_row_m2(const float *x, int64_t n, float rn, float *t, float *mu);
-
-/* Column sums over rows of [rows, H]: dg[j] = S over rows of
- * fl(dz[r,j] * y[r,j]) and, unless db is NULL, db[j] = S over rows of
- * dz[r,j], row r in lane r mod 32, blocks of columns on nt threads. */
-void opf_norm_param_grads(const float *dz, const float *y, int64_t rows, int64_t H, float *dg,
-                          float *db, int nt);
-
-/* ---- loads --------------------------------------------------------------------- */
-
-/* The values of t as the dtype `act` sees them (TE casts to the module
- * dtype): decoded to fp32 into ws (numel floats) or read in place, then
- * rounded to act unless t is already plain act. *out points at them. */
-opf_status opf_norm_load_as(opf_ctx *ctx, const opf_tensor *t, opf_dtype act, float *ws,
-                            const float **out);
-
-/* g_j = gamma_j of the weight w ([H]), + 1 in fp32 when zero-centred
- * (numerics.md 6.1), into g (H floats). */
-opf_status opf_norm_load_gamma(opf_ctx *ctx, const opf_tensor *w, bool zero_centered, float *g);
+/* The plain tensor a kernel writes for output out: out itself when plain,
+ * else fp32 scratch of out's shape, which opf_norm_finish_out then quantizes
+ * into out with q (rounded to act first, as opf_op_store_f32 does). */
+opf_status opf_norm_plain_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *plain);
+opf_status opf_norm_finish_out(opf_ctx *ctx, const opf_tensor *plain, opf_dtype act,
+                               const opf_quantizer *q, opf_tensor *out);
 
 /* ---- the class hooks' checks ----------------------------------------------------- */
 

@@ -1,10 +1,10 @@
 /* norm_common.c: the pieces layernorm.c, rmsnorm.c and l2normalization.c
- * share (declared in norm-impl.h): the fp32 sums whose order their file
- * comments specify, the loads that see a tensor as the op's dtype does, and
- * the checks of configs, inputs and saved contexts. Messages start with the
+ * share (declared in norm-impl.h): the dispatch to the backend's norm
+ * kernels (the plain tensors they read and write; quantized inputs and
+ * outputs go through the quant layer here), and the checks of configs,
+ * inputs and saved contexts. Messages start with the
  * op's class name, so each reads as if its op had written it. */
 #include <math.h>
-#include <omp.h>
 
 #include "ops/basic/norm-impl.h"
 
@@ -12,95 +12,56 @@ static const char *class_name(const opf_op *op) { return opf_op_class_of(op)->na
 
 static bool is_act_dtype(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 
-/* ---- the fp32 math ------------------------------------------------------------ */
+/* ---- the dispatch to the backend ----------------------------------------------- */
 
-int opf_norm_threads(opf_ctx *ctx, int64_t work)
+opf_status opf_norm_kernels_of(opf_ctx *ctx, const char *who, const opf_tensor *t,
+                               const opf_norm_kernels **k)
 {
-    int t = opf_ctx_num_threads(ctx);
-    if (work < OPF_NORM_PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
-float opf_norm_lane_sum(const float *t, int64_t n)
-{
-    float p[OPF_NORM_LANES] = {0};
-    int64_t j0 = 0;
-    for (; j0 + OPF_NORM_LANES <= n; j0 += OPF_NORM_LANES)
-        for (int l = 0; l < OPF_NORM_LANES; l++) p[l] += t[j0 + l];
-    for (int64_t l = 0; j0 + l < n; l++) p[l] += t[j0 + l];
-    for (int off = OPF_NORM_LANES / 2; off; off >>= 1)
-        for (int l = 0; l < off; l++) p[l] += p[l + off];
-    return p[0];
-}
-
-float opf_norm_row_m2(const float *x, int64_t n, float rn, float *t, float *mu_out)
-{
-    float mu = opf_norm_lane_sum(x, n) * rn;
-    for (int64_t j = 0; j < n; j++) {
-        float d = x[j] - mu;
-        t[j] = d * d;
-    }
-    *mu_out = mu;
-    return opf_norm_lane_sum(t, n);
-}
-
-/* Folds the lane rows of acc in halves into acc[0] (w columns). */
-static void fold_columns(float (*acc)[OPF_NORM_COL_BLOCK], int64_t w)
-{
-    for (int off = OPF_NORM_LANES / 2; off; off >>= 1)
-        for (int l = 0; l < off; l++)
-            for (int64_t j = 0; j < w; j++) acc[l][j] += acc[l + off][j];
-}
-
-void opf_norm_param_grads(const float *dz, const float *y, int64_t rows, int64_t H, float *dg,
-                          float *db, int nt)
-{
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t j0 = 0; j0 < H; j0 += OPF_NORM_COL_BLOCK) {
-        int64_t w = j0 + OPF_NORM_COL_BLOCK < H ? OPF_NORM_COL_BLOCK : H - j0;
-        float ag[OPF_NORM_LANES][OPF_NORM_COL_BLOCK], ab[OPF_NORM_LANES][OPF_NORM_COL_BLOCK];
-        memset(ag, 0, sizeof ag);
-        if (db) memset(ab, 0, sizeof ab);
-        for (int64_t r = 0; r < rows; r++) {
-            const float *dr = dz + r * H + j0, *yr = y + r * H + j0;
-            float *qg = ag[r % OPF_NORM_LANES], *qb = ab[r % OPF_NORM_LANES];
-            for (int64_t j = 0; j < w; j++) qg[j] += dr[j] * yr[j];
-            if (db)
-                for (int64_t j = 0; j < w; j++) qb[j] += dr[j];
-        }
-        fold_columns(ag, w);
-        memcpy(dg + j0, ag[0], (size_t)w * sizeof(float));
-        if (db) {
-            fold_columns(ab, w);
-            memcpy(db + j0, ab[0], (size_t)w * sizeof(float));
-        }
-    }
-}
-
-/* ---- loads ----------------------------------------------------------------------- */
-
-opf_status opf_norm_load_as(opf_ctx *ctx, const opf_tensor *t, opf_dtype act, float *ws,
-                            const float **out)
-{
-    opf_status st = opf_op_load_f32(ctx, t, ws, out);
-    if (st || act == OPF_F32 || (t->spec.scaling == OPF_SCALING_NONE && t->spec.dtype == act))
-        return st;
-    const float *v = *out;
-    int64_t n = opf_spec_numel(&t->spec);
-    for (int64_t i = 0; i < n; i++)
-        ws[i] = act == OPF_BF16 ? opf_bf16_to_f32(opf_f32_to_bf16(v[i]))
-                                : opf_f16_to_f32(opf_f32_to_f16(v[i]));
-    *out = ws;
+    const opf_backend_i *be = opf_backend_get(t->spec.device);
+    *k = be ? be->norm : NULL;
+    if (!*k)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no norm kernels for device %d", who,
+                         (int)t->spec.device);
     return OPF_OK;
 }
 
-opf_status opf_norm_load_gamma(opf_ctx *ctx, const opf_tensor *w, bool zero_centered, float *g)
+/* plain: fp32 scratch of t's shape on t's device. */
+static opf_status f32_scratch(opf_ctx *ctx, const opf_tensor *t, opf_tensor *plain)
 {
-    int64_t n = w->spec.shape[0];
-    opf_status st = opf_convert(w->data[0], w->spec.dtype, g, OPF_F32, (size_t)n);
-    if (!st && zero_centered)
-        for (int64_t j = 0; j < n; j++) g[j] = g[j] + 1.0f;
-    return st;
+    float *v = opf_op_scratch(ctx, opf_spec_numel(&t->spec));
+    if (!v)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "norm: no scratch for %lld floats",
+                         (long long)opf_spec_numel(&t->spec));
+    opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
+    s.device = t->spec.device;
+    return opf_tensor_wrap(&s, v, plain);
+}
+
+opf_status opf_norm_plain_in(opf_ctx *ctx, const opf_tensor *t, opf_tensor *plain)
+{
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        *plain = *t;
+        return OPF_OK;
+    }
+    const float *v;
+    opf_status st = f32_scratch(ctx, t, plain);
+    return st ? st : opf_op_load_f32(ctx, t, plain->data[0], &v);
+}
+
+opf_status opf_norm_plain_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *plain)
+{
+    if (out->spec.scaling == OPF_SCALING_NONE) {
+        *plain = *out;
+        return OPF_OK;
+    }
+    return f32_scratch(ctx, out, plain);
+}
+
+opf_status opf_norm_finish_out(opf_ctx *ctx, const opf_tensor *plain, opf_dtype act,
+                               const opf_quantizer *q, opf_tensor *out)
+{
+    if (out->spec.scaling == OPF_SCALING_NONE) return OPF_OK;  /* the kernel wrote it */
+    return opf_op_store_f32(ctx, plain->data[0], act, q, out);
 }
 
 /* ---- the class hooks' checks ------------------------------------------------------- */

@@ -6,10 +6,10 @@
  *
  * It consumes what the unfused forwards saved: nothing for MakeExtraOutput,
  * [x, rsigma] for RMSNorm, read through RMSNorm's own resolve_bwd, and runs
- * RMSNorm's fp32 backward kernel (norm-impl.h). dx is plain in RMSNorm's
- * dtype, as MakeExtraOutput hands it on unfused; so in f32 the result is the
- * unfused one bit for bit, and in bf16/f16 it saves one rounding (dx_rms is
- * not rounded before the add). */
+ * RMSNorm's backward kernel with the residual gradient (norm-impl.h,
+ * backend/norm.h). dx is plain in RMSNorm's dtype, as MakeExtraOutput hands
+ * it on unfused; so in f32 the result is the unfused one bit for bit, and in
+ * bf16/f16 it saves one rounding (dx_rms is not rounded before the add). */
 #include "ops/basic/norm-impl.h"
 
 typedef struct bar_bwd {
@@ -58,20 +58,8 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const bar_bwd *b = bargs;
-    int64_t n = opf_spec_numel(&b->rms.x.spec), H = b->rms.weight.spec.shape[0];
-    float *dx = opf_op_scratch(ctx, n), *dg = opf_op_scratch(ctx, H);
-    if (!dx || !dg) return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_add_rmsnorm: no scratch");
-    opf_status st = opf_rmsnorm_bwd_f32(ctx, &b->rms, dx, dg);
-    if (!st && b->has_dextra) {
-        float *es = opf_op_scratch(ctx, n);
-        const float *de;
-        if (!es) return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_add_rmsnorm: no scratch");
-        if ((st = opf_op_load_f32(ctx, &b->dextra, es, &de))) return st;
-        #pragma omp parallel for schedule(static) if (n > 65536)
-        for (int64_t i = 0; i < n; i++) dx[i] = dx[i] + de[i];
-    }
-    if (!st) st = opf_convert(dg, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype, (size_t)H);
-    return st ? st : opf_op_store_f32(ctx, dx, grads[0].spec.dtype, NULL, &grads[0]);
+    return opf_rmsnorm_backward(ctx, &b->rms, b->has_dextra ? &b->dextra : NULL, &grads[0],
+                                &grads[1]);
 }
 
 const opf_op_class opf_op_class_backward_add_rmsnorm = {
