@@ -18,9 +18,10 @@ static const command commands[] = {
     {"train", NULL, opf_app_train, "train a small GPT (the addition task or --data FILE):\n"
                                    "                   [--recipe bf16|fp8-delayed|fp8-current|fp8-block|mxfp8|nvfp4]\n"
                                    "                   [--compile] [--steps N] [--save DIR] [--resume DIR] (--help)"},
-    {"graph", NULL, opf_app_graph, "compile the LayerNorm-MLP, write PREFIX.txt/.dot(/.svg/.png):\n"
+    {"graph", NULL, opf_app_graph, "compile the LayerNorm-MLP, write lnmlp_graph.txt/.dot(/.svg/.png)\n"
+                                   "                   into DIR (default: the binary's folder, build/):\n"
                                    "                   [--recipe none|delayed|current|block|mxfp8|nvfp4]\n"
-                                   "                   [--out PREFIX] [--inference]"},
+                                   "                   [--dir DIR] [--inference]"},
     {"bench", "quantize", opf_bench_quantize, "quantize GB/s per format vs memcpy"},
     {"bench", "gemm", opf_bench_gemm, "opf_gemm vs OpenBLAS sgemm"},
     {"bench", "ops", opf_bench_ops, "host time per op; LayerNorm-MLP step vs PyTorch CPU"},

@@ -44,7 +44,7 @@ typedef struct opf_attention_config {  /* "attention" */
 /* "cross_entropy" takes no config (NULL). */
 
 /* Registers the classes above once (thread-safe; later calls do nothing). */
-opf_status opf_nn_register(void);
+OPF_API opf_status opf_nn_register(void);
 
 /* Global gradient-norm clipping over every parameter gradient of the seqs
  * (grad, or main_grad where used): *norm (may be NULL) receives the norm
@@ -52,11 +52,11 @@ opf_status opf_nn_register(void);
  * when it exceeds max_norm > 0 every gradient is scaled by
  * fl32(max_norm / (norm + 1e-6)). Parameters without a gradient are skipped.
  * A non-finite norm is returned and nothing is scaled. */
-opf_status opf_clip_grad_norm(opf_ctx *ctx, opf_seq *const *seqs, int n_seqs, double max_norm,
-                              double *norm);
+OPF_API opf_status opf_clip_grad_norm(opf_ctx *ctx, opf_seq *const *seqs, int n_seqs,
+                                      double max_norm, double *norm);
 
 /* Sets the learning rate of later steps (a schedule's value), > 0. */
-opf_status opf_optim_set_lr(opf_optim *opt, float lr);
+OPF_API opf_status opf_optim_set_lr(opf_optim *opt, float lr);
 
 #ifdef __cplusplus
 }
