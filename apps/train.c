@@ -34,7 +34,7 @@ static void usage(void)
             "                    [--layers N] [--width N] [--heads N] [--seed N] [--lr X]\n"
             "                    [--data FILE [--context T]] [--digits D] [--eval-every N]\n"
             "                    [--save DIR [--save-every N]] [--resume DIR] [--stop-after N]\n"
-            "                    [--quiet]\n");
+            "                    [--compare RECIPE,RECIPE,... [--out PREFIX]] [--quiet]\n");
 }
 
 static train_opts default_opts(void)
@@ -81,6 +81,8 @@ static int parse_one(train_opts *o, const char *k, const char *v)
                      : !strcmp(k, "--data") ? &o->data : !strcmp(k, "--save") ? &o->save
                      : !strcmp(k, "--resume") ? &o->resume : NULL;
     if (str && v) return *str = v, 2;
+    if (!strcmp(k, "--compare") && v) return o->compare = v, 2;
+    if (!strcmp(k, "--out") && v) return o->out = v, 2;
     if (!strcmp(k, "--lr") && v) return o->lr = atof(v), 2;
     if (!strcmp(k, "--compile")) return o->compile = true, 1;
     if (!strcmp(k, "--quiet")) return o->quiet = true, 1;
@@ -101,6 +103,10 @@ static bool check_opts(train_opts *o)
     if (o->eval_every <= 0) o->eval_every = o->steps / 6 > 0 ? o->steps / 6 : 1;
     if (o->save_every <= 0) o->save_every = o->eval_every;
     if (o->min_lr > o->lr) o->min_lr = o->lr;
+    if (o->compare && (o->save || o->resume)) {
+        fprintf(stderr, "opfuse train: --compare does not take --save or --resume\n");
+        return false;
+    }
     return true;
 }
 
@@ -281,6 +287,10 @@ static opf_status evaluate(trainer *t, int64_t s, bool tty)
     if (t->data.addition) printf("  exact match %5.1f%%", 100 * acc);
     printf("\n");
     fflush(stdout);
+    if (t->csv)
+        fprintf(t->csv, "%s,%lld,%.6f,%.6f,%.4f\n", t->o.recipe, (long long)s, t->last_loss, loss,
+                t->data.addition ? acc : -1.0);
+    t->eval_loss = loss, t->accuracy = acc;
     return OPF_OK;
 }
 
@@ -304,10 +314,11 @@ static opf_status train_loop(trainer *t, int64_t s0)
         if ((s + 1) % t->o.eval_every == 0 || last) st = evaluate(t, s + 1, tty);
         if (!st && t->o.save && ((s + 1) % t->o.save_every == 0 || last)) st = train_save(t, t->o.save);
     }
-    double el = now_s() - t0;
+    t->seconds = now_s() - t0;
+    t->tokens_per_s = (double)((end - s0) * t->o.batch * t->data.T) / t->seconds;
     if (!st && end > s0)
-        printf("%lld steps in %.1f s: %.0f tokens/s\n", (long long)(end - s0), el,
-               (double)((end - s0) * t->o.batch * t->data.T) / el);
+        printf("%lld steps in %.1f s: %.0f tokens/s\n", (long long)(end - s0), t->seconds,
+               t->tokens_per_s);
     return st;
 }
 
@@ -338,11 +349,19 @@ static int run(trainer *t)
         s0 = opf_optim_step_count(t->opt);
         printf("resumed from %s at step %lld\n", t->o.resume, (long long)s0);
     }
-    if ((st = train_loop(t, s0)) || (st = train_sample(t))) goto fail;
+    if ((st = train_loop(t, s0)) || (!t->csv && (st = train_sample(t)))) goto fail;
     return 0;
 fail:
     fprintf(stderr, "opfuse train: %s: %s\n", opf_status_str(st), opf_last_error(t->ctx));
     return 1;
+}
+
+/* Trains t and frees what it built. */
+static int run_one(trainer *t)
+{
+    int rc = run(t);
+    teardown(t);
+    return rc;
 }
 
 int opf_app_train(int argc, char **argv)
@@ -357,7 +376,6 @@ int opf_app_train(int argc, char **argv)
         i += used;
     }
     if (!check_opts(&t.o)) return 2;
-    int rc = run(&t);
-    teardown(&t);
-    return rc;
+    if (t.o.compare) return train_compare(&t.o, run_one);
+    return run_one(&t);
 }

@@ -3,11 +3,15 @@
 #ifndef OPFUSE_APPS_TRAIN_H
 #define OPFUSE_APPS_TRAIN_H
 
+#include <stdio.h>
+
 #include "data.h"
 #include "gpt.h"
 
 typedef struct train_opts {
     const char *recipe, *device, *data, *save, *resume;
+    const char *compare;  /* "bf16,fp8-current,...": train each, write out.csv (+ .png) */
+    const char *out;      /* --compare's file prefix */
     bool        compile;
     int64_t     steps, batch, layers, width, heads, context, digits, seed;
     int64_t     warmup, eval_every, save_every, eval_batches;
@@ -27,7 +31,14 @@ typedef struct trainer {
     opf_compiled  *cc;
     int32_t       *tok, *tgt;  /* [batch, T] */
     double         last_loss;
+    FILE          *csv;        /* --compare: one row per evaluation */
+    double         eval_loss, accuracy, seconds, tokens_per_s;  /* the last evaluation; the run */
 } trainer;
+
+/* --compare LIST (train_compare.c): trains base's configuration under each
+ * recipe of the list, writes PREFIX.csv, PREFIX.png where gnuplot is
+ * installed, and prints a table. run trains one trainer (its exit code). */
+int train_compare(const train_opts *base, int (*run)(trainer *t));
 
 /* One forward of tokens [B, T] (B rows of tok) through the model: logits
  * (released by the caller; a view when compiled) and, with tgt, the loss. */

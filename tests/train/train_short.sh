@@ -3,6 +3,7 @@
 #  - 40 steps reduce the evaluation loss under every recipe;
 #  - eager and compiled runs end in byte-identical checkpoints;
 #  - a run stopped, saved and resumed ends byte-identical to an uninterrupted one;
+#  - --compare writes its CSV and table;
 #  - bad input (data file, shapes, device, checkpoints) fails with a clear message.
 set -u
 bin=$1
@@ -41,6 +42,12 @@ for r in bf16 fp8-delayed nvfp4; do
         fail "$r: resumed run differs from the uninterrupted one"
 done
 
+# --compare: a CSV row per evaluation and recipe, and the table
+"$bin" train $tiny --compare bf16,fp8-current --steps 4 --eval-every 2 --out "$dir/cmp" >"$dir/cmp.out" 2>&1 ||
+    fail "--compare failed"
+[ "$(grep -c '^fp8-current,' "$dir/cmp.csv")" -eq 2 ] || fail "--compare: want 2 fp8-current rows in cmp.csv"
+grep -q '^| fp8-current ' "$dir/cmp.out" || fail "--compare: no table row for fp8-current"
+
 # expect_error WANT ARGS...: fails with status 1 or 2 and a message containing WANT
 expect_error() {
     want=$1; shift
@@ -55,6 +62,7 @@ expect_error "is empty" --data "$dir/empty.txt"
 expect_error "not divisible by 3 heads" --heads 3
 expect_error "not available yet" --device cuda
 expect_error "unknown recipe" --recipe fp6
+expect_error "does not take --save" --compare bf16 --save "$dir/x"
 expect_error "was saved with \"width 64\", this run has \"width 128\"" --resume "$dir/part-bf16" --width 128
 expect_error "cannot resume from $dir/nothing" --resume "$dir/nothing"
 cp "$dir/whole-bf16/model.safetensors" "$dir/good.safetensors"
