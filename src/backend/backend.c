@@ -1,5 +1,9 @@
-/* backend.c: the kernel table of each device. */
+/* backend.c: the kernel table of each device, and the runtime table core
+ * asks for device memory and copies (core/device-impl.h: core declares
+ * opf_device_runtime_get, this layer defines it, so core reaches CUDA
+ * without including a backend header). */
 #include "backend/backend-impl.h"
+#include "core/device-impl.h"
 #ifdef OPF_HAVE_CUDA
 #include "backend/cuda/cuda.h"
 #endif
@@ -50,6 +54,37 @@ static const opf_backend_i cuda_backend = {
     .gemm = opf_cuda_gemm,
 };
 #endif
+
+#ifdef OPF_HAVE_CUDA
+static opf_status cuda_copy(opf_ctx *ctx, void *dst, const void *src, size_t bytes,
+                            opf_copy_kind kind)
+{
+    static const opf_cuda_copy_kind kinds[] = {
+        [OPF_COPY_H2D] = OPF_CUDA_H2D, [OPF_COPY_D2H] = OPF_CUDA_D2H, [OPF_COPY_D2D] = OPF_CUDA_D2D};
+    return opf_cuda_copy(ctx, dst, src, bytes, kinds[kind]);
+}
+
+static const opf_device_runtime cuda_runtime = {
+    .name = "cuda",
+    .init = opf_cuda_ctx_init,
+    .fini = opf_cuda_ctx_free,
+    .alloc = opf_cuda_alloc,
+    .free = opf_cuda_free,
+    .trim = opf_cuda_empty_cache,
+    .copy = cuda_copy,
+    .memset = opf_cuda_memset,
+    .sync = opf_cuda_sync,
+};
+#endif
+
+const opf_device_runtime *opf_device_runtime_get(opf_device dev)
+{
+#ifdef OPF_HAVE_CUDA
+    if (dev == OPF_DEVICE_CUDA) return &cuda_runtime;
+#endif
+    (void)dev;
+    return NULL;
+}
 
 const opf_backend_i *opf_backend_get(opf_device dev)
 {

@@ -116,7 +116,8 @@ opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in, opf_sp
     return OPF_OK;
 }
 
-static const opf_backend_i *backend_of(opf_ctx *ctx) { return opf_backend_get(opf_ctx_device(ctx)); }
+/* The kernels of the device t is on (check_in_out made in and out agree). */
+static const opf_backend_i *backend_of(const opf_tensor *t) { return opf_backend_get(t->spec.device); }
 
 static opf_status check_in_out(opf_ctx *ctx, const char *fn, const opf_tensor *in,
                                const opf_tensor *out)
@@ -126,7 +127,8 @@ static opf_status check_in_out(opf_ctx *ctx, const char *fn, const opf_tensor *i
     for (int c = 0; c < OPF_COMP_COUNT; c++)
         if (in->data[c] && out->data[c] && in->data[c] == out->data[c])
             return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: input and output share memory", fn);
-    return OPF_OK;
+    return opf_same_device(ctx, fn, 2, (const opf_spec *[]){&in->spec, &out->spec},
+                           (const char *[]){"the input", "the output"}, NULL);
 }
 
 /* Every component the layout lists must have memory behind it. */
@@ -163,10 +165,13 @@ opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *
     if ((st = check_components(ctx, fn, "input", in)) || (st = check_components(ctx, fn, "output", out)))
         return st;
     int64_t n = opf_spec_numel(&in->spec);
+    if (q->scaling == OPF_SCALING_NONE && in->spec.device != OPF_DEVICE_CPU)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no plain cast kernel on %s", fn,
+                         opf_device_name(in->spec.device));
     if (q->scaling == OPF_SCALING_NONE)
         return opf_convert(in->data[OPF_COMP_DATA], in->spec.dtype, out->data[OPF_COMP_DATA],
                            out->spec.dtype, (size_t)n);
-    const opf_backend_i *be = backend_of(ctx);
+    const opf_backend_i *be = backend_of(in);
     opf_quantize_kernel k = be ? be->quantize[q->scaling] : NULL;
     if (!k)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
@@ -203,7 +208,7 @@ opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_te
 static opf_status decode_f32(opf_ctx *ctx, const char *fn, const opf_tensor *q, unsigned which,
                              float *dst)
 {
-    const opf_backend_i *be = backend_of(ctx);
+    const opf_backend_i *be = backend_of(q);
     opf_dequantize_kernel k = be ? be->dequantize[q->spec.scaling] : NULL;
     if (!k)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
@@ -241,6 +246,9 @@ opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf
                          (long long)opf_spec_numel(o), (long long)n);
     if ((st = check_components(ctx, fn, "output", out))) return st;
     if (o->dtype == OPF_F32) return decode_f32(ctx, fn, q, which, out->data[OPF_COMP_DATA]);
+    if (o->device != OPF_DEVICE_CPU)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: on %s only to f32 (no %s output kernel)",
+                         fn, opf_device_name(o->device), opf_dtype_name(o->dtype));
     size_t bytes = (size_t)n * sizeof(float);
     if ((st = opf_ctx_workspace_reserve(ctx, bytes))) return st;
     float *tmp = opf_ctx_workspace(ctx, bytes);
@@ -263,6 +271,7 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
                          "%s: only a Hadamard-rotated columnwise nvfp4 copy is present; its "
                          "values are not the tensor's", fn);
     opf_spec logical = opf_spec_make(in->spec.ndim, in->spec.shape, in->spec.dtype), want;
+    logical.device = in->spec.device;
     if ((st = opf_quantizer_spec(q, &logical, &want)))
         return opf_error(ctx, st, "%s", opf_last_error(NULL));
     if (!opf_spec_equal(&want, &out->spec))
@@ -271,6 +280,7 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
      * scaling's value-for-inf is FLT_MAX) into a view of out with dtype f32;
      * the quantized layout does not depend on the logical dtype. */
     opf_spec plain = opf_spec_make(in->spec.ndim, in->spec.shape, OPF_F32);
+    plain.device = in->spec.device;
     opf_tensor tmp;
     if ((st = opf_tensor_alloc(ctx, &plain, &tmp))) return st;
     st = decode_f32(ctx, fn, in, which, tmp.data[OPF_COMP_DATA]);

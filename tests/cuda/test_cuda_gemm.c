@@ -232,7 +232,7 @@ static void test_errors(opf_ctx *ctx)
     CHECK_OK(ctx, cuda_test_upload(ctx, &h, &g));
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &s, &d));
     CHECK_FAILS(ctx, opf_gemm(ctx, &g, &h, OPF_GEMM_TN, NULL, &d), OPF_ERR_INVALID_ARG,
-                "A is on device 1, B on device 0");
+                "A is on cuda, B on cpu");
     opf_tensor_release(&h);
     opf_tensor_release(&d);
     opf_cuda_tensor_free(ctx, &g);
