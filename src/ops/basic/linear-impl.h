@@ -65,12 +65,16 @@ extern const opf_schema opf_linear_bwd_schema;
 #define OPF_F_LINEAR_BWD(st, m) {#m, offsetof(st, m), OPF_FIELD_BUNDLE, 0, &opf_linear_bwd_schema}
 
 /* ---- forward ---------------------------------------------------------------
- * For fused ops: the traced half of basic_linear's forward as its class runs
- * it (resolve, the fake's checks under the op's name, after_fake: the weight
- * cache). op is the basic_linear op; env->kwargs its own kwargs
- * (opf_basic_linear_kwargs or NULL); env->next_input_q sets out_q. */
+ * For fused ops: the steps of basic_linear's forward as its class runs them.
+ * op is the basic_linear op; env->kwargs its own kwargs
+ * (opf_basic_linear_kwargs or NULL); env->next_input_q sets out_q. The
+ * fused op's resolve calls opf_linear_resolve_fwd, its fake
+ * opf_linear_forward_fake (the runner runs it once per call), its after_fake
+ * opf_linear_after_fake (the weight cache's buffer, once the fake accepted
+ * the args). */
 opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args);
 opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *aux);
+opf_status opf_linear_after_fake(opf_op *op, const opf_fwd_env *env, void *args);
 /* Saves (weight operand, x operand when wgrad) and the attrs the backward
  * reads; aux is the forward's aux (slots OPF_LIN_AUX_*). Under a
  * high-precision backward override it saves the original weight and input
@@ -159,6 +163,17 @@ static inline opf_status opf_fused_linear_setup_context(opf_op *fused, opf_op_ct
     opf_status st = opf_linear_setup_context(opf_op_basic(fused, 0), &octx[0], lin, outs, aux);
     if (!st) opf_fused_chain_grad_q(fused, octx);
     return st;
+}
+
+/* after_fake of a forward-only fused class whose first part is basic_linear
+ * and whose args start with that part's opf_linear_fwd (each such file
+ * asserts the offset): the linear's weight cache. */
+static inline opf_status opf_fused_linear_after_fake(opf_op *fused, const opf_fwd_env *env,
+                                                     void *args, const opf_spec *outs,
+                                                     const opf_spec *aux)
+{
+    opf_fwd_env le = opf_fused_part_env(env, 0);
+    return opf_linear_after_fake(opf_op_basic(fused, 0), &le, args);
 }
 
 /* Re-reports the thread's last error (a pure fake's) under the fused op's
