@@ -3,7 +3,7 @@
  * the device's kernels (src/backend/). */
 #include <string.h>
 
-#include "backend/backend-impl.h"
+#include "quant/quant-impl.h"
 #include "core/core-impl.h"
 
 opf_quantizer opf_quantizer_default(void)
@@ -143,6 +143,13 @@ static opf_status check_components(opf_ctx *ctx, const char *fn, const char *wha
     return OPF_OK;
 }
 
+void opf_quantize_state_delayed(const opf_quantizer *q, opf_quantize_state *qs)
+{
+    if (!q || !q->delayed) return;  /* validated: per-tensor scaling, slot in range */
+    qs->delayed_scale = opf_delayed_state_scale(q->delayed) + q->slot;
+    qs->delayed_amax = opf_delayed_state_history(q->delayed) + q->slot;
+}
+
 opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                         opf_tensor *out)
 {
@@ -171,9 +178,10 @@ opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *
     if (!k)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
                          opf_scaling_name(q->scaling));
-    uint64_t seed = 0, offset = 0;
-    opf_ctx_get_rng(ctx, &seed, &offset);
-    if ((st = k(ctx, q, in, out, seed, offset))) return st;
+    opf_quantize_state qs = {0};
+    opf_ctx_get_rng(ctx, &qs.rng_seed, &qs.rng_offset);
+    opf_quantize_state_delayed(q, &qs);
+    if ((st = k(ctx, q, in, out, &qs))) return st;
     /* Stochastic rounding used one Philox counter per 16 elements and copy id. */
     if (q->stochastic) opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 16));
     return OPF_OK;

@@ -219,7 +219,7 @@ static opf_status batch_add(opf_ctx *ctx, gemm_batch *bt, const opf_tensor *a, c
     opf_shape_2d(&d->spec, &m, &n);
     opf_shape_2d(&a->spec, &ar, &ac);
     bt->args[i] = (opf_gemm_args){&bt->a[i], &bt->b[i], layout, &bt->o[i], &bt->d[i], m, n,
-                                  layout == OPF_GEMM_TN ? ac : ar};
+                                  layout == OPF_GEMM_TN ? ac : ar, {0}};
     return OPF_OK;
 }
 
