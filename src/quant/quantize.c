@@ -118,9 +118,12 @@ opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in, opf_sp
 
 static const opf_backend_i *backend_of(opf_ctx *ctx) { return opf_backend_get(opf_ctx_device(ctx)); }
 
+/* The arguments every entry takes: a context, an input and an output that
+ * share no memory. */
 static opf_status check_in_out(opf_ctx *ctx, const char *fn, const opf_tensor *in,
                                const opf_tensor *out)
 {
+    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, in);
     OPF_CHECK_NULL(ctx, fn, out);
     for (int c = 0; c < OPF_COMP_COUNT; c++)
@@ -154,7 +157,6 @@ opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *
                         opf_tensor *out)
 {
     const char *fn = "quantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, q);
     opf_status st = check_in_out(ctx, fn, in, out);
     if (st) return st;
@@ -236,7 +238,6 @@ static opf_status check_which(opf_ctx *ctx, const char *fn, const opf_tensor *q,
 opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf_tensor *out)
 {
     const char *fn = "dequantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     opf_status st = check_in_out(ctx, fn, q, out);
     if (st || (st = check_which(ctx, fn, q, which))) return st;
     const opf_spec *o = &out->spec;
@@ -260,7 +261,6 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
                           opf_tensor *out)
 {
     const char *fn = "requantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, q);
     opf_status st = check_in_out(ctx, fn, in, out);
     if (st) return st;
