@@ -17,12 +17,23 @@
 #include "backend/optim.h"
 #include "backend/scale.h"
 
+/* What a quantize kernel reads and writes besides its tensors, resolved by
+ * the dispatcher (quant/quantize.c) into plain pointers in the device's
+ * memory, so no kernel reaches into the quant layer's objects. */
+typedef struct opf_quantize_state {
+    const float *delayed_scale;  /* delayed scaling: the slot's scale (read); else NULL */
+    float       *delayed_amax;   /* delayed scaling: the slot's entry of amax-history row 0,
+                                    max-accumulated with the input's amax; else NULL */
+    uint64_t     rng_seed, rng_offset;  /* stochastic rounding's Philox stream */
+} opf_quantize_state;
+
 /* Quantize a plain f32/bf16/f16 tensor into the copies out->spec.usage asks
- * for. Delayed scaling reads the scale from q->delayed and max-accumulates the
- * amax into its row 0; stochastic rounding draws from rng_seed/rng_offset. */
+ * for. Delayed scaling (q->delayed set) reads its scale from s->delayed_scale
+ * and max-accumulates the amax into *s->delayed_amax; stochastic rounding
+ * draws from s->rng_seed / rng_offset. */
 typedef opf_status (*opf_quantize_kernel)(opf_ctx *ctx, const opf_quantizer *q,
                                           const opf_tensor *in, opf_tensor *out,
-                                          uint64_t rng_seed, uint64_t rng_offset);
+                                          const opf_quantize_state *s);
 /* Decode one copy (OPF_USAGE_ROWWISE or _COLUMNWISE) into fp32 out[M*K] in the
  * logical row-major order (columnwise copies transposed back). */
 typedef opf_status (*opf_dequantize_kernel)(opf_ctx *ctx, const opf_tensor *q, unsigned which,
@@ -35,6 +46,7 @@ typedef struct opf_gemm_args {
     const opf_gemm_options *opts;
     opf_tensor             *d;
     int64_t                 m, n, k;
+    opf_quantize_state      out_state;  /* opts->out_quantizer's delayed scale and amax */
 } opf_gemm_args;
 typedef opf_status (*opf_gemm_kernel)(opf_ctx *ctx, const opf_gemm_args *args);
 /* count independent GEMMs, each as the GEMM kernel takes it (GroupedLinear's
@@ -60,13 +72,13 @@ const opf_backend_i *opf_backend_get(opf_device dev);
 
 /* CPU kernels (src/backend/cpu/). 2D tiles share one file per scaling family. */
 opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *, const opf_quantizer *, const opf_tensor *,
-                                       opf_tensor *, uint64_t, uint64_t);
+                                       opf_tensor *, const opf_quantize_state *);
 opf_status opf_cpu_quantize_mxfp8(opf_ctx *, const opf_quantizer *, const opf_tensor *,
-                                  opf_tensor *, uint64_t, uint64_t);
+                                  opf_tensor *, const opf_quantize_state *);
 opf_status opf_cpu_quantize_block(opf_ctx *, const opf_quantizer *, const opf_tensor *,
-                                  opf_tensor *, uint64_t, uint64_t);
+                                  opf_tensor *, const opf_quantize_state *);
 opf_status opf_cpu_quantize_nvfp4(opf_ctx *, const opf_quantizer *, const opf_tensor *,
-                                  opf_tensor *, uint64_t, uint64_t);
+                                  opf_tensor *, const opf_quantize_state *);
 opf_status opf_cpu_dequantize_tensor_fp8(opf_ctx *, const opf_tensor *, unsigned, float *);
 opf_status opf_cpu_dequantize_mxfp8(opf_ctx *, const opf_tensor *, unsigned, float *);
 opf_status opf_cpu_dequantize_block(opf_ctx *, const opf_tensor *, unsigned, float *);

@@ -15,7 +15,9 @@
 opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 
 /* A forward-only fused class over n basic ops whose file defines the
- * static resolve_fwd, setup_context, forward_fake and forward_impl. */
+ * static resolve_fwd, setup_context, forward_fake and forward_impl; its
+ * first part is basic_linear, whose weight cache after_fake completes
+ * (linear-impl.h). */
 #define OPF_FORWARD_FUSED_CLASS(cls_name, n, schema) \
     {                                                \
         .abi_version = OPF_OP_ABI_VERSION,           \
@@ -26,6 +28,7 @@ opf_status opf_op_class_register_builtin(const opf_op_class *cls);
         .setup_context = setup_context,              \
         .forward_fake = forward_fake,                \
         .forward_impl = forward_impl,                \
+        .after_fake = opf_fused_linear_after_fake,   \
         .covers = (n),                               \
     }
 

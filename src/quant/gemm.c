@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend/backend-impl.h"
+#include "quant/quant-impl.h"
 #include "core/core-impl.h"
 
 #define GEMM_MSG 320
@@ -347,6 +347,7 @@ opf_status opf_gemm(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
     if (!be || !be->gemm)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no GEMM kernel on %s", op,
                          opf_device_name(dev));
-    opf_gemm_args args = {a, b, layout, o, d, m, n, k};
+    opf_gemm_args args = {a, b, layout, o, d, m, n, k, {0}};
+    opf_quantize_state_delayed(o->out_quantizer, &args.out_state);
     return be->gemm(ctx, &args);
 }

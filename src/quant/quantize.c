@@ -3,7 +3,7 @@
  * the device's kernels (src/backend/). */
 #include <string.h>
 
-#include "backend/backend-impl.h"
+#include "quant/quant-impl.h"
 #include "core/core-impl.h"
 
 opf_quantizer opf_quantizer_default(void)
@@ -119,9 +119,12 @@ opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in, opf_sp
 /* The kernels of the device t is on (check_in_out made in and out agree). */
 static const opf_backend_i *backend_of(const opf_tensor *t) { return opf_backend_get(t->spec.device); }
 
+/* The arguments every entry takes: a context, an input and an output that
+ * share no memory. */
 static opf_status check_in_out(opf_ctx *ctx, const char *fn, const opf_tensor *in,
                                const opf_tensor *out)
 {
+    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, in);
     OPF_CHECK_NULL(ctx, fn, out);
     for (int c = 0; c < OPF_COMP_COUNT; c++)
@@ -145,11 +148,17 @@ static opf_status check_components(opf_ctx *ctx, const char *fn, const char *wha
     return OPF_OK;
 }
 
+void opf_quantize_state_delayed(const opf_quantizer *q, opf_quantize_state *qs)
+{
+    if (!q || !q->delayed) return;  /* validated: per-tensor scaling, slot in range */
+    qs->delayed_scale = opf_delayed_state_scale(q->delayed) + q->slot;
+    qs->delayed_amax = opf_delayed_state_history(q->delayed) + q->slot;
+}
+
 opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                         opf_tensor *out)
 {
     const char *fn = "quantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, q);
     opf_status st = check_in_out(ctx, fn, in, out);
     if (st) return st;
@@ -176,9 +185,10 @@ opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *
     if (!k)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
                          opf_scaling_name(q->scaling));
-    uint64_t seed = 0, offset = 0;
-    opf_ctx_get_rng(ctx, &seed, &offset);
-    if ((st = k(ctx, q, in, out, seed, offset))) return st;
+    opf_quantize_state qs = {0};
+    opf_ctx_get_rng(ctx, &qs.rng_seed, &qs.rng_offset);
+    opf_quantize_state_delayed(q, &qs);
+    if ((st = k(ctx, q, in, out, &qs))) return st;
     /* Stochastic rounding used one Philox counter per 16 elements and copy id. */
     if (q->stochastic) opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 16));
     return OPF_OK;
@@ -233,7 +243,6 @@ static opf_status check_which(opf_ctx *ctx, const char *fn, const opf_tensor *q,
 opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf_tensor *out)
 {
     const char *fn = "dequantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     opf_status st = check_in_out(ctx, fn, q, out);
     if (st || (st = check_which(ctx, fn, q, which))) return st;
     const opf_spec *o = &out->spec;
@@ -260,7 +269,6 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
                           opf_tensor *out)
 {
     const char *fn = "requantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, q);
     opf_status st = check_in_out(ctx, fn, in, out);
     if (st) return st;

@@ -186,7 +186,7 @@ static void bands_2d(const block_args *a, const block_out *o, int nt)
 }
 
 opf_status opf_cpu_quantize_block(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                  opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                  opf_tensor *out, const opf_quantize_state *qs)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(&out->spec, &L);

@@ -201,7 +201,7 @@ static void scales_of(const opf_tensor *t, const opf_layout *L, mx_scales *S)
 }
 
 opf_status opf_cpu_quantize_mxfp8(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                  opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                  opf_tensor *out, const opf_quantize_state *qs)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(&out->spec, &L);

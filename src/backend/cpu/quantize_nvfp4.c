@@ -478,7 +478,7 @@ static opf_status nvfp4_layout_error(opf_ctx *ctx, opf_status st, const char *fn
 }
 
 opf_status opf_cpu_quantize_nvfp4(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                  opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                  opf_tensor *out, const opf_quantize_state *qs)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(&out->spec, &L);
@@ -487,7 +487,7 @@ opf_status opf_cpu_quantize_nvfp4(opf_ctx *ctx, const opf_quantizer *q, const op
     bool row = out->spec.usage & OPF_USAGE_ROWWISE, col = out->spec.usage & OPF_USAGE_COLUMNWISE;
     bool is2d = out->spec.scaling == OPF_SCALING_NVFP4_2D;
     nvfp4_src s = {in->data[OPF_COMP_DATA], in->spec.dtype, L.m, L.k, q->rht && col,
-                   q->rht_sign_mask, rng_seed, rng_offset, nvfp4_threads(ctx, L.m * L.k)};
+                   q->rht_sign_mask, qs->rng_seed, qs->rng_offset, nvfp4_threads(ctx, L.m * L.k)};
     float a_row = 0.0f, a_col = 0.0f;
     if ((st = nvfp4_amaxes(ctx, q, &s, &a_row, &a_col)) != OPF_OK) return st;
 

@@ -94,11 +94,11 @@ static void transpose_all(const uint8_t *q, int64_t M, int64_t K, uint8_t *qt, i
 
 /* The scale of this quantization and the amax to record. Current scaling may
  * call the reduce hook, which can fail; nothing is written before that. */
-static opf_status tensor_scale(opf_ctx *ctx, const opf_quantizer *q, float amax, float *scale,
-                               float *amax_out)
+static opf_status tensor_scale(opf_ctx *ctx, const opf_quantizer *q, const opf_quantize_state *qs,
+                               float amax, float *scale, float *amax_out)
 {
     if (q->delayed) {
-        *scale = opf_delayed_state_scale(q->delayed)[q->slot];
+        *scale = *qs->delayed_scale;
         *amax_out = amax;
         return OPF_OK;
     }
@@ -117,7 +117,7 @@ static opf_status tensor_scale(opf_ctx *ctx, const opf_quantizer *q, float amax,
 }
 
 opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                       opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                       opf_tensor *out, const opf_quantize_state *qs)
 {
     int64_t M, K;
     opf_shape_2d(&in->spec, &M, &K);
@@ -125,7 +125,7 @@ opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q, con
     int nt = nthreads(ctx, n);
     const void *x = in->data[OPF_COMP_DATA];
     float amax = opf_cpu_input_amax(x, in->spec.dtype, n, nt), scale = 1.0f, amax_rec = 0.0f;
-    opf_status st = tensor_scale(ctx, q, amax, &scale, &amax_rec);
+    opf_status st = tensor_scale(ctx, q, qs, amax, &scale, &amax_rec);
     if (st) return st;
 
     /* The columnwise copy is the byte transpose of the rowwise one (3.2). */
@@ -142,8 +142,7 @@ opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q, con
     *(float *)out->data[OPF_COMP_AMAX] = amax_rec;
     if (q->delayed) {
         /* 3.1: row 0 of the history max-accumulates the pre-scale amax. */
-        float *h0 = opf_delayed_state_history(q->delayed) + q->slot;
-        if (amax > *h0) *h0 = amax;
+        if (amax > *qs->delayed_amax) *qs->delayed_amax = amax;
     }
     return OPF_OK;
 }

@@ -351,7 +351,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     return opf_linear_fprop(ctx, a, aux, NULL, NULL, &a->out_q, &outs[0]);
 }
 
-/* Input checks of opf_linear_resolve_fwd that need no recipe state. */
+/* Input checks of resolve_fwd that need no recipe state. */
 static opf_status check_input(opf_ctx *ctx, const opf_op *op, const opf_tensor *x)
 {
     const opf_basic_linear_config *c = opf_op_config_const(op);
@@ -485,15 +485,15 @@ static opf_status after_fake(opf_op *op, const opf_fwd_env *env, void *args, con
     return OPF_OK;
 }
 
-/* For fused ops that resolve their linear part themselves: the class's
- * three traced steps, the fake's checks under the op's name. */
+/* The class's traced steps for fused ops that cover basic_linear. */
 opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
-    opf_status st = resolve_fwd(op, env, args);
-    if (st) return st;
-    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = opf_linear_forward_fake(args, o, x))) return fail(env->ctx, op, st);
-    return after_fake(op, env, args, o, x);
+    return resolve_fwd(op, env, args);
+}
+
+opf_status opf_linear_after_fake(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    return after_fake(op, env, args, NULL, NULL);
 }
 
 opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *args,

@@ -66,20 +66,6 @@ opf_status opf_norm_finish_out(opf_ctx *ctx, const opf_tensor *plain, opf_dtype 
 
 /* ---- the class hooks' checks ------------------------------------------------------- */
 
-/* Sets every element of a plain f32/bf16/f16 tensor to 1. */
-static void fill_one(opf_tensor *t)
-{
-    int64_t n = opf_spec_numel(&t->spec);
-    if (t->spec.dtype == OPF_F32) {
-        float *p = t->data[0];
-        for (int64_t i = 0; i < n; i++) p[i] = 1.0f;
-    } else {
-        uint16_t one = t->spec.dtype == OPF_BF16 ? opf_f32_to_bf16(1.0f) : opf_f32_to_f16(1.0f);
-        uint16_t *p = t->data[0];
-        for (int64_t i = 0; i < n; i++) p[i] = one;
-    }
-}
-
 opf_status opf_norm_init(opf_ctx *ctx, opf_op *op, bool with_bias)
 {
     const opf_norm_config *c = opf_op_config(op);
@@ -97,8 +83,10 @@ opf_status opf_norm_init(opf_ctx *ctx, opf_op *op, bool with_bias)
     if (iw < 0) return (opf_status)-iw;
     int ib = with_bias ? opf_op_add_param(ctx, op, "bias", &s) : 0;
     if (ib < 0) return (opf_status)-ib;
-    if (!c->zero_centered_gamma) fill_one(&opf_op_param(op, iw)->value);  /* params start at 0 */
-    return OPF_OK;
+    if (c->zero_centered_gamma) return OPF_OK;  /* params start at 0 */
+    opf_tensor *w = &opf_op_param(op, iw)->value;
+    const opf_elem_kernels *k = opf_op_elem(ctx, cls, w);
+    return k ? k->fill(ctx, 1.0, w) : OPF_ERR_UNSUPPORTED;
 }
 
 opf_status opf_norm_check_eps(opf_ctx *ctx, const opf_op *op, double eps)

@@ -59,7 +59,7 @@ const char *opf_grouped_mlp_decline_reason(opf_op *const *ops, int n, const opf_
     if (f1->out_features != 2 * f2->in_features)
         return "FC1's out_features is not twice FC2's in_features (the GLU halves FC1's output)";
     const int64_t dims[] = {f1->in_features, f1->out_features, f2->in_features, f2->out_features};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    for (int i = 0; i < (int)(sizeof dims / sizeof dims[0]); i++)
         if (dims[i] % OPF_GROUPED_MLP_ALIGN) return "a feature count is not a multiple of 32";
     if (r && r->kind == OPF_RECIPE_MXFP8 && r->format != OPF_FORMAT_E4M3)
         return "an MXFP8 recipe whose backward format is not E4M3: the fused grouped MLP takes "
