@@ -14,20 +14,40 @@
 /* Registers one built-in class (used only by opf_ops_register_builtins). */
 opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 
+/* ---- the class tables ----------------------------------------------------------
+ * Each op file ends with its class: OPF_OP_CLASS_HEAD, then its hooks (the
+ * file's static functions, named after the fields they fill), then what is
+ * particular to the class. */
+
+/* What every built-in class fills: ABI version, registry name, config size
+ * (0: takes no config), both schemas (NULL: no such direction), fusible. */
+#define OPF_OP_CLASS_HEAD(cls_name, config_bytes, fwd, bwd)                               \
+    .abi_version = OPF_OP_ABI_VERSION, .name = (cls_name), .config_size = (config_bytes), \
+    .fwd_schema = (fwd), .bwd_schema = (bwd), .fusible = true
+
+/* The hooks of one direction, for a file that defines the static
+ * resolve_fwd, forward_fake, forward_impl (resolve_bwd, backward_fake,
+ * backward_impl). */
+#define OPF_OP_CLASS_FWD_HOOKS \
+    .resolve_fwd = resolve_fwd, .forward_fake = forward_fake, .forward_impl = forward_impl
+#define OPF_OP_CLASS_BWD_HOOKS \
+    .resolve_bwd = resolve_bwd, .backward_fake = backward_fake, .backward_impl = backward_impl
+
+/* The hooks of a basic op: both directions', then init and setup_context
+ * (NULL: the class has none). */
+#define OPF_OP_CLASS_STD_HOOKS(init_fn, setup_fn) \
+    OPF_OP_CLASS_FWD_HOOKS, OPF_OP_CLASS_BWD_HOOKS, .init = (init_fn), .setup_context = (setup_fn)
+
 /* A forward-only fused class over n basic ops whose file defines the
  * static resolve_fwd, setup_context, forward_fake and forward_impl. */
-#define OPF_FORWARD_FUSED_CLASS(cls_name, n, schema) \
-    {                                                \
-        .abi_version = OPF_OP_ABI_VERSION,           \
-        .name = cls_name,                            \
-        .fwd_schema = (schema),                      \
-        .fusible = true,                             \
-        .resolve_fwd = resolve_fwd,                  \
-        .setup_context = setup_context,              \
-        .forward_fake = forward_fake,                \
-        .forward_impl = forward_impl,                \
-        .covers = (n),                               \
-    }
+#define OPF_FORWARD_FUSED_CLASS(cls_name, n, schema)                                      \
+    {OPF_OP_CLASS_HEAD(cls_name, 0, (schema), NULL), OPF_OP_CLASS_FWD_HOOKS,              \
+     .setup_context = setup_context, .covers = (n)}
+
+/* A backward-only fused class over n basic ops whose file defines the
+ * static resolve_bwd, backward_fake and backward_impl. */
+#define OPF_BACKWARD_FUSED_CLASS(cls_name, n, schema)                                     \
+    {OPF_OP_CLASS_HEAD(cls_name, 0, NULL, (schema)), OPF_OP_CLASS_BWD_HOOKS, .covers = (n)}
 
 /* The quantizer a plan neighbour handed over, or "none". */
 static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)

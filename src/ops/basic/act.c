@@ -238,7 +238,9 @@ static opf_status act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor 
 }
 
 /* ---- the classes ------------------------------------------------------------------
- * One per table row; its init and resolve entries pass the row's kind. */
+ * One per table row; its init and resolve entries pass the row's kind. Only
+ * ClampedSwiGLU takes a config. */
+#define ACT_CONFIG_SIZE(kind) ((kind) == OPF_ACT_CLAMPED_SWIGLU ? sizeof(opf_clamped_swiglu_config) : 0)
 #define ACT_CLASS(n, kind, alpha)                                                             \
     static opf_status n##_init(opf_ctx *ctx, opf_op *op) { return act_init(ctx, op, kind); }  \
     static opf_status n##_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)         \
@@ -251,12 +253,7 @@ static opf_status act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor 
         return act_resolve_bwd(kind, op, octx, env, bargs);                                   \
     }                                                                                         \
     const opf_op_class opf_op_class_##n = {                                                   \
-        .abi_version   = OPF_OP_ABI_VERSION,                                                  \
-        .name          = #n,                                                                  \
-        .config_size   = kind == OPF_ACT_CLAMPED_SWIGLU ? sizeof(opf_clamped_swiglu_config) : 0, \
-        .fwd_schema    = &act_fwd_schema,                                                     \
-        .bwd_schema    = &act_bwd_schema,                                                     \
-        .fusible       = true,                                                                \
+        OPF_OP_CLASS_HEAD(#n, ACT_CONFIG_SIZE(kind), &act_fwd_schema, &act_bwd_schema),       \
         .init          = n##_init,                                                            \
         .resolve_fwd   = n##_resolve_fwd,                                                     \
         .setup_context = act_setup_context,                                                   \
@@ -269,3 +266,4 @@ static opf_status act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor 
     };
 OPF_ACT_CLASSES(ACT_CLASS)
 #undef ACT_CLASS
+#undef ACT_CONFIG_SIZE

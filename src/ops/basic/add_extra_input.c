@@ -103,19 +103,10 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_add_extra_input = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "add_extra_input",
-    .config_size = sizeof(opf_inplace_config),
+    OPF_OP_CLASS_HEAD("add_extra_input", sizeof(opf_inplace_config), &add_fwd_schema,
+                      &add_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .config_default = &default_config,
-    .fwd_schema = &add_fwd_schema,
-    .bwd_schema = &add_bwd_schema,
     .n_extra_in = 1,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* x is read whole before y is stored */
 };

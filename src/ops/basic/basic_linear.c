@@ -673,15 +673,11 @@ opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_
 }
 
 const opf_op_class opf_op_class_basic_linear = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "basic_linear",
+    OPF_OP_CLASS_HEAD("basic_linear", sizeof(opf_basic_linear_config), &opf_linear_fwd_schema,
+                      &opf_linear_bwd_schema),
     .module_type = "linear",
-    .config_size = sizeof(opf_basic_linear_config),
-    .fwd_schema = &opf_linear_fwd_schema,
-    .bwd_schema = &opf_linear_bwd_schema,
     .kwargs_schema = &linear_kwargs_schema,
     .n_gemms = 1,
-    .fusible = true,
     .init = init,
     .input_quantizer = input_quantizer,
     .grad_output_quantizer = grad_output_quantizer,

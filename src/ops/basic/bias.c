@@ -110,19 +110,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_bias = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "bias",
-    .config_size = sizeof(opf_bias_config),
-    .fwd_schema = &bias_fwd_schema,
-    .bwd_schema = &bias_bwd_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
+    OPF_OP_CLASS_HEAD("bias", sizeof(opf_bias_config), &bias_fwd_schema, &bias_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, setup_context),
     .inplace = true,  /* x is read whole before y is stored */
 };

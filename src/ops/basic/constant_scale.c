@@ -102,18 +102,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_constant_scale = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "constant_scale",
-    .config_size = sizeof(opf_constant_scale_config),
-    .fwd_schema = &scale_fwd_schema,
-    .bwd_schema = &scale_bwd_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
+    OPF_OP_CLASS_HEAD("constant_scale", sizeof(opf_constant_scale_config), &scale_fwd_schema,
+                      &scale_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, NULL),
     .inplace = true,  /* x is read whole before y is stored */
 };

@@ -147,20 +147,9 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_dropout = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "dropout",
-    .config_size = sizeof(opf_dropout_config),
-    .fwd_schema = &dropout_fwd_schema,
-    .bwd_schema = &dropout_bwd_schema,
+    OPF_OP_CLASS_HEAD("dropout", sizeof(opf_dropout_config), &dropout_fwd_schema,
+                      &dropout_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, setup_context),
     .kwargs_schema = &dropout_kwargs_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* x is read whole before y is stored */
 };

@@ -50,16 +50,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
 }
 
 const opf_op_class opf_op_class_identity = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "identity",
-    .fwd_schema = &identity_fwd_schema,
-    .bwd_schema = &identity_bwd_schema,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
+    OPF_OP_CLASS_HEAD("identity", 0, &identity_fwd_schema, &identity_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .inplace = true,  /* the copy skips equal memory */
 };

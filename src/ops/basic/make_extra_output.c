@@ -95,19 +95,10 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_make_extra_output = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "make_extra_output",
-    .config_size = sizeof(opf_inplace_config),
+    OPF_OP_CLASS_HEAD("make_extra_output", sizeof(opf_inplace_config), &make_fwd_schema,
+                      &make_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .config_default = &default_config,
-    .fwd_schema = &make_fwd_schema,
-    .bwd_schema = &make_bwd_schema,
     .n_extra_out = 1,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* the copies skip equal memory (y == x) */
 };

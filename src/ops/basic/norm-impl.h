@@ -82,13 +82,9 @@ void opf_norm_save(opf_op_ctx *octx, const opf_tensor *x, const opf_tensor *aux,
 /* The class table of norm op `cname` (its class and module type), for a file
  * that defines the static hooks init, resolve_fwd, setup_context,
  * resolve_bwd, forward_fake, forward_impl, backward_fake, backward_impl. */
-#define OPF_NORM_CLASS(cname, config_type, fwd, bwd)                                  \
-    const opf_op_class opf_op_class_##cname = {                                       \
-        .abi_version = OPF_OP_ABI_VERSION, .name = #cname, .module_type = #cname,     \
-        .config_size = sizeof(config_type), .fwd_schema = (fwd), .bwd_schema = (bwd), \
-        .fusible = true, .init = init, .resolve_fwd = resolve_fwd,                    \
-        .setup_context = setup_context, .resolve_bwd = resolve_bwd,                   \
-        .forward_fake = forward_fake, .forward_impl = forward_impl,                   \
-        .backward_fake = backward_fake, .backward_impl = backward_impl}
+#define OPF_NORM_CLASS(cname, config_type, fwd, bwd)                                      \
+    const opf_op_class opf_op_class_##cname = {                                           \
+        OPF_OP_CLASS_HEAD(#cname, sizeof(config_type), (fwd), (bwd)),                     \
+        OPF_OP_CLASS_STD_HOOKS(init, setup_context), .module_type = #cname}
 
 #endif

@@ -124,22 +124,13 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_quantize = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "quantize",
+    OPF_OP_CLASS_HEAD("quantize", sizeof(opf_quantize_config), &quantize_fwd_schema,
+                      &quantize_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .module_type = "quantize",
-    .config_size = sizeof(opf_quantize_config),
     .config_default = &default_config,
-    .fwd_schema = &quantize_fwd_schema,
-    .bwd_schema = &quantize_bwd_schema,
     .n_gemms = 1,
-    .fusible = true,
     .input_quantizer = input_quantizer,
     .grad_output_quantizer = grad_output_quantizer,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* the copy skips equal memory */
 };

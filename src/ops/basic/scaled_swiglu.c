@@ -192,17 +192,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
 }
 
 const opf_op_class opf_op_class_scaled_swiglu = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "scaled_swiglu",
-    .fwd_schema = &ssg_fwd_schema,
-    .bwd_schema = &ssg_bwd_schema,
+    OPF_OP_CLASS_HEAD("scaled_swiglu", 0, &ssg_fwd_schema, &ssg_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, setup_context),
     .n_extra_in = 1,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
 };

@@ -95,16 +95,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     return st ? st : opf_op_store_f32(ctx, p, b->x.spec.dtype, &b->dx_q, &grads[0]);
 }
 
-const opf_op_class opf_op_class_backward_activation_bias = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "backward_activation_bias",
-    .bwd_schema = &bab_bwd_schema,
-    .fusible = true,
-    .covers = 2,
-    .resolve_bwd = resolve_bwd,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
-};
+const opf_op_class opf_op_class_backward_activation_bias =
+    OPF_BACKWARD_FUSED_CLASS("backward_activation_bias", 2, &bab_bwd_schema);
 
 /* X's grad-output quantizer: X is ops[i - 1], or the last basic op of it
  * when an earlier fusion covered it (the fuser's neighbour is a basic op). */
