@@ -1,5 +1,6 @@
 /* backend.c: the kernel table of each device. */
 #include "backend/backend-impl.h"
+#include "core/core-impl.h"
 
 static const opf_backend_i cpu_backend = {
     .name = "cpu",
@@ -31,4 +32,35 @@ static const opf_backend_i cpu_backend = {
 const opf_backend_i *opf_backend_get(opf_device dev)
 {
     return dev == OPF_DEVICE_CPU ? &cpu_backend : NULL;
+}
+
+static const char *const family_names[] = {
+    [OPF_KERNELS_SCALE] = "scale",      [OPF_KERNELS_NORM] = "norm",
+    [OPF_KERNELS_ACT] = "activation",   [OPF_KERNELS_ELEM] = "element-wise",
+    [OPF_KERNELS_OPTIM] = "optimizer",
+};
+_Static_assert(sizeof family_names / sizeof family_names[0] == OPF_KERNELS_COUNT,
+               "one name per kernel family");
+
+static const void *family_of(const opf_backend_i *be, opf_kernel_family f)
+{
+    switch (f) {
+    case OPF_KERNELS_SCALE: return be->scale;
+    case OPF_KERNELS_NORM: return be->norm;
+    case OPF_KERNELS_ACT: return be->act;
+    case OPF_KERNELS_ELEM: return be->elem;
+    case OPF_KERNELS_OPTIM: return be->optim;
+    default: return NULL;
+    }
+}
+
+const void *opf_backend_kernels(opf_ctx *ctx, const char *who, opf_device dev,
+                                opf_kernel_family f)
+{
+    const opf_backend_i *be = opf_backend_get(dev);
+    const void *k = be && (unsigned)f < OPF_KERNELS_COUNT ? family_of(be, f) : NULL;
+    if (!k)
+        opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernels on device %d", who,
+                  (unsigned)f < OPF_KERNELS_COUNT ? family_names[f] : "such", (int)dev);
+    return k;
 }

@@ -49,6 +49,17 @@ opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 #define OPF_BACKWARD_FUSED_CLASS(cls_name, n, schema)                                     \
     {OPF_OP_CLASS_HEAD(cls_name, 0, NULL, (schema)), OPF_OP_CLASS_BWD_HOOKS, .covers = (n)}
 
+/* The last step of a kernel call that wrote `plain`, the target
+ * opf_op_kernel_out gave for out: nothing when that was out itself, else the
+ * fp32 values rounded to act and quantized into out with q
+ * (opf_op_store_f32). */
+static inline opf_status opf_op_finish_out(opf_ctx *ctx, const opf_tensor *plain, opf_dtype act,
+                                           const opf_quantizer *q, opf_tensor *out)
+{
+    if (out->spec.scaling == OPF_SCALING_NONE) return OPF_OK;
+    return opf_op_store_f32(ctx, plain->data[OPF_COMP_DATA], act, q, out);
+}
+
 /* The quantizer a plan neighbour handed over, or "none". */
 static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
 {

@@ -69,8 +69,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     opf_status st = opf_op_plain_view(ctx, &a->x, &x);
     if (!st) st = opf_op_kernel_out(ctx, &outs[0], &y);
     if (!st) st = k->bias_add(ctx, &x, &a->b, &y);
-    if (st || outs[0].spec.scaling == OPF_SCALING_NONE) return st;
-    return opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], a->x.spec.dtype, &a->next_q, &outs[0]);
+    return st ? st : opf_op_finish_out(ctx, &y, a->x.spec.dtype, &a->next_q, &outs[0]);
 }
 
 /* The runner filled octx->prev_grad_q; an override nulls it. */

@@ -68,8 +68,7 @@ static opf_status scale_into(opf_ctx *ctx, const opf_tensor *t, double scale,
     opf_status st = opf_op_plain_view(ctx, t, &x);
     if (!st) st = opf_op_kernel_out(ctx, out, &y);
     if (!st) st = k->scale(ctx, &x, (float)scale, &y);
-    if (st || out->spec.scaling == OPF_SCALING_NONE) return st;
-    return opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], t->spec.dtype, q, out);
+    return st ? st : opf_op_finish_out(ctx, &y, t->spec.dtype, q, out);
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)

@@ -106,15 +106,15 @@ static opf_act_params swiglu_params(void)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const ssg_fwd *a = args;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, a->x.spec.device, "scaled_swiglu", &K);
-    if (st) return st;
+    const char *who = "scaled_swiglu";
+    const opf_act_kernels *K = opf_backend_kernels(ctx, who, a->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     int64_t n = opf_spec_numel(&a->x.spec), rows = opf_act_rows(&a->x.spec);
-    float *xs = opf_op_scratch(ctx, n), *ss = opf_op_scratch(ctx, rows), *y = opf_op_scratch(ctx, n / 2);
-    if (!xs || !ss || !y) return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
     const float *x, *s;
-    st = opf_op_load_f32(ctx, &a->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &a->scales, ss, &s);
+    float *y;
+    opf_status st = opf_act_load(ctx, who, &a->x, &x);
+    if (!st) st = opf_act_load(ctx, who, &a->scales, &s);
+    if (!st) st = opf_act_scratch(ctx, who, n / 2, &y);
     if (!st) st = K->scaled_glu_fwd(ctx, OPF_ACT_SWIGLU, swiglu_params(), x, s, y, rows,
                                     opf_act_cols(&a->x.spec));
     return st ? st : opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
@@ -171,19 +171,18 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const ssg_bwd *b = bargs;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, b->x.spec.device, "scaled_swiglu", &K);
-    if (st) return st;
+    const char *who = "scaled_swiglu";
+    const opf_act_kernels *K = opf_backend_kernels(ctx, who, b->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     int64_t n = opf_spec_numel(&b->x.spec), rows = opf_act_rows(&b->x.spec);
-    float *xs = opf_op_scratch(ctx, n), *ss = opf_op_scratch(ctx, rows);
-    float *dys = opf_op_scratch(ctx, n / 2), *dx = opf_op_scratch(ctx, n), *ds = opf_op_scratch(ctx, rows);
-    float *work = opf_op_scratch(ctx, n);
-    if (!xs || !ss || !dys || !dx || !ds || !work)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
     const float *x, *s, *dy;
-    st = opf_op_load_f32(ctx, &b->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &b->scales, ss, &s);
-    if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
+    float *dx, *ds, *work;
+    opf_status st = opf_act_load(ctx, who, &b->x, &x);
+    if (!st) st = opf_act_load(ctx, who, &b->scales, &s);
+    if (!st) st = opf_act_load(ctx, who, &b->dy, &dy);
+    if (!st) st = opf_act_scratch(ctx, who, n, &dx);
+    if (!st) st = opf_act_scratch(ctx, who, rows, &ds);
+    if (!st) st = opf_act_scratch(ctx, who, n, &work);
     if (!st) st = K->scaled_glu_bwd(ctx, OPF_ACT_SWIGLU, swiglu_params(), x, s, dy, dx, ds, work,
                                     rows, opf_act_cols(&b->x.spec));
     if (!st) st = opf_convert(ds, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype,

@@ -77,16 +77,16 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const bab_bwd *b = bargs;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, b->x.spec.device, "backward_activation_bias", &K);
-    if (st) return st;
+    const opf_act_kernels *K =
+        opf_backend_kernels(ctx, "backward_activation_bias", b->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     int64_t n = b->b.spec.shape[0], numel = opf_spec_numel(&b->x.spec), rows = n ? numel / n : 0;
     float *xs = opf_op_scratch(ctx, numel), *dys = opf_op_scratch(ctx, numel);
     float *p = opf_op_scratch(ctx, numel), *db = opf_op_scratch(ctx, n);
     if (!xs || !dys || !p || !db)
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
     const float *x, *dy;
-    st = opf_op_load_f32(ctx, &b->x, xs, &x);
+    opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
     if (!st) st = K->dact_dbias(ctx, (opf_act_kind)b->act, (opf_act_params){(float)b->alpha, 0.0f},
                                 x, dy, p, db, rows, n);
