@@ -49,6 +49,31 @@ opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 #define OPF_BACKWARD_FUSED_CLASS(cls_name, n, schema)                                     \
     {OPF_OP_CLASS_HEAD(cls_name, 0, NULL, (schema)), OPF_OP_CLASS_BWD_HOOKS, .covers = (n)}
 
+/* ---- what several basic ops share (basic_common.c) ------------------------------ */
+
+/* The args of a direction that reads one tensor and nothing else: x forward,
+ * dy backward (identity's; make_extra_output's forward, add_extra_input's
+ * backward). */
+typedef struct opf_x_args {
+    opf_tensor x;
+} opf_x_args;
+typedef struct opf_dy_args {
+    opf_tensor dy;
+} opf_dy_args;
+extern const opf_schema opf_x_args_schema, opf_dy_args_schema;
+
+/* f32, bf16 or f16: the dtypes an activation or a gradient may have. */
+static inline bool opf_is_act_dtype(opf_dtype d)
+{
+    return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16;
+}
+
+/* Two tensors an op adds: both of an activation dtype (else OPF_ERR_DTYPE)
+ * and of one shape (else OPF_ERR_SHAPE). Messages start with the op's class
+ * and name and call the tensors what_a and what_b ("input", "extra input"). */
+opf_status opf_op_check_addends(opf_ctx *ctx, const opf_op *op, const char *what_a,
+                                const opf_tensor *a, const char *what_b, const opf_tensor *b);
+
 /* The last step of a kernel call that wrote `plain`, the target
  * opf_op_kernel_out gave for out: nothing when that was out itself, else the
  * fp32 values rounded to act and quantized into out with q

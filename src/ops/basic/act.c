@@ -65,8 +65,6 @@ static opf_status act_init(opf_ctx *ctx, opf_op *op, opf_act_kind k)
     return OPF_OK;
 }
 
-static bool is_act_dtype(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
 /* "[4,63]" */
 static void shape_str(const opf_spec *s, char *buf, size_t size)
 {
@@ -103,7 +101,7 @@ static opf_status act_resolve_fwd(opf_act_kind k, opf_op *op, const opf_fwd_env 
     const opf_tensor *x = env->x;
     const char *cls = act_rows[k].name, *name = opf_op_name(op);
     if (!x) return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "%s \"%s\": input is NULL", cls, name);
-    if (!is_act_dtype(x->spec.dtype))
+    if (!opf_is_act_dtype(x->spec.dtype))
         return opf_error(env->ctx, OPF_ERR_DTYPE, "%s \"%s\": input dtype %s, expected f32/bf16/f16",
                          cls, name, opf_dtype_name(x->spec.dtype));
     if (x->spec.ndim < 1)
@@ -137,7 +135,7 @@ static opf_status act_resolve_bwd(opf_act_kind k, opf_op *op, const opf_op_ctx *
         return opf_error(env->ctx, OPF_ERR_STATE, "%s \"%s\": no saved input for backward", cls, name);
     const opf_tensor *x = &octx->saved[0], *dy = env->dy;
     if (!dy) return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "%s \"%s\": dy is NULL", cls, name);
-    if (!is_act_dtype(dy->spec.dtype))
+    if (!opf_is_act_dtype(dy->spec.dtype))
         return opf_error(env->ctx, OPF_ERR_DTYPE, "%s \"%s\": gradient dtype %s, expected f32/bf16/f16",
                          cls, name, opf_dtype_name(dy->spec.dtype));
     opf_spec want = act_out_plain(&x->spec, opf_act_is_glu(k));

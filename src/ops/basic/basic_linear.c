@@ -106,7 +106,6 @@ OPF_SCHEMA(linear_kwargs_schema, opf_basic_linear_kwargs, linear_kwargs_fields);
 /* attrs of the op context */
 enum { AT_ACT_DTYPE, AT_WGRAD, AT_FIRST_MB, AT_ROWS, AT_QUANTIZED, AT_OVERRIDE };
 
-static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
 static bool is_nvfp4(opf_scaling s) { return s == OPF_SCALING_NVFP4_1D || s == OPF_SCALING_NVFP4_2D; }
 /* Does the forward use the parameter's weight cache (written when
@@ -148,7 +147,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": in_features %lld and "
                          "out_features %lld must both be >= 1", name, (long long)c->in_features,
                          (long long)c->out_features);
-    if (!is_float_plain(c->dtype))
+    if (!opf_is_act_dtype(c->dtype))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": dtype %s, expected f32, "
                          "bf16 or f16", name, opf_dtype_name(c->dtype));
     int64_t shape[2] = {c->out_features, c->in_features};
@@ -356,7 +355,7 @@ static opf_status check_input(opf_ctx *ctx, const opf_op *op, const opf_tensor *
 {
     const opf_basic_linear_config *c = opf_op_config_const(op);
     const char *name = opf_op_name(op);
-    if (!is_float_plain(x->spec.dtype))
+    if (!opf_is_act_dtype(x->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "basic_linear \"%s\": input dtype %s, expected f32, "
                          "bf16 or f16", name, opf_dtype_name(x->spec.dtype));
     int64_t k = x->spec.ndim ? x->spec.shape[x->spec.ndim - 1] : 0;
@@ -618,7 +617,7 @@ static opf_status check_dy(opf_ctx *ctx, const opf_op *op, const opf_op_ctx *oct
     const opf_basic_linear_config *c = opf_op_config_const(op);
     int64_t m, n;
     opf_shape_2d(&dy->spec, &m, &n);
-    if (!is_float_plain(dy->spec.dtype))
+    if (!opf_is_act_dtype(dy->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "basic_linear \"%s\": gradient dtype %s, expected "
                          "f32, bf16 or f16", opf_op_name(op), opf_dtype_name(dy->spec.dtype));
     if (dy->spec.ndim < 1 || n != c->out_features || m != octx->attrs[AT_ROWS])

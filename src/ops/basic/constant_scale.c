@@ -34,7 +34,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
 /* Float inputs only: the op decodes quantized inputs but cannot scale ints. */
 static opf_status check_float(opf_ctx *ctx, const opf_op *op, const char *what, const opf_spec *s)
 {
-    if (s->dtype == OPF_F32 || s->dtype == OPF_BF16 || s->dtype == OPF_F16) return OPF_OK;
+    if (opf_is_act_dtype(s->dtype)) return OPF_OK;
     return opf_error(ctx, OPF_ERR_DTYPE, "constant_scale \"%s\": %s dtype %s, expected f32/bf16/f16",
                      opf_op_name(op), what, opf_dtype_name(s->dtype));
 }

@@ -8,8 +8,6 @@
 
 static const char *class_name(const opf_op *op) { return opf_op_class_of(op)->name; }
 
-static bool is_act_dtype(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
 /* ---- the class hooks' checks ------------------------------------------------------- */
 
 /* Sets every element of a plain f32/bf16/f16 tensor to 1. */
@@ -35,7 +33,7 @@ opf_status opf_norm_init(opf_ctx *ctx, opf_op *op, bool with_bias)
                          (long long)c->hidden);
     opf_status st = opf_norm_check_eps(ctx, op, c->eps);
     if (st) return st;
-    if (!is_act_dtype(c->dtype))
+    if (!opf_is_act_dtype(c->dtype))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s \"%s\": dtype %s, expected f32, bf16 or f16",
                          cls, n, opf_dtype_name(c->dtype));
     opf_spec s = opf_spec_make(1, &c->hidden, c->dtype);
@@ -58,7 +56,7 @@ opf_status opf_norm_check_eps(opf_ctx *ctx, const opf_op *op, double eps)
 opf_status opf_norm_check_dtype(opf_ctx *ctx, const opf_op *op, const char *what,
                                 const opf_tensor *t)
 {
-    if (!is_act_dtype(t->spec.dtype))
+    if (!opf_is_act_dtype(t->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "%s \"%s\": %s dtype %s, expected f32, bf16 or f16",
                          class_name(op), opf_op_name(op), what, opf_dtype_name(t->spec.dtype));
     return OPF_OK;

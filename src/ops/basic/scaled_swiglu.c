@@ -38,8 +38,6 @@ static const opf_field ssg_bwd_fields[] = {
     OPF_F_QUANT(ssg_bwd, grad_q)};
 OPF_SCHEMA(ssg_bwd_schema, ssg_bwd, ssg_bwd_fields);
 
-static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
 static opf_spec out_plain(const opf_spec *x)
 {
     opf_spec s = opf_spec_make(x->ndim, x->shape, x->dtype);
@@ -52,7 +50,7 @@ static opf_status check_x(opf_ctx *ctx, const opf_op *op, const opf_tensor *x)
 {
     const char *name = opf_op_name(op);
     if (!x) return opf_error(ctx, OPF_ERR_INVALID_ARG, "scaled_swiglu \"%s\": input is NULL", name);
-    if (!is_float(x->spec.dtype))
+    if (!opf_is_act_dtype(x->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "scaled_swiglu \"%s\": input dtype %s, expected "
                          "f32/bf16/f16", name, opf_dtype_name(x->spec.dtype));
     if (x->spec.ndim < 1 || x->spec.shape[x->spec.ndim - 1] % 2)
@@ -68,7 +66,7 @@ static opf_status check_scales(opf_ctx *ctx, const opf_op *op, const opf_tensor 
     if (!s || !s->data[OPF_COMP_DATA])
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "scaled_swiglu \"%s\": extra input 0 (the "
                          "per-row scales) is missing", name);
-    if (s->spec.scaling != OPF_SCALING_NONE || !is_float(s->spec.dtype) ||
+    if (s->spec.scaling != OPF_SCALING_NONE || !opf_is_act_dtype(s->spec.dtype) ||
         opf_spec_numel(&s->spec) != rows) {
         char b[160];
         opf_spec_str(&s->spec, b, sizeof b);
@@ -139,7 +137,7 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
                          "want 2 (x, scales)", name, octx->n_saved);
     const opf_tensor *x = &octx->saved[0], *dy = env->dy;
     if (!dy) return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "scaled_swiglu \"%s\": dy is NULL", name);
-    if (!is_float(dy->spec.dtype))
+    if (!opf_is_act_dtype(dy->spec.dtype))
         return opf_error(env->ctx, OPF_ERR_DTYPE, "scaled_swiglu \"%s\": gradient dtype %s, "
                          "expected f32/bf16/f16", name, opf_dtype_name(dy->spec.dtype));
     opf_spec want = out_plain(&x->spec);
