@@ -2,24 +2,18 @@
 #include "backend/backend-impl.h"
 #include "core/core-impl.h"
 
+/* The CPU file (family) of each scaling: X(scaling, family) names its
+ * kernels opf_cpu_quantize_<family> and opf_cpu_dequantize_<family>. */
+#define CPU_SCALING_FAMILIES(X)                                                \
+    X(TENSOR, tensor_fp8) X(MXFP8, mxfp8) X(BLOCK_1D, block) X(BLOCK_2D, block)  \
+    X(NVFP4_1D, nvfp4) X(NVFP4_2D, nvfp4)
+#define QUANTIZE_ENTRY(s, family)   [OPF_SCALING_##s] = opf_cpu_quantize_##family,
+#define DEQUANTIZE_ENTRY(s, family) [OPF_SCALING_##s] = opf_cpu_dequantize_##family,
+
 static const opf_backend_i cpu_backend = {
     .name = "cpu",
-    .quantize = {
-        [OPF_SCALING_TENSOR]   = opf_cpu_quantize_tensor_fp8,
-        [OPF_SCALING_MXFP8]    = opf_cpu_quantize_mxfp8,
-        [OPF_SCALING_BLOCK_1D] = opf_cpu_quantize_block,
-        [OPF_SCALING_BLOCK_2D] = opf_cpu_quantize_block,
-        [OPF_SCALING_NVFP4_1D] = opf_cpu_quantize_nvfp4,
-        [OPF_SCALING_NVFP4_2D] = opf_cpu_quantize_nvfp4,
-    },
-    .dequantize = {
-        [OPF_SCALING_TENSOR]   = opf_cpu_dequantize_tensor_fp8,
-        [OPF_SCALING_MXFP8]    = opf_cpu_dequantize_mxfp8,
-        [OPF_SCALING_BLOCK_1D] = opf_cpu_dequantize_block,
-        [OPF_SCALING_BLOCK_2D] = opf_cpu_dequantize_block,
-        [OPF_SCALING_NVFP4_1D] = opf_cpu_dequantize_nvfp4,
-        [OPF_SCALING_NVFP4_2D] = opf_cpu_dequantize_nvfp4,
-    },
+    .quantize = {CPU_SCALING_FAMILIES(QUANTIZE_ENTRY)},
+    .dequantize = {CPU_SCALING_FAMILIES(DEQUANTIZE_ENTRY)},
     .gemm = opf_cpu_gemm,
     .grouped_gemm = opf_cpu_grouped_gemm,
     .scale = &opf_cpu_scale,
