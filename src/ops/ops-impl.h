@@ -49,6 +49,11 @@ opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 #define OPF_BACKWARD_FUSED_CLASS(cls_name, n, schema)                                     \
     {OPF_OP_CLASS_HEAD(cls_name, 0, NULL, (schema)), OPF_OP_CLASS_BWD_HOOKS, .covers = (n)}
 
+/* OPF_SCHEMA for a schema that other files name (declared extern in a
+ * header): the same table, not static, named after the args struct st. */
+#define OPF_SHARED_SCHEMA(var, st, fields) \
+    const opf_schema var = {#st, sizeof(st), (int)(sizeof(fields) / sizeof(fields[0])), fields}
+
 /* ---- what several basic ops share (basic_common.c) ------------------------------ */
 
 /* The args of a direction that reads one tensor and nothing else: x forward,

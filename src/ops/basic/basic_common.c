@@ -4,10 +4,10 @@
 #include "ops/ops-impl.h"
 
 static const opf_field x_args_fields[] = {OPF_F_TENSOR_Q(opf_x_args, x)};
-const opf_schema opf_x_args_schema = {"x_args", sizeof(opf_x_args), 1, x_args_fields};
+OPF_SHARED_SCHEMA(opf_x_args_schema, opf_x_args, x_args_fields);
 
 static const opf_field dy_args_fields[] = {OPF_F_TENSOR_Q(opf_dy_args, dy)};
-const opf_schema opf_dy_args_schema = {"dy_args", sizeof(opf_dy_args), 1, dy_args_fields};
+OPF_SHARED_SCHEMA(opf_dy_args_schema, opf_dy_args, dy_args_fields);
 
 static bool same_shape(const opf_spec *a, const opf_spec *b)
 {

@@ -80,9 +80,7 @@ static const opf_field linear_fwd_fields[] = {
     OPF_F_BOOL(opf_linear_fwd, wgrad),
     OPF_F(opf_linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG | OPF_FIELD_RUNTIME),
     OPF_F_ENUM(opf_linear_fwd, bwd_override)};
-const opf_schema opf_linear_fwd_schema = {
-    "linear_fwd", sizeof(opf_linear_fwd),
-    (int)(sizeof linear_fwd_fields / sizeof linear_fwd_fields[0]), linear_fwd_fields};
+OPF_SHARED_SCHEMA(opf_linear_fwd_schema, opf_linear_fwd, linear_fwd_fields);
 
 static const opf_field linear_bwd_fields[] = {
     OPF_F_TENSOR_Q(opf_linear_bwd, dy), OPF_F_TENSOR_Q(opf_linear_bwd, w),
@@ -94,9 +92,7 @@ static const opf_field linear_bwd_fields[] = {
     OPF_F_BOOL(opf_linear_bwd, wgrad),  OPF_F_BOOL(opf_linear_bwd, to_main_grad),
     OPF_F(opf_linear_bwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG | OPF_FIELD_RUNTIME),
     OPF_F_ENUM(opf_linear_bwd, bwd_override)};
-const opf_schema opf_linear_bwd_schema = {
-    "linear_bwd", sizeof(opf_linear_bwd),
-    (int)(sizeof linear_bwd_fields / sizeof linear_bwd_fields[0]), linear_bwd_fields};
+OPF_SHARED_SCHEMA(opf_linear_bwd_schema, opf_linear_bwd, linear_bwd_fields);
 
 static const opf_field linear_kwargs_fields[] = {
     OPF_F(opf_basic_linear_kwargs, is_first_microbatch, OPF_FIELD_ENUM,

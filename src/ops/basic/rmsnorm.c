@@ -31,9 +31,7 @@ typedef opf_rmsnorm_bwd rms_bwd;
 static const opf_field rms_bwd_fields[] = {
     OPF_F_TENSOR_Q(rms_bwd, dy),   OPF_F_TENSOR_Q(rms_bwd, x), OPF_F_TENSOR(rms_bwd, rsigma),
     OPF_F_TENSOR(rms_bwd, weight), OPF_F_QUANT(rms_bwd, dx_q), OPF_F_BOOL(rms_bwd, zero_centered)};
-const opf_schema opf_rmsnorm_bwd_schema = {"rms_bwd", sizeof(rms_bwd),
-                                           (int)(sizeof rms_bwd_fields / sizeof rms_bwd_fields[0]),
-                                           rms_bwd_fields};
+OPF_SHARED_SCHEMA(opf_rmsnorm_bwd_schema, opf_rmsnorm_bwd, rms_bwd_fields);
 
 /* ---- the class -------------------------------------------------------------- */
 
