@@ -1,33 +1,65 @@
 # Makefile: the usual commands around CMake.
-#   make        build (Release) into build/
-#   make test   install what is missing, build, run the suite, then the same
-#               suite under AddressSanitizer + UBSan (build-san/)
-#   make demo   build and run the demo on the CPU
-#   make bench  run every CPU benchmark (results: bench/RESULTS.md)
-#   make fuzz   fuzz the checkpoint loader for 5 minutes (clang, libFuzzer)
-JOBS  ?= $(shell nproc 2>/dev/null || echo 2)
-CTEST ?= ctest --output-on-failure -j $(JOBS)
+#   make          build (Release) into build/
+#   make demo     build and run the demo on the CPU (no Python, no PyPI)
+#   make test     also set up the Python venv (requirements.txt, from PyPI), run
+#                 the suite, then the same suite under AddressSanitizer + UBSan
+#   make bench    run every CPU benchmark (results: bench/RESULTS.md); installs
+#                 PyTorch into .venv first, a large download (TORCH=0 skips it)
+#   make install  install the library, headers, opfuse.pc and the CMake package
+#                 under PREFIX (default /usr/local)
+#   make fuzz     fuzz the checkpoint loader for 5 minutes (clang, libFuzzer)
+# Each first runs scripts/setup.sh, which installs missing Debian packages when
+# run as root and otherwise names them. Builds are quiet (logs in build/*.log,
+# shown when a step fails); V=1 shows everything.
+JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
+CTEST  ?= ctest --output-on-failure -j $(JOBS)
 LABELS_EXCLUDE ?= ^(gpu|mpi|long)$$
+PREFIX ?= /usr/local
+TORCH  ?= 1
+V      ?= 0
 
-.PHONY: all setup build build-san test test-normal test-san demo bench fuzz clean
+# The targets share build/ and apt's lock: one at a time.
+.NOTPARALLEL:
+.PHONY: all setup setup-test setup-bench build build-san test test-normal test-san \
+        demo bench install fuzz clean
+
+# $(call quietly,LOG,COMMAND): COMMAND's output goes to LOG and is shown, its
+# errors first, only when it fails; with V=1 it all goes to the terminal.
+ifeq ($(V),1)
+quietly = $(2)
+else
+quietly = mkdir -p $(dir $(1)) && { $(2); } >$(1) 2>&1 || { \
+	if grep -q -E 'error|Error' $(1); then grep -E -A5 'error|Error' $(1) | head -n 80; \
+	else tail -n 40 $(1); fi; echo "make: failed; full log: $(1)" >&2; exit 1; }; \
+	grep -E 'warning:' $(1) | head -n 20 || true
+endif
+# $(call cmake_build,DIR,CMAKE_ARGS): configure and build DIR.
+cmake_build = $(call quietly,$(1)/configure.log,cmake -S . -B $(1) $(2)) && \
+	$(call quietly,$(1)/build.log,cmake --build $(1) -j $(JOBS) $(if $(filter 1,$(V)),--verbose))
 
 all: build
 
 setup:
-	@./scripts/setup.sh
+	@./scripts/setup.sh demo
+
+setup-test:
+	@./scripts/setup.sh test
+
+setup-bench:
+	@OPF_BENCH_TORCH=$(TORCH) ./scripts/setup.sh bench
 
 build: setup
-	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build build -j $(JOBS)
+	@echo "make: building build/ (Release)"
+	@$(call cmake_build,build,-DCMAKE_BUILD_TYPE=Release)
 
 build-san: setup
-	@cmake -S . -B build-san -DCMAKE_BUILD_TYPE=Debug -DOPF_SANITIZE=ON >/dev/null
-	@cmake --build build-san -j $(JOBS)
+	@echo "make: building build-san/ (Debug, AddressSanitizer + UBSan)"
+	@$(call cmake_build,build-san,-DCMAKE_BUILD_TYPE=Debug -DOPF_SANITIZE=ON)
 
-test-normal: build
+test-normal: setup-test build
 	@cd build && $(CTEST) -LE '$(LABELS_EXCLUDE)'
 
-test-san: build-san
+test-san: setup-test build-san
 	@cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		$(CTEST) -LE '$(LABELS_EXCLUDE)'
 
@@ -36,9 +68,11 @@ test: test-normal test-san
 demo: build
 	@./build/opfuse demo
 
-bench: build
-	@./scripts/setup.sh --bench
+bench: setup-bench build
 	@./build/opfuse bench all
+
+install: build
+	@cmake --install build --prefix '$(PREFIX)'
 
 fuzz: setup
 	@./fuzz/run.sh 300

@@ -3,6 +3,6 @@
 #define OPFUSE_APPS_H
 int opf_demo_quantize(int argc, char **argv);
 int opf_demo_train(int argc, char **argv);
-/* opfuse graph [--recipe R] [--out PREFIX] [--inference] (graph.c) */
+/* opfuse graph [--recipe R] [--dir DIR] [--inference] (graph.c) */
 int opf_app_graph(int argc, char **argv);
 #endif

@@ -1,15 +1,23 @@
 /* graph.c: `opfuse graph`: compiles the residual LayerNorm-MLP of `opfuse
- * demo` and writes its graph as text (PREFIX.txt) and Graphviz DOT
- * (PREFIX.dot), rendered to PREFIX.svg and PREFIX.png when `dot` is on PATH.
+ * demo` and writes its graph as text (lnmlp_graph.txt) and Graphviz DOT
+ * (lnmlp_graph.dot), rendered to .svg and .png when `dot` is on PATH.
  *
  *     opfuse graph [--recipe none|delayed|current|block|mxfp8|nvfp4]
- *                  [--out PREFIX] [--inference]
+ *                  [--dir DIR] [--inference]
  *
- * Compiling traces specs only, so the shapes can be those of a real block. */
+ * The files go to DIR (created if missing), by default the folder of the
+ * opfuse binary (build/), never the working directory: that is often the
+ * source tree. Compiling traces specs only, so the shapes can be those of a
+ * real block. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <libgen.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "apps.h"
 #include "model.h"
@@ -27,24 +35,24 @@ static const struct {
 
 typedef struct graph_args {
     opf_recipe_kind kind;
-    const char     *prefix;
+    const char     *dir;  /* NULL: the binary's folder */
     bool            inference;
 } graph_args;
 
 static void graph_usage(void)
 {
     fprintf(stderr, "usage: opfuse graph [--recipe none|delayed|current|block|mxfp8|nvfp4] "
-                    "[--out PREFIX] [--inference]\n");
+                    "[--dir DIR] [--inference]\n");
 }
 
 static bool parse(int argc, char **argv, graph_args *a)
 {
-    *a = (graph_args){OPF_RECIPE_NONE, "lnmlp_graph", false};
+    *a = (graph_args){OPF_RECIPE_NONE, NULL, false};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--inference")) {
             a->inference = true;
-        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-            a->prefix = argv[++i];
+        } else if (!strcmp(argv[i], "--dir") && i + 1 < argc) {
+            a->dir = argv[++i];
         } else if (!strcmp(argv[i], "--recipe") && i + 1 < argc) {
             const char *r = argv[++i];
             size_t k = 0;
@@ -149,13 +157,39 @@ static opf_status eager_step_peak(opf_ctx *ctx, opf_seq *seq, const opf_seq_call
     return st;
 }
 
+/* Writes DIR/lnmlp_graph into prefix: DIR as given (made if missing) or the
+ * folder of the running binary. */
+static bool output_prefix(const char *dir, char *prefix, size_t size)
+{
+    char exe[1024];
+    if (!dir) {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0) {
+            fprintf(stderr, "opfuse graph: cannot find the binary's folder; name one with --dir\n");
+            return false;
+        }
+        exe[n] = 0;
+        dir = dirname(exe);
+    } else if (mkdir(dir, 0777) && errno != EEXIST) {
+        fprintf(stderr, "opfuse graph: cannot create %s: %s\n", dir, strerror(errno));
+        return false;
+    }
+    if ((size_t)snprintf(prefix, size, "%s/lnmlp_graph", dir) >= size) {
+        fprintf(stderr, "opfuse graph: the folder name is too long\n");
+        return false;
+    }
+    return true;
+}
+
 int opf_app_graph(int argc, char **argv)
 {
     graph_args a;
+    char prefix[1024];
     if (!parse(argc, argv, &a)) {
         graph_usage();
         return 2;
     }
+    if (!output_prefix(a.dir, prefix, sizeof prefix)) return 1;
     opf_ctx *ctx;
     if (opf_ctx_create(NULL, &ctx)) return 1;
     opf_seq *seq = NULL;
@@ -175,11 +209,11 @@ int opf_app_graph(int argc, char **argv)
         rc = 1;
         goto done;
     }
-    char path[1024];
-    snprintf(path, sizeof path, "%s.txt", a.prefix);
+    char path[1100];
+    snprintf(path, sizeof path, "%s.txt", prefix);
     if (write_dump(path, g, opf_graph_dump)) rc = 1;
     else printf("wrote %s\n", path);
-    snprintf(path, sizeof path, "%s.dot", a.prefix);
+    snprintf(path, sizeof path, "%s.dot", prefix);
     if (write_dump(path, g, opf_graph_dump_dot)) rc = 1;
     else printf("wrote %s\n", path);
     opf_graph_stats s;
@@ -192,7 +226,7 @@ int opf_app_graph(int argc, char **argv)
            "eager step peaks at %zu)\n", TOKENS, HIDDEN, FFN, opf_recipe_name(a.kind),
            a.inference ? "inference" : "training", s.n_forward, s.n_backward, s.n_fused, s.n_eager,
            s.arena_bytes, s.unplanned_bytes, eager_peak);
-    if (!rc) rc = render(a.prefix);
+    if (!rc) rc = render(prefix);
 done:
     opf_graph_destroy(g);
     opf_seq_destroy(seq);

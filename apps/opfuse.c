@@ -15,15 +15,17 @@ typedef struct command {
 static const command commands[] = {
     {"demo", NULL, opf_demo_train, "train a residual LayerNorm-MLP with every recipe"},
     {"demo", NULL, opf_demo_quantize, "quantize a sample tensor with every recipe"},
-    {"graph", NULL, opf_app_graph, "compile the LayerNorm-MLP, write PREFIX.txt/.dot(/.svg/.png):\n"
+    {"graph", NULL, opf_app_graph, "compile the LayerNorm-MLP, write lnmlp_graph.txt/.dot(/.svg/.png)\n"
+                                   "                   into DIR (default: the binary's folder, build/):\n"
                                    "                   [--recipe none|delayed|current|block|mxfp8|nvfp4]\n"
-                                   "                   [--out PREFIX] [--inference]"},
+                                   "                   [--dir DIR] [--inference]"},
     {"bench", "quantize", opf_bench_quantize, "quantize GB/s per format vs memcpy"},
     {"bench", "gemm", opf_bench_gemm, "opf_gemm vs OpenBLAS sgemm"},
     {"bench", "ops", opf_bench_ops, "host time per op; LayerNorm-MLP step vs PyTorch CPU"},
     {"bench", "act", opf_bench_act, "activation ops fwd/bwd on one f32 [128, 1024] tensor"},
     {"bench", "fusion", opf_bench_fusion, "LayerNorm-MLP step with fusions on vs off"},
     {"bench", "compile", opf_bench_compile, "LayerNorm-MLP step host time, eager vs compiled"},
+    {"bench", "cuda", opf_bench_cuda, "GPU quantize GB/s vs a device copy; cuBLASLt GEMM TFLOP/s"},
 };
 
 static void usage(void)

@@ -56,4 +56,9 @@ int opf_bench_act(int argc, char **argv);
  *     opfuse bench compile [steps]   default 2000 */
 int opf_bench_compile(int argc, char **argv);
 
+/* The GPU kernels with CUDA events: FP8 quantize against a device copy,
+ * cuBLASLt GEMMs (bench_cuda.c); skipped without a GPU.
+ *     opfuse bench cuda [--out FILE] [M K [S]]   default 8192 8192 8192 */
+int opf_bench_cuda(int argc, char **argv);
+
 #endif

@@ -1,6 +1,7 @@
 /* opfuse.h: everything public. */
 #ifndef OPFUSE_H
 #define OPFUSE_H
+#include "opfuse/export.h"
 #include "opfuse/status.h"
 #include "opfuse/dtype.h"
 #include "opfuse/tensor.h"

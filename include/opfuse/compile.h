@@ -60,6 +60,7 @@
 
 #include <stdio.h>
 
+#include "opfuse/export.h"
 #include "opfuse/fuser.h"
 
 #ifdef __cplusplus
@@ -73,7 +74,7 @@ typedef struct opf_compile_options {
     int     max_variants;  /* opf_compiled: graphs kept; 8. At the limit it warns and evicts */
 } opf_compile_options;
 
-opf_compile_options opf_compile_options_default(void);
+OPF_API opf_compile_options opf_compile_options_default(void);
 
 /* Compiles seq for inputs of spec *x (with max_leading > 0, x->shape[0] is
  * replaced by max_leading) and the settings of *call: recipe, requires_grad
@@ -84,23 +85,24 @@ opf_compile_options opf_compile_options_default(void);
  * only their specs are read here). Builds the seq's recipe state and plans as its
  * forward would. Errors: an op class that is not registered, specs the ops
  * reject (the op's message), a backward pending on the seq. */
-opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
-                       const opf_compile_options *opts, opf_graph **out);
-void opf_graph_destroy(opf_graph *g);  /* NULL: no-op */
+OPF_API opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
+                               const opf_compile_options *opts, opf_graph **out);
+OPF_API void opf_graph_destroy(opf_graph *g);  /* NULL: no-op */
 
 /* Runs the forward graph. x, call->extra_in and the tensor kwargs must match
  * the compiled specs (the leading size of x may vary up to max_leading) and
  * call's recipe, grad flags and value kwargs the compiled ones; otherwise
  * OPF_ERR_INVALID_ARG names what differs (opf_compiled recompiles instead).
  * *y and extra_out (opf_seq_num_extra_out entries) receive arena views. */
-opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_call *call,
-                             opf_tensor *y, opf_tensor *extra_out);
+OPF_API opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_call *call,
+                                     opf_tensor *y, opf_tensor *extra_out);
 /* Runs the backward graph of the last forward (once per forward).
  * dextra_out: gradients of the public extra outputs (NULL or entries without
  * data count as zero). *dx (may be NULL) and dextra_in (may be NULL) receive
  * arena views; a gradient that is not computed comes back zeroed (no data). */
-opf_status opf_graph_backward(opf_graph *g, const opf_tensor *dy, const opf_tensor *dextra_out,
-                              opf_tensor *dx, opf_tensor *dextra_in);
+OPF_API opf_status opf_graph_backward(opf_graph *g, const opf_tensor *dy,
+                                      const opf_tensor *dextra_out, opf_tensor *dx,
+                                      opf_tensor *dextra_in);
 
 /* ---- introspection -----------------------------------------------------------
  * These read a graph and never fail on a valid one; with g NULL the counts
@@ -118,7 +120,7 @@ typedef enum opf_node_kind {
     OPF_NODE_KIND_COUNT
 } opf_node_kind;
 
-const char *opf_node_kind_name(opf_node_kind k);
+OPF_API const char *opf_node_kind_name(opf_node_kind k);
 
 typedef struct opf_graph_node_info {
     opf_node_kind kind;
@@ -131,8 +133,8 @@ typedef struct opf_graph_node_info {
     int           n_outputs;    /* arena values the node writes */
 } opf_graph_node_info;
 
-int opf_graph_num_nodes(const opf_graph *g);
-opf_status opf_graph_node(const opf_graph *g, int i, opf_graph_node_info *out);
+OPF_API int opf_graph_num_nodes(const opf_graph *g);
+OPF_API opf_status opf_graph_node(const opf_graph *g, int i, opf_graph_node_info *out);
 
 typedef struct opf_graph_reason {
     const char *op_name;
@@ -140,7 +142,7 @@ typedef struct opf_graph_reason {
     bool        backward;
 } opf_graph_reason;
 /* The eager nodes and their reasons; returns the count (writes at most max). */
-int opf_graph_reasons(const opf_graph *g, opf_graph_reason *out, int max);
+OPF_API int opf_graph_reasons(const opf_graph *g, opf_graph_reason *out, int max);
 
 typedef struct opf_graph_stats {
     int     n_forward, n_backward;  /* nodes of each graph */
@@ -153,24 +155,24 @@ typedef struct opf_graph_stats {
     int64_t max_leading;            /* 0: fixed shapes */
     bool    forward_only;
 } opf_graph_stats;
-void opf_graph_get_stats(const opf_graph *g, opf_graph_stats *out);
+OPF_API void opf_graph_get_stats(const opf_graph *g, opf_graph_stats *out);
 
 /* Node timing, for benchmarks: while on, each node's wall time accumulates
  * (a clock read around each node). opf_graph_node_seconds gives node i's
  * total since the last reset; summed over the nodes it is the time spent in
  * the kernels (the ops' impls, gradient sums, updates), so a step's time
  * minus it is the host overhead around them. */
-void opf_graph_set_profile(opf_graph *g, bool on);
-void opf_graph_reset_profile(opf_graph *g);
-double opf_graph_node_seconds(const opf_graph *g, int i);
+OPF_API void opf_graph_set_profile(opf_graph *g, bool on);
+OPF_API void opf_graph_reset_profile(opf_graph *g);
+OPF_API double opf_graph_node_seconds(const opf_graph *g, int i);
 
 /* Human-readable listing: one line per node with its class, fused/eager
  * state and reason, input and output values with shapes and formats, and
  * the memory plan. */
-opf_status opf_graph_dump(const opf_graph *g, FILE *f);
+OPF_API opf_status opf_graph_dump(const opf_graph *g, FILE *f);
 /* Graphviz DOT of the same: fused nodes, eager nodes (with their reason),
  * forward and backward clusters, edges labelled with shapes and formats. */
-opf_status opf_graph_dump_dot(const opf_graph *g, FILE *f);
+OPF_API opf_status opf_graph_dump_dot(const opf_graph *g, FILE *f);
 
 /* ---- guarded cache -------------------------------------------------------------
  * opf_compiled wraps a seq: each call computes the guard key, runs the graph
@@ -178,18 +180,20 @@ opf_status opf_graph_dump_dot(const opf_graph *g, FILE *f);
  * or the graph went stale). */
 typedef struct opf_compiled opf_compiled;
 
-opf_status opf_compiled_create(opf_seq *seq, const opf_compile_options *opts, opf_compiled **out);
-void opf_compiled_destroy(opf_compiled *c);  /* NULL: no-op; the seq stays */
-opf_status opf_compiled_forward(opf_compiled *c, const opf_tensor *x, const opf_seq_call *call,
-                                opf_tensor *y, opf_tensor *extra_out);
-opf_status opf_compiled_backward(opf_compiled *c, const opf_tensor *dy,
-                                 const opf_tensor *dextra_out, opf_tensor *dx,
-                                 opf_tensor *dextra_in);
+OPF_API opf_status opf_compiled_create(opf_seq *seq, const opf_compile_options *opts,
+                                       opf_compiled **out);
+OPF_API void opf_compiled_destroy(opf_compiled *c);  /* NULL: no-op; the seq stays */
+OPF_API opf_status opf_compiled_forward(opf_compiled *c, const opf_tensor *x,
+                                        const opf_seq_call *call, opf_tensor *y,
+                                        opf_tensor *extra_out);
+OPF_API opf_status opf_compiled_backward(opf_compiled *c, const opf_tensor *dy,
+                                         const opf_tensor *dextra_out, opf_tensor *dx,
+                                         opf_tensor *dextra_in);
 /* Compilations after the first one. */
-int opf_compiled_recompiles(const opf_compiled *c);
-int opf_compiled_num_graphs(const opf_compiled *c);
+OPF_API int opf_compiled_recompiles(const opf_compiled *c);
+OPF_API int opf_compiled_num_graphs(const opf_compiled *c);
 /* The graph the last call ran (NULL before the first). */
-opf_graph *opf_compiled_last_graph(opf_compiled *c);
+OPF_API opf_graph *opf_compiled_last_graph(opf_compiled *c);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "opfuse/export.h"
 #include "opfuse/status.h"
 #include "opfuse/tensor.h"
 
@@ -56,60 +57,65 @@ typedef struct opf_alloc_stats {
     size_t   bytes_peak;
 } opf_alloc_stats;
 
-opf_ctx_options opf_ctx_options_default(void);
+OPF_API opf_ctx_options opf_ctx_options_default(void);
 /* Creates a context; OPF_ERR_UNSUPPORTED for a device this build lacks. */
-opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out);
-/* destroy(NULL) is a no-op. Buffers still alive keep working: they hold no
- * pointer into the context... except their allocator, so destroy the context last. */
-void opf_ctx_destroy(opf_ctx *ctx);
+OPF_API opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out);
+/* destroy(NULL) is a no-op. Destroy the ops, seqs, graphs and optimizers
+ * made with the context before it. Tensor buffers may outlive it: a context
+ * destroyed while buffers are alive frees its workspace and caches at once
+ * and the rest (itself, the buffer headers) when the last of those buffers
+ * is released, so opf_tensor_release stays valid after destroy (on the
+ * context's thread, as every call on it; a custom allocator must stay
+ * usable until then). */
+OPF_API void opf_ctx_destroy(opf_ctx *ctx);
 
 /* Last error message of this context (ctx NULL: of this thread); "" if none. */
-const char *opf_last_error(const opf_ctx *ctx);
+OPF_API const char *opf_last_error(const opf_ctx *ctx);
 /* Clears the last error. */
-void opf_clear_error(opf_ctx *ctx);
+OPF_API void opf_clear_error(opf_ctx *ctx);
 
-opf_device opf_ctx_device(const opf_ctx *ctx);
-bool opf_ctx_deterministic(const opf_ctx *ctx);
-int opf_ctx_num_threads(const opf_ctx *ctx);
-void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
+OPF_API opf_device opf_ctx_device(const opf_ctx *ctx);
+OPF_API bool opf_ctx_deterministic(const opf_ctx *ctx);
+OPF_API int opf_ctx_num_threads(const opf_ctx *ctx);
+OPF_API void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
 /* Emits a warning through the callback (printf-style). */
-void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
+OPF_API void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
 
 /* Emits a warning (printf-style, through the warning callback) only the
  * first time this context sees `key` (compared by a 64-bit hash of the
  * string; the first 128 keys are remembered). ctx and key must not be NULL. */
-void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...);
+OPF_API void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...);
 /* Restarts the peak counter (opf_alloc_stats.bytes_peak) at the bytes live
  * now, so that one step's peak can be read after it. ctx must not be NULL. */
-void opf_ctx_alloc_reset_peak(opf_ctx *ctx);
+OPF_API void opf_ctx_alloc_reset_peak(opf_ctx *ctx);
 
 /* Raw allocation through the context's allocator (counted). */
-void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes);
-void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes);
+OPF_API void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes);
+OPF_API void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes);
 
 /* Workspace: scratch owned by the context. reserve grows it (allocating);
  * get returns it without allocating, or NULL if smaller than `bytes`. */
-opf_status opf_ctx_workspace_reserve(opf_ctx *ctx, size_t bytes);
-void *opf_ctx_workspace(opf_ctx *ctx, size_t bytes);
+OPF_API opf_status opf_ctx_workspace_reserve(opf_ctx *ctx, size_t bytes);
+OPF_API void *opf_ctx_workspace(opf_ctx *ctx, size_t bytes);
 
 /* Scratch stack for op implementations, separate from the workspace above
  * (which kernels such as the GEMM use internally). push returns `bytes` of
  * 64-byte aligned memory or NULL; it allocates only when the stack has never
  * been this deep before, so a repeated step allocates nothing after the
  * first. pop releases everything pushed since `mark` (from scratch_mark). */
-size_t opf_ctx_scratch_mark(const opf_ctx *ctx);
-void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes);
-void opf_ctx_scratch_pop(opf_ctx *ctx, size_t mark);
+OPF_API size_t opf_ctx_scratch_mark(const opf_ctx *ctx);
+OPF_API void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes);
+OPF_API void opf_ctx_scratch_pop(opf_ctx *ctx, size_t mark);
 
 /* ---- Philox4x32-10 --------------------------------------------------------
  * The counter-based generator used for stochastic rounding and dropout, the
  * same on CPU and CUDA: out = philox(counter, key) with 10 rounds. */
-void opf_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
-void opf_ctx_set_rng(opf_ctx *ctx, uint64_t seed, uint64_t offset);
-void opf_ctx_get_rng(const opf_ctx *ctx, uint64_t *seed, uint64_t *offset);
+OPF_API void opf_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
+OPF_API void opf_ctx_set_rng(opf_ctx *ctx, uint64_t seed, uint64_t offset);
+OPF_API void opf_ctx_get_rng(const opf_ctx *ctx, uint64_t *seed, uint64_t *offset);
 /* Reserves n counter values for one kernel launch: returns the offset to use
  * and advances the context's offset by n. */
-uint64_t opf_ctx_rng_advance(opf_ctx *ctx, uint64_t n);
+OPF_API uint64_t opf_ctx_rng_advance(opf_ctx *ctx, uint64_t n);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "opfuse/export.h"
 #include "opfuse/status.h"
 
 #ifdef __cplusplus
@@ -44,25 +45,25 @@ typedef struct opf_dtype_traits {
 } opf_dtype_traits;
 
 /* Traits of a dtype; NULL when dt is out of range. */
-const opf_dtype_traits *opf_dtype_info(opf_dtype dt);
+OPF_API const opf_dtype_traits *opf_dtype_info(opf_dtype dt);
 /* Name of a dtype, "invalid" when out of range. */
-const char *opf_dtype_name(opf_dtype dt);
+OPF_API const char *opf_dtype_name(opf_dtype dt);
 /* Bytes needed for n elements (e2m1 rounds up to whole bytes). */
-size_t opf_dtype_nbytes(opf_dtype dt, size_t n);
+OPF_API size_t opf_dtype_nbytes(opf_dtype dt, size_t n);
 
 /* ---- scalar codecs (numerics.md section 1) ---------------------------- */
-uint16_t opf_f32_to_bf16(float x);
-float    opf_bf16_to_f32(uint16_t h);
-uint16_t opf_f32_to_f16(float x);
-float    opf_f16_to_f32(uint16_t h);
-uint8_t  opf_f32_to_e4m3(float x);
-float    opf_e4m3_to_f32(uint8_t q);
-uint8_t  opf_f32_to_e5m2(float x);
-float    opf_e5m2_to_f32(uint8_t q);
-uint8_t  opf_f32_to_e2m1(float x);      /* returns a 4-bit code in the low nibble */
-float    opf_e2m1_to_f32(uint8_t code); /* reads the low nibble */
-uint8_t  opf_f32_to_e8m0(float x);      /* smallest power of two >= x, section 1.4 */
-float    opf_e8m0_to_f32(uint8_t e);    /* 2^(e-127); 0xFF -> NaN */
+OPF_API uint16_t opf_f32_to_bf16(float x);
+OPF_API float    opf_bf16_to_f32(uint16_t h);
+OPF_API uint16_t opf_f32_to_f16(float x);
+OPF_API float    opf_f16_to_f32(uint16_t h);
+OPF_API uint8_t  opf_f32_to_e4m3(float x);
+OPF_API float    opf_e4m3_to_f32(uint8_t q);
+OPF_API uint8_t  opf_f32_to_e5m2(float x);
+OPF_API float    opf_e5m2_to_f32(uint8_t q);
+OPF_API uint8_t  opf_f32_to_e2m1(float x);      /* returns a 4-bit code in the low nibble */
+OPF_API float    opf_e2m1_to_f32(uint8_t code); /* reads the low nibble */
+OPF_API uint8_t  opf_f32_to_e8m0(float x);      /* smallest power of two >= x, section 1.4 */
+OPF_API float    opf_e8m0_to_f32(uint8_t e);    /* 2^(e-127); 0xFF -> NaN */
 
 /* ---- array codecs ------------------------------------------------------
  * opf_convert: dst[i] = convert(src[i]) for n elements, any float dtype to any
@@ -72,22 +73,22 @@ float    opf_e8m0_to_f32(uint8_t e);    /* 2^(e-127); 0xFF -> NaN */
  * with OpenMP; the result does not depend on the thread count. Returns
  * OPF_ERR_INVALID_ARG for NULL with n > 0 or overlapping src and dst, and
  * OPF_ERR_DTYPE for integer dtypes. */
-opf_status opf_convert(const void *src, opf_dtype src_dt, void *dst, opf_dtype dst_dt,
-                       size_t n);
+OPF_API opf_status opf_convert(const void *src, opf_dtype src_dt, void *dst, opf_dtype dst_dt,
+                               size_t n);
 
 /* Typed helpers behind opf_convert, exposed for tests and the bindings. */
-void opf_f32_to_bf16_n(const float *x, uint16_t *y, size_t n);
-void opf_bf16_to_f32_n(const uint16_t *x, float *y, size_t n);
-void opf_f32_to_f16_n(const float *x, uint16_t *y, size_t n);
-void opf_f16_to_f32_n(const uint16_t *x, float *y, size_t n);
-void opf_f32_to_e4m3_n(const float *x, uint8_t *y, size_t n);
-void opf_e4m3_to_f32_n(const uint8_t *x, float *y, size_t n);
-void opf_f32_to_e5m2_n(const float *x, uint8_t *y, size_t n);
-void opf_e5m2_to_f32_n(const uint8_t *x, float *y, size_t n);
-void opf_f32_to_e2m1_n(const float *x, uint8_t *packed, size_t n);
-void opf_e2m1_to_f32_n(const uint8_t *packed, float *y, size_t n);
-void opf_f32_to_e8m0_n(const float *x, uint8_t *y, size_t n);
-void opf_e8m0_to_f32_n(const uint8_t *x, float *y, size_t n);
+OPF_API void opf_f32_to_bf16_n(const float *x, uint16_t *y, size_t n);
+OPF_API void opf_bf16_to_f32_n(const uint16_t *x, float *y, size_t n);
+OPF_API void opf_f32_to_f16_n(const float *x, uint16_t *y, size_t n);
+OPF_API void opf_f16_to_f32_n(const uint16_t *x, float *y, size_t n);
+OPF_API void opf_f32_to_e4m3_n(const float *x, uint8_t *y, size_t n);
+OPF_API void opf_e4m3_to_f32_n(const uint8_t *x, float *y, size_t n);
+OPF_API void opf_f32_to_e5m2_n(const float *x, uint8_t *y, size_t n);
+OPF_API void opf_e5m2_to_f32_n(const uint8_t *x, float *y, size_t n);
+OPF_API void opf_f32_to_e2m1_n(const float *x, uint8_t *packed, size_t n);
+OPF_API void opf_e2m1_to_f32_n(const uint8_t *packed, float *y, size_t n);
+OPF_API void opf_f32_to_e8m0_n(const float *x, uint8_t *y, size_t n);
+OPF_API void opf_e8m0_to_f32_n(const uint8_t *x, float *y, size_t n);
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,7 @@
 #ifndef OPFUSE_FUSER_H
 #define OPFUSE_FUSER_H
 
+#include "opfuse/export.h"
 #include "opfuse/ops.h"
 
 #ifdef __cplusplus
@@ -40,24 +41,24 @@ extern "C" {
 
 typedef struct opf_seq opf_seq;
 
-opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out);
+OPF_API opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out);
 /* Destroys the seq and every op it owns. NULL: no-op. */
-void opf_seq_destroy(opf_seq *seq);
+OPF_API void opf_seq_destroy(opf_seq *seq);
 
 /* Mutations take ownership of op (also on failure: the op is destroyed) and
  * invalidate the groups and plans; they fail with OPF_ERR_STATE while a
  * backward is pending. */
-opf_status opf_seq_append(opf_seq *seq, opf_op *op);
-opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op);
+OPF_API opf_status opf_seq_append(opf_seq *seq, opf_op *op);
+OPF_API opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op);
 /* Removes op `index`; *out receives it (the caller owns it then) or, when
  * out is NULL, it is destroyed. */
-opf_status opf_seq_remove(opf_seq *seq, int index, opf_op **out);
-int opf_seq_len(const opf_seq *seq);
-opf_op *opf_seq_at(const opf_seq *seq, int index);
+OPF_API opf_status opf_seq_remove(opf_seq *seq, int index, opf_op **out);
+OPF_API int opf_seq_len(const opf_seq *seq);
+OPF_API opf_op *opf_seq_at(const opf_seq *seq, int index);
 
 /* Container: appends basic_linear (+ bias) as separate basic ops. */
-opf_status opf_seq_append_linear(opf_seq *seq, int64_t in_features, int64_t out_features,
-                                 bool bias, opf_dtype dtype, const char *name);
+OPF_API opf_status opf_seq_append_linear(opf_seq *seq, int64_t in_features, int64_t out_features,
+                                         bool bias, opf_dtype dtype, const char *name);
 
 /* A user step that is not fusible: it forms a group by itself. forward
  * allocates *y (opf_tensor_alloc); backward allocates *dx. backward may be
@@ -67,7 +68,8 @@ typedef struct opf_callback_i {
     opf_status (*backward)(void *user, opf_ctx *ctx, const opf_tensor *dy, opf_tensor *dx);
     void *user;
 } opf_callback_i;
-opf_status opf_seq_append_callback(opf_seq *seq, const opf_callback_i *cb, const char *name);
+OPF_API opf_status opf_seq_append_callback(opf_seq *seq, const opf_callback_i *cb,
+                                           const char *name);
 
 /* Per-call settings. */
 typedef struct opf_seq_call {
@@ -79,33 +81,34 @@ typedef struct opf_seq_call {
     const void *const *kwargs;             /* NULL or one entry per op of the seq */
 } opf_seq_call;
 
-opf_seq_call opf_seq_call_default(void);   /* requires_grad and input_requires_grad true */
+OPF_API opf_seq_call opf_seq_call_default(void);   /* requires_grad and input_requires_grad true */
 
 /* Runs the forward. *y receives the main output (a counted reference the
  * caller releases); extra_out, when not NULL, receives the public extra
  * outputs in order (opf_seq_num_extra_out of them). */
-opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
-                           opf_tensor *y, opf_tensor *extra_out);
+OPF_API opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
+                                   opf_tensor *y, opf_tensor *extra_out);
 /* Runs the backward of the last forward. dextra_out: gradients of the public
  * extra outputs (NULL or entries with no data count as zero). *dx receives the
  * input gradient (zeroed tensor when not wanted or stopped early); dextra_in
  * the gradients of the public extra inputs. Parameter gradients accumulate
  * into each parameter's grad (or main_grad). */
-opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor *dextra_out,
-                            opf_tensor *dx, opf_tensor *dextra_in);
+OPF_API opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy,
+                                    const opf_tensor *dextra_out, opf_tensor *dx,
+                                    opf_tensor *dextra_in);
 /* Builds groups, the recipe state of every op for recipe (NULL: none) and
  * the plans, as the first forward with that recipe would, without running
  * anything: a checkpoint can then be loaded into the fresh state. A later
  * forward with an equal recipe keeps that state. */
-opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe);
+OPF_API opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe);
 
 /* Drops the saved state of a forward whose backward will not run. */
-void opf_seq_discard(opf_seq *seq);
+OPF_API void opf_seq_discard(opf_seq *seq);
 
 /* Introspection (valid after a forward): groups and plans. */
-int opf_seq_num_groups(opf_seq *seq);
-int opf_seq_num_extra_in(opf_seq *seq);
-int opf_seq_num_extra_out(opf_seq *seq);
+OPF_API int opf_seq_num_groups(opf_seq *seq);
+OPF_API int opf_seq_num_extra_in(opf_seq *seq);
+OPF_API int opf_seq_num_extra_out(opf_seq *seq);
 typedef struct opf_plan_entry {
     opf_op *op;      /* the op that runs (a basic op or a fused op) */
     int     first;   /* index of the first basic op it covers in the seq */
@@ -113,9 +116,9 @@ typedef struct opf_plan_entry {
 } opf_plan_entry;
 /* The forward or backward plan of group g; returns the number of entries
  * (writes at most max). */
-int opf_seq_plan(opf_seq *seq, int group, bool backward, opf_plan_entry *entries, int max);
+OPF_API int opf_seq_plan(opf_seq *seq, int group, bool backward, opf_plan_entry *entries, int max);
 /* Index of the first basic op that needed a backward in the last forward. */
-int opf_seq_first_requiring_backward(const opf_seq *seq);
+OPF_API int opf_seq_first_requiring_backward(const opf_seq *seq);
 
 /* ---- fusions -------------------------------------------------------------------
  * Three ordered registries of fusion functions: joint (the fused op runs in
@@ -132,22 +135,24 @@ int opf_seq_first_requiring_backward(const opf_seq *seq);
 /* opf_fusion_fn and the scan helpers are declared in op.h. */
 /* Registers fn under a unique name (thread-safe); prepend puts it first in its
  * registry. Plans built after the call use it. */
-opf_status opf_register_forward_fusion(const char *name, opf_fusion_fn fn, void *user, bool prepend);
-opf_status opf_register_backward_fusion(const char *name, opf_fusion_fn fn, void *user,
-                                        bool prepend);
-opf_status opf_register_joint_fusion(const char *name, opf_fusion_fn fn, void *user, bool prepend);
+OPF_API opf_status opf_register_forward_fusion(const char *name, opf_fusion_fn fn, void *user,
+                                               bool prepend);
+OPF_API opf_status opf_register_backward_fusion(const char *name, opf_fusion_fn fn, void *user,
+                                                bool prepend);
+OPF_API opf_status opf_register_joint_fusion(const char *name, opf_fusion_fn fn, void *user,
+                                             bool prepend);
 /* Removes a registered function by name (OPF_ERR_INVALID_ARG if unknown). */
-opf_status opf_unregister_fusion(const char *name);
+OPF_API opf_status opf_unregister_fusion(const char *name);
 /* Turns every fusion on or off for this seq (on by default); rebuilds plans. */
-void opf_seq_set_fusions(opf_seq *seq, bool enabled);
+OPF_API void opf_seq_set_fusions(opf_seq *seq, bool enabled);
 
 /* ---- training ------------------------------------------------------------- */
 
 /* Zeroes every parameter gradient (and main_grad) of the seq. */
-void opf_seq_zero_grad(opf_seq *seq);
+OPF_API void opf_seq_zero_grad(opf_seq *seq);
 /* Calls fn on every parameter of the seq in order. */
-void opf_seq_for_each_param(opf_seq *seq, void (*fn)(void *user, opf_op *op, opf_param *p),
-                            void *user);
+OPF_API void opf_seq_for_each_param(opf_seq *seq, void (*fn)(void *user, opf_op *op, opf_param *p),
+                                    void *user);
 
 typedef struct opf_optim_options {
     float lr;            /* 1e-3 */
@@ -156,7 +161,7 @@ typedef struct opf_optim_options {
     float eps;           /* AdamW; 1e-8 */
     float weight_decay;  /* decoupled (AdamW) / L2 (SGD); 0 */
 } opf_optim_options;
-opf_optim_options opf_optim_options_default(void);
+OPF_API opf_optim_options opf_optim_options_default(void);
 
 typedef enum opf_optim_kind { OPF_OPTIM_SGD = 0, OPF_OPTIM_ADAMW = 1 } opf_optim_kind;
 
@@ -165,21 +170,21 @@ typedef enum opf_optim_kind { OPF_OPTIM_SGD = 0, OPF_OPTIM_ADAMW = 1 } opf_optim
  * parameter's dtype and marks quantized weight copies stale (they are
  * re-quantized on the next forward). */
 typedef struct opf_optim opf_optim;
-opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
-                            const opf_optim_options *opts, opf_optim **out);
-void opf_optim_destroy(opf_optim *opt);
-opf_status opf_optim_step(opf_optim *opt);
+OPF_API opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
+                                    const opf_optim_options *opts, opf_optim **out);
+OPF_API void opf_optim_destroy(opf_optim *opt);
+OPF_API opf_status opf_optim_step(opf_optim *opt);
 
 /* The optimizer's state, for checkpoints: one slot per parameter of the seq
  * (opf_seq_for_each_param order) with its fp32 master copy and moments (m:
  * SGD momentum or AdamW first moment, NULL when unused; v: AdamW second
  * moment or NULL), each of *n floats, readable and writable. */
-opf_optim_kind opf_optim_kind_of(const opf_optim *opt);
-int opf_optim_num_slots(const opf_optim *opt);
-opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master, float **m,
-                          float **v, int64_t *n);
-int64_t opf_optim_step_count(const opf_optim *opt);
-void opf_optim_set_step_count(opf_optim *opt, int64_t steps);
+OPF_API opf_optim_kind opf_optim_kind_of(const opf_optim *opt);
+OPF_API int opf_optim_num_slots(const opf_optim *opt);
+OPF_API opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master,
+                                  float **m, float **v, int64_t *n);
+OPF_API int64_t opf_optim_step_count(const opf_optim *opt);
+OPF_API void opf_optim_set_step_count(opf_optim *opt, int64_t steps);
 
 #ifdef __cplusplus
 }

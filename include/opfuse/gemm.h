@@ -18,6 +18,7 @@
 #ifndef OPFUSE_GEMM_H
 #define OPFUSE_GEMM_H
 
+#include "opfuse/export.h"
 #include "opfuse/quant.h"
 
 #ifdef __cplusplus
@@ -42,19 +43,19 @@ typedef struct opf_gemm_options {
     const opf_quantizer *out_quantizer;
 } opf_gemm_options;
 
-opf_gemm_options opf_gemm_options_default(void);
+OPF_API opf_gemm_options opf_gemm_options_default(void);
 
 /* Pure: the plain spec of D for operands a, b (dtype = dt). */
-opf_status opf_gemm_out_spec(const opf_spec *a, const opf_spec *b, opf_gemm_layout layout,
-                             opf_dtype dt, opf_spec *out);
+OPF_API opf_status opf_gemm_out_spec(const opf_spec *a, const opf_spec *b, opf_gemm_layout layout,
+                                     opf_dtype dt, opf_spec *out);
 
 /* Computes D. *d is allocated by the caller (plain f32/bf16/f16 of shape
  * [M,N], or FP8 as above) and must not share memory with a or b. opts NULL
  * means opf_gemm_options_default(); opts->bias, when set, is a 1D [N] tensor. Returns OPF_ERR_SHAPE naming the dims for a
  * mismatch, OPF_ERR_UNSUPPORTED for a missing operand copy or a pair of
  * formats that cannot multiply. On error *d is untouched. */
-opf_status opf_gemm(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
-                    opf_gemm_layout layout, const opf_gemm_options *opts, opf_tensor *d);
+OPF_API opf_status opf_gemm(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
+                            opf_gemm_layout layout, const opf_gemm_options *opts, opf_tensor *d);
 
 #ifdef __cplusplus
 }

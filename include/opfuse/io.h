@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 
+#include "opfuse/export.h"
 #include "opfuse/fuser.h"
 
 #ifdef __cplusplus
@@ -50,7 +51,8 @@ extern "C" {
  * not on the CPU; OPF_ERR_IO (message: the path and the system's reason)
  * when a file operation fails: the temporary file is removed and whatever
  * was at path before is untouched. */
-opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const char *path);
+OPF_API opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt,
+                                       const char *path);
 
 /* Reads the checkpoint at path into seq, opt (may be NULL: the optimizer
  * state in the file is checked for form and skipped) and ctx's RNG.
@@ -67,12 +69,13 @@ opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const
  * name or recipe, a tensor missing, unknown, or of another dtype or shape,
  * optimizer kind). The message names the file, the tensor or op, and the
  * values found and expected. */
-opf_status opf_checkpoint_load(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const char *path);
+OPF_API opf_status opf_checkpoint_load(opf_ctx *ctx, opf_seq *seq, opf_optim *opt,
+                                       const char *path);
 
 /* opf_checkpoint_load on a checkpoint held in memory: size bytes at data
  * (read only, not kept). name labels the messages (NULL: "<memory>"). */
-opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const void *data,
-                                   size_t size, const char *name);
+OPF_API opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt,
+                                           const void *data, size_t size, const char *name);
 
 /* Readies a freshly built seq for a load (opf_seq_prepare, with the message
  * also in ctx): gives every op the recipe state for recipe (NULL: none), as
@@ -84,7 +87,7 @@ opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, c
  * quantized weights are marked stale). Errors: OPF_ERR_INVALID_ARG for a NULL
  * seq or a recipe that opf_recipe_validate refuses; OPF_ERR_STATE while a
  * backward is pending; what building the seq's groups reports. */
-opf_status opf_checkpoint_prepare(opf_ctx *ctx, opf_seq *seq, const opf_recipe *recipe);
+OPF_API opf_status opf_checkpoint_prepare(opf_ctx *ctx, opf_seq *seq, const opf_recipe *recipe);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "opfuse/export.h"
 #include "opfuse/quant.h"
 
 #ifdef __cplusplus
@@ -125,19 +126,19 @@ typedef struct opf_slot {
 
 /* Flattens every tensor field (bundles recursively) into slots, in schema
  * order. Returns the count; writes at most max slots. */
-int opf_schema_slots(const opf_schema *s, void *args, opf_slot *slots, int max);
+OPF_API int opf_schema_slots(const opf_schema *s, void *args, opf_slot *slots, int max);
 /* Hash of the value fields (ints, floats, bools, enums, quantizers, refs by
  * identity; tensors contribute only their specs; OPF_FIELD_RUNTIME fields
  * only their sign). Equal args give equal hashes. */
-uint64_t opf_schema_hash(const opf_schema *s, const void *args);
+OPF_API uint64_t opf_schema_hash(const opf_schema *s, const void *args);
 /* Checks fields: required tensors present, enums in range. */
-opf_status opf_schema_validate(const opf_schema *s, const void *args);
+OPF_API opf_status opf_schema_validate(const opf_schema *s, const void *args);
 /* Value equality in the hash's terms: equal args have equal hashes. */
-bool opf_schema_equal(const opf_schema *s, const void *a, const void *b);
+OPF_API bool opf_schema_equal(const opf_schema *s, const void *a, const void *b);
 /* "layernorm.fwd{x: bf16[8,64], eps: 1e-05, ...}" into buf. */
-void opf_schema_print(const opf_schema *s, const void *args, char *buf, size_t size);
+OPF_API void opf_schema_print(const opf_schema *s, const void *args, char *buf, size_t size);
 /* Looks up a field by name; NULL if absent. */
-const opf_field *opf_schema_field(const opf_schema *s, const char *name);
+OPF_API const opf_field *opf_schema_field(const opf_schema *s, const char *name);
 
 /* ---- parameters and contexts ----------------------------------------------- */
 
@@ -164,7 +165,7 @@ typedef struct opf_op_ctx {
 } opf_op_ctx;
 
 /* Drops the saved tensors and marks the context consumed. */
-void opf_op_ctx_clear(opf_op_ctx *c);
+OPF_API void opf_op_ctx_clear(opf_op_ctx *c);
 
 /* ---- the environment handed to resolve_fwd / resolve_bwd ------------------- */
 
@@ -273,8 +274,8 @@ struct opf_op_class {
 
 /* Creates a fused op of a registered class with cls->covers == n over
  * basic[0..n) (not owned). Destroy with opf_op_destroy (the basic ops stay). */
-opf_status opf_fused_op_create(opf_ctx *ctx, const char *class_name, opf_op *const *basic, int n,
-                               opf_op **out);
+OPF_API opf_status opf_fused_op_create(opf_ctx *ctx, const char *class_name, opf_op *const *basic,
+                                       int n, opf_op **out);
 /* A fusion function (registered with the fuser, fuser.h): reads
  * ops_in[0..n) and writes to ops_out (capacity n) a list where some
  * contiguous runs are replaced by fused ops it created with
@@ -293,72 +294,74 @@ typedef int (*opf_fusion_match_fn)(opf_op *const *ops, int n_avail, const opf_re
                                    void *user);
 typedef opf_status (*opf_fusion_build_fn)(opf_ctx *ctx, opf_op *const *ops, int n,
                                           const opf_recipe *recipe, void *user, opf_op **fused);
-opf_status opf_fusion_scan(opf_ctx *ctx, opf_op *const *ops_in, int n, const opf_recipe *recipe,
-                           opf_fusion_match_fn match, opf_fusion_build_fn build, void *user,
-                           opf_op **ops_out, int *n_out);
+OPF_API opf_status opf_fusion_scan(opf_ctx *ctx, opf_op *const *ops_in, int n,
+                                   const opf_recipe *recipe, opf_fusion_match_fn match,
+                                   opf_fusion_build_fn build, void *user, opf_op **ops_out,
+                                   int *n_out);
 /* The common builder: user is the fused class name (a const char *). */
-opf_status opf_fusion_build_class(opf_ctx *ctx, opf_op *const *ops, int n, const opf_recipe *recipe,
-                                  void *user, opf_op **fused);
+OPF_API opf_status opf_fusion_build_class(opf_ctx *ctx, opf_op *const *ops, int n,
+                                          const opf_recipe *recipe, void *user, opf_op **fused);
 
 /* Number of basic ops an op covers (1 for a basic op) and the i-th of them. */
-int opf_op_num_basic(const opf_op *op);
-opf_op *opf_op_basic(const opf_op *op, int i);
-bool opf_op_is_fused(const opf_op *op);
+OPF_API int opf_op_num_basic(const opf_op *op);
+OPF_API opf_op *opf_op_basic(const opf_op *op, int i);
+OPF_API bool opf_op_is_fused(const opf_op *op);
 /* Extra inputs and outputs of an op (summed over covered ops when fused). */
-int opf_op_num_extra_in(const opf_op *op);
-int opf_op_num_extra_out(const opf_op *op);
+OPF_API int opf_op_num_extra_in(const opf_op *op);
+OPF_API int opf_op_num_extra_out(const opf_op *op);
 
 /* Registers a class; OPF_ERR_INVALID_ARG for a duplicate or non-lower-case
  * name, a wrong abi_version or a missing required entry. Thread-safe. The
  * class must outlive the process's use of it (a static const). */
-opf_status opf_op_class_register(const opf_op_class *cls);
+OPF_API opf_status opf_op_class_register(const opf_op_class *cls);
 /* The class registered under name, or NULL. Built-in ops are registered on
  * first use of the registry. */
-const opf_op_class *opf_op_class_find(const char *name);
+OPF_API const opf_op_class *opf_op_class_find(const char *name);
 /* Number of registered classes and the i-th (registration order). */
-int opf_op_class_count(void);
-const opf_op_class *opf_op_class_at(int i);
+OPF_API int opf_op_class_count(void);
+OPF_API const opf_op_class *opf_op_class_at(int i);
 
 /* ---- instances ------------------------------------------------------------------ */
 
 /* Creates an op of a registered class: copies config (cls->config_size
  * bytes), names it, and calls init. Destroy with opf_op_destroy. */
-opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *config,
-                         const char *name, opf_op **out);
-void opf_op_destroy(opf_op *op);  /* NULL: no-op */
+OPF_API opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *config,
+                                 const char *name, opf_op **out);
+OPF_API void opf_op_destroy(opf_op *op);  /* NULL: no-op */
 
-const opf_op_class *opf_op_class_of(const opf_op *op);
-const char *opf_op_name(const opf_op *op);
-void *opf_op_config(opf_op *op);
-const void *opf_op_config_const(const opf_op *op);
-int opf_op_num_params(const opf_op *op);  /* fused: all covered ops' parameters */
-opf_param *opf_op_param(opf_op *op, int i);
-const opf_param *opf_op_param_const(const opf_op *op, int i);
+OPF_API const opf_op_class *opf_op_class_of(const opf_op *op);
+OPF_API const char *opf_op_name(const opf_op *op);
+OPF_API void *opf_op_config(opf_op *op);
+OPF_API const void *opf_op_config_const(const opf_op *op);
+OPF_API int opf_op_num_params(const opf_op *op);  /* fused: all covered ops' parameters */
+OPF_API opf_param *opf_op_param(opf_op *op, int i);
+OPF_API const opf_param *opf_op_param_const(const opf_op *op, int i);
 
 /* For init: adds a parameter of the given spec (allocated, zero-filled).
  * Returns its index or a negative status. */
-int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec *spec);
+OPF_API int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec *spec);
 
 /* Recipe state of the op (NULL until a recipe is set). */
-opf_recipe_state *opf_op_recipe_state(const opf_op *op);
+OPF_API opf_recipe_state *opf_op_recipe_state(const opf_op *op);
 /* Rebuilds the recipe state for recipe r (NULL: none). Called by the fuser
  * when the recipe kind changes; a no-op for ops with n_gemms == 0. */
-opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r);
+OPF_API opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r);
 /* The quantizer for (role, gemm) of the op's recipe state, or NULL. The
  * pointer is into the op and valid until the next call for the same role. */
-const opf_quantizer *opf_op_quantizer(const opf_op *op, opf_tensor_role role, int gemm);
+OPF_API const opf_quantizer *opf_op_quantizer(const opf_op *op, opf_tensor_role role, int gemm);
 
 /* Private per-op storage for classes (e.g. a user op's state). */
-void *opf_op_user(opf_op *op);
-void opf_op_set_user(opf_op *op, void *user);
+OPF_API void *opf_op_user(opf_op *op);
+OPF_API void opf_op_set_user(opf_op *op, void *user);
 
 /* ---- channels (extra inputs and outputs) ------------------------------------------- */
 
 /* Binds extra input `index` to a named channel produced earlier in the same
  * fuser group (NULL: a public input the caller passes). */
-opf_status opf_op_set_extra_input(opf_op *op, int index, const char *channel);
+OPF_API opf_status opf_op_set_extra_input(opf_op *op, int index, const char *channel);
 /* Binds extra output `index` to a named channel; to_caller also returns it. */
-opf_status opf_op_set_extra_output(opf_op *op, int index, const char *channel, bool to_caller);
+OPF_API opf_status opf_op_set_extra_output(opf_op *op, int index, const char *channel,
+                                           bool to_caller);
 
 /* ---- eager execution of one op ------------------------------------------------------
  * What the fuser does for each op of a plan, usable on its own (tests, user
@@ -369,12 +372,13 @@ opf_status opf_op_set_extra_output(opf_op *op, int index, const char *channel, b
  * parameter's grad (has_grad set); *dx receives the input gradient (a
  * reference to dy itself for a pass-through) and dextra_in[i] the extra
  * inputs' gradients (zeroed tensors when none). The context is consumed. */
-opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, opf_tensor *outs);
-opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env, opf_tensor *dx,
-                           opf_tensor *dextra_in);
+OPF_API opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
+                                  opf_tensor *outs);
+OPF_API opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
+                                   opf_tensor *dx, opf_tensor *dextra_in);
 
 /* Zeroes every parameter gradient of the op and clears has_grad. */
-void opf_op_zero_grad(opf_op *op);
+OPF_API void opf_op_zero_grad(opf_op *op);
 
 #ifdef __cplusplus
 }

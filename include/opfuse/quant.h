@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "opfuse/export.h"
 #include "opfuse/context.h"
 #include "opfuse/tensor.h"
 
@@ -71,8 +72,8 @@ typedef enum opf_tensor_role {
     OPF_ROLE_COUNT
 } opf_tensor_role;
 
-const char *opf_recipe_name(opf_recipe_kind k);
-const char *opf_role_name(opf_tensor_role r);
+OPF_API const char *opf_recipe_name(opf_recipe_kind k);
+OPF_API const char *opf_role_name(opf_tensor_role r);
 
 typedef struct opf_quantizer_role {
     const char     *module_type;  /* "linear", "grouped_linear", "layernorm", ... */
@@ -111,10 +112,10 @@ typedef struct opf_quantizer {
     void              *amax_reduce_user;
 } opf_quantizer;
 
-opf_quantizer opf_quantizer_default(void);
-bool opf_quantizer_equal(const opf_quantizer *a, const opf_quantizer *b);
+OPF_API opf_quantizer opf_quantizer_default(void);
+OPF_API bool opf_quantizer_equal(const opf_quantizer *a, const opf_quantizer *b);
 /* Hash of the value fields (the delayed state by identity). */
-uint64_t opf_quantizer_hash(const opf_quantizer *q);
+OPF_API uint64_t opf_quantizer_hash(const opf_quantizer *q);
 
 /* What a user factory returns for one role: a ready quantizer, or a request
  * for per-tensor delayed scaling with the given parameters, for which the
@@ -174,41 +175,41 @@ typedef struct opf_recipe {
 } opf_recipe;
 
 /* Defaults of numerics.md section 3 for a kind. */
-opf_recipe opf_recipe_default(opf_recipe_kind kind);
+OPF_API opf_recipe opf_recipe_default(opf_recipe_kind kind);
 /* OPF_ERR_INVALID_ARG with a message for inconsistent fields (history length
  * < 1, E5M2 for training, 2D x 2D block GEMMs, custom without factory, a
  * backward override with delayed scaling...). */
-opf_status opf_recipe_validate(const opf_recipe *r);
+OPF_API opf_status opf_recipe_validate(const opf_recipe *r);
 
 /* The built-in rule of a recipe for one role: what quantizer a tensor of that
  * role gets (usage bits rowwise+columnwise; the caller narrows them). For
  * DELAYED the quantizer's state is left NULL (opf_recipe_state fills it). */
-opf_status opf_recipe_quantizer(const opf_recipe *r, const opf_quantizer_role *role,
-                                opf_quantizer *out);
+OPF_API opf_status opf_recipe_quantizer(const opf_recipe *r, const opf_quantizer_role *role,
+                                        opf_quantizer *out);
 
 /* ---- delayed scaling state (3.1) ------------------------------------------ */
 
 /* n_slots slots, each with scale (init 1) and an amax history of L rows
  * (init 0). `backward` picks the direction's format under HYBRID. */
-opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margin,
-                                    int history_len, opf_amax_algo algo, bool backward,
-                                    int n_slots, opf_delayed_state **out);
-void opf_delayed_state_destroy(opf_delayed_state *s);  /* NULL: no-op */
-int opf_delayed_state_slots(const opf_delayed_state *s);
-int opf_delayed_state_history_len(const opf_delayed_state *s);
-opf_dtype opf_delayed_state_dtype(const opf_delayed_state *s);
+OPF_API opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margin,
+                                            int history_len, opf_amax_algo algo, bool backward,
+                                            int n_slots, opf_delayed_state **out);
+OPF_API void opf_delayed_state_destroy(opf_delayed_state *s);  /* NULL: no-op */
+OPF_API int opf_delayed_state_slots(const opf_delayed_state *s);
+OPF_API int opf_delayed_state_history_len(const opf_delayed_state *s);
+OPF_API opf_dtype opf_delayed_state_dtype(const opf_delayed_state *s);
 /* scale[n_slots]; history row-major [L][n_slots], row 0 = current step. The
  * pointers stay valid for the state's life; callers may read and write them
  * (checkpoint restore). */
-float *opf_delayed_state_scale(opf_delayed_state *s);
-float *opf_delayed_state_history(opf_delayed_state *s);
+OPF_API float *opf_delayed_state_scale(opf_delayed_state *s);
+OPF_API float *opf_delayed_state_history(opf_delayed_state *s);
 /* The update after a step (fused path of 3.1): optional reduce() on a copy of
  * row 0, then per slot: no roll on zero amax, roll, amax by algorithm, new
  * scale by 2.2. */
-opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
-                                    opf_amax_reduce_fn reduce, void *reduce_user);
+OPF_API opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
+                                            opf_amax_reduce_fn reduce, void *reduce_user);
 /* Scales back to 1, history to 0. */
-void opf_delayed_state_reset(opf_delayed_state *s);
+OPF_API void opf_delayed_state_reset(opf_delayed_state *s);
 
 /* ---- recipe state: the quantizers of one module ---------------------------- */
 
@@ -217,58 +218,60 @@ typedef struct opf_recipe_state opf_recipe_state;
 /* Builds the quantizers of a module with num_gemms GEMMs under recipe r
  * (copied). For DELAYED (and custom delayed requests) it allocates a forward
  * state of 3*num_gemms slots and a backward state of 2*num_gemms slots. */
-opf_status opf_recipe_state_create(opf_ctx *ctx, const opf_recipe *r, const char *module_type,
-                                   const char *name, int num_gemms, opf_recipe_state **out);
-void opf_recipe_state_destroy(opf_recipe_state *rs);  /* NULL: no-op */
-const opf_recipe *opf_recipe_state_recipe(const opf_recipe_state *rs);
+OPF_API opf_status opf_recipe_state_create(opf_ctx *ctx, const opf_recipe *r,
+                                           const char *module_type, const char *name, int num_gemms,
+                                           opf_recipe_state **out);
+OPF_API void opf_recipe_state_destroy(opf_recipe_state *rs);  /* NULL: no-op */
+OPF_API const opf_recipe *opf_recipe_state_recipe(const opf_recipe_state *rs);
 /* The quantizer for (role, gemm); OPF_ERR_INVALID_ARG when out of range. */
-opf_status opf_recipe_state_quantizer(const opf_recipe_state *rs, opf_tensor_role role,
-                                      int gemm, opf_quantizer *out);
+OPF_API opf_status opf_recipe_state_quantizer(const opf_recipe_state *rs, opf_tensor_role role,
+                                              int gemm, opf_quantizer *out);
 /* Delayed states (NULL for other recipes). */
-opf_delayed_state *opf_recipe_state_delayed(opf_recipe_state *rs, bool backward);
+OPF_API opf_delayed_state *opf_recipe_state_delayed(opf_recipe_state *rs, bool backward);
 /* Runs the delayed update of one direction (no-op for stateless recipes). */
-opf_status opf_recipe_state_update(opf_ctx *ctx, opf_recipe_state *rs, bool backward,
-                                   opf_amax_reduce_fn reduce, void *reduce_user);
+OPF_API opf_status opf_recipe_state_update(opf_ctx *ctx, opf_recipe_state *rs, bool backward,
+                                           opf_amax_reduce_fn reduce, void *reduce_user);
 
 /* ---- quantize / dequantize ---------------------------------------------- */
 
 /* Pure: the spec of quantizing a tensor of spec *in with q (same shape and
  * logical dtype; scaling, qdtype, usage, flags from q). Errors as
  * opf_spec_layout plus OPF_ERR_DTYPE for inputs other than f32/bf16/f16. */
-opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in, opf_spec *out);
+OPF_API opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in, opf_spec *out);
 
 /* Quantizes *in (plain f32/bf16/f16) into *out, which the caller allocated
  * with the spec opf_quantizer_spec returned (checked). Writes the data and
  * scale components; for delayed scaling max-accumulates the amax into the
  * state's current row; for stochastic rounding advances the context's RNG
  * offset. On error nothing is written. */
-opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                        opf_tensor *out);
+OPF_API opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                                opf_tensor *out);
 /* opf_quantizer_spec + opf_tensor_alloc + opf_quantize. */
-opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                              opf_tensor *out);
+OPF_API opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                                      opf_tensor *out);
 
 /* Decodes one copy (OPF_USAGE_ROWWISE or OPF_USAGE_COLUMNWISE) of a quantized
  * tensor into *out, a plain tensor of the logical shape (columnwise copies
  * are transposed back) in f32, bf16 or f16. NVFP4 uses S_dec = fl(1/S_enc). */
-opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf_tensor *out);
+OPF_API opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which,
+                                  opf_tensor *out);
 
 /* Decodes *in (rowwise copy if present, else columnwise) to fp32 and
  * quantizes it with q into *out (allocated with opf_quantizer_spec of in's
  * logical spec). */
-opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                          opf_tensor *out);
+OPF_API opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                                  opf_tensor *out);
 
 /* Derives or drops copies so that t->spec.usage == usage. Dropping is always
  * allowed. Deriving is allowed where the data determines the other copy
  * exactly: per-tensor FP8 (byte transpose), FP8 block 2D, NVFP4 2D and MXFP8
  * 2D (the same blocks both ways). Anything else returns OPF_ERR_UNSUPPORTED
  * and leaves *t untouched. Deriving allocates a new buffer. */
-opf_status opf_tensor_update_usage(opf_ctx *ctx, opf_tensor *t, unsigned usage);
+OPF_API opf_status opf_tensor_update_usage(opf_ctx *ctx, opf_tensor *t, unsigned usage);
 
 /* The 16-point random Hadamard transform of 3.4.3 on one vector: y = x T with
  * T = diag(signs) H16 / 4, summed in fp32, result rounded to bf16. */
-void opf_rht16(const float *x, float *y, uint16_t sign_mask);
+OPF_API void opf_rht16(const float *x, float *y, uint16_t sign_mask);
 
 #ifdef __cplusplus
 }

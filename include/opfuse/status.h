@@ -12,6 +12,8 @@
 #ifndef OPFUSE_STATUS_H
 #define OPFUSE_STATUS_H
 
+#include "opfuse/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -31,14 +33,16 @@ typedef enum opf_status {
 } opf_status;
 
 /* Name of a status code ("OPF_ERR_SHAPE"); never NULL. */
-const char *opf_status_str(opf_status st);
+OPF_API const char *opf_status_str(opf_status st);
 
 /* Invariant failures inside the library (never user errors) call the abort
- * hook with file, line and the failed expression. The default prints to
- * stderr and calls abort(). Pass NULL to restore the default. Process-wide. */
+ * hook with file, line and the failed expression, then print them to stderr
+ * and call abort(): a hook may log or flush, or leave by exit() or longjmp,
+ * but when it returns the process still aborts (the code after a failed
+ * invariant never runs). Pass NULL to restore the default. Process-wide. */
 typedef void (*opf_abort_fn)(const char *file, int line, const char *expr);
-void opf_set_abort_hook(opf_abort_fn fn);
-void opf_assert_fail(const char *file, int line, const char *expr);
+OPF_API void opf_set_abort_hook(opf_abort_fn fn);
+OPF_API void opf_assert_fail(const char *file, int line, const char *expr);
 
 #define OPF_ASSERT(x) \
     do { if (!(x)) opf_assert_fail(__FILE__, __LINE__, #x); } while (0)

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "opfuse/export.h"
 #include "opfuse/dtype.h"
 #include "opfuse/status.h"
 
@@ -105,22 +106,22 @@ typedef struct opf_layout {
 } opf_layout;
 
 /* A plain spec on the CPU with the given shape and dtype (no quantization). */
-opf_spec opf_spec_make(int ndim, const int64_t *shape, opf_dtype dtype);
+OPF_API opf_spec opf_spec_make(int ndim, const int64_t *shape, opf_dtype dtype);
 /* Number of logical elements (1 for ndim 0). */
-int64_t opf_spec_numel(const opf_spec *spec);
+OPF_API int64_t opf_spec_numel(const opf_spec *spec);
 /* True when two specs describe the same layout (all fields compared). */
-bool opf_spec_equal(const opf_spec *a, const opf_spec *b);
+OPF_API bool opf_spec_equal(const opf_spec *a, const opf_spec *b);
 /* Writes "bf16[256,1024] mxfp8(e4m3,row+col)" into buf (always terminated). */
-void opf_spec_str(const opf_spec *spec, char *buf, size_t size);
+OPF_API void opf_spec_str(const opf_spec *spec, char *buf, size_t size);
 /* Human name of a scaling mode ("mxfp8"). */
-const char *opf_scaling_name(opf_scaling s);
+OPF_API const char *opf_scaling_name(opf_scaling s);
 
 /* Pure: fills *out from *spec. Checks the spec and returns OPF_ERR_SHAPE for
  * shapes a format cannot take (MXFP8: M, K multiples of 32; NVFP4: multiples
  * of 16; FP8 block: multiples of 16), OPF_ERR_DTYPE for element dtypes a mode
  * cannot hold, OPF_ERR_INVALID_ARG for no usage bit or a columnwise-only
  * per-tensor FP8 spec. The message is in opf_last_error(NULL). */
-opf_status opf_spec_layout(const opf_spec *spec, opf_layout *out);
+OPF_API opf_status opf_spec_layout(const opf_spec *spec, opf_layout *out);
 
 /* ---- buffers and tensors -----------------------------------------------
  * A buffer is a reference-counted block from a context's allocator. Tensors
@@ -137,30 +138,30 @@ typedef struct opf_tensor {
 /* Allocates one buffer laid out by opf_spec_layout(spec) and points *out into
  * it. Scale padding is zero-filled; the rest is uninitialized. On failure *out
  * is zeroed. Release with opf_tensor_release. */
-opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out);
+OPF_API opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out);
 /* Points *out at caller memory laid out by opf_spec_layout(spec) starting at
  * base. No reference is taken: the caller keeps base alive. */
-opf_status opf_tensor_wrap(const opf_spec *spec, void *base, opf_tensor *out);
+OPF_API opf_status opf_tensor_wrap(const opf_spec *spec, void *base, opf_tensor *out);
 /* Another counted reference to the same memory: *dst = *src, refcount + 1. */
-void opf_tensor_retain(const opf_tensor *src, opf_tensor *dst);
+OPF_API void opf_tensor_retain(const opf_tensor *src, opf_tensor *dst);
 /* Drops the reference and zeroes *t. NULL or a zeroed tensor is a no-op. */
-void opf_tensor_release(opf_tensor *t);
+OPF_API void opf_tensor_release(opf_tensor *t);
 /* Bytes held by the tensor's buffer (0 for caller memory). */
-size_t opf_tensor_buffer_bytes(const opf_tensor *t);
+OPF_API size_t opf_tensor_buffer_bytes(const opf_tensor *t);
 
 /* ---- scale swizzling (numerics.md section 4.4) -------------------------
  * Byte scales (E8M0, E4M3) of R x C (R multiple of 128, C multiple of 4).
  * swizzle: dst[swizzle_index(i,j)] = src[i*C + j]; unswizzle is its inverse.
  * src_is_transposed: src is stored as C x R (MXFP8 columnwise compact scales),
  * element (i, j) read from src[j*R + i]. */
-size_t opf_swizzle_index(int64_t i, int64_t j, int64_t C);
-opf_status opf_swizzle_scales(const uint8_t *src, uint8_t *dst, int64_t R, int64_t C,
-                              bool src_is_transposed);
-opf_status opf_unswizzle_scales(const uint8_t *src, uint8_t *dst, int64_t R, int64_t C,
-                                bool dst_is_transposed);
+OPF_API size_t opf_swizzle_index(int64_t i, int64_t j, int64_t C);
+OPF_API opf_status opf_swizzle_scales(const uint8_t *src, uint8_t *dst, int64_t R, int64_t C,
+                                      bool src_is_transposed);
+OPF_API opf_status opf_unswizzle_scales(const uint8_t *src, uint8_t *dst, int64_t R, int64_t C,
+                                        bool dst_is_transposed);
 /* Convert an MXFP8/NVFP4 tensor's scale components between compact and
  * swizzled in place (uses the context workspace) and update spec.flags. */
-opf_status opf_tensor_swizzle(opf_ctx *ctx, opf_tensor *t, bool swizzled);
+OPF_API opf_status opf_tensor_swizzle(opf_ctx *ctx, opf_tensor *t, bool swizzled);
 
 #ifdef __cplusplus
 }

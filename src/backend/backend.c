@@ -1,6 +1,9 @@
 /* backend.c: the kernel table of each device. */
 #include "backend/backend-impl.h"
 #include "core/core-impl.h"
+#ifdef OPF_HAVE_CUDA
+#include "backend/cuda/cuda.h"
+#endif
 
 /* The CPU file (family) of each scaling: X(scaling, family) names its
  * kernels opf_cpu_quantize_<family> and opf_cpu_dequantize_<family>. */
@@ -23,8 +26,21 @@ static const opf_backend_i cpu_backend = {
     .optim = &opf_cpu_optim,
 };
 
+#ifdef OPF_HAVE_CUDA
+/* Filled family by family as the kernels land (src/backend/cuda/). */
+static const opf_backend_i cuda_backend = {
+    .name = "cuda",
+    .quantize = {[OPF_SCALING_TENSOR] = opf_cuda_quantize_tensor_fp8},
+    .dequantize = {[OPF_SCALING_TENSOR] = opf_cuda_dequantize_tensor_fp8},
+    .gemm = opf_cuda_gemm,
+};
+#endif
+
 const opf_backend_i *opf_backend_get(opf_device dev)
 {
+#ifdef OPF_HAVE_CUDA
+    if (dev == OPF_DEVICE_CUDA) return &cuda_backend;
+#endif
     return dev == OPF_DEVICE_CPU ? &cpu_backend : NULL;
 }
 

@@ -30,6 +30,19 @@ struct opf_ctx {
     /* keys of the warnings opf_ctx_warn_once has emitted */
     uint64_t        warned[128];
     int             n_warned;
+    /* buffer headers (tensor.c): a free list carved from 4 KiB slabs of the
+     * counting allocator, so that a step takes no header from malloc */
+    opf_buffer     *free_headers;
+    void           *header_slabs;
+    /* Buffers not yet released. A destroyed context with live buffers stays
+     * allocated (destroyed set) until the last of them is released. */
+    int64_t         live_buffers;
+    bool            destroyed;
 };
+
+/* Frees what is left of a destroyed context once no buffer refers to it. */
+void opf_ctx_finish(opf_ctx *ctx);
+/* tensor.c: returns the header slabs to the allocator (at finish). */
+void opf_buffer_slabs_free(opf_ctx *ctx);
 
 #endif

@@ -54,8 +54,13 @@ opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
     if ((o.allocator.alloc == NULL) != (o.allocator.free == NULL))
         return opf_error(NULL, OPF_ERR_INVALID_ARG,
                          "opf_ctx_create: allocator needs both alloc and free");
-    opf_ctx *c = calloc(1, sizeof *c);
+    bool caching = !o.allocator.alloc;
+    if (caching) o.allocator = (opf_allocator){default_alloc, default_free, NULL};
+    /* The context itself comes from the allocator too (uncounted: the
+     * counters live in it). */
+    opf_ctx *c = o.allocator.alloc(o.allocator.user, sizeof *c, OPF_COMPONENT_ALIGN);
     if (!c) return opf_error(NULL, OPF_ERR_NO_MEMORY, "opf_ctx_create: out of memory");
+    memset(c, 0, sizeof *c);
     c->device = o.device;
     c->device_index = o.device_index;
     c->deterministic = o.deterministic;
@@ -63,11 +68,7 @@ opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
     c->rng_seed = o.seed;
     c->rng_offset = o.offset;
     c->allocator = o.allocator;
-    if (!c->allocator.alloc) {
-        c->allocator.alloc = default_alloc;
-        c->allocator.free = default_free;
-        c->caching = true;
-    }
+    c->caching = caching;
     c->warn = o.warn ? o.warn : default_warn;
     c->warn_user = o.warn_user;
     *out = c;
@@ -81,7 +82,15 @@ void opf_ctx_destroy(opf_ctx *ctx)
     for (int i = 0; i < ctx->n_scratch; i++)
         opf_ctx_free(ctx, ctx->scratch[i].mem, ctx->scratch[i].size);
     cache_drain(ctx);
-    free(ctx);
+    ctx->caching = false;  /* what the live buffers free later goes straight back */
+    ctx->destroyed = true;
+    if (ctx->live_buffers == 0) opf_ctx_finish(ctx);
+}
+
+void opf_ctx_finish(opf_ctx *ctx)
+{
+    opf_buffer_slabs_free(ctx);
+    ctx->allocator.free(ctx->allocator.user, ctx);
 }
 
 opf_device opf_ctx_device(const opf_ctx *ctx) { return ctx->device; }
@@ -157,7 +166,9 @@ void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
         ctx->cache[cls] = *(void **)p;
         ctx->cached_bytes -= cls_bytes;
     } else {
-        p = ctx->allocator.alloc(ctx->allocator.user, cls >= 0 ? cls_bytes : bytes, OPF_COMPONENT_ALIGN);
+        /* at least one byte: an allocator may answer NULL for zero */
+        size_t want = cls >= 0 ? cls_bytes : bytes ? bytes : 1;
+        p = ctx->allocator.alloc(ctx->allocator.user, want, OPF_COMPONENT_ALIGN);
     }
     if (!p) return NULL;
     ctx->stats.n_alloc++;
@@ -180,6 +191,14 @@ void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
     }
     ctx->stats.n_free++;
     ctx->stats.bytes_live -= bytes;
+}
+
+void *opf_ctx_calloc(opf_ctx *ctx, size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size) return NULL;
+    void *p = opf_ctx_alloc(ctx, n * size);
+    if (p) memset(p, 0, n * size);
+    return p;
 }
 
 opf_status opf_ctx_workspace_reserve(opf_ctx *ctx, size_t bytes)

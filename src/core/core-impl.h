@@ -42,6 +42,11 @@ static inline uint64_t opf_hash_mix(uint64_t h, uint64_t v)
     return h * 0x100000001B3ull;
 }
 
+/* n zeroed elements of `size` bytes from the context's allocator (counted);
+ * NULL when out of memory or n * size overflows. Free with
+ * opf_ctx_free(ctx, p, n * size). */
+void *opf_ctx_calloc(opf_ctx *ctx, size_t n, size_t size);
+
 /* The 2D view [M, K] of a shape: M = prod(shape[:-1]), K = shape[-1]. */
 void opf_shape_2d(const opf_spec *s, int64_t *m, int64_t *k);
 

@@ -33,10 +33,9 @@ void opf_set_abort_hook(opf_abort_fn fn) { abort_hook = fn; }
 
 void opf_assert_fail(const char *file, int line, const char *expr)
 {
-    if (abort_hook) {
-        abort_hook(file, line, expr);
-        return;
-    }
+    /* The caller's invariant is broken: nothing after it may run, so a hook
+     * that returns is followed by the default's message and abort. */
+    if (abort_hook) abort_hook(file, line, expr);
     fprintf(stderr, "opfuse: %s:%d: assertion failed: %s\n", file, line, expr);
     abort();
 }

@@ -1,6 +1,5 @@
 /* tensor.c: reference-counted buffers, tensors over them, scale swizzling. */
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/context-impl.h"
@@ -9,9 +8,45 @@
 struct opf_buffer {
     atomic_int refs;
     opf_ctx   *ctx;    /* whose allocator owns `mem` */
-    void      *mem;
+    void      *mem;    /* in the free list: the next free header */
     size_t     bytes;
 };
+
+/* Headers come from 4 KiB slabs (the allocator's smallest size class), one
+ * cache line of each holding the chain of slabs, the rest cut into headers. */
+enum { SLAB_BYTES = 4096, SLAB_LINK = 64 };
+
+static void header_put(opf_ctx *ctx, opf_buffer *b)
+{
+    b->mem = ctx->free_headers;
+    ctx->free_headers = b;
+}
+
+static opf_buffer *header_get(opf_ctx *ctx)
+{
+    if (!ctx->free_headers) {
+        char *slab = opf_ctx_alloc(ctx, SLAB_BYTES);
+        if (!slab) return NULL;
+        *(void **)slab = ctx->header_slabs;
+        ctx->header_slabs = slab;
+        for (size_t off = SLAB_LINK; off + sizeof(opf_buffer) <= SLAB_BYTES;
+             off += sizeof(opf_buffer))
+            header_put(ctx, (opf_buffer *)(slab + off));
+    }
+    opf_buffer *b = ctx->free_headers;
+    ctx->free_headers = b->mem;
+    return b;
+}
+
+void opf_buffer_slabs_free(opf_ctx *ctx)
+{
+    while (ctx->header_slabs) {
+        void *slab = ctx->header_slabs;
+        ctx->header_slabs = *(void **)slab;
+        opf_ctx_free(ctx, slab, SLAB_BYTES);
+    }
+    ctx->free_headers = NULL;
+}
 
 static void point_into(opf_tensor *t, const opf_spec *spec, const opf_layout *L, void *base)
 {
@@ -31,14 +66,14 @@ opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
     opf_layout L;
     opf_status st = opf_spec_layout(spec, &L);
     if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
-    opf_buffer *b = malloc(sizeof *b);
-    void *mem = opf_ctx_alloc(ctx, L.total_bytes ? L.total_bytes : 1);
-    if (!b || !mem) {
-        free(b);
-        opf_ctx_free(ctx, mem, L.total_bytes ? L.total_bytes : 1);
+    opf_buffer *b = header_get(ctx);
+    void *mem = b ? opf_ctx_alloc(ctx, L.total_bytes ? L.total_bytes : 1) : NULL;
+    if (!mem) {
+        if (b) header_put(ctx, b);
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_tensor_alloc: cannot allocate %zu bytes",
                          L.total_bytes);
     }
+    ctx->live_buffers++;
     atomic_init(&b->refs, 1);
     b->ctx = ctx;
     b->mem = mem;
@@ -77,8 +112,10 @@ void opf_tensor_release(opf_tensor *t)
     if (!t) return;
     opf_buffer *b = t->buf;
     if (b && atomic_fetch_sub(&b->refs, 1) == 1) {
-        opf_ctx_free(b->ctx, b->mem, b->bytes);
-        free(b);
+        opf_ctx *ctx = b->ctx;
+        opf_ctx_free(ctx, b->mem, b->bytes);
+        header_put(ctx, b);
+        if (--ctx->live_buffers == 0 && ctx->destroyed) opf_ctx_finish(ctx);
     }
     memset(t, 0, sizeof *t);
 }

@@ -50,6 +50,7 @@ typedef struct opf_ck_item {
 } opf_ck_item;
 
 typedef struct opf_ck_list {
+    opf_ctx     *ctx;  /* whose allocator holds v */
     opf_ck_item *v;
     int          n, cap;
 } opf_ck_list;
@@ -98,12 +99,13 @@ typedef struct opf_st_meta {
 } opf_st_meta;
 
 typedef struct opf_st_file {
+    opf_ctx       *ctx;      /* whose allocator holds e and m */
     const char    *who;
     cJSON         *root;
     opf_st_entry  *e;        /* sorted by name */
-    int            n;
+    int            n, cap;
     opf_st_meta   *m;        /* sorted by key */
-    int            n_meta;
+    int            n_meta, cap_meta;
     const uint8_t *buf;      /* the byte buffer after the header */
     uint64_t       buf_size;
 } opf_st_file;
@@ -124,7 +126,7 @@ const char *opf_st_meta_get(opf_st_file *f, const char *key);
 
 /* The header of a file holding items in list order: JSON with meta (taken:
  * freed here) as "__metadata__", padded with spaces to a multiple of 8.
- * *out is malloc'd. */
+ * *out comes from the context's allocator: opf_ctx_free(ctx, *out, *len + 1). */
 opf_status opf_st_header(opf_ctx *ctx, const opf_ck_list *items, cJSON *meta, char **out,
                          size_t *len);
 

@@ -184,7 +184,7 @@ static opf_status check_all(loader *L)
     if (!st) st = stage_qvalues(L);
     opf_ck_src src = {L->ctx, L->seq, L->opt, L->qv, L->rng, L->who};
     if (!st) st = opf_ck_collect(&src, &L->items);
-    if (!st && !(L->src = calloc((size_t)(L->items.n ? L->items.n : 1), sizeof *L->src)))
+    if (!st && !(L->src = opf_ctx_calloc(L->ctx, (size_t)L->items.n, sizeof *L->src)))
         st = opf_error(L->ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", L->who);
     for (int k = 0; !st && k < L->items.n; k++) st = match_item(L, k);
     if (!st) st = check_unknown(L);
@@ -222,9 +222,9 @@ opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, c
     if (seq->pending)
         return opf_error(ctx, OPF_ERR_STATE, "%s: a backward is pending; load between steps", fn);
     loader L = {.ctx = ctx, .seq = seq, .opt = opt, .who = name ? name : "<memory>"};
-    size_t np = (size_t)(seq->n ? seq->n : 1) * OPF_OP_MAX_PARAMS;
-    L.staged = calloc(np, sizeof *L.staged);
-    L.qv = calloc(np, sizeof *L.qv);
+    size_t np = (size_t)seq->n * OPF_OP_MAX_PARAMS;
+    L.staged = opf_ctx_calloc(ctx, np, sizeof *L.staged);
+    L.qv = opf_ctx_calloc(ctx, np, sizeof *L.qv);
     opf_status st = L.staged && L.qv ? OPF_OK
                   : opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
     for (int k = 0; !st && opt && k < opf_optim_num_slots(opt); k++) {
@@ -239,7 +239,9 @@ opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, c
     if (!st) st = check_all(&L);
     if (!st) apply(&L);
     for (size_t i = 0; L.staged && i < np; i++) opf_tensor_release(&L.staged[i]);
-    free(L.staged), free(L.qv), free(L.src);
+    opf_ctx_free(ctx, L.staged, np * sizeof *L.staged);
+    opf_ctx_free(ctx, L.qv, np * sizeof *L.qv);
+    opf_ctx_free(ctx, L.src, (size_t)L.items.n * sizeof *L.src);
     opf_ck_list_free(&L.items);
     opf_st_free(&L.f);
     return st;
@@ -258,7 +260,7 @@ static opf_status read_file(opf_ctx *ctx, const char *path, unsigned char **out,
         st = opf_error(ctx, OPF_ERR_IO, "%s: cannot stat \"%s\": %s", fn, path, strerror(errno));
     else if (!S_ISREG(sb.st_mode))
         st = opf_error(ctx, OPF_ERR_IO, "%s: \"%s\" is not a regular file", fn, path);
-    else if (!(buf = malloc(sb.st_size ? (size_t)sb.st_size : 1)))
+    else if (!(buf = opf_ctx_alloc(ctx, (size_t)sb.st_size)))
         st = opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: \"%s\": no memory for its %lld bytes", fn,
                        path, (long long)sb.st_size);
     else if (fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
@@ -266,7 +268,7 @@ static opf_status read_file(opf_ctx *ctx, const char *path, unsigned char **out,
                        ferror(f) ? strerror(errno) : "the file shrank while being read");
     fclose(f);
     if (st) {
-        free(buf);
+        opf_ctx_free(ctx, buf, buf ? (size_t)sb.st_size : 0);
         return st;
     }
     *out = buf;
@@ -287,6 +289,6 @@ opf_status opf_checkpoint_load(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const
     opf_status st = read_file(ctx, path, &data, &size);
     if (st) return st;
     st = opf_checkpoint_load_mem(ctx, seq, opt, data, size, path);
-    free(data);
+    opf_ctx_free(ctx, data, size);
     return st;
 }

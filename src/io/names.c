@@ -19,7 +19,7 @@ _Static_assert(sizeof comp_names / sizeof comp_names[0] == OPF_COMP_COUNT,
 
 void opf_ck_list_free(opf_ck_list *l)
 {
-    free(l->v);
+    if (l->ctx) opf_ctx_free(l->ctx, l->v, sizeof *l->v * (size_t)l->cap);
     memset(l, 0, sizeof *l);
 }
 
@@ -28,8 +28,10 @@ static opf_status add(const opf_ck_src *s, opf_ck_list *l, const char *name, opf
 {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
-        opf_ck_item *v = realloc(l->v, sizeof *v * (size_t)cap);
+        opf_ck_item *v = opf_ctx_alloc(l->ctx, sizeof *v * (size_t)cap);
         if (!v) return opf_error(s->ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", s->who);
+        if (l->n) memcpy(v, l->v, sizeof *v * (size_t)l->n);
+        opf_ctx_free(l->ctx, l->v, sizeof *v * (size_t)l->cap);
         l->v = v, l->cap = cap;
     }
     opf_ck_item *it = &l->v[l->n++];
@@ -179,22 +181,23 @@ static int by_item_name(const void *a, const void *b)
 /* Op names are free text, so two tensors could end up with one name. */
 static opf_status check_unique(const opf_ck_src *s, const opf_ck_list *l)
 {
-    opf_ck_item *v = malloc(sizeof *v * (size_t)(l->n ? l->n : 1));
+    opf_ck_item *v = opf_ctx_calloc(s->ctx, (size_t)l->n, sizeof *v);
     if (!v) return opf_error(s->ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", s->who);
-    memcpy(v, l->v, sizeof *v * (size_t)l->n);
+    if (l->n) memcpy(v, l->v, sizeof *v * (size_t)l->n);
     qsort(v, (size_t)l->n, sizeof *v, by_item_name);
     opf_status st = OPF_OK;
     for (int i = 1; i < l->n && !st; i++)
         if (!strcmp(v[i].name, v[i - 1].name))
             st = opf_error(s->ctx, OPF_ERR_INVALID_ARG, "checkpoint \"%s\": two tensors would be "
                            "called \"%s\" (rename an op)", s->who, v[i].name);
-    free(v);
+    opf_ctx_free(s->ctx, v, sizeof *v * (size_t)l->n);
     return st;
 }
 
 opf_status opf_ck_collect(const opf_ck_src *s, opf_ck_list *out)
 {
     memset(out, 0, sizeof *out);
+    out->ctx = s->ctx;
     opf_status st = add_params(s, out);
     if (!st) st = add_recipe_state(s, out);
     if (!st && s->opt) st = add_optim(s, out);

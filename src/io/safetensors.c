@@ -177,7 +177,8 @@ static opf_status parse_meta(opf_ctx *ctx, opf_st_file *f, const cJSON *j)
     if (f->m) return BAD("checkpoint \"%s\": \"__metadata__\" appears twice", who);
     if (!cJSON_IsObject(j)) return BAD("checkpoint \"%s\": \"__metadata__\" is not an object", who);
     int n = cJSON_GetArraySize(j);
-    f->m = calloc((size_t)(n ? n : 1), sizeof *f->m);
+    f->m = opf_ctx_calloc(ctx, (size_t)n, sizeof *f->m);
+    f->cap_meta = n;
     if (!f->m) return opf_error(ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", who);
     for (const cJSON *c = j->child; c; c = c->next) {
         if (!cJSON_IsString(c))
@@ -207,7 +208,7 @@ static int by_offset(const void *a, const void *b)
  * previous ended, the first at 0, the last at the buffer's end. */
 static opf_status check_tiling(opf_ctx *ctx, const opf_st_file *f)
 {
-    const opf_st_entry **s = malloc(sizeof *s * (size_t)(f->n ? f->n : 1));
+    const opf_st_entry **s = opf_ctx_calloc(ctx, (size_t)f->n, sizeof *s);
     if (!s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", f->who);
     for (int i = 0; i < f->n; i++) s[i] = &f->e[i];
     qsort(s, (size_t)f->n, sizeof *s, by_offset);
@@ -229,7 +230,7 @@ static opf_status check_tiling(opf_ctx *ctx, const opf_st_file *f)
         st = BAD("checkpoint \"%s\": the tensors end at byte %llu of the %llu-byte buffer (%llu "
                  "bytes belong to no tensor)", f->who, (unsigned long long)pos,
                  (unsigned long long)f->buf_size, (unsigned long long)(f->buf_size - pos));
-    free(s);
+    opf_ctx_free(ctx, s, sizeof *s * (size_t)f->n);
     return st;
 }
 
@@ -282,11 +283,13 @@ opf_status opf_st_parse(opf_ctx *ctx, const char *who, const uint8_t *data, size
                         opf_st_file *out)
 {
     memset(out, 0, sizeof *out);
+    out->ctx = ctx;
     out->who = who;
     opf_status st = parse_json(ctx, out, data, size);
     if (st) return st;
     int n = cJSON_GetArraySize(out->root);
-    out->e = calloc((size_t)(n ? n : 1), sizeof *out->e);
+    out->e = opf_ctx_calloc(ctx, (size_t)n, sizeof *out->e);
+    out->cap = n;
     if (!out->e) return opf_error(ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", who);
     for (const cJSON *c = out->root->child; c && !st; c = c->next) {
         if (!strcmp(c->string, "__metadata__")) st = parse_meta(ctx, out, c);
@@ -300,8 +303,10 @@ opf_status opf_st_parse(opf_ctx *ctx, const char *who, const uint8_t *data, size
 void opf_st_free(opf_st_file *f)
 {
     cJSON_Delete(f->root);
-    free(f->e);
-    free(f->m);
+    if (f->ctx) {
+        opf_ctx_free(f->ctx, f->e, sizeof *f->e * (size_t)f->cap);
+        opf_ctx_free(f->ctx, f->m, sizeof *f->m * (size_t)f->cap_meta);
+    }
     memset(f, 0, sizeof *f);
 }
 
@@ -357,11 +362,10 @@ opf_status opf_st_header(opf_ctx *ctx, const opf_ck_list *items, cJSON *meta, ch
     cJSON_Delete(root);
     if (!text) return opf_error(ctx, OPF_ERR_NO_MEMORY, "checkpoint: out of memory for the header");
     size_t n = strlen(text), padded = (n + 7) / 8 * 8;
-    char *h = realloc(text, padded + 1);
-    if (!h) {
-        free(text);
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "checkpoint: out of memory for the header");
-    }
+    char *h = opf_ctx_alloc(ctx, padded + 1);
+    if (h) memcpy(h, text, n);
+    cJSON_free(text);
+    if (!h) return opf_error(ctx, OPF_ERR_NO_MEMORY, "checkpoint: out of memory for the header");
     memset(h + n, ' ', padded - n);  /* so the buffer starts 8-byte aligned */
     h[padded] = '\0';
     *out = h;

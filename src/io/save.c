@@ -58,14 +58,14 @@ static cJSON *metadata(const opf_seq *seq, opf_optim *opt, opf_tensor **qv)
  * readers may use the data in place. */
 static opf_status align_order(opf_ctx *ctx, opf_ck_list *l)
 {
-    opf_ck_item *v = malloc(sizeof *v * (size_t)(l->n ? l->n : 1));
+    opf_ck_item *v = opf_ctx_calloc(ctx, (size_t)l->n, sizeof *v);
     if (!v) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_checkpoint_save: out of memory");
     int n = 0;
     for (size_t size = 8; size >= 1; size /= 2)
         for (int i = 0; i < l->n; i++)
             if (opf_st_dtype_size(l->v[i].dtype) == size) v[n++] = l->v[i];
     OPF_ASSERT(n == l->n);
-    free(l->v);
+    opf_ctx_free(ctx, l->v, sizeof *v * (size_t)l->cap);
     l->v = v;
     l->cap = l->n;
     return OPF_OK;
@@ -97,16 +97,18 @@ static mode_t target_mode(const char *path)
     return stat(path, &sb) == 0 ? (sb.st_mode & 07777) : 0644;
 }
 
-static int sync_dir(const char *path)
+static int sync_dir(opf_ctx *ctx, const char *path)
 {
-    char *dir = strdup(path);
+    size_t bytes = strlen(path) + 1;
+    char *dir = opf_ctx_alloc(ctx, bytes);
     if (!dir) return ENOMEM;
+    memcpy(dir, path, bytes);
     char *slash = strrchr(dir, '/');
     const char *d = !slash ? "." : slash == dir ? "/" : (*slash = '\0', dir);
     int fd = open(d, O_RDONLY | O_DIRECTORY), err = 0;
     if (fd < 0 || fsync(fd)) err = errno;
     if (fd >= 0) close(fd);
-    free(dir);
+    opf_ctx_free(ctx, dir, bytes);
     return err;
 }
 
@@ -114,14 +116,14 @@ static opf_status write_atomic(opf_ctx *ctx, const char *path, const char *hdr, 
                                const opf_ck_list *items)
 {
     size_t n = strlen(path);
-    char *tmp = malloc(n + 12);
+    char *tmp = opf_ctx_alloc(ctx, n + 12);
     if (!tmp) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_checkpoint_save: out of memory");
     memcpy(tmp, path, n);
     memcpy(tmp + n, ".tmp.XXXXXX", 12);
     int fd = mkstemp(tmp);
     if (fd < 0) {
         opf_status st = io_error(ctx, "cannot create a temporary file beside", path, errno);
-        free(tmp);
+        opf_ctx_free(ctx, tmp, n + 12);
         return st;
     }
     FILE *f = fdopen(fd, "wb");
@@ -135,11 +137,11 @@ static opf_status write_atomic(opf_ctx *ctx, const char *path, const char *hdr, 
     if (!err && rename(tmp, path)) err = errno, what = "cannot rename the temporary file over";
     if (err) {
         unlink(tmp);
-        free(tmp);
+        opf_ctx_free(ctx, tmp, n + 12);
         return io_error(ctx, what, path, err);
     }
-    free(tmp);
-    if ((err = sync_dir(path))) return io_error(ctx, "cannot sync the directory of", path, err);
+    opf_ctx_free(ctx, tmp, n + 12);
+    if ((err = sync_dir(ctx, path))) return io_error(ctx, "cannot sync the directory of", path, err);
     return OPF_OK;
 }
 
@@ -151,7 +153,8 @@ opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const
     OPF_CHECK_NULL(ctx, fn, path);
     if (seq->pending)
         return opf_error(ctx, OPF_ERR_STATE, "%s: a backward is pending; save between steps", fn);
-    opf_tensor **qv = calloc((size_t)(seq->n ? seq->n : 1) * OPF_OP_MAX_PARAMS, sizeof *qv);
+    size_t nq = (size_t)seq->n * OPF_OP_MAX_PARAMS;
+    opf_tensor **qv = opf_ctx_calloc(ctx, nq, sizeof *qv);
     if (!qv) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
     for (int i = 0; i < seq->n; i++)
         for (int j = 0; j < seq->ops[i]->n_params; j++) {
@@ -172,8 +175,8 @@ opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const
         st = opf_st_header(ctx, &items, meta, &hdr, &hlen);
     }
     if (!st) st = write_atomic(ctx, path, hdr, hlen, &items);
-    free(hdr);
+    opf_ctx_free(ctx, hdr, hlen + 1);
     opf_ck_list_free(&items);
-    free(qv);
+    opf_ctx_free(ctx, qv, nq * sizeof *qv);
     return st;
 }

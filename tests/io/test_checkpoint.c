@@ -205,7 +205,13 @@ static void test_resume(const config *c, bool by_forward)
     for (int s = 0; s < 4; s++) train_step(&A, NULL, true, s < 2 ? &skip : &outA);
     open_run(&B, c, 42);
     for (int s = 0; s < 2; s++) train_step(&B, NULL, true, &skip);
+    opf_alloc_stats a0, a1;
+    opf_ctx_alloc_stats(B.ctx, &a0);
     CHECK_OK(B.ctx, opf_checkpoint_save(B.ctx, B.seq, B.opt, path));
+    opf_ctx_alloc_stats(B.ctx, &a1);
+    CHECK(a1.n_alloc > a0.n_alloc && a1.bytes_live == a0.bytes_live,
+          "%s: the save's scratch comes from the context and goes back (%zu -> %zu bytes live)",
+          rn, a0.bytes_live, a1.bytes_live);
     blob sb = snapshot(&B, false);
     fresh_and_load(&C, c, path, by_forward);
     blob sc = snapshot(&C, false);

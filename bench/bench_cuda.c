@@ -1,0 +1,222 @@
+/* bench_cuda.c: `opfuse bench cuda`: the GPU kernels timed with CUDA events
+ * (median of REPS after WARMUP), random data:
+ *   - a device-to-device copy of the quantizer's input bytes (the ceiling);
+ *   - per-tensor FP8 quantize of a bf16 [M, K] tensor, in bytes read +
+ *     written per second and as a fraction of the copy's rate;
+ *   - cuBLASLt GEMMs at S^3: bf16, FP8 per-tensor (fast and split
+ *     accumulation), in TFLOP/s.
+ * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
+ * them and prints the comparison table).
+ *
+ *     opfuse bench cuda [--out FILE] [M K [S]]   default 8192 8192 8192 */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "opfuse.h"
+
+#ifndef OPF_HAVE_CUDA
+int opf_bench_cuda(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    printf("bench cuda: skipped, built without CUDA\n");
+    return 0;
+}
+#else
+#include "backend/backend-impl.h"
+#include "backend/cuda/cuda.h"
+
+enum { WARMUP = 3, REPS = 15 };
+
+typedef opf_status (*bench_fn)(opf_ctx *ctx, void *arg);
+
+/* Median milliseconds of fn over REPS runs, each between two events. */
+static int time_ms(opf_ctx *ctx, bench_fn fn, void *arg, double *ms)
+{
+    opf_cuda_timer *t = NULL;
+    if (opf_cuda_timer_create(ctx, 2 * REPS, &t)) return 1;
+    int rc = 0;
+    for (int i = 0; i < WARMUP && !rc; i++) rc = fn(ctx, arg) != OPF_OK;
+    for (int i = 0; i < REPS && !rc; i++)
+        rc = opf_cuda_timer_mark(ctx, t, 2 * i) || fn(ctx, arg) || opf_cuda_timer_mark(ctx, t, 2 * i + 1);
+    double v[REPS];
+    for (int i = 0; i < REPS && !rc; i++) {
+        float f = 0;
+        rc = opf_cuda_timer_ms(t, 2 * i, 2 * i + 1, &f) != OPF_OK;
+        v[i] = f;
+    }
+    opf_cuda_timer_destroy(t);
+    if (rc) {
+        fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
+        return 1;
+    }
+    *ms = opf_bench_median(v, REPS);
+    return 0;
+}
+
+/* Random bf16-exact values on the device: [rows, cols] of dtype dt. */
+static int random_tensor(opf_ctx *ctx, int64_t rows, int64_t cols, opf_dtype dt, opf_tensor *out)
+{
+    opf_spec s = opf_spec_make(2, (int64_t[]){rows, cols}, dt);
+    opf_tensor h;
+    if (opf_tensor_alloc(ctx, &s, &h)) return 1;
+    int64_t n = rows * cols;
+    float *x = malloc((size_t)n * sizeof *x);
+    uint64_t r = 0x2545F4914F6CDD1Dull;
+    for (int64_t i = 0; i < n; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        x[i] = (float)(int32_t)(r >> 32) * 0x1p-31f;
+    }
+    int rc = opf_convert(x, OPF_F32, h.data[OPF_COMP_DATA], dt, (size_t)n) ||
+             opf_cuda_tensor_alloc(ctx, &s, out) || opf_cuda_tensor_upload(ctx, &h, out);
+    free(x);
+    opf_tensor_release(&h);
+    return rc;
+}
+
+typedef struct copy_arg { void *dst; const void *src; size_t bytes; } copy_arg;
+static opf_status run_copy(opf_ctx *ctx, void *p)
+{
+    copy_arg *a = p;
+    return opf_cuda_copy(ctx, a->dst, a->src, a->bytes, OPF_CUDA_D2D);
+}
+
+typedef struct quant_arg { const opf_quantizer *q; const opf_tensor *in; opf_tensor *out; } quant_arg;
+static opf_status run_quant(opf_ctx *ctx, void *p)
+{
+    quant_arg *a = p;
+    return opf_cuda_quantize_tensor_fp8(ctx, a->q, a->in, a->out, 0, 0);
+}
+
+typedef struct gemm_arg { opf_gemm_args g; } gemm_arg;
+static opf_status run_gemm(opf_ctx *ctx, void *p) { return opf_cuda_gemm(ctx, &((gemm_arg *)p)->g); }
+
+static FILE *results;
+
+static void record(const char *name, const char *unit, double v, const char *note)
+{
+    printf("  %-32s %10.1f %-7s %s\n", name, v, unit, note ? note : "");
+    if (results) fprintf(results, "%s %.6g\n", name, v);
+}
+
+typedef struct qbench { const char *name; unsigned usage; bool delayed; } qbench;
+
+static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
+{
+    opf_tensor x;
+    if (random_tensor(ctx, M, K, OPF_BF16, &x)) return 1;
+    size_t in_bytes = (size_t)(M * K) * 2;
+    void *dst = NULL;
+    if (opf_cuda_alloc(ctx, in_bytes, &dst)) return 1;
+    copy_arg ca = {dst, x.data[OPF_COMP_DATA], in_bytes};
+    double copy_ms;
+    if (time_ms(ctx, run_copy, &ca, &copy_ms)) return 1;
+    double copy_gbs = 2.0 * (double)in_bytes / copy_ms * 1e-6;
+    printf("bf16 [%lld, %lld] -> FP8 per-tensor (GB/s = bytes read + written per s)\n",
+           (long long)M, (long long)K);
+    record("copy_gbs", "GB/s", copy_gbs, "device copy of the input bytes");
+    opf_delayed_state *ds = NULL;
+    if (opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, 0, 16, OPF_AMAX_MAX, false, 1, &ds)) return 1;
+    static const qbench cases[] = {
+        {"fp8_current_row", OPF_USAGE_ROWWISE, false},
+        {"fp8_current_rowcol", OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE, false},
+        {"fp8_delayed_row", OPF_USAGE_ROWWISE, true},
+        {"fp8_delayed_rowcol", OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE, true},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
+        opf_quantizer q = opf_quantizer_default();
+        q.scaling = OPF_SCALING_TENSOR, q.qdtype = OPF_E4M3, q.usage = cases[i].usage;
+        q.delayed = cases[i].delayed ? ds : NULL;
+        opf_spec qs;
+        opf_tensor out;
+        if (opf_quantizer_spec(&q, &x.spec, &qs) || opf_cuda_tensor_alloc(ctx, &qs, &out)) return 1;
+        quant_arg qa = {&q, &x, &out};
+        double ms;
+        rc = time_ms(ctx, run_quant, &qa, &ms);
+        int copies = q.usage == OPF_USAGE_ROWWISE ? 1 : 2;
+        double gbs = (double)in_bytes * (1.0 + copies / 2.0) / ms * 1e-6;
+        char note[64];
+        snprintf(note, sizeof note, "%.3f ms, %.0f%% of copy", ms, 100.0 * gbs / copy_gbs);
+        char name[64];
+        snprintf(name, sizeof name, "%s_gbs", cases[i].name);
+        if (!rc) record(name, "GB/s", gbs, note);
+        opf_cuda_tensor_free(ctx, &out);
+    }
+    opf_cuda_sync(ctx);
+    opf_delayed_state_destroy(ds);
+    opf_cuda_free(ctx, dst);
+    opf_cuda_tensor_free(ctx, &x);
+    return rc;
+}
+
+typedef struct gbench { const char *name; bool fp8, split; } gbench;
+
+static int bench_gemm(opf_ctx *ctx, int64_t S)
+{
+    opf_tensor a, b, d;
+    if (random_tensor(ctx, S, S, OPF_BF16, &a) || random_tensor(ctx, S, S, OPF_BF16, &b)) return 1;
+    opf_spec ds = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
+    if (opf_cuda_tensor_alloc(ctx, &ds, &d)) return 1;
+    opf_quantizer q = opf_quantizer_default();
+    q.scaling = OPF_SCALING_TENSOR, q.qdtype = OPF_E4M3, q.usage = OPF_USAGE_ROWWISE;
+    opf_spec qs;
+    opf_tensor qa, qb;
+    if (opf_quantizer_spec(&q, &a.spec, &qs) || opf_cuda_tensor_alloc(ctx, &qs, &qa) ||
+        opf_cuda_tensor_alloc(ctx, &qs, &qb) ||
+        opf_cuda_quantize_tensor_fp8(ctx, &q, &a, &qa, 0, 0) ||
+        opf_cuda_quantize_tensor_fp8(ctx, &q, &b, &qb, 0, 0))
+        return 1;
+    printf("GEMM TN %lld^3, bf16 output (TFLOP/s)\n", (long long)S);
+    static const gbench cases[] = {
+        {"gemm_bf16_tflops", false, false},
+        {"gemm_fp8_fast_tflops", true, false},
+        {"gemm_fp8_split_tflops", true, true},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
+        opf_gemm_options o = opf_gemm_options_default();
+        o.split_accumulator = cases[i].split;
+        gemm_arg ga = {{cases[i].fp8 ? &qa : &a, cases[i].fp8 ? &qb : &b, OPF_GEMM_TN, &o, &d, S, S, S}};
+        double ms;
+        rc = time_ms(ctx, run_gemm, &ga, &ms);
+        char note[32];
+        snprintf(note, sizeof note, "%.3f ms", ms);
+        if (!rc) record(cases[i].name, "TFLOP/s", 2.0 * (double)S * S * S / ms * 1e-9, note);
+    }
+    opf_tensor *all[] = {&a, &b, &d, &qa, &qb};
+    for (int i = 0; i < 5; i++) opf_cuda_tensor_free(ctx, all[i]);
+    return rc;
+}
+
+int opf_bench_cuda(int argc, char **argv)
+{
+    const char *out_path = NULL;
+    if (argc >= 2 && !strcmp(argv[0], "--out")) {
+        out_path = argv[1];
+        argc -= 2, argv += 2;
+    }
+    int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
+    int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
+    opf_ctx *ctx = NULL;
+    if (opf_ctx_create(NULL, &ctx)) return 1;
+    opf_status st = opf_cuda_ctx_init(ctx, 0);
+    if (st) {
+        printf("bench cuda: skipped: %s\n", opf_last_error(ctx));
+        opf_ctx_destroy(ctx);
+        return st == OPF_ERR_UNSUPPORTED ? 0 : 1;
+    }
+    char name[128] = "";
+    opf_cuda_device_name(ctx, name, sizeof name);
+    printf("bench cuda on %s\n", name);
+    results = out_path ? fopen(out_path, "w") : NULL;
+    int rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S);
+    if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
+    if (results) fclose(results);
+    results = NULL;
+    opf_cuda_ctx_free(ctx);
+    opf_ctx_destroy(ctx);
+    return rc;
+}
+#endif

@@ -1,0 +1,200 @@
+"""opfuse.torch: opfuse ops as PyTorch modules.
+
+The eager path runs a whole opfuse.torch.Sequential as one call into C per
+forward and per backward (one torch.autograd.Function), so the fuser picks
+its forward and backward fusions independently, and the module's parameters
+are torch Parameters sharing memory with the C parameters.
+
+    model = opfuse.torch.Sequential(
+        opfuse.torch.LayerNorm(1024), opfuse.torch.Linear(1024, 4096),
+        opfuse.torch.GELU(), opfuse.torch.Linear(4096, 1024))
+    with opfuse.torch.autocast(recipe=opfuse.Recipe.mxfp8()):
+        loss = model(x).square().sum()
+    loss.backward()
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Optional
+
+import torch
+
+from .. import DType, Recipe, Seq, _C, default_context
+from . import _tensor
+from ._tensor import component, to_opf, to_torch
+
+__all__ = ["Sequential", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SwiGLU",
+           "Bias", "BasicLinear", "autocast", "to_opf", "to_torch", "component"]
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def autocast(recipe: Optional[Recipe] = None, enabled: bool = True):
+    """Quantize every opfuse module called inside with recipe."""
+    prev = getattr(_state, "recipe", None)
+    _state.recipe = recipe if enabled else None
+    try:
+        yield
+    finally:
+        _state.recipe = prev
+
+
+def current_recipe() -> Optional[Recipe]:
+    return getattr(_state, "recipe", None)
+
+
+_DTYPES = {torch.float32: DType.F32, torch.bfloat16: DType.BF16, torch.float16: DType.F16}
+
+
+class OpSpec:
+    """One basic op of a Sequential: class name, config, name."""
+
+    def __init__(self, class_name: str, config=None, name=None):
+        self.class_name, self.config, self.name = class_name, config, name
+
+
+class _Module(torch.nn.Module):
+    """A layer that contributes basic ops to a Sequential. Alone, it runs as
+    a Sequential of itself."""
+
+    def op_specs(self) -> list:
+        raise NotImplementedError
+
+    def forward(self, x):
+        if not hasattr(self, "_alone"):
+            object.__setattr__(self, "_alone", Sequential(self))
+        return self._alone(x)
+
+
+def _dt(dtype) -> int:
+    return int(_DTYPES[dtype if dtype is not None else torch.float32])
+
+
+class BasicLinear(_Module):
+    def __init__(self, in_features, out_features, dtype=None, name=None):
+        super().__init__()
+        self.cfg = {"in_features": in_features, "out_features": out_features, "dtype": _dt(dtype)}
+        self.name = name
+
+    def op_specs(self):
+        return [OpSpec("basic_linear", self.cfg, self.name)]
+
+
+class Bias(_Module):
+    def __init__(self, size, dtype=None, name=None):
+        super().__init__()
+        self.cfg, self.name = {"size": size, "dtype": _dt(dtype)}, name
+
+    def op_specs(self):
+        return [OpSpec("bias", self.cfg, self.name)]
+
+
+class Linear(_Module):
+    """y = x W^T + b as basic_linear (+ bias)."""
+
+    def __init__(self, in_features, out_features, bias=True, dtype=None, name=None):
+        super().__init__()
+        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+        self.dt, self.name = _dt(dtype), name
+
+    def op_specs(self):
+        specs = [OpSpec("basic_linear", {"in_features": self.in_features,
+                                         "out_features": self.out_features, "dtype": self.dt},
+                        self.name)]
+        if self.has_bias:
+            specs.append(OpSpec("bias", {"size": self.out_features, "dtype": self.dt},
+                                None if self.name is None else self.name + "_bias"))
+        return specs
+
+
+class _Norm(_Module):
+    kind = ""
+
+    def __init__(self, hidden, eps=1e-5, zero_centered_gamma=False, dtype=None, name=None):
+        super().__init__()
+        self.cfg = {"hidden": hidden, "eps": eps, "zero_centered_gamma": zero_centered_gamma,
+                    "dtype": _dt(dtype)}
+        self.name = name
+
+    def op_specs(self):
+        return [OpSpec(self.kind, self.cfg, self.name)]
+
+
+class LayerNorm(_Norm):
+    kind = "layernorm"
+
+
+class RMSNorm(_Norm):
+    kind = "rmsnorm"
+
+
+def _activation(kind):
+    class Act(_Module):
+        def __init__(self, name=None):
+            super().__init__()
+            self.name = name
+
+        def op_specs(self):
+            return [OpSpec(kind, None, self.name)]
+    Act.__name__ = Act.__qualname__ = kind.upper() if len(kind) <= 4 else kind.capitalize()
+    return Act
+
+
+GELU, ReLU, SiLU, SwiGLU = (_activation(k) for k in ("gelu", "relu", "silu", "swiglu"))
+
+
+class _SeqFunction(torch.autograd.Function):
+    """One C forward and one C backward for a whole Sequential."""
+
+    @staticmethod
+    def forward(ctx, seq_module, needs_grad, x, *params):
+        seq = seq_module._seq
+        recipe = current_recipe()
+        ctx.seq_module = seq_module
+        ctx.x_requires_grad = x.requires_grad
+        y, _ = seq._s.forward(to_opf(x.contiguous()), recipe, needs_grad, x.requires_grad)
+        return to_torch(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        m = ctx.seq_module
+        m._seq.zero_grad()
+        dx, _ = m._seq._s.backward(to_opf(dy.contiguous()))
+        grads = [g.clone() for g in m._c_grads]
+        return (None, None, None if dx is None or not ctx.x_requires_grad else to_torch(dx), *grads)
+
+
+class Sequential(torch.nn.Module):
+    """opfuse modules run by the C fuser: one call into C per forward and
+    per backward; parameters share memory with the C side."""
+
+    def __init__(self, *modules, ctx=None):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(modules)
+        self._seq = Seq(ctx=ctx if ctx is not None else default_context())
+        for m in modules:
+            for spec in m.op_specs():
+                from .. import Op
+                self._seq.append(Op(spec.class_name, spec.config, spec.name, ctx=self._seq.ctx))
+        self._c_grads = []
+        plist = []
+        for i in range(len(self._seq)):
+            h = self._seq[i]._h
+            for j in range(h.info()["num_params"]):
+                p = h.param(j)
+                param = torch.nn.Parameter(to_torch(p["value"]))
+                self.register_parameter(f"op{i}_{p['name']}", param)
+                plist.append(param)
+                self._c_grads.append(to_torch(p["grad"]))
+        self._plist = plist
+
+    def forward(self, x):
+        # Grad mode is off inside Function.forward: decide here.
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or
+                                                  any(p.requires_grad for p in self._plist))
+        return _SeqFunction.apply(self, needs_grad, x, *self._plist)
+
+    def plans(self):
+        return self._seq.plans()

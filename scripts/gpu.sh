@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# gpu.sh: on a machine with an NVIDIA GPU, build opfuse with CUDA, run the
+# GPU tests (ctest -L cuda) and the GPU benchmarks with the PyTorch peer in
+# the same run, and print one table last. Logs go to LOGDIR.
+#
+#     scripts/gpu.sh [LOGDIR]      default: $OUT, else build-gpu/logs
+#
+# Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
+# from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
+#     mkdir -p .deps && (cd .deps && apt-get download libcjson1 libcjson-dev \
+#         libopenblas0-pthread libopenblas-pthread-dev libgfortran5)
+set -u -o pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$root/build-gpu
+logs=${1:-${OUT:-$build/logs}}
+mkdir -p "$logs"
+cd "$root"
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || exit 1
+nvcc --version | tail -1
+
+# Packages: unpacked, never installed; the build finds them through the
+# search paths below and links them by full path (rpath in the build tree).
+prefix=$root/.deps/root
+lib=$prefix/usr/lib/x86_64-linux-gnu
+if compgen -G ".deps/*.deb" >/dev/null; then
+  for f in .deps/*.deb; do dpkg -x "$f" "$prefix"; done
+fi
+need_cjson=1; [ -f /usr/include/cjson/cJSON.h ] && need_cjson=0
+if [ $need_cjson = 1 ] && [ ! -f "$prefix/usr/include/cjson/cJSON.h" ]; then
+  echo "gpu.sh: no cJSON headers here and none in .deps/ (see the header of this script)"; exit 1
+fi
+export CFLAGS="-I$prefix/usr/include -I$prefix/usr/include/x86_64-linux-gnu/openblas-pthread"
+export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread:${LD_LIBRARY_PATH:-}"
+
+step "build (cmake + ninja)"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPF_CUDA=ON \
+      -DCMAKE_LIBRARY_PATH="$lib;$lib/openblas-pthread" >"$logs/cmake.log" 2>&1 \
+  || { tail -30 "$logs/cmake.log"; exit 1; }
+ninja -C "$build" -j16 >"$logs/build.log" 2>&1 || { grep -E "error|Error" -A5 "$logs/build.log" | head -60; exit 1; }
+grep -E "warning" "$logs/build.log" | head -20
+
+step "ctest -L cuda"
+(cd "$build" && ctest -L cuda -V -j1) >"$logs/ctest.log" 2>&1
+ctest_rc=$?
+grep -E "failed|FAIL|SKIP|tests passed|Passed|rel err" "$logs/ctest.log" | grep -v ", 0 failed" | tail -40
+
+step "bench cuda"
+"$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_opfuse.log"
+step "PyTorch peer and the table"
+PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_peer.log"
+exit "$ctest_rc"

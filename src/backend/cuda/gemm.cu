@@ -1,0 +1,347 @@
+/* gemm.cu: opf_gemm on the GPU through cuBLASLt (docs/numerics.md 5).
+ *
+ * opfuse's operands are row-major; cuBLASLt's are column-major. D [M, N]
+ * row-major is D^T [N, M] column-major, so cuBLASLt computes
+ *   D^T (N x M) = op(A) (N x K) * op(B) (K x M)
+ * with A in the first slot. An operand stored [idx, K] (K contiguous: every
+ * quantized copy the layout picks, and plain operands whose K is their last
+ * dim) is a K x idx column-major matrix: A takes it transposed, B as is.
+ * FP8 per-tensor operands are therefore always "TN" for cuBLASLt, the only
+ * FP8 layout Hopper runs.
+ *
+ *   plain f32          fp32 compute (no TF32)
+ *   plain bf16 / f16   fp32 compute
+ *   FP8 per-tensor     A_SCALE / B_SCALE_POINTER = the copies' scale_inv,
+ *                      FAST_ACCUM unless opts->split_accumulator
+ * Epilogue: D = alpha * acc + beta * D_old (accumulate), plus bias[n] (the
+ * BIAS epilogue, in D's dtype). Pairs cuBLASLt cannot write (plain f32 into
+ * bf16/f16, bf16 into f16...) go through an fp32 D in scratch and a
+ * conversion. An FP8 D is the per-tensor quantize kernel run on an fp32
+ * result, as on the CPU (cuBLASLt's own FP8 output with D_SCALE/AMAX_D
+ * would save that pass: not done yet). Block scaling, MXFP8 and NVFP4 are
+ * not here yet: OPF_ERR_UNSUPPORTED.
+ *
+ * The algorithm for a shape comes from cublasLtMatmulAlgoGetHeuristic once
+ * and is cached in the context's CUDA state. */
+#include <string.h>
+
+#include "backend/cuda/cuda-impl.h"
+
+/* What decides the algorithm. Compared bytewise: built with memset first. */
+typedef struct algo_key {
+    int64_t          m, n, k, lda, ldb, ldd;
+    cudaDataType_t   ta, tb, td, tbias;
+    cublasOperation_t opa, opb;
+    cublasLtEpilogue_t epi;
+    int              fast_accum, beta_nonzero;
+} algo_key;
+
+struct opf_cuda_algo_entry {
+    algo_key                key;
+    cublasLtMatmulAlgo_t    algo;
+};
+
+/* One operand in cuBLASLt terms. */
+typedef struct lt_operand {
+    const void       *p;
+    cudaDataType_t    type;
+    cublasOperation_t op;
+    uint64_t          rows, cols;  /* the stored column-major matrix */
+    int64_t           ld;
+    const float      *scale;       /* FP8: device scale_inv; else NULL */
+} lt_operand;
+
+static cudaDataType_t plain_type(opf_dtype dt)
+{
+    return dt == OPF_BF16 ? CUDA_R_16BF : dt == OPF_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* first: A's slot (needs op(X) = idx x K), else B's (op(X) = K x idx). */
+static void make_operand(const opf_tensor *t, bool rowwise, bool kmajor, int64_t idx, int64_t K,
+                         bool first, lt_operand *o)
+{
+    memset(o, 0, sizeof *o);
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        o->p = t->data[OPF_COMP_DATA];
+        o->type = plain_type(t->spec.dtype);
+    } else {  /* per-tensor FP8: both copies are stored [idx, K] */
+        o->p = t->data[rowwise ? OPF_COMP_DATA : OPF_COMP_COL_DATA];
+        o->type = t->spec.qdtype == OPF_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+        o->scale = (const float *)t->data[rowwise ? OPF_COMP_SCALE_INV : OPF_COMP_COL_SCALE_INV];
+        kmajor = true;
+    }
+    o->rows = (uint64_t)(kmajor ? K : idx);
+    o->cols = (uint64_t)(kmajor ? idx : K);
+    o->ld = kmajor ? K : idx;
+    o->op = kmajor == first ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+/* ---- bias in the epilogue's dtype ---------------------------------------- */
+
+template <typename S, typename D> __global__ void convert_kernel(const S *x, int64_t n, D *y)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = (D)opf_dev_widen<S>(x[i]);
+}
+
+template <typename S>
+static void launch_convert(cudaStream_t st, const void *x, int64_t n, opf_dtype to, void *y)
+{
+    unsigned grid = (unsigned)((n + 255) / 256);
+    if (to == OPF_BF16) convert_kernel<S, __nv_bfloat16><<<grid, 256, 0, st>>>((const S *)x, n, (__nv_bfloat16 *)y);
+    else if (to == OPF_F16) convert_kernel<S, __half><<<grid, 256, 0, st>>>((const S *)x, n, (__half *)y);
+    else convert_kernel<S, float><<<grid, 256, 0, st>>>((const S *)x, n, (float *)y);
+}
+
+static void launch_convert_any(cudaStream_t st, const void *x, opf_dtype from, int64_t n,
+                               opf_dtype to, void *y)
+{
+    if (from == OPF_BF16) launch_convert<__nv_bfloat16>(st, x, n, to, y);
+    else if (from == OPF_F16) launch_convert<__half>(st, x, n, to, y);
+    else launch_convert<float>(st, x, n, to, y);
+}
+
+/* The bias as dtype `to`; the caller's memory when it already is. */
+static opf_status bias_as(opf_ctx *ctx, opf_cuda_state *s, const opf_tensor *bias, int64_t n,
+                          opf_dtype to, void *scratch, const void **out)
+{
+    opf_dtype from = bias->spec.dtype;
+    if (from == to) {
+        *out = bias->data[OPF_COMP_DATA];
+        return OPF_OK;
+    }
+    launch_convert_any(s->stream, bias->data[OPF_COMP_DATA], from, n, to, scratch);
+    OPF_CUDA_LAUNCHED(ctx, "gemm (bias conversion)");
+    *out = scratch;
+    return OPF_OK;
+}
+
+/* ---- cuBLASLt ------------------------------------------------------------ */
+
+typedef struct lt_call {
+    lt_operand  a, b;
+    void       *d;
+    cudaDataType_t td;
+    int64_t     m, n, k;     /* cuBLASLt's: N, M, K of opfuse */
+    float       alpha, beta;
+    const void *bias;
+    cudaDataType_t tbias;
+    bool        fast_accum;
+} lt_call;
+
+static algo_key key_of(const lt_call *c, cublasLtEpilogue_t epi)
+{
+    algo_key k;
+    memset(&k, 0, sizeof k);
+    k.m = c->m, k.n = c->n, k.k = c->k;
+    k.lda = c->a.ld, k.ldb = c->b.ld, k.ldd = c->m;
+    k.ta = c->a.type, k.tb = c->b.type, k.td = c->td, k.tbias = c->tbias;
+    k.opa = c->a.op, k.opb = c->b.op, k.epi = epi;
+    k.fast_accum = c->fast_accum, k.beta_nonzero = c->beta != 0.0f;
+    return k;
+}
+
+static const cublasLtMatmulAlgo_t *cached_algo(const opf_cuda_state *s, const algo_key *k)
+{
+    for (int i = 0; i < s->n_algos; i++)
+        if (!memcmp(&s->algos[i].key, k, sizeof *k)) return &s->algos[i].algo;
+    return NULL;
+}
+
+static opf_status cache_algo(opf_ctx *ctx, opf_cuda_state *s, const algo_key *k,
+                             const cublasLtMatmulAlgo_t *algo)
+{
+    if (s->n_algos == s->cap_algos) {
+        int nc = s->cap_algos ? s->cap_algos * 2 : 32;
+        opf_cuda_algo_entry *p =
+            (opf_cuda_algo_entry *)realloc(s->algos, (size_t)nc * sizeof *p);
+        if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "gemm: out of host memory");
+        s->algos = p;
+        s->cap_algos = nc;
+    }
+    s->algos[s->n_algos].key = *k;
+    s->algos[s->n_algos++].algo = *algo;
+    return OPF_OK;
+}
+
+typedef struct lt_descs {
+    cublasLtMatmulDesc_t   op;
+    cublasLtMatrixLayout_t a, b, d;
+} lt_descs;
+
+static void descs_destroy(lt_descs *x)
+{
+    if (x->d) cublasLtMatrixLayoutDestroy(x->d);
+    if (x->b) cublasLtMatrixLayoutDestroy(x->b);
+    if (x->a) cublasLtMatrixLayoutDestroy(x->a);
+    if (x->op) cublasLtMatmulDescDestroy(x->op);
+}
+
+#define SET_ATTR(ctx, desc, attr, val) \
+    OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatmulDescSetAttribute(desc, attr, &(val), sizeof(val)))
+
+static opf_status descs_make(opf_ctx *ctx, const lt_call *c, cublasLtEpilogue_t epi, lt_descs *x)
+{
+    OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_TRANSA, c->a.op);
+    SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_TRANSB, c->b.op);
+    if (c->a.scale) {
+        int8_t fast = c->fast_accum ? 1 : 0;
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, c->a.scale);
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, c->b.scale);
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+    }
+    if (c->bias) {
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c->bias);
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, c->tbias);
+    }
+    OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutCreate(&x->a, c->a.type, c->a.rows, c->a.cols, c->a.ld));
+    OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutCreate(&x->b, c->b.type, c->b.rows, c->b.cols, c->b.ld));
+    OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutCreate(&x->d, c->td, (uint64_t)c->m, (uint64_t)c->n, c->m));
+    return OPF_OK;
+}
+
+static opf_status pick_algo(opf_ctx *ctx, opf_cuda_state *s, const lt_descs *x, const algo_key *k,
+                            const cublasLtMatmulAlgo_t **out)
+{
+    if ((*out = cached_algo(s, k))) return OPF_OK;
+    cublasLtMatmulPreference_t pref;
+    OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = s->lt_ws_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof ws);
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    cublasStatus_t e = cublasLtMatmulAlgoGetHeuristic(s->lt, x->op, x->a, x->b, x->d, x->d, pref,
+                                                      1, &r, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (e != CUBLAS_STATUS_SUCCESS || found == 0)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm: cuBLASLt has no algorithm for M=%lld "
+                         "N=%lld K=%lld with A type %d, B type %d, D type %d (%s)",
+                         (long long)k->n, (long long)k->m, (long long)k->k, (int)k->ta,
+                         (int)k->tb, (int)k->td,
+                         e != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(e) : "none found");
+    opf_status st = cache_algo(ctx, s, k, &r.algo);
+    if (st) return st;
+    *out = cached_algo(s, k);
+    return OPF_OK;
+}
+
+static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
+{
+    cublasLtEpilogue_t epi = c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    lt_descs x;
+    memset(&x, 0, sizeof x);
+    opf_status st = descs_make(ctx, c, epi, &x);
+    algo_key k = key_of(c, epi);
+    const cublasLtMatmulAlgo_t *algo = NULL;
+    if (st == OPF_OK) st = pick_algo(ctx, s, &x, &k, &algo);
+    if (st == OPF_OK) {
+        cublasStatus_t e = cublasLtMatmul(s->lt, x.op, &c->alpha, c->a.p, x.a, c->b.p, x.b,
+                                          &c->beta, c->d, x.d, c->d, x.d, algo, s->lt_ws,
+                                          s->lt_ws_bytes, s->stream);
+        if (e != CUBLAS_STATUS_SUCCESS) st = opf_cublas_fail(ctx, e, "gemm", "cublasLtMatmul");
+    }
+    descs_destroy(&x);
+    return st;
+}
+
+/* ---- the entry ----------------------------------------------------------- */
+
+static opf_status check_formats(opf_ctx *ctx, const opf_gemm_args *g)
+{
+    opf_scaling sc = g->a->spec.scaling;
+    if (sc != OPF_SCALING_NONE && sc != OPF_SCALING_TENSOR)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm (cuda): %s operands are not supported "
+                         "on the GPU yet", opf_scaling_name(sc));
+    if (sc == OPF_SCALING_NONE && g->a->spec.dtype != g->b->spec.dtype)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm (cuda): plain A is %s and B is %s; the "
+                         "GPU GEMM takes one dtype", opf_dtype_name(g->a->spec.dtype),
+                         opf_dtype_name(g->b->spec.dtype));
+    return OPF_OK;
+}
+
+static opf_status quantize_d(opf_ctx *ctx, const opf_gemm_args *g, float *y)
+{
+    opf_tensor in;
+    memset(&in, 0, sizeof in);
+    int64_t shape[2] = {g->m, g->n};
+    in.spec = opf_spec_make(2, shape, OPF_F32);
+    in.spec.device = OPF_DEVICE_CUDA;
+    in.data[OPF_COMP_DATA] = y;
+    opf_tensor out = *g->d;
+    out.spec.dtype = OPF_F32;
+    return opf_cuda_quantize_tensor_fp8(ctx, g->opts->out_quantizer, &in, &out, 0, 0);
+}
+
+/* Whether cuBLASLt writes D's dtype straight from these operands: plain
+ * operands only into their own dtype or fp32 (f32 into f32 only). */
+static bool direct_output(const opf_gemm_args *g)
+{
+    opf_dtype in = g->a->spec.dtype, out = g->d->spec.dtype;
+    if (g->opts->out_quantizer) return false;
+    if (g->a->spec.scaling != OPF_SCALING_NONE) return true;
+    return in == out || (out == OPF_F32 && in != OPF_F32);
+}
+
+/* Runs cuBLASLt into D, or into the fp32 y (then D_old goes in first and
+ * the result is converted back, or quantized for an FP8 D). */
+static opf_status gemm_into(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args *g, bool direct,
+                            float *y, void *bias_buf)
+{
+    const opf_gemm_options *o = g->opts;
+    opf_dtype dt = direct ? g->d->spec.dtype : OPF_F32;
+    lt_call c;
+    memset(&c, 0, sizeof c);
+    bool a_row = g->layout == OPF_GEMM_TN, b_row = g->layout != OPF_GEMM_NT;  /* 5.1 */
+    make_operand(g->a, a_row, a_row, g->n, g->k, true, &c.a);
+    make_operand(g->b, b_row, b_row, g->m, g->k, false, &c.b);
+    c.d = direct ? g->d->data[OPF_COMP_DATA] : (void *)y;
+    c.td = plain_type(dt);
+    c.m = g->n, c.n = g->m, c.k = g->k;
+    c.alpha = o->alpha;
+    c.beta = o->accumulate ? o->beta : 0.0f;
+    c.fast_accum = !o->split_accumulator;
+    opf_status st;
+    if (o->bias) {
+        c.tbias = c.td;
+        if ((st = bias_as(ctx, s, o->bias, g->n, dt, bias_buf, &c.bias))) return st;
+    }
+    int64_t mn = g->m * g->n;
+    if (!direct && o->accumulate) {
+        launch_convert_any(s->stream, g->d->data[OPF_COMP_DATA], g->d->spec.dtype, mn, OPF_F32, y);
+        OPF_CUDA_LAUNCHED(ctx, "gemm (D to fp32)");
+    }
+    if ((st = run_lt(ctx, s, &c))) return st;
+    if (direct || o->out_quantizer) return OPF_OK;
+    launch_convert_any(s->stream, y, OPF_F32, mn, g->d->spec.dtype, g->d->data[OPF_COMP_DATA]);
+    OPF_CUDA_LAUNCHED(ctx, "gemm (fp32 to D)");
+    return OPF_OK;
+}
+
+extern "C" opf_status opf_cuda_gemm(opf_ctx *ctx, const opf_gemm_args *g)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "gemm (cuda)");
+    if (!s) return OPF_ERR_STATE;
+    opf_status st = check_formats(ctx, g);
+    if (st) return st;
+    bool direct = direct_output(g), fp8_out = g->opts->out_quantizer != NULL;
+    /* scratch: an fp32 D when cuBLASLt cannot write D itself, then the bias */
+    size_t y_bytes = direct ? 0 : (size_t)(g->m * g->n) * sizeof(float);
+    size_t y_pad = (y_bytes + 255) / 256 * 256;
+    void *scratch = NULL;
+    if ((st = opf_cuda_scratch(ctx, s, y_pad + (size_t)g->n * sizeof(float) + 256, &scratch)))
+        return st;
+    float *y = (float *)scratch;
+    if (g->m != 0 && g->n != 0 &&
+        (st = gemm_into(ctx, s, g, direct, y, (char *)scratch + y_pad)))
+        return st;
+    return fp8_out ? quantize_d(ctx, g, y) : OPF_OK;
+}
+
+extern "C" void opf_cuda_gemm_clear_cache(opf_ctx *ctx)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "opf_cuda_gemm_clear_cache");
+    if (s) s->n_algos = 0;
+}

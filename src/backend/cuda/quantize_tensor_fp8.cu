@@ -1,0 +1,377 @@
+/* quantize_tensor_fp8.cu: per-tensor FP8 on the GPU, bit for bit with
+ * src/backend/cpu/quantize_tensor_fp8.c (docs/numerics.md 3.1, 3.2).
+ *
+ * Current scaling: one pass for the amax (an integer max of |x| bit
+ * patterns, NaN ignored), then one fused cast + transpose pass that derives
+ * the scale from that amax on every thread (no host round trip). Delayed
+ * scaling: the scale comes from the host state by value, and the cast pass
+ * computes the amax itself, into the tensor and into the slot's device amax
+ * that opf_cuda_delayed_flush brings to the history (runtime.cu).
+ *
+ * The cast + transpose pass reads each input tile once (16-byte loads),
+ * writes the rowwise bytes straight out and the columnwise bytes through a
+ * shared-memory tile, 16 bytes per store. Shapes whose rows or columns do
+ * not allow 16-byte accesses take the same kernel with element accesses. */
+#include <float.h>
+
+#include "backend/cuda/cuda-impl.h"
+
+enum {
+    TILE_M = 64,    /* rows of a cast + transpose tile */
+    TILE_K = 128,   /* columns: 16 threads of 8 elements per row */
+    THREADS = 256,
+    VEC = 8,        /* elements per thread access */
+    DQ_TILE = 32,   /* edge of the dequantizing transpose tile */
+};
+
+/* Where the scale comes from: the amax on the device (current scaling) or
+ * a value (delayed scaling). */
+typedef struct scale_src {
+    const unsigned *amax_bits;  /* current: the amax as bits; NULL for delayed */
+    float           value;      /* delayed: the scale */
+    float           fp8_max, eps;
+    bool            pow2;
+} scale_src;
+
+__device__ __forceinline__ float scale_of(const scale_src &src)
+{
+    if (!src.amax_bits) return src.value;
+    return opf_dev_scale_from_amax(__uint_as_float(*src.amax_bits), src.fp8_max, src.pow2,
+                                   src.eps, FLT_MAX);
+}
+
+/* Loads 8 elements x[0..8) as fp32; 16-byte loads (two for f32). */
+template <typename T> __device__ __forceinline__ void load8(const T *x, float v[VEC])
+{
+    if (sizeof(T) == 2) {
+        uint4 u = *(const uint4 *)x;
+        const T *h = (const T *)&u;
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = opf_dev_widen<T>(h[i]);
+    } else {
+        float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+}
+
+/* 8 bytes cvt(fl(v * s)), element 0 in the low byte. */
+__device__ __forceinline__ uint2 cast8(const float v[VEC], float s, bool e4m3)
+{
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t lo = opf_dev_to_fp8x2(make_float2(v[4 * h] * s, v[4 * h + 1] * s), e4m3);
+        uint32_t hi = opf_dev_to_fp8x2(make_float2(v[4 * h + 2] * s, v[4 * h + 3] * s), e4m3);
+        w[h] = lo | hi << 16;
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+/* The block's max key into *amax and, if not NULL, *amax2 (one atomic each
+ * per block). */
+__device__ __forceinline__ void block_amax(unsigned key, unsigned *amax, unsigned *amax2)
+{
+    __shared__ unsigned warp_max[32];
+    for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    if (lane == 0) warp_max[warp] = key;
+    __syncthreads();
+    if (warp == 0) {
+        key = lane < nwarps ? warp_max[lane] : 0u;
+        for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+        if (lane == 0 && key) {
+            atomicMax(amax, key);
+            if (amax2) atomicMax(amax2, key);
+        }
+    }
+}
+
+/* ---- flat passes: amax alone, or the rowwise cast (with its amax) --------
+ * A grid-stride loop over 8-element chunks (16-byte loads when vec), then
+ * the tail element by element. CAST false: the amax pass of current
+ * scaling; the scale arguments are then unused. */
+template <typename T, bool CAST>
+__global__ void flat_kernel(const T *__restrict__ x, int64_t n, bool vec, scale_src src,
+                            bool e4m3, uint8_t *__restrict__ q, float *sinv, unsigned *amax,
+                            unsigned *amax2)
+{
+    float s = CAST ? scale_of(src) : 1.0f;
+    if (CAST && blockIdx.x == 0 && threadIdx.x == 0) *sinv = __frcp_rn(s);  /* 2.3 */
+    unsigned key = 0;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t nv = vec ? n / VEC : 0;
+    for (int64_t c = i0; c < nv; c += stride) {
+        float v[VEC];
+        load8<T>(x + c * VEC, v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
+        if (CAST) *(uint2 *)(q + c * VEC) = cast8(v, s, e4m3);
+    }
+    for (int64_t i = nv * VEC + i0; i < n; i += stride) {
+        float v = opf_dev_widen<T>(x[i]);
+        key = max(key, opf_dev_amax_key(v));
+        if (CAST) q[i] = opf_dev_to_fp8(v * s, e4m3);
+    }
+    if (amax) block_amax(key, amax, amax2);
+}
+
+/* ---- cast + transpose -----------------------------------------------------
+ * One TILE_M x TILE_K tile per block. VEC_IO: K % 8 == 0 and M % 16 == 0 (and
+ * aligned bases), so every 8-element row access and 16-byte columnwise store
+ * is whole or outside; otherwise element accesses with bounds checks. */
+template <typename T, bool VEC_IO>
+__global__ void __launch_bounds__(THREADS)
+cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, scale_src src, bool e4m3,
+                      uint8_t *__restrict__ q, uint8_t *__restrict__ qt, float *sinv,
+                      float *sinv_col, unsigned *amax, unsigned *amax2)
+{
+    __shared__ __align__(16) uint8_t tile[TILE_M][TILE_K];
+    float s = scale_of(src);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        float r = __frcp_rn(s);
+        *sinv = r;
+        *sinv_col = r;
+    }
+    int64_t m0 = (int64_t)blockIdx.y * TILE_M, k0 = (int64_t)blockIdx.x * TILE_K;
+    int tc = threadIdx.x % (TILE_K / VEC), tr = threadIdx.x / (TILE_K / VEC);
+    enum { PASSES = TILE_M / (THREADS / (TILE_K / VEC)), ROW_STEP = THREADS / (TILE_K / VEC) };
+    /* All loads first: PASSES x 16 bytes in flight per thread. */
+    float v[PASSES][VEC];
+    int64_t k = k0 + tc * VEC;
+#pragma unroll
+    for (int p = 0; p < PASSES; p++) {
+        int64_t m = m0 + tr + p * ROW_STEP;
+        if (VEC_IO) {
+            if (m < M && k < K) load8<T>(x + m * K + k, v[p]);
+            else
+#pragma unroll
+                for (int i = 0; i < VEC; i++) v[p][i] = 0.0f;
+        } else {
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                v[p][i] = m < M && k + i < K ? opf_dev_widen<T>(x[m * K + k + i]) : 0.0f;
+        }
+    }
+    unsigned key = 0;
+#pragma unroll
+    for (int p = 0; p < PASSES; p++) {
+        int r = tr + p * ROW_STEP;
+        int64_t m = m0 + r;
+#pragma unroll
+        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[p][i]));
+        uint2 b = cast8(v[p], s, e4m3);
+        *(uint2 *)&tile[r][tc * VEC] = b;
+        if (VEC_IO) {
+            if (m < M && k < K) *(uint2 *)(q + m * K + k) = b;
+        } else {
+            const uint8_t *bb = (const uint8_t *)&b;
+            for (int i = 0; i < VEC; i++)
+                if (m < M && k + i < K) q[m * K + k + i] = bb[i];
+        }
+    }
+    if (amax) block_amax(key, amax, amax2);  /* has a barrier: the tile is complete after it */
+    else __syncthreads();
+    /* Columnwise: row k of qt gets tile column k, 16 bytes (16 rows) a store;
+     * neighbouring lanes read neighbouring columns (no bank conflicts). */
+    for (int it = threadIdx.x; it < TILE_K * (TILE_M / 16); it += THREADS) {
+        int c = it % TILE_K, mc = it / TILE_K;
+        int64_t kc = k0 + c, m = m0 + mc * 16;
+        if (kc >= K || m >= M) continue;
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            w[j] = tile[mc * 16 + 4 * j][c] | tile[mc * 16 + 4 * j + 1][c] << 8 |
+                   tile[mc * 16 + 4 * j + 2][c] << 16 | (uint32_t)tile[mc * 16 + 4 * j + 3][c] << 24;
+        if (VEC_IO) {
+            *(uint4 *)(qt + kc * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+            const uint8_t *bb = (const uint8_t *)w;
+            for (int i = 0; i < 16 && m + i < M; i++) qt[kc * M + m + i] = bb[i];
+        }
+    }
+}
+
+/* ---- dequantize ---------------------------------------------------------- */
+
+/* fl(q * scale_inv). A NaN code gives the CPU's bits: its decode is the
+ * quiet NaN 0x7FC00000 with the code's sign, which the CPU's multiply
+ * passes through (the GPU's would canonicalize it). */
+__device__ __forceinline__ float dequant1(uint8_t q, float sinv, bool e4m3)
+{
+    float v = opf_dev_from_fp8(q, e4m3);
+    return isnan(v) ? __uint_as_float((uint32_t)(q & 0x80u) << 24 | 0x7FC00000u) : v * sinv;
+}
+
+__global__ void dequant_kernel(const uint8_t *__restrict__ q, int64_t n, const float *sinv_p,
+                               bool e4m3, float *__restrict__ out)
+{
+    float sinv = *sinv_p;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = dequant1(q[i], sinv, e4m3);
+}
+
+/* out[m*K + k] from qt[k*M + m] through a DQ_TILE^2 tile. */
+__global__ void dequant_t_kernel(const uint8_t *__restrict__ qt, int64_t M, int64_t K,
+                                 const float *sinv_p, bool e4m3, float *__restrict__ out)
+{
+    __shared__ uint8_t tile[DQ_TILE][DQ_TILE + 1];
+    float sinv = *sinv_p;
+    int64_t m0 = (int64_t)blockIdx.x * DQ_TILE, k0 = (int64_t)blockIdx.y * DQ_TILE;
+    for (int r = threadIdx.y; r < DQ_TILE; r += blockDim.y) {
+        int64_t k = k0 + r, m = m0 + threadIdx.x;
+        if (k < K && m < M) tile[r][threadIdx.x] = qt[k * M + m];
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < DQ_TILE; r += blockDim.y) {
+        int64_t m = m0 + r, k = k0 + threadIdx.x;
+        if (k < K && m < M) out[m * K + k] = dequant1(tile[threadIdx.x][r], sinv, e4m3);
+    }
+}
+
+/* ---- host side ----------------------------------------------------------- */
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+template <typename T>
+static opf_status launch_amax(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t n,
+                              unsigned *amax)
+{
+    scale_src none = {NULL, 1.0f, 0.0f, 0.0f, false};
+    flat_kernel<T, false><<<opf_cuda_grid(s, n / VEC + 1, THREADS), THREADS, 0, s->stream>>>(
+        (const T *)x, n, aligned16(x), none, true, NULL, NULL, amax, NULL);
+    OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 amax)");
+    return OPF_OK;
+}
+
+template <typename T>
+static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t M,
+                              int64_t K, const scale_src &src, bool e4m3, opf_tensor *out,
+                              unsigned *amax, unsigned *amax2)
+{
+    uint8_t *q = (uint8_t *)out->data[OPF_COMP_DATA];
+    float *sinv = (float *)out->data[OPF_COMP_SCALE_INV];
+    if (!(out->spec.usage & OPF_USAGE_COLUMNWISE)) {
+        int64_t n = M * K;
+        flat_kernel<T, true><<<opf_cuda_grid(s, n / VEC + 1, THREADS), THREADS, 0, s->stream>>>(
+            (const T *)x, n, aligned16(x) && aligned16(q), src, e4m3, q, sinv, amax, amax2);
+        OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 cast)");
+        return OPF_OK;
+    }
+    uint8_t *qt = (uint8_t *)out->data[OPF_COMP_COL_DATA];
+    float *sinv_col = (float *)out->data[OPF_COMP_COL_SCALE_INV];
+    dim3 grid((unsigned)((K + TILE_K - 1) / TILE_K), (unsigned)((M + TILE_M - 1) / TILE_M));
+    bool vec = K % VEC == 0 && M % 16 == 0 && aligned16(x) && aligned16(q) && aligned16(qt);
+    if (vec)
+        cast_transpose_kernel<T, true><<<grid, THREADS, 0, s->stream>>>(
+            (const T *)x, M, K, src, e4m3, q, qt, sinv, sinv_col, amax, amax2);
+    else
+        cast_transpose_kernel<T, false><<<grid, THREADS, 0, s->stream>>>(
+            (const T *)x, M, K, src, e4m3, q, qt, sinv, sinv_col, amax, amax2);
+    OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 cast + transpose)");
+    return OPF_OK;
+}
+
+/* The device amax of a delayed-scaling slot (registered on first use). */
+static opf_status pending_slot(opf_ctx *ctx, opf_cuda_state *s, const opf_quantizer *q,
+                               unsigned **out)
+{
+    int i = 0;
+    while (i < s->n_pending && !(s->pending[i].state == q->delayed && s->pending[i].slot == q->slot))
+        i++;
+    if (i == s->n_pending) {
+        if (i == OPF_CUDA_PENDING_MAX)
+            return opf_error(ctx, OPF_ERR_STATE, "quantize (fp8 delayed scaling): %d slots "
+                             "quantized since the last opf_cuda_delayed_flush", i);
+        s->pending[i].state = q->delayed;
+        s->pending[i].slot = q->slot;
+        s->n_pending++;
+    }
+    *out = s->pending_amax + i;
+    return OPF_OK;
+}
+
+/* Current scaling with an amax reduction hook: the amax goes to the host,
+ * through the hook and back (the hook is host code). */
+static opf_status reduce_amax(opf_ctx *ctx, opf_cuda_state *s, const opf_quantizer *q,
+                              float *amax_dev)
+{
+    const char *fn = "quantize (fp8 current scaling)";
+    float amax = 0.0f;
+    OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(&amax, amax_dev, sizeof amax, cudaMemcpyDeviceToHost,
+                                          s->stream));
+    OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
+    float local = amax;
+    opf_status st = q->amax_reduce(q->amax_reduce_user, &amax, 1);
+    if (st != OPF_OK)
+        return opf_error(ctx, st, "%s: amax reduction failed with %s (local amax %g); nothing "
+                         "written", fn, opf_status_str(st), (double)local);
+    OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(amax_dev, &amax, sizeof amax, cudaMemcpyHostToDevice,
+                                          s->stream));
+    OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
+    return OPF_OK;
+}
+
+template <typename T>
+static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quantizer *q,
+                                 const opf_tensor *in, opf_tensor *out)
+{
+    int64_t M, K;
+    opf_shape_2d(&in->spec, &M, &K);
+    const void *x = in->data[OPF_COMP_DATA];
+    unsigned *amax = (unsigned *)out->data[OPF_COMP_AMAX];
+    bool e4m3 = q->qdtype == OPF_E4M3;
+    scale_src src = {NULL, 1.0f, opf_fp8_max(q->qdtype), q->amax_epsilon, q->pow2_scales};
+    OPF_CUDA_TRY(ctx, "quantize (fp8)", cudaMemsetAsync(amax, 0, sizeof(float), s->stream));
+    opf_status st;
+    if (q->delayed) {
+        src.value = opf_delayed_state_scale(q->delayed)[q->slot];
+        unsigned *slot_amax = NULL;
+        if ((st = pending_slot(ctx, s, q, &slot_amax))) return st;
+        return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, amax, slot_amax);
+    }
+    if ((st = launch_amax<T>(ctx, s, x, M * K, amax))) return st;
+    if (q->amax_reduce && (st = reduce_amax(ctx, s, q, (float *)amax))) return st;
+    src.amax_bits = amax;
+    return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, NULL, NULL);
+}
+
+extern "C" opf_status opf_cuda_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q,
+                                                   const opf_tensor *in, opf_tensor *out,
+                                                   uint64_t rng_seed, uint64_t rng_offset)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "quantize (fp8)");
+    if (!s) return OPF_ERR_STATE;
+    switch (in->spec.dtype) {
+    case OPF_F32: return quantize_typed<float>(ctx, s, q, in, out);
+    case OPF_BF16: return quantize_typed<__nv_bfloat16>(ctx, s, q, in, out);
+    case OPF_F16: return quantize_typed<__half>(ctx, s, q, in, out);
+    default:
+        return opf_error(ctx, OPF_ERR_DTYPE, "quantize (fp8): input dtype %s, expected f32/bf16/f16",
+                         opf_dtype_name(in->spec.dtype));
+    }
+}
+
+extern "C" opf_status opf_cuda_dequantize_tensor_fp8(opf_ctx *ctx, const opf_tensor *t,
+                                                     unsigned which, float *out)
+{
+    const char *fn = "dequantize (fp8)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    int64_t M, K;
+    opf_shape_2d(&t->spec, &M, &K);
+    bool col = which == OPF_USAGE_COLUMNWISE, e4m3 = t->spec.qdtype == OPF_E4M3;
+    const uint8_t *d = (const uint8_t *)t->data[col ? OPF_COMP_COL_DATA : OPF_COMP_DATA];
+    const float *sinv = (const float *)t->data[col ? OPF_COMP_COL_SCALE_INV : OPF_COMP_SCALE_INV];
+    if (!col) {
+        dequant_kernel<<<opf_cuda_grid(s, M * K, THREADS), THREADS, 0, s->stream>>>(d, M * K, sinv,
+                                                                                   e4m3, out);
+    } else {
+        dim3 grid((unsigned)((M + DQ_TILE - 1) / DQ_TILE), (unsigned)((K + DQ_TILE - 1) / DQ_TILE));
+        dequant_t_kernel<<<grid, dim3(DQ_TILE, 8), 0, s->stream>>>(d, M, K, sinv, e4m3, out);
+    }
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}

@@ -1,0 +1,562 @@
+/* runtime.cu: the CUDA state of a context: device and stream, a caching
+ * device allocator, pinned staging for host copies, the kernels' device
+ * scratch, the cuBLASLt handle and workspace, event timers. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda-impl.h"
+
+enum {
+    MAX_CTX = 64,                    /* contexts with CUDA state at once */
+    SMALL_CLASS = 512,               /* blocks below 1 MiB round up to this */
+    STAGE_BYTES = 8 << 20,           /* each half of the pinned staging buffer */
+    LT_WS_BYTES = 32 << 20,          /* cuBLASLt workspace on Hopper (cuda-hopper.md) */
+};
+
+/* ---- context -> state table (until core holds the pointer) --------------- */
+
+static struct { const opf_ctx *ctx; opf_cuda_state *s; } table[MAX_CTX];
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static opf_cuda_state *lookup(const opf_ctx *ctx)
+{
+    opf_cuda_state *s = NULL;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_CTX && !s; i++)
+        if (table[i].ctx == ctx) s = table[i].s;
+    pthread_mutex_unlock(&table_lock);
+    return s;
+}
+
+static bool attach(const opf_ctx *ctx, opf_cuda_state *s)
+{
+    bool ok = false;
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_CTX && !ok; i++)
+        if (!table[i].ctx) {
+            table[i].ctx = ctx;
+            table[i].s = s;
+            ok = true;
+        }
+    pthread_mutex_unlock(&table_lock);
+    return ok;
+}
+
+static void detach(const opf_ctx *ctx)
+{
+    pthread_mutex_lock(&table_lock);
+    for (int i = 0; i < MAX_CTX; i++)
+        if (table[i].ctx == ctx) table[i].ctx = NULL, table[i].s = NULL;
+    pthread_mutex_unlock(&table_lock);
+}
+
+opf_cuda_state *opf_cuda_state_of(opf_ctx *ctx, const char *fn)
+{
+    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    if (!s)
+        opf_error(ctx, OPF_ERR_STATE, "%s: the context has no CUDA state (opf_cuda_ctx_init)", fn);
+    return s;
+}
+
+bool opf_cuda_ctx_ready(const opf_ctx *ctx) { return ctx && lookup(ctx); }
+
+opf_status opf_cuda_fail(opf_ctx *ctx, cudaError_t e, const char *fn, const char *call)
+{
+    if (e == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total);
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: %s: %s (%zu bytes free of %zu)", fn, call,
+                         cudaGetErrorString(e), free_b, total);
+    }
+    cudaGetLastError();  /* clear a non-sticky error so later calls can run */
+    return opf_error(ctx, OPF_ERR_DEVICE, "%s: %s failed: %s (%s)", fn, call, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+}
+
+opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const char *call)
+{
+    opf_status st = e == CUBLAS_STATUS_NOT_SUPPORTED ? OPF_ERR_UNSUPPORTED
+                    : e == CUBLAS_STATUS_ALLOC_FAILED ? OPF_ERR_NO_MEMORY
+                                                       : OPF_ERR_DEVICE;
+    return opf_error(ctx, st, "%s: %s failed: %s (%s)", fn, call, cublasLtGetStatusString(e),
+                     cublasLtGetStatusName(e));
+}
+
+int opf_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+static void state_destroy(opf_cuda_state *s);
+
+static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
+{
+    const char *fn = "opf_cuda_ctx_init";
+    s->device = dev;
+    OPF_CUDA_TRY(ctx, fn, cudaSetDevice(dev));
+    OPF_CUDA_TRY(ctx, fn, cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, dev));
+    OPF_CUDA_TRY(ctx, fn, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    OPF_CUBLAS_TRY(ctx, fn, cublasLtCreate(&s->lt));
+    s->lt_ws_bytes = LT_WS_BYTES;
+    OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->lt_ws, s->lt_ws_bytes));
+    s->pinned_bytes = 2 * (size_t)STAGE_BYTES;
+    OPF_CUDA_TRY(ctx, fn, cudaMallocHost(&s->pinned, s->pinned_bytes));
+    for (int i = 0; i < 2; i++)
+        OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->staged[i], cudaEventDisableTiming));
+    size_t pb = OPF_CUDA_PENDING_MAX * sizeof(unsigned);
+    OPF_CUDA_TRY(ctx, fn, cudaMalloc((void **)&s->pending_amax, pb));
+    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(s->pending_amax, 0, pb, s->stream));
+    s->pending = (opf_cuda_pending *)calloc(OPF_CUDA_PENDING_MAX, sizeof *s->pending);
+    if (!s->pending) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
+    return OPF_OK;
+}
+
+opf_status opf_cuda_ctx_init(opf_ctx *ctx, int device_index)
+{
+    const char *fn = "opf_cuda_ctx_init";
+    OPF_CHECK_NULL(ctx, fn, ctx);
+    if (lookup(ctx)) return opf_error(ctx, OPF_ERR_STATE, "%s: the context has CUDA state", fn);
+    int n = opf_cuda_device_count();
+    if (n == 0)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no CUDA GPU on this machine (the CPU "
+                         "backend keeps working)", fn);
+    if (device_index < 0 || device_index >= n)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: device %d asked, the machine has %d GPU%s",
+                         fn, device_index, n, n == 1 ? "" : "s");
+    opf_cuda_state *s = (opf_cuda_state *)calloc(1, sizeof *s);
+    if (!s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
+    opf_status st = state_create(ctx, device_index, s);
+    if (st == OPF_OK && !attach(ctx, s))
+        st = opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: more than %d contexts with CUDA state", fn,
+                       MAX_CTX);
+    if (st) state_destroy(s);
+    return st;
+}
+
+static void drop_blocks(opf_cuda_block *b, int n)
+{
+    for (int i = 0; i < n; i++) cudaFree(b[i].ptr);
+}
+
+static void state_destroy(opf_cuda_state *s)
+{
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    drop_blocks(s->free_list, s->n_free);
+    drop_blocks(s->live, s->n_live);
+    free(s->free_list);
+    free(s->live);
+    free(s->algos);
+    free(s->pending);
+    cudaFree(s->pending_amax);
+    cudaFree(s->ws);
+    cudaFree(s->lt_ws);
+    cudaFreeHost(s->pinned);
+    for (int i = 0; i < 2; i++)
+        if (s->staged[i]) cudaEventDestroy(s->staged[i]);
+    if (s->lt) cublasLtDestroy(s->lt);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s);
+}
+
+void opf_cuda_ctx_free(opf_ctx *ctx)
+{
+    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    if (!s) return;
+    detach(ctx);
+    state_destroy(s);
+}
+
+opf_status opf_cuda_device_name(opf_ctx *ctx, char *buf, size_t size)
+{
+    const char *fn = "opf_cuda_device_name";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    cudaDeviceProp p;
+    OPF_CUDA_TRY(ctx, fn, cudaGetDeviceProperties(&p, s->device));
+    snprintf(buf, size, "%s, %d SMs, cc %d.%d, %.0f GiB", p.name, p.multiProcessorCount, p.major,
+             p.minor, (double)p.totalGlobalMem / (1 << 30));
+    return OPF_OK;
+}
+
+/* ---- caching allocator ----------------------------------------------------
+ * Size classes: multiples of 512 bytes below 1 MiB, above that four classes
+ * per power of two (at most 25% slack). A freed block goes to the free list
+ * of its class; the next allocation of that class takes it. There is one
+ * stream per context, so stream order alone makes the reuse safe: work
+ * queued after the free runs after the work that used the block before. */
+
+static size_t size_class(size_t bytes)
+{
+    if (bytes < ((size_t)1 << 20)) return (bytes + SMALL_CLASS - 1) / SMALL_CLASS * SMALL_CLASS;
+    int top = 63 - __builtin_clzll((unsigned long long)bytes);
+    size_t step = (size_t)1 << (top - 2);
+    return (bytes + step - 1) / step * step;
+}
+
+static bool push_block(opf_cuda_block **arr, int *n, int *cap, opf_cuda_block b)
+{
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        opf_cuda_block *p = (opf_cuda_block *)realloc(*arr, (size_t)nc * sizeof *p);
+        if (!p) return false;
+        *arr = p;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = b;
+    return true;
+}
+
+static int find_block(const opf_cuda_block *arr, int n, const void *ptr, size_t size)
+{
+    for (int i = n - 1; i >= 0; i--)
+        if (ptr ? arr[i].ptr == ptr : arr[i].size == size) return i;
+    return -1;
+}
+
+static void empty_cache(opf_cuda_state *s)
+{
+    drop_blocks(s->free_list, s->n_free);
+    s->n_free = 0;
+    s->cached_bytes = 0;
+}
+
+/* cudaMalloc, and once more after returning the cache to the driver. */
+static opf_status device_malloc(opf_ctx *ctx, opf_cuda_state *s, size_t size, size_t asked,
+                                void **out)
+{
+    cudaError_t e = cudaMalloc(out, size);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        cudaStreamSynchronize(s->stream);
+        empty_cache(s);
+        e = cudaMalloc(out, size);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total);
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_cuda_alloc: out of device memory: %zu bytes "
+                         "asked (class %zu), %zu bytes free of %zu", asked, size, free_b, total);
+    }
+    OPF_CUDA_TRY(ctx, "opf_cuda_alloc", e);
+    return OPF_OK;
+}
+
+opf_status opf_cuda_alloc(opf_ctx *ctx, size_t bytes, void **out)
+{
+    const char *fn = "opf_cuda_alloc";
+    OPF_CHECK_NULL(ctx, fn, out);
+    *out = NULL;
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (bytes == 0) return OPF_OK;
+    size_t size = size_class(bytes);
+    opf_cuda_block b = {NULL, size};
+    int i = find_block(s->free_list, s->n_free, NULL, size);
+    if (i >= 0) {
+        b = s->free_list[i];
+        s->free_list[i] = s->free_list[--s->n_free];
+        s->cached_bytes -= size;
+    } else {
+        opf_status st = device_malloc(ctx, s, size, bytes, &b.ptr);
+        if (st) return st;
+    }
+    if (!push_block(&s->live, &s->n_live, &s->cap_live, b)) {
+        cudaFree(b.ptr);
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
+    }
+    s->stats.n_alloc++;
+    s->stats.bytes_live += size;
+    if (s->stats.bytes_live > s->stats.bytes_peak) s->stats.bytes_peak = s->stats.bytes_live;
+    *out = b.ptr;
+    return OPF_OK;
+}
+
+void opf_cuda_free(opf_ctx *ctx, void *ptr)
+{
+    opf_cuda_state *s = ptr && ctx ? lookup(ctx) : NULL;
+    if (!s) return;
+    int i = find_block(s->live, s->n_live, ptr, 0);
+    if (i < 0) return;  /* not ours: ignore, as free() of a foreign pointer cannot be checked */
+    opf_cuda_block b = s->live[i];
+    s->live[i] = s->live[--s->n_live];
+    s->stats.n_free++;
+    s->stats.bytes_live -= b.size;
+    if (push_block(&s->free_list, &s->n_free, &s->cap_free, b))
+        s->cached_bytes += b.size;
+    else
+        cudaFree(b.ptr);
+}
+
+void opf_cuda_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out)
+{
+    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    memset(out, 0, sizeof *out);
+    if (s) *out = s->stats;
+}
+
+size_t opf_cuda_cached_bytes(const opf_ctx *ctx)
+{
+    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    return s ? s->cached_bytes : 0;
+}
+
+void opf_cuda_empty_cache(opf_ctx *ctx)
+{
+    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    if (!s) return;
+    cudaStreamSynchronize(s->stream);
+    empty_cache(s);
+}
+
+opf_status opf_cuda_scratch(opf_ctx *ctx, opf_cuda_state *s, size_t bytes, void **out)
+{
+    const char *fn = "cuda scratch";
+    if (bytes > s->ws_bytes) {
+        OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
+        cudaFree(s->ws);
+        s->ws = NULL;
+        s->ws_bytes = 0;
+        size_t want = size_class(bytes);
+        opf_status st = device_malloc(ctx, s, want, bytes, &s->ws);
+        if (st) return st;
+        s->ws_bytes = want;
+    }
+    *out = s->ws;
+    return OPF_OK;
+}
+
+/* ---- copies ---------------------------------------------------------------
+ * Host copies go through the two halves of the pinned buffer in turn: while
+ * one half is on the bus the host fills or drains the other. */
+
+static opf_status copy_h2d(opf_ctx *ctx, opf_cuda_state *s, char *dst, const char *src,
+                           size_t bytes)
+{
+    const char *fn = "opf_cuda_copy (host to device)";
+    for (size_t off = 0, i = 0; off < bytes; off += STAGE_BYTES, i ^= 1) {
+        size_t n = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
+        char *stage = (char *)s->pinned + i * STAGE_BYTES;
+        OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i]));
+        memcpy(stage, src + off, n);
+        OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst + off, stage, n, cudaMemcpyHostToDevice,
+                                              s->stream));
+        OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->staged[i], s->stream));
+    }
+    /* The source may be reused at once; the staging halves guard themselves. */
+    return OPF_OK;
+}
+
+static opf_status copy_d2h(opf_ctx *ctx, opf_cuda_state *s, char *dst, const char *src,
+                           size_t bytes)
+{
+    const char *fn = "opf_cuda_copy (device to host)";
+    size_t prev_off = 0, prev_n = 0;
+    int i = 0;
+    for (size_t off = 0; off < bytes; off += STAGE_BYTES, i ^= 1) {
+        size_t n = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
+        char *stage = (char *)s->pinned + (size_t)i * STAGE_BYTES;
+        OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i]));
+        OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(stage, src + off, n, cudaMemcpyDeviceToHost,
+                                              s->stream));
+        OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->staged[i], s->stream));
+        if (prev_n) {  /* drain the other half while this one is on the bus */
+            OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i ^ 1]));
+            memcpy(dst + prev_off, (char *)s->pinned + (size_t)(i ^ 1) * STAGE_BYTES, prev_n);
+        }
+        prev_off = off;
+        prev_n = n;
+    }
+    if (prev_n) {
+        OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i ^ 1]));
+        memcpy(dst + prev_off, (char *)s->pinned + (size_t)(i ^ 1) * STAGE_BYTES, prev_n);
+    }
+    return OPF_OK;
+}
+
+opf_status opf_cuda_copy(opf_ctx *ctx, void *dst, const void *src, size_t bytes,
+                         opf_cuda_copy_kind kind)
+{
+    const char *fn = "opf_cuda_copy";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (bytes == 0) return OPF_OK;
+    OPF_CHECK_NULL(ctx, fn, dst);
+    OPF_CHECK_NULL(ctx, fn, src);
+    switch (kind) {
+    case OPF_CUDA_H2D: return copy_h2d(ctx, s, (char *)dst, (const char *)src, bytes);
+    case OPF_CUDA_D2H: return copy_d2h(ctx, s, (char *)dst, (const char *)src, bytes);
+    case OPF_CUDA_D2D:
+        OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
+        return OPF_OK;
+    }
+    return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: copy kind %d is not H2D, D2H or D2D", fn,
+                     (int)kind);
+}
+
+opf_status opf_cuda_memset(opf_ctx *ctx, void *dst, int value, size_t bytes)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "opf_cuda_memset");
+    if (!s) return OPF_ERR_STATE;
+    OPF_CUDA_TRY(ctx, "opf_cuda_memset", cudaMemsetAsync(dst, value, bytes, s->stream));
+    return OPF_OK;
+}
+
+opf_status opf_cuda_sync(opf_ctx *ctx)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "opf_cuda_sync");
+    if (!s) return OPF_ERR_STATE;
+    OPF_CUDA_TRY(ctx, "opf_cuda_sync", cudaStreamSynchronize(s->stream));
+    return OPF_OK;
+}
+
+/* ---- device tensors ------------------------------------------------------ */
+
+opf_status opf_cuda_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
+{
+    OPF_CHECK_NULL(ctx, "opf_cuda_tensor_alloc", spec);
+    OPF_CHECK_NULL(ctx, "opf_cuda_tensor_alloc", out);
+    memset(out, 0, sizeof *out);
+    opf_spec s = *spec;
+    s.device = OPF_DEVICE_CUDA;
+    opf_layout L;
+    opf_status st = opf_spec_layout(&s, &L);
+    if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
+    void *base = NULL;
+    if ((st = opf_cuda_alloc(ctx, L.total_bytes, &base))) return st;
+    /* Scale padding is zero, as on the CPU. */
+    if ((st = opf_cuda_memset(ctx, base, 0, L.total_bytes)) || (st = opf_tensor_wrap(&s, base, out))) {
+        opf_cuda_free(ctx, base);
+        return st;
+    }
+    return OPF_OK;
+}
+
+void opf_cuda_tensor_free(opf_ctx *ctx, opf_tensor *t)
+{
+    if (!t) return;
+    opf_layout L;
+    void *base = NULL;
+    if (opf_spec_layout(&t->spec, &L) == OPF_OK)
+        for (int c = 0; c < OPF_COMP_COUNT && !base; c++)
+            if (L.comp[c].present && t->data[c]) base = (char *)t->data[c] - L.comp[c].offset;
+    opf_cuda_free(ctx, base);
+    memset(t, 0, sizeof *t);
+}
+
+static opf_status tensor_copy(opf_ctx *ctx, const opf_tensor *src, opf_tensor *dst,
+                              opf_cuda_copy_kind kind, const char *fn)
+{
+    opf_spec a = src->spec, b = dst->spec;
+    a.device = b.device = OPF_DEVICE_CPU;
+    if (!opf_spec_equal(&a, &b)) {
+        char x[160], y[160];
+        opf_spec_str(&src->spec, x, sizeof x);
+        opf_spec_str(&dst->spec, y, sizeof y);
+        return opf_error(ctx, OPF_ERR_SHAPE, "%s: source is %s, destination %s", fn, x, y);
+    }
+    opf_layout L;
+    opf_status st = opf_spec_layout(&a, &L);
+    if (st) return opf_error(ctx, st, "%s: %s", fn, opf_last_error(NULL));
+    for (int c = 0; c < OPF_COMP_COUNT; c++)
+        if (L.comp[c].present && L.comp[c].nbytes &&
+            (st = opf_cuda_copy(ctx, dst->data[c], src->data[c], L.comp[c].nbytes, kind)))
+            return st;
+    return OPF_OK;
+}
+
+opf_status opf_cuda_tensor_upload(opf_ctx *ctx, const opf_tensor *host, opf_tensor *dev)
+{
+    return tensor_copy(ctx, host, dev, OPF_CUDA_H2D, "opf_cuda_tensor_upload");
+}
+
+opf_status opf_cuda_tensor_download(opf_ctx *ctx, const opf_tensor *dev, opf_tensor *host)
+{
+    return tensor_copy(ctx, dev, host, OPF_CUDA_D2H, "opf_cuda_tensor_download");
+}
+
+/* ---- timers -------------------------------------------------------------- */
+
+struct opf_cuda_timer {
+    int          n;
+    cudaEvent_t *ev;
+};
+
+opf_status opf_cuda_timer_create(opf_ctx *ctx, int n_marks, opf_cuda_timer **out)
+{
+    const char *fn = "opf_cuda_timer_create";
+    OPF_CHECK_NULL(ctx, fn, out);
+    opf_cuda_timer *t = (opf_cuda_timer *)calloc(1, sizeof *t);
+    cudaEvent_t *ev = (cudaEvent_t *)calloc((size_t)n_marks, sizeof *ev);
+    if (!t || !ev) {
+        free(t);
+        free(ev);
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
+    }
+    t->ev = ev;
+    *out = t;
+    for (; t->n < n_marks; t->n++) {
+        cudaError_t e = cudaEventCreate(&t->ev[t->n]);
+        if (e != cudaSuccess) {
+            opf_cuda_timer_destroy(t);
+            *out = NULL;
+            return opf_cuda_fail(ctx, e, fn, "cudaEventCreate");
+        }
+    }
+    return OPF_OK;
+}
+
+void opf_cuda_timer_destroy(opf_cuda_timer *t)
+{
+    if (!t) return;
+    for (int i = 0; i < t->n; i++) cudaEventDestroy(t->ev[i]);
+    free(t->ev);
+    free(t);
+}
+
+opf_status opf_cuda_timer_mark(opf_ctx *ctx, opf_cuda_timer *t, int i)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "opf_cuda_timer_mark");
+    if (!s) return OPF_ERR_STATE;
+    OPF_CUDA_TRY(ctx, "opf_cuda_timer_mark", cudaEventRecord(t->ev[i], s->stream));
+    return OPF_OK;
+}
+
+opf_status opf_cuda_timer_ms(opf_cuda_timer *t, int i, int j, float *ms)
+{
+    OPF_CUDA_TRY(NULL, "opf_cuda_timer_ms", cudaEventSynchronize(t->ev[j]));
+    OPF_CUDA_TRY(NULL, "opf_cuda_timer_ms", cudaEventElapsedTime(ms, t->ev[i], t->ev[j]));
+    return OPF_OK;
+}
+
+/* ---- delayed scaling ------------------------------------------------------ */
+
+opf_status opf_cuda_delayed_flush(opf_ctx *ctx)
+{
+    const char *fn = "opf_cuda_delayed_flush";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    int n = s->n_pending;
+    if (n == 0) return OPF_OK;
+    float amax[OPF_CUDA_PENDING_MAX];
+    opf_status st = copy_d2h(ctx, s, (char *)amax, (const char *)s->pending_amax,
+                             (size_t)n * sizeof(float));
+    if (st) return st;
+    /* 3.1: row 0 of the history max-accumulates the pre-scale amax. */
+    for (int i = 0; i < n; i++) {
+        float *h0 = opf_delayed_state_history(s->pending[i].state) + s->pending[i].slot;
+        if (amax[i] > *h0) *h0 = amax[i];
+    }
+    s->n_pending = 0;
+    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(s->pending_amax, 0, (size_t)n * sizeof(unsigned),
+                                          s->stream));
+    return OPF_OK;
+}

@@ -1,0 +1,112 @@
+/* cuda_test.h: what the GPU tests share: a CPU context with CUDA state (exit
+ * 77, skipped, without a GPU), random data with the edge values of
+ * docs/numerics.md, and host <-> device tensor round trips. */
+#ifndef OPFUSE_CUDA_TEST_H
+#define OPFUSE_CUDA_TEST_H
+
+#include <stdint.h>
+
+#include "backend/backend-impl.h"
+#include "backend/cuda/cuda.h"
+#include "test.h"
+
+/* The context every GPU test runs on; exits 77 when the machine has no GPU. */
+static inline opf_ctx *cuda_test_ctx(void)
+{
+    opf_ctx *ctx = NULL;
+    if (opf_ctx_create(NULL, &ctx) != OPF_OK) exit(1);
+    opf_status st = opf_cuda_ctx_init(ctx, 0);
+    if (st == OPF_ERR_UNSUPPORTED) {
+        printf("SKIP: %s\n", opf_last_error(ctx));
+        opf_ctx_destroy(ctx);
+        exit(77);
+    }
+    if (st != OPF_OK) {
+        fprintf(stderr, "opf_cuda_ctx_init: %s\n", opf_last_error(ctx));
+        exit(1);
+    }
+    char name[128];
+    if (opf_cuda_device_name(ctx, name, sizeof name) == OPF_OK) printf("GPU: %s\n", name);
+    return ctx;
+}
+
+static inline void cuda_test_done(opf_ctx *ctx)
+{
+    opf_cuda_ctx_free(ctx);
+    opf_ctx_destroy(ctx);
+}
+
+static uint64_t cuda_test_rng = 0x9E3779B97F4A7C15ull;
+
+static inline uint32_t cuda_test_u32(void)
+{
+    cuda_test_rng ^= cuda_test_rng << 13;
+    cuda_test_rng ^= cuda_test_rng >> 7;
+    cuda_test_rng ^= cuda_test_rng << 17;
+    return (uint32_t)(cuda_test_rng >> 16);
+}
+
+/* Uniform in [-1, 1). */
+static inline float cuda_test_unit(void) { return (float)cuda_test_u32() / 2147483648.0f - 1.0f; }
+
+/* The edge values of numerics.md: zeros, -0, subnormals, huge and tiny
+ * values, values at and past the FP8 limits; inf and NaN when `special`. */
+static inline float cuda_test_edge(bool special)
+{
+    static const float finite[] = {0.0f, -0.0f, 1e-40f, -1.4e-45f, 3e38f, -3.3e38f, 1e-30f,
+                                   448.0f, 464.0f, -57344.0f, 0x1p-10f, 65504.0f, 1e-8f};
+    int nf = (int)(sizeof finite / sizeof finite[0]);
+    uint32_t r = cuda_test_u32() % (uint32_t)(nf + (special ? 3 : 0));
+    if ((int)r < nf) return finite[r];
+    return r == (uint32_t)nf ? INFINITY : r == (uint32_t)nf + 1 ? -INFINITY : NAN;
+}
+
+/* n values spread over magnitudes 1e-3..1e3, one in `every` an edge value. */
+static inline void cuda_test_fill(float *x, int64_t n, float scale, int every, bool special)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float mag = powf(10.0f, 3.0f * cuda_test_unit());
+        x[i] = scale * mag * cuda_test_unit();
+        if (every && cuda_test_u32() % (uint32_t)every == 0) x[i] = cuda_test_edge(special);
+    }
+}
+
+/* A host tensor of spec filled from f32 values (converted to its dtype). */
+static inline opf_status cuda_test_host_tensor(opf_ctx *ctx, const opf_spec *spec, const float *x,
+                                        opf_tensor *out)
+{
+    opf_status st = opf_tensor_alloc(ctx, spec, out);
+    if (st) return st;
+    return opf_convert(x, OPF_F32, out->data[OPF_COMP_DATA], spec->dtype,
+                       (size_t)opf_spec_numel(spec));
+}
+
+/* The device copy of a host tensor. */
+static inline opf_status cuda_test_upload(opf_ctx *ctx, const opf_tensor *h, opf_tensor *d)
+{
+    opf_status st = opf_cuda_tensor_alloc(ctx, &h->spec, d);
+    return st ? st : opf_cuda_tensor_upload(ctx, h, d);
+}
+
+/* A host tensor of d's spec holding d's bytes. */
+static inline opf_status cuda_test_download(opf_ctx *ctx, const opf_tensor *d, opf_tensor *h)
+{
+    opf_spec s = d->spec;
+    s.device = OPF_DEVICE_CPU;
+    opf_status st = opf_tensor_alloc(ctx, &s, h);
+    return st ? st : opf_cuda_tensor_download(ctx, d, h);
+}
+
+/* ||a - b|| / ||b|| over n floats; NaN when any is NaN. */
+static inline double cuda_test_rel_err(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#endif
