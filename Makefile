@@ -17,6 +17,8 @@ LABELS_EXCLUDE ?= ^(gpu|mpi|long)$$
 PREFIX ?= /usr/local
 TORCH  ?= 1
 V      ?= 0
+# The Python package's extension is built (and its tests run) by make test only.
+PYEXT  ?= OFF
 
 # The targets share build/ and apt's lock: one at a time.
 .NOTPARALLEL:
@@ -50,12 +52,13 @@ setup-bench:
 
 build: setup
 	@echo "make: building build/ (Release)"
-	@$(call cmake_build,build,-DCMAKE_BUILD_TYPE=Release)
+	@$(call cmake_build,build,-DCMAKE_BUILD_TYPE=Release -DOPF_PYTHON_EXT=$(PYEXT))
 
 build-san: setup
 	@echo "make: building build-san/ (Debug, AddressSanitizer + UBSan)"
 	@$(call cmake_build,build-san,-DCMAKE_BUILD_TYPE=Debug -DOPF_SANITIZE=ON)
 
+test-normal: PYEXT = ON
 test-normal: setup-test build
 	@cd build && $(CTEST) -LE '$(LABELS_EXCLUDE)'
 

@@ -96,6 +96,15 @@ if [ "$mode" != demo ]; then
   else
     compgen -G "$root/usr/lib/python3*/ensurepip/__init__.py" >/dev/null || need+=(python3-venv)
   fi
+  # The tests build the Python package's C extension: Python.h.
+  if [ "$mode" = test ]; then
+    if [ -z "$root" ]; then
+      python3 -c 'import os, sysconfig; exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+        >/dev/null 2>&1 || need+=(python3-dev)
+    else
+      compgen -G "$root/usr/include/python3*/Python.h" >/dev/null || need+=(python3-dev)
+    fi
+  fi
 fi
 
 if [ ${#need[@]} -gt 0 ]; then

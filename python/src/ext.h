@@ -70,6 +70,11 @@ int opf_py_to_recipe(PyObject *o, opf_recipe *out);
 int opf_py_to_quantizer(PyObject *o, opf_quantizer *out);
 PyObject *opf_py_from_quantizer(const opf_quantizer *q);
 
+/* The opf_op of an Op object, or NULL with an exception set (op.c). */
+opf_op *opf_py_op_get(PyObject *o);
+/* Value fields of an args or kwargs struct from a mapping of field names (op.c). */
+int opf_py_pack_values(const opf_schema *s, PyObject *values, void *args);
+
 /* The delayed state of one direction of a RecipeState object (quant.c), or
  * NULL with an exception set. */
 opf_delayed_state *opf_py_recipe_state_delayed(PyObject *o, bool backward);
@@ -77,6 +82,7 @@ opf_delayed_state *opf_py_recipe_state_delayed(PyObject *o, bool backward);
 /* ---- module functions by file ---------------------------------------------------- */
 extern PyMethodDef opf_py_quant_methods[];
 extern PyMethodDef opf_py_op_methods[];
+extern PyMethodDef opf_py_classop_methods[];
 int opf_py_op_init_types(PyObject *m);
 int opf_py_quant_init_types(PyObject *m);
 

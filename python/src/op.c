@@ -164,7 +164,7 @@ static PyObject *op_wrap(opf_op *op, PyObject *ctx, PyObject *seq)
     return (PyObject *)o;
 }
 
-static opf_op *op_get(PyObject *o)
+opf_op *opf_py_op_get(PyObject *o)
 {
     if (!PyObject_TypeCheck(o, op_type)) {
         PyErr_SetString(PyExc_TypeError, "expected an opfuse Op");
@@ -227,7 +227,7 @@ static void op_dealloc(PyObject *self)
 
 static PyObject *op_info(PyObject *self, PyObject *unused)
 {
-    opf_op *op = op_get(self);
+    opf_op *op = opf_py_op_get(self);
     if (!op)
         return NULL;
     const opf_op_class *cls = opf_op_class_of(op);
@@ -253,7 +253,7 @@ static PyObject *op_param(PyObject *self, PyObject *args)
     int i;
     if (!PyArg_ParseTuple(args, "i", &i))
         return NULL;
-    opf_op *op = op_get(self);
+    opf_op *op = opf_py_op_get(self);
     if (!op)
         return NULL;
     if (i < 0 || i >= opf_op_num_params(op))
@@ -273,7 +273,7 @@ static PyObject *op_set_requires_grad(PyObject *self, PyObject *args)
     int i, on;
     if (!PyArg_ParseTuple(args, "ip", &i, &on))
         return NULL;
-    opf_op *op = op_get(self);
+    opf_op *op = opf_py_op_get(self);
     if (!op)
         return NULL;
     if (i < 0 || i >= opf_op_num_params(op))
@@ -284,7 +284,7 @@ static PyObject *op_set_requires_grad(PyObject *self, PyObject *args)
 
 static PyObject *op_zero_grad(PyObject *self, PyObject *unused)
 {
-    opf_op *op = op_get(self);
+    opf_op *op = opf_py_op_get(self);
     if (!op)
         return NULL;
     opf_op_zero_grad(op);
@@ -297,7 +297,7 @@ static PyObject *op_set_channel(PyObject *self, PyObject *args)
     const char *channel;
     if (!PyArg_ParseTuple(args, "piz|p", &out, &index, &channel, &to_caller))
         return NULL;
-    opf_op *op = op_get(self);
+    opf_op *op = opf_py_op_get(self);
     if (!op)
         return NULL;
     opf_status st = out ? opf_op_set_extra_output(op, index, channel, to_caller)
@@ -367,7 +367,7 @@ static void seq_dealloc(PyObject *self)
 static PyObject *seq_append(PyObject *self, PyObject *arg)
 {
     opf_seq *seq = seq_get(self);
-    opf_op *op = seq ? op_get(arg) : NULL;
+    opf_op *op = seq ? opf_py_op_get(arg) : NULL;
     if (!op)
         return NULL;
     opf_py_op *o = (opf_py_op *)arg;

@@ -34,13 +34,14 @@ expect() {
 # cblas.h, which Debian installs under the same path as OpenBLAS's.
 lib=$root/usr/lib/x86_64-linux-gnu
 mkdir -p "$root/usr/bin" "$root/usr/include/x86_64-linux-gnu" "$lib/pkgconfig" \
-         "$root/usr/lib/python3.11/ensurepip"
+         "$root/usr/lib/python3.11/ensurepip" "$root/usr/include/python3.11"
 for tool in make cmake cc pkg-config python3; do
   printf '#!/bin/sh\n' >"$root/usr/bin/$tool"
   chmod +x "$root/usr/bin/$tool"
 done
 touch "$root/usr/include/stdio.h" "$root/usr/include/x86_64-linux-gnu/cblas.h" \
-      "$lib/libblas.so" "$lib/libcjson.so" "$root/usr/lib/python3.11/ensurepip/__init__.py"
+      "$lib/libblas.so" "$lib/libcjson.so" "$root/usr/lib/python3.11/ensurepip/__init__.py" \
+      "$root/usr/include/python3.11/Python.h"
 
 expect "cblas.h without libopenblas asks for libopenblas-dev" 1 demo \
   libopenblas-dev "sudo apt-get install libopenblas-dev" "su -c 'apt-get install libopenblas-dev'" \
@@ -57,12 +58,19 @@ if command -v pkg-config >/dev/null 2>&1; then
   rm "$lib/pkgconfig/openblas.pc"
 fi
 
+touch "$lib/libopenblas.so"
+rm "$root/usr/include/python3.11/Python.h"
+expect "make test asks for Python.h (the extension)" 1 test python3-dev '!python3-venv'
+expect "make demo needs no Python.h" 0 demo "nothing missing" '!python3-dev'
+touch "$root/usr/include/python3.11/Python.h"
+rm "$lib/libopenblas.so"
 rm "$lib/libcjson.so" "$root/usr/lib/python3.11/ensurepip/__init__.py" "$root/usr/bin/python3"
+rm "$root/usr/include/python3.11/Python.h"
 expect "every missing package named at once" 1 test \
-  "libopenblas-dev libcjson-dev python3 python3-venv" '!pkg-config'
-expect "make demo needs no Python" 1 demo "libopenblas-dev libcjson-dev" '!python3' '!python3-venv'
+  "libopenblas-dev libcjson-dev python3 python3-venv python3-dev" '!pkg-config'
+expect "make demo needs no Python" 1 demo "libopenblas-dev libcjson-dev" '!python3' '!python3-venv' '!python3-dev'
 
 rm -rf "$root"/usr/bin/* "$root/usr/include/stdio.h"
-expect "a bare root" 1 test "make cmake gcc libc6-dev libopenblas-dev libcjson-dev pkg-config python3 python3-venv"
+expect "a bare root" 1 test "make cmake gcc libc6-dev libopenblas-dev libcjson-dev pkg-config python3 python3-venv python3-dev"
 
 exit $failed

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Optional
 
 import torch
 
 from .. import DType, Recipe, Seq, _C, default_context
-from . import _tensor
+from . import _ops, _tensor
 from ._tensor import component, to_opf, to_torch
 
 __all__ = ["Sequential", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SwiGLU",
@@ -33,12 +34,14 @@ _state = threading.local()
 @contextlib.contextmanager
 def autocast(recipe: Optional[Recipe] = None, enabled: bool = True):
     """Quantize every opfuse module called inside with recipe."""
-    prev = getattr(_state, "recipe", None)
+    prev = getattr(_state, "recipe", None), getattr(_state, "recipe_id", 0)
     _state.recipe = recipe if enabled else None
+    # the id is what a compiled forward reads (and guards on): an int
+    _state.recipe_id = _recipe_id(_state.recipe)
     try:
         yield
     finally:
-        _state.recipe = prev
+        _state.recipe, _state.recipe_id = prev
 
 
 def current_recipe() -> Optional[Recipe]:
@@ -145,6 +148,43 @@ def _activation(kind):
 GELU, ReLU, SiLU, SwiGLU = (_activation(k) for k in ("gelu", "relu", "silu", "swiglu"))
 
 
+_MODELS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_RECIPES: list = [None]
+_PLAN_CACHE: dict = {}
+_FROM_TORCH_DT = {t: int(d) for t, d in _tensor._FROM_TORCH.items()}
+
+
+def _register_model(m) -> int:
+    key = len(_PLAN_CACHE) + len(_MODELS) + 1
+    while key in _MODELS:
+        key += 1
+    _MODELS[key] = m
+    return key
+
+
+def _recipe_id(recipe) -> int:
+    """A small integer per distinct recipe value (0: none), so that the
+    resolve step's key is made of constants."""
+    if recipe is None:
+        return 0
+    try:
+        return _RECIPES.index(recipe)
+    except ValueError:
+        _RECIPES.append(recipe)
+        return len(_RECIPES) - 1
+
+
+@torch._dynamo.assume_constant_result
+def _resolved(key, recipe_id, needs_grad, dtype, *shape):
+    """The per-op plans of model `key` (resolved once per key): Dynamo calls
+    this at trace time and bakes the result, a tuple of constants."""
+    k = (key, recipe_id, needs_grad, dtype, shape)
+    r = _PLAN_CACHE.get(k)
+    if r is None:
+        r = _PLAN_CACHE[k] = _MODELS[key]._resolve(recipe_id, needs_grad, dtype, shape)
+    return r
+
+
 class _SeqFunction(torch.autograd.Function):
     """One C forward and one C backward for a whole Sequential."""
 
@@ -170,7 +210,7 @@ class Sequential(torch.nn.Module):
     """opfuse modules run by the C fuser: one call into C per forward and
     per backward; parameters share memory with the C side."""
 
-    def __init__(self, *modules, ctx=None):
+    def __init__(self, *modules, ctx=None, custom_ops=False):
         super().__init__()
         self.layers = torch.nn.ModuleList(modules)
         self._seq = Seq(ctx=ctx if ctx is not None else default_context())
@@ -189,12 +229,37 @@ class Sequential(torch.nn.Module):
                 plist.append(param)
                 self._c_grads.append(to_torch(p["grad"]))
         self._plist = plist
+        self.custom_ops = custom_ops
+        self._key = _register_model(self)
 
     def forward(self, x):
         # Grad mode is off inside Function.forward: decide here.
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or
                                                   any(p.requires_grad for p in self._plist))
+        if self.custom_ops or torch.compiler.is_compiling():
+            return self._forward_ops(x, needs_grad)
         return _SeqFunction.apply(self, needs_grad, x, *self._plist)
+
+    def _forward_ops(self, x, needs_grad):
+        """One forward custom op per basic op, each with its autograd
+        formula: what torch.compile sees."""
+        rid = getattr(_state, "recipe_id", 0)
+        dt = _FROM_TORCH_DT.get(x.dtype, -1)
+        plans = _resolved(self._key, rid, bool(needs_grad), dt, *x.shape)
+        for pid, cls, template, main, first in plans:
+            x = _ops.call(pid, cls, template, main, x, self._plist[first:])
+        return x
+
+    def _resolve(self, recipe_id, needs_grad, dtype, shape):
+        recipe = _RECIPES[recipe_id]
+        ops = [self._seq[i]._h for i in range(len(self._seq))]
+        res = _C.resolve(self._seq.ctx, ops, (shape, dtype, 0, 0, 0, 0), recipe, needs_grad, None)
+        out, first = [], 0
+        for r, op in zip(res, ops):
+            n = op.info()["num_params"]
+            out.append(_ops.add_plan(r, n) + (first,))
+            first += n
+        return tuple(out)
 
     def plans(self):
         return self._seq.plans()
