@@ -1,10 +1,12 @@
 /* bench_cuda.c: `opfuse bench cuda`: the GPU kernels timed with CUDA events
  * (median of REPS after WARMUP), random data:
  *   - a device-to-device copy of the quantizer's input bytes (the ceiling);
- *   - per-tensor FP8 quantize of a bf16 [M, K] tensor, in bytes read +
- *     written per second and as a fraction of the copy's rate;
- *   - cuBLASLt GEMMs at S^3: bf16, FP8 per-tensor (fast and split
- *     accumulation), in TFLOP/s.
+ *   - quantize of a bf16 [M, K] tensor (FP8 per-tensor, MXFP8, FP8 block),
+ *     in bytes read + written per second and as a fraction of the copy's
+ *     rate;
+ *   - GEMMs at S^3: bf16, FP8 per-tensor (fast and split accumulation),
+ *     FP8 block 1x128 x 128x128 and 1x128 x 1x128 (cuBLASLt), MXFP8
+ *     (dequantize + bf16 GEMM), in TFLOP/s.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
@@ -82,11 +84,17 @@ static opf_status run_copy(opf_ctx *ctx, void *p)
     return opf_cuda_copy(ctx, a->dst, a->src, a->bytes, OPF_CUDA_D2D);
 }
 
+static opf_status cuda_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                                opf_tensor *out)
+{
+    return opf_backend_get(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q, in, out, 0, 0);
+}
+
 typedef struct quant_arg { const opf_quantizer *q; const opf_tensor *in; opf_tensor *out; } quant_arg;
 static opf_status run_quant(opf_ctx *ctx, void *p)
 {
     quant_arg *a = p;
-    return opf_cuda_quantize_tensor_fp8(ctx, a->q, a->in, a->out, 0, 0);
+    return cuda_quantize(ctx, a->q, a->in, a->out);
 }
 
 typedef struct gemm_arg { opf_gemm_args g; } gemm_arg;
@@ -100,7 +108,29 @@ static void record(const char *name, const char *unit, double v, const char *not
     if (results) fprintf(results, "%s %.6g\n", name, v);
 }
 
-typedef struct qbench { const char *name; unsigned usage; bool delayed; } qbench;
+typedef struct qbench {
+    const char *name;
+    opf_scaling scaling;
+    unsigned    usage;
+    bool        delayed, mx2d;
+} qbench;
+
+#define ROW OPF_USAGE_ROWWISE
+#define ROWCOL (OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE)
+static const qbench qcases[] = {
+    {"fp8_current_row", OPF_SCALING_TENSOR, ROW, false, false},
+    {"fp8_current_rowcol", OPF_SCALING_TENSOR, ROWCOL, false, false},
+    {"fp8_delayed_row", OPF_SCALING_TENSOR, ROW, true, false},
+    {"fp8_delayed_rowcol", OPF_SCALING_TENSOR, ROWCOL, true, false},
+    {"mxfp8_row", OPF_SCALING_MXFP8, ROW, false, false},
+    {"mxfp8_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, false},
+    {"mxfp8_2d_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, true},
+    {"block1d_row", OPF_SCALING_BLOCK_1D, ROW, false, false},
+    {"block1d_rowcol", OPF_SCALING_BLOCK_1D, ROWCOL, false, false},
+    {"block2d_rowcol", OPF_SCALING_BLOCK_2D, ROWCOL, false, false},
+};
+#undef ROW
+#undef ROWCOL
 
 static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
 {
@@ -113,22 +143,20 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
     double copy_ms;
     if (time_ms(ctx, run_copy, &ca, &copy_ms)) return 1;
     double copy_gbs = 2.0 * (double)in_bytes / copy_ms * 1e-6;
-    printf("bf16 [%lld, %lld] -> FP8 per-tensor (GB/s = bytes read + written per s)\n",
+    printf("bf16 [%lld, %lld] -> FP8 (GB/s = bytes read + written per s)\n",
            (long long)M, (long long)K);
     record("copy_gbs", "GB/s", copy_gbs, "device copy of the input bytes");
     opf_delayed_state *ds = NULL;
     if (opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, 0, 16, OPF_AMAX_MAX, false, 1, &ds)) return 1;
-    static const qbench cases[] = {
-        {"fp8_current_row", OPF_USAGE_ROWWISE, false},
-        {"fp8_current_rowcol", OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE, false},
-        {"fp8_delayed_row", OPF_USAGE_ROWWISE, true},
-        {"fp8_delayed_rowcol", OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE, true},
-    };
+    const qbench *cases = qcases;
     int rc = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
+    for (size_t i = 0; i < sizeof qcases / sizeof qcases[0] && !rc; i++) {
         opf_quantizer q = opf_quantizer_default();
-        q.scaling = OPF_SCALING_TENSOR, q.qdtype = OPF_E4M3, q.usage = cases[i].usage;
+        q.scaling = cases[i].scaling, q.qdtype = OPF_E4M3, q.usage = cases[i].usage;
         q.delayed = cases[i].delayed ? ds : NULL;
+        q.mxfp8_2d = cases[i].mx2d;
+        q.pow2_scales = cases[i].scaling == OPF_SCALING_BLOCK_1D ||
+                        cases[i].scaling == OPF_SCALING_BLOCK_2D;  /* the recipe's default */
         opf_spec qs;
         opf_tensor out;
         if (opf_quantizer_spec(&q, &x.spec, &qs) || opf_cuda_tensor_alloc(ctx, &qs, &out)) return 1;
@@ -151,7 +179,7 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
     return rc;
 }
 
-typedef struct gbench { const char *name; bool fp8, split; } gbench;
+typedef struct gbench { const char *name; int a, b; bool split; } gbench;
 
 static int bench_gemm(opf_ctx *ctx, int64_t S)
 {
@@ -159,34 +187,48 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
     if (random_tensor(ctx, S, S, OPF_BF16, &a) || random_tensor(ctx, S, S, OPF_BF16, &b)) return 1;
     opf_spec ds = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
     if (opf_cuda_tensor_alloc(ctx, &ds, &d)) return 1;
-    opf_quantizer q = opf_quantizer_default();
-    q.scaling = OPF_SCALING_TENSOR, q.qdtype = OPF_E4M3, q.usage = OPF_USAGE_ROWWISE;
-    opf_spec qs;
-    opf_tensor qa, qb;
-    if (opf_quantizer_spec(&q, &a.spec, &qs) || opf_cuda_tensor_alloc(ctx, &qs, &qa) ||
-        opf_cuda_tensor_alloc(ctx, &qs, &qb) ||
-        opf_cuda_quantize_tensor_fp8(ctx, &q, &a, &qa, 0, 0) ||
-        opf_cuda_quantize_tensor_fp8(ctx, &q, &b, &qb, 0, 0))
-        return 1;
+    /* A and B in each format, rowwise copies: per-tensor, block 2D, block
+     * 1D, MXFP8 (index 0 is the bf16 tensor itself). */
+    static const opf_scaling fmts[] = {OPF_SCALING_NONE, OPF_SCALING_TENSOR, OPF_SCALING_BLOCK_2D,
+                                       OPF_SCALING_BLOCK_1D, OPF_SCALING_MXFP8};
+    enum { NF = sizeof fmts / sizeof fmts[0] };
+    opf_tensor qa[NF], qb[NF];
+    qa[0] = a, qb[0] = b;
+    for (int f = 1; f < NF; f++) {
+        opf_quantizer q = opf_quantizer_default();
+        q.scaling = fmts[f], q.qdtype = OPF_E4M3, q.usage = OPF_USAGE_ROWWISE;
+        q.pow2_scales = f == 2 || f == 3;
+        opf_spec qs;
+        if (opf_quantizer_spec(&q, &a.spec, &qs) || opf_cuda_tensor_alloc(ctx, &qs, &qa[f]) ||
+            opf_cuda_tensor_alloc(ctx, &qs, &qb[f]) || cuda_quantize(ctx, &q, &a, &qa[f]) ||
+            cuda_quantize(ctx, &q, &b, &qb[f]))
+            return 1;
+    }
     printf("GEMM TN %lld^3, bf16 output (TFLOP/s)\n", (long long)S);
     static const gbench cases[] = {
-        {"gemm_bf16_tflops", false, false},
-        {"gemm_fp8_fast_tflops", true, false},
-        {"gemm_fp8_split_tflops", true, true},
+        {"gemm_bf16_tflops", 0, 0, false},
+        {"gemm_fp8_fast_tflops", 1, 1, false},
+        {"gemm_fp8_split_tflops", 1, 1, true},
+        {"gemm_block_1x2_tflops", 2, 3, true},   /* A (weight) 128x128, B 1x128 */
+        {"gemm_block_1x1_tflops", 3, 3, true},
+        {"gemm_mxfp8_tflops", 4, 4, true},       /* dequantize + bf16 GEMM */
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
         opf_gemm_options o = opf_gemm_options_default();
         o.split_accumulator = cases[i].split;
-        gemm_arg ga = {{cases[i].fp8 ? &qa : &a, cases[i].fp8 ? &qb : &b, OPF_GEMM_TN, &o, &d, S, S, S}};
+        gemm_arg ga = {{&qa[cases[i].a], &qb[cases[i].b], OPF_GEMM_TN, &o, &d, S, S, S}};
         double ms;
         rc = time_ms(ctx, run_gemm, &ga, &ms);
         char note[32];
         snprintf(note, sizeof note, "%.3f ms", ms);
         if (!rc) record(cases[i].name, "TFLOP/s", 2.0 * (double)S * S * S / ms * 1e-9, note);
     }
-    opf_tensor *all[] = {&a, &b, &d, &qa, &qb};
-    for (int i = 0; i < 5; i++) opf_cuda_tensor_free(ctx, all[i]);
+    for (int f = 0; f < NF; f++) {
+        opf_cuda_tensor_free(ctx, &qa[f]);
+        opf_cuda_tensor_free(ctx, &qb[f]);
+    }
+    opf_cuda_tensor_free(ctx, &d);
     return rc;
 }
 

@@ -1,7 +1,11 @@
 """PyTorch peer of `opfuse bench cuda`, on the same GPU in the same run: a
-device copy, torch.compile of the FP8 current-scaling cast (with amax and the
-transposed copy), torch.mm (bf16) and torch._scaled_mm (FP8 per-tensor, fast
-and split accumulation). CUDA-event medians after warm-up, random data.
+device copy, torch.compile of each cast (FP8 current scaling with amax and the
+transposed copy; MXFP8 1x32 / 32x1 / 32x32 with E8M0 exponents; FP8 block
+1x128 and 128x128 with pow2 scales and transposed copies), torch.mm (bf16)
+and torch._scaled_mm (FP8 per-tensor, fast and split accumulation).
+CUDA-event medians after warm-up, random data. Block-scaled and MXFP8 GEMMs
+have no PyTorch peer on Hopper: the table compares them with opfuse's
+per-tensor FP8 GEMM and with torch.mm.
 Reads opfuse's "name value" file and prints the comparison table last.
 
 Usage: torch_cuda.py OPFUSE_RESULTS [M K S]      default 8192 8192 8192"""
@@ -38,6 +42,71 @@ def cast_rowcol(x):
     return q, q.t().contiguous(), sinv, amax
 
 
+F8 = torch.float8_e4m3fn
+
+
+def mx_cast(xb, dim):
+    """xb fp32 with 32-element blocks along dim: E8M0 exponent rounding up
+    amax/448, the elements times 2^-e."""
+    amax = xb.abs().amax(dim, keepdim=True)
+    e = torch.ceil(torch.log2(amax * (1.0 / 448.0))).clamp(-127.0, 127.0)
+    q = (xb * torch.exp2(-e)).clamp(-448.0, 448.0).to(F8)
+    return q, (e + 127.0).to(torch.uint8)
+
+
+def mxfp8_row(x):
+    M, K = x.shape
+    q, e = mx_cast(x.float().view(M, K // 32, 32), 2)
+    return q.view(M, K), e
+
+
+def mxfp8_rowcol(x):
+    M, K = x.shape
+    q, e = mxfp8_row(x)
+    qc, ec = mx_cast(x.float().view(M // 32, 32, K), 1)
+    return q, e, qc.view(M, K), ec
+
+
+def mxfp8_2d_rowcol(x):
+    M, K = x.shape
+    q, e = mx_cast(x.float().view(M // 32, 32, K // 32, 32), (1, 3))
+    q = q.view(M, K)
+    return q, q.clone(), e
+
+
+def blk_cast(xb, dim):
+    """Pow2 block scale 448/amax rounded down to a power of two."""
+    amax = xb.abs().amax(dim, keepdim=True).clamp(min=1e-30)
+    s = torch.exp2(torch.floor(torch.log2(448.0 / amax)))
+    return (xb * s).clamp(-448.0, 448.0).to(F8), 1.0 / s
+
+
+def block1d_row(x):
+    M, K = x.shape
+    q, s = blk_cast(x.float().view(M, K // 128, 128), 2)
+    return q.view(M, K), s
+
+
+def block1d_rowcol(x):
+    M, K = x.shape
+    q, s = block1d_row(x)
+    qc, sc = blk_cast(x.float().view(M // 128, 128, K), 1)
+    return q, s, qc.view(M, K).t().contiguous(), sc
+
+
+def block2d_rowcol(x):
+    M, K = x.shape
+    q, s = blk_cast(x.float().view(M // 128, 128, K // 128, 128), (1, 3))
+    q = q.view(M, K)
+    return q, q.t().contiguous(), s
+
+
+CASTS = (("fp8_current_row", cast_row, 1), ("fp8_current_rowcol", cast_rowcol, 2),
+         ("mxfp8_row", mxfp8_row, 1), ("mxfp8_rowcol", mxfp8_rowcol, 2),
+         ("mxfp8_2d_rowcol", mxfp8_2d_rowcol, 2), ("block1d_row", block1d_row, 1),
+         ("block1d_rowcol", block1d_rowcol, 2), ("block2d_rowcol", block2d_rowcol, 2))
+
+
 def main():
     path = sys.argv[1]
     M, K, S = (int(a) for a in sys.argv[2:5]) if len(sys.argv) >= 5 else (8192, 8192, 8192)
@@ -49,7 +118,7 @@ def main():
     in_bytes = x.numel() * 2
     ms = median_ms(lambda: y.copy_(x))
     peer["copy_gbs"] = 2 * in_bytes / ms * 1e-6
-    for name, fn, copies in (("fp8_current_row", cast_row, 1), ("fp8_current_rowcol", cast_rowcol, 2)):
+    for name, fn, copies in CASTS:
         c = torch.compile(fn)
         ms = median_ms(lambda: c(x))
         peer[name + "_gbs"] = in_bytes * (1 + copies / 2) / ms * 1e-6
@@ -83,11 +152,20 @@ def main():
         ("gemm_fp8_fast_tflops", "TF/s", "_scaled_mm fast"),
         ("gemm_fp8_split_tflops", "TF/s", "_scaled_mm split"),
     ]
+    rows[5:5] = [(n + "_gbs", "GB/s", "torch.compile cast") for n, _, _ in CASTS[2:]]
     for k, unit, what in rows:
         pk = k.replace("delayed", "current")
         o, p = ours.get(k), peer.get(pk)
         r = f"{o / p:6.2f}" if o and p else "     -"
         print(f"{k + ' (' + unit + ')':34s} {o or 0:9.1f} {p or 0:9.1f} {r}  {what}")
+    # No PyTorch peer on Hopper: against opfuse's per-tensor FP8 (split) and torch.mm.
+    fp8, bf16 = ours.get("gemm_fp8_split_tflops"), peer.get("gemm_bf16_tflops")
+    for k, base, what in (("gemm_block_1x2_tflops", fp8, "x our FP8 per-tensor split"),
+                          ("gemm_block_1x1_tflops", fp8, "x our FP8 per-tensor split"),
+                          ("gemm_mxfp8_tflops", bf16, "x torch.mm speed (time ratio = 1/x)")):
+        o = ours.get(k)
+        r = f"{o / base:6.2f}" if o and base else "     -"
+        print(f"{k + ' (TF/s)':34s} {o or 0:9.1f} {base or 0:9.1f} {r}  {what}")
     for k in sorted(ours):
         if k.endswith("_gbs") and k != "copy_gbs":
             print(f"{k:34s} {100 * ours[k] / ours['copy_gbs']:8.1f}% of our device copy")

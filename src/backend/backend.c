@@ -30,8 +30,18 @@ static const opf_backend_i cpu_backend = {
 /* Filled family by family as the kernels land (src/backend/cuda/). */
 static const opf_backend_i cuda_backend = {
     .name = "cuda",
-    .quantize = {[OPF_SCALING_TENSOR] = opf_cuda_quantize_tensor_fp8},
-    .dequantize = {[OPF_SCALING_TENSOR] = opf_cuda_dequantize_tensor_fp8},
+    .quantize = {
+        [OPF_SCALING_TENSOR]   = opf_cuda_quantize_tensor_fp8,
+        [OPF_SCALING_MXFP8]    = opf_cuda_quantize_mxfp8,
+        [OPF_SCALING_BLOCK_1D] = opf_cuda_quantize_block,
+        [OPF_SCALING_BLOCK_2D] = opf_cuda_quantize_block,
+    },
+    .dequantize = {
+        [OPF_SCALING_TENSOR]   = opf_cuda_dequantize_tensor_fp8,
+        [OPF_SCALING_MXFP8]    = opf_cuda_dequantize_mxfp8,
+        [OPF_SCALING_BLOCK_1D] = opf_cuda_dequantize_block,
+        [OPF_SCALING_BLOCK_2D] = opf_cuda_dequantize_block,
+    },
     .gemm = opf_cuda_gemm,
 };
 #endif

@@ -1,6 +1,8 @@
 /* test_cuda_quant.c: the GPU quantization kernels against the CPU reference,
  * byte for byte: every component (data, transposed copy, scale_inv, amax),
- * the dequantized values, and the delayed-scaling state after ten steps. */
+ * the dequantized values, and the delayed-scaling state after ten steps;
+ * per-tensor FP8, MXFP8 (1x32 / 32x1 / 32x32, compact and swizzled scales)
+ * and FP8 block scaling (1x128, 128x128). */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -22,6 +24,9 @@ static const struct { int nd; int64_t s[3]; } shapes[] = {
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 
+/* The kernel table of a device (both are built here). */
+static const opf_backend_i *table(opf_device dev) { return opf_backend_get(dev); }
+
 /* Dequantizes copy `which` on both devices and compares the fp32 bytes. */
 static void check_dequantize(opf_ctx *ctx, const opf_tensor *hq, const opf_tensor *dq,
                              unsigned which, const char *what)
@@ -29,9 +34,10 @@ static void check_dequantize(opf_ctx *ctx, const opf_tensor *hq, const opf_tenso
     int64_t n = opf_spec_numel(&hq->spec);
     float *ref = malloc((size_t)n * sizeof *ref), *got = malloc((size_t)n * sizeof *got);
     void *dev = NULL;
-    CHECK_OK(ctx, opf_cpu_dequantize_tensor_fp8(ctx, hq, which, ref));
+    opf_scaling sc = hq->spec.scaling;
+    CHECK_OK(ctx, table(OPF_DEVICE_CPU)->dequantize[sc](ctx, hq, which, ref));
     CHECK_OK(ctx, opf_cuda_alloc(ctx, (size_t)n * sizeof(float), &dev));
-    CHECK_OK(ctx, opf_cuda_dequantize_tensor_fp8(ctx, dq, which, dev));
+    CHECK_OK(ctx, table(OPF_DEVICE_CUDA)->dequantize[sc](ctx, dq, which, dev));
     CHECK_OK(ctx, opf_cuda_copy(ctx, got, dev, (size_t)n * sizeof(float), OPF_CUDA_D2H));
     CHECK(!memcmp(ref, got, (size_t)n * sizeof(float)), "dequantize %s (%s copy) differs", what,
           which == OPF_USAGE_ROWWISE ? "rowwise" : "columnwise");
@@ -50,10 +56,10 @@ static void check_case(opf_ctx *ctx, const opf_quantizer *q, const opf_quantizer
     CHECK_OK(ctx, opf_quantize_alloc(ctx, q, &hin, &hq));
     CHECK_OK(ctx, cuda_test_upload(ctx, &hin, &din));
     CHECK_OK(ctx, opf_cuda_tensor_alloc(ctx, &hq.spec, &dq));
-    CHECK_OK(ctx, opf_cuda_quantize_tensor_fp8(ctx, q_gpu, &din, &dq, 0, 0));
+    CHECK_OK(ctx, table(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q_gpu, &din, &dq, 0, 0));
     CHECK_OK(ctx, cuda_test_download(ctx, &dq, &got));
     CHECK(opf_test_same_bytes(&hq, &got), "quantize %s differs from the CPU", what);
-    check_dequantize(ctx, &hq, &dq, OPF_USAGE_ROWWISE, what);
+    if (q->usage & OPF_USAGE_ROWWISE) check_dequantize(ctx, &hq, &dq, OPF_USAGE_ROWWISE, what);
     if (q->usage & OPF_USAGE_COLUMNWISE) check_dequantize(ctx, &hq, &dq, OPF_USAGE_COLUMNWISE, what);
     opf_tensor_release(&hin);
     opf_tensor_release(&hq);
@@ -155,12 +161,86 @@ static void test_delayed(opf_ctx *ctx)
     }
 }
 
+/* One quantizer of a block format over shapes x input dtypes x element
+ * dtypes x usages, on data with edge values (inf and NaN every other case). */
+typedef struct shape_case { int nd; int64_t s[3]; } shape_case;
+
+static void sweep(opf_ctx *ctx, const opf_quantizer *base, const shape_case *sh, int n_sh,
+                  const char *mode)
+{
+    static const unsigned all_usages[] = {OPF_USAGE_ROWWISE, OPF_USAGE_COLUMNWISE,
+                                          OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE};
+    int count = 0;
+    for (int si = 0; si < n_sh; si++)
+        for (int di = 0; di < 3; di++)
+            for (int qi = 0; qi < 2; qi++)
+                for (int ui = 0; ui < 3; ui++, count++) {
+                    opf_spec sp = opf_spec_make(sh[si].nd, sh[si].s, in_dtypes[di]);
+                    int64_t n = opf_spec_numel(&sp);
+                    float *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+                    bool special = count % 2 == 0;
+                    cuda_test_fill(x, n, 1.0f, 7, special);
+                    opf_quantizer q = *base;
+                    q.qdtype = q_dtypes[qi];
+                    q.usage = all_usages[ui];
+                    char what[192], ss[96];
+                    opf_spec_str(&sp, ss, sizeof ss);
+                    snprintf(what, sizeof what, "%s %s -> %s usage %u%s", mode, ss,
+                             opf_dtype_name(q.qdtype), q.usage, special ? " (inf/nan)" : "");
+                    check_case(ctx, &q, &q, &sp, x, what);
+                    free(x);
+                }
+    printf("  %s: %d cases\n", mode, count);
+}
+
+/* MXFP8: 1x32 / 32x1 blocks and 32x32 tiles, compact and swizzled scales;
+ * shapes that fill the 64x128 tiles of the kernel and cut them. */
+static void test_mxfp8(opf_ctx *ctx)
+{
+    static const shape_case sh[] = {
+        {2, {32, 32}}, {2, {64, 128}}, {2, {96, 160}}, {3, {2, 64, 96}}, {2, {160, 4160}},
+        {2, {512, 1024}},
+    };
+    static const char *modes[] = {"mxfp8 1d compact", "mxfp8 1d swizzled", "mxfp8 2d compact",
+                                  "mxfp8 2d swizzled"};
+    for (int mi = 0; mi < 4; mi++) {
+        opf_quantizer q = opf_quantizer_default();
+        q.scaling = OPF_SCALING_MXFP8;
+        q.swizzled = mi % 2 == 1;
+        q.mxfp8_2d = mi >= 2;
+        sweep(ctx, &q, sh, (int)(sizeof sh / sizeof sh[0]), modes[mi]);
+    }
+}
+
+/* FP8 block scaling 1x128 and 128x128: shapes that are not multiples of
+ * the tiles (the layout takes multiples of 16), with and without
+ * power-of-two scales and an epsilon. */
+static void test_block(opf_ctx *ctx)
+{
+    static const shape_case sh[] = {
+        {2, {16, 16}},  {2, {48, 80}},   {2, {144, 304}},  {2, {128, 256}}, {2, {256, 48}},
+        {2, {16, 2000}}, {3, {2, 64, 96}}, {2, {208, 1008}}, {2, {384, 1024}},
+    };
+    static const char *modes[] = {"block 1d pow2", "block 1d fp32 eps", "block 2d pow2",
+                                  "block 2d fp32 eps"};
+    for (int mi = 0; mi < 4; mi++) {
+        opf_quantizer q = opf_quantizer_default();
+        q.scaling = mi >= 2 ? OPF_SCALING_BLOCK_2D : OPF_SCALING_BLOCK_1D;
+        q.pow2_scales = mi % 2 == 0;
+        q.amax_epsilon = mi % 2 ? 1e-3f : 0.0f;
+        sweep(ctx, &q, sh, (int)(sizeof sh / sizeof sh[0]), modes[mi]);
+    }
+}
+
 int main(void)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);  /* progress survives a crash */
     opf_ctx *ctx = cuda_test_ctx();
     test_current(ctx);
     test_current_reduce(ctx);
     test_delayed(ctx);
+    test_mxfp8(ctx);
+    test_block(ctx);
     cuda_test_done(ctx);
     TEST_DONE();
 }

@@ -152,6 +152,112 @@ __device__ __forceinline__ float opf_dev_scale_from_amax(float amax, float fp8_m
     return ab >= 0x7F800000u || ab == 0 ? 1.0f : s;
 }
 
+/* Loads 8 elements x[0..8) as fp32: 16-byte loads (two for f32); x must be
+ * 16-byte aligned. */
+template <typename T> __device__ __forceinline__ void opf_dev_load8(const T *x, float v[8])
+{
+    if (sizeof(T) == 2) {
+        uint4 u = *(const uint4 *)x;
+        const T *h = (const T *)&u;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = opf_dev_widen<T>(h[i]);
+    } else {
+        float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+}
+
+/* Loads the n <= 8 elements of x[0..n) that exist, zeros after: the tail
+ * path of the tiled kernels (0 is neutral for every amax). */
+template <typename T>
+__device__ __forceinline__ void opf_dev_load8_part(const T *x, int n, float v[8])
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = i < n ? opf_dev_widen<T>(x[i]) : 0.0f;
+}
+
+/* 8 bytes cvt(fl(v[i] * s[i])), element 0 in the low byte. */
+__device__ __forceinline__ uint2 opf_dev_cast8(const float v[8], const float s[8], bool e4m3)
+{
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t lo = opf_dev_to_fp8x2(make_float2(v[4 * h] * s[4 * h], v[4 * h + 1] * s[4 * h + 1]), e4m3);
+        uint32_t hi = opf_dev_to_fp8x2(make_float2(v[4 * h + 2] * s[4 * h + 2], v[4 * h + 3] * s[4 * h + 3]),
+                                       e4m3);
+        w[h] = lo | hi << 16;
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+/* Stores the 8 bytes b to q[0..n), n <= 8: whole when vec (q 8-byte
+ * aligned, n == 8), else byte by byte. */
+__device__ __forceinline__ void opf_dev_store8(uint8_t *q, uint2 b, int n, bool vec)
+{
+    if (vec) {
+        *(uint2 *)q = b;
+        return;
+    }
+    const uint8_t *bb = (const uint8_t *)&b;
+    for (int i = 0; i < n; i++) q[i] = bb[i];
+}
+
+/* The max of key over the lanes xor-reachable through masks below `width`
+ * (a power of two): the lanes of one block of width threads. */
+__device__ __forceinline__ unsigned opf_dev_max_lanes(unsigned key, int width)
+{
+    for (int o = 1; o < width; o <<= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+    return key;
+}
+
+/* numerics.md 1.4: fp32 -> E8M0, rounding up (as opf_f32_to_e8m0_impl). */
+__device__ __forceinline__ uint8_t opf_dev_to_e8m0(float x)
+{
+    unsigned a = __float_as_uint(x) & 0x7FFFFFFFu, e = a >> 23, m = a & 0x7FFFFFu;
+    unsigned r = e + ((m != 0) & (e != 254) & !(e == 0 && m <= 0x400000u));
+    r = a == 0x7F800000u ? 254u : r;
+    return (uint8_t)(a > 0x7F800000u ? 255u : r);
+}
+
+/* 1.4: the encode multiplier 2^(127-E); E=254 -> 2^-127, E=255 -> NaN. */
+__device__ __forceinline__ float opf_dev_e8m0_mult(uint8_t e)
+{
+    unsigned b = (unsigned)(254 - e) << 23;
+    b = e == 254 ? 0x00400000u : b;
+    return __uint_as_float(e == 255 ? 0x7FC00000u : b);
+}
+
+/* 1.4: the decode scale 2^(E-127); E=0 -> 2^-127, E=255 -> NaN. */
+__device__ __forceinline__ float opf_dev_e8m0_scale(uint8_t e)
+{
+    unsigned b = (unsigned)e << 23;
+    b = e == 0 ? 0x00400000u : b;
+    return __uint_as_float(e == 255 ? 0x7FC00000u : b);
+}
+
+/* fl(fp8(q) * s) with the CPU's NaN bits: its decode of a NaN code is the
+ * quiet NaN with the code's sign, which x86 multiplies pass through, and a
+ * NaN scale with a number gives the scale's 0x7FC00000 (the GPU would
+ * canonicalize both). */
+__device__ __forceinline__ float opf_dev_dequant(uint8_t q, float s, bool e4m3)
+{
+    float v = opf_dev_from_fp8(q, e4m3), r = v * s;
+    if (!isnan(r)) return r;
+    return __uint_as_float(isnan(v) ? (uint32_t)(q & 0x80u) << 24 | 0x7FC00000u : 0x7FC00000u);
+}
+
+/* numerics.md 4.4: where S[i][j] of a scale matrix with C columns (a
+ * multiple of 4) lives in the GEMM-swizzled layout. */
+__device__ __forceinline__ int64_t opf_dev_swizzle_index(int64_t i, int64_t j, int64_t C)
+{
+    return (((i >> 7) * (C >> 2) + (j >> 2)) << 9) + ((i & 31) << 4) + (((i >> 5) & 3) << 2) +
+           (j & 3);
+}
+
+/* Whether p allows 16-byte accesses. */
+static inline bool opf_cuda_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 /* Grid size of a grid-stride loop over n items at `threads` per block. */
 static inline unsigned opf_cuda_grid(const opf_cuda_state *s, int64_t n, int threads)
 {

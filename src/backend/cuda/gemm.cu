@@ -13,13 +13,24 @@
  *   plain bf16 / f16   fp32 compute
  *   FP8 per-tensor     A_SCALE / B_SCALE_POINTER = the copies' scale_inv,
  *                      FAST_ACCUM unless opts->split_accumulator
+ *   FP8 block          the same pointers with A_SCALE_MODE / B_SCALE_MODE
+ *                      VEC128_32F (1x128) or BLK128x128_32F (128x128 tiles);
+ *                      the quantizer's scale layouts are the ones cuBLASLt
+ *                      reads; always split accumulation (5.3, 5.4); 2D x 2D
+ *                      refused, as cuBLASLt and the CPU GEMM do
+ *   MXFP8              no cuBLASLt algorithm on Hopper: each operand's copy is
+ *                      dequantized to bf16 (exact: an e4m3/e5m2 value times a
+ *                      power of two) into scratch, then the bf16 GEMM. A fused
+ *                      kernel applying the 1x32 scales between wgmma steps
+ *                      (one FP8 wgmma is K = 32) would save the two passes
+ *                      (13% of the time at 8192^3) and run at the FP8 rate.
  * Epilogue: D = alpha * acc + beta * D_old (accumulate), plus bias[n] (the
  * BIAS epilogue, in D's dtype). Pairs cuBLASLt cannot write (plain f32 into
  * bf16/f16, bf16 into f16...) go through an fp32 D in scratch and a
  * conversion. An FP8 D is the per-tensor quantize kernel run on an fp32
  * result, as on the CPU (cuBLASLt's own FP8 output with D_SCALE/AMAX_D
- * would save that pass: not done yet). Block scaling, MXFP8 and NVFP4 are
- * not here yet: OPF_ERR_UNSUPPORTED.
+ * would save that pass: not done yet). NVFP4 is not here yet:
+ * OPF_ERR_UNSUPPORTED.
  *
  * The algorithm for a shape comes from cublasLtMatmulAlgoGetHeuristic once
  * and is cached in the context's CUDA state. */
@@ -34,6 +45,7 @@ typedef struct algo_key {
     cublasOperation_t opa, opb;
     cublasLtEpilogue_t epi;
     int              fast_accum, beta_nonzero;
+    int32_t          mode_a, mode_b;  /* cuBLASLt scale modes */
 } algo_key;
 
 struct opf_cuda_algo_entry {
@@ -49,6 +61,7 @@ typedef struct lt_operand {
     uint64_t          rows, cols;  /* the stored column-major matrix */
     int64_t           ld;
     const float      *scale;       /* FP8: device scale_inv; else NULL */
+    int32_t           mode;        /* FP8: cublasLtMatmulMatrixScale_t */
 } lt_operand;
 
 static cudaDataType_t plain_type(opf_dtype dt)
@@ -64,10 +77,13 @@ static void make_operand(const opf_tensor *t, bool rowwise, bool kmajor, int64_t
     if (t->spec.scaling == OPF_SCALING_NONE) {
         o->p = t->data[OPF_COMP_DATA];
         o->type = plain_type(t->spec.dtype);
-    } else {  /* per-tensor FP8: both copies are stored [idx, K] */
+    } else {  /* FP8 per-tensor or block: both copies are stored [idx, K] */
         o->p = t->data[rowwise ? OPF_COMP_DATA : OPF_COMP_COL_DATA];
         o->type = t->spec.qdtype == OPF_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
         o->scale = (const float *)t->data[rowwise ? OPF_COMP_SCALE_INV : OPF_COMP_COL_SCALE_INV];
+        o->mode = t->spec.scaling == OPF_SCALING_BLOCK_1D ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                  : t->spec.scaling == OPF_SCALING_BLOCK_2D ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                            : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
         kmajor = true;
     }
     o->rows = (uint64_t)(kmajor ? K : idx);
@@ -138,6 +154,7 @@ static algo_key key_of(const lt_call *c, cublasLtEpilogue_t epi)
     k.ta = c->a.type, k.tb = c->b.type, k.td = c->td, k.tbias = c->tbias;
     k.opa = c->a.op, k.opb = c->b.op, k.epi = epi;
     k.fast_accum = c->fast_accum, k.beta_nonzero = c->beta != 0.0f;
+    k.mode_a = c->a.mode, k.mode_b = c->b.mode;
     return k;
 }
 
@@ -191,6 +208,10 @@ static opf_status descs_make(opf_ctx *ctx, const lt_call *c, cublasLtEpilogue_t 
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, c->b.scale);
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
     }
+    if (c->a.mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, c->a.mode);
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, c->b.mode);
+    }
     if (c->bias) {
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c->bias);
@@ -218,9 +239,9 @@ static opf_status pick_algo(opf_ctx *ctx, opf_cuda_state *s, const lt_descs *x, 
     cublasLtMatmulPreferenceDestroy(pref);
     if (e != CUBLAS_STATUS_SUCCESS || found == 0)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm: cuBLASLt has no algorithm for M=%lld "
-                         "N=%lld K=%lld with A type %d, B type %d, D type %d (%s)",
-                         (long long)k->n, (long long)k->m, (long long)k->k, (int)k->ta,
-                         (int)k->tb, (int)k->td,
+                         "N=%lld K=%lld with A type %d, B type %d, D type %d, scale modes %d x %d "
+                         "(%s)", (long long)k->n, (long long)k->m, (long long)k->k, (int)k->ta,
+                         (int)k->tb, (int)k->td, (int)k->mode_a, (int)k->mode_b,
                          e != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(e) : "none found");
     opf_status st = cache_algo(ctx, s, k, &r.algo);
     if (st) return st;
@@ -252,9 +273,13 @@ static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
 static opf_status check_formats(opf_ctx *ctx, const opf_gemm_args *g)
 {
     opf_scaling sc = g->a->spec.scaling;
-    if (sc != OPF_SCALING_NONE && sc != OPF_SCALING_TENSOR)
+    if (sc == OPF_SCALING_NVFP4_1D || sc == OPF_SCALING_NVFP4_2D)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm (cuda): %s operands are not supported "
                          "on the GPU yet", opf_scaling_name(sc));
+    if (sc == OPF_SCALING_BLOCK_2D && g->b->spec.scaling == OPF_SCALING_BLOCK_2D)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm (cuda): A and B are both %s (128x128 "
+                         "tiles); cuBLASLt has no 2D x 2D block GEMM, quantize one operand in 1D "
+                         "blocks", opf_scaling_name(sc));
     if (sc == OPF_SCALING_NONE && g->a->spec.dtype != g->b->spec.dtype)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm (cuda): plain A is %s and B is %s; the "
                          "GPU GEMM takes one dtype", opf_dtype_name(g->a->spec.dtype),
@@ -302,7 +327,8 @@ static opf_status gemm_into(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args
     c.m = g->n, c.n = g->m, c.k = g->k;
     c.alpha = o->alpha;
     c.beta = o->accumulate ? o->beta : 0.0f;
-    c.fast_accum = !o->split_accumulator;
+    /* block scaling always accumulates split (5.4) */
+    c.fast_accum = !o->split_accumulator && c.a.mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     opf_status st;
     if (o->bias) {
         c.tbias = c.td;
@@ -320,19 +346,57 @@ static opf_status gemm_into(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args
     return OPF_OK;
 }
 
-extern "C" opf_status opf_cuda_gemm(opf_ctx *ctx, const opf_gemm_args *g)
+static size_t pad256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* The spec of an MXFP8 operand decoded: bf16 of its logical shape (the
+ * data comes from mxfp8_decode). */
+static void mxfp8_plain(const opf_tensor *t, opf_tensor *out)
+{
+    memset(out, 0, sizeof *out);
+    out->spec = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_BF16);
+    out->spec.device = OPF_DEVICE_CUDA;
+}
+
+static opf_status mxfp8_decode(opf_ctx *ctx, const opf_tensor *t, bool rowwise, opf_tensor *out)
+{
+    return opf_cuda_dequantize_mxfp8_bf16(ctx, t, rowwise ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE,
+                                          out->data[OPF_COMP_DATA]);
+}
+
+extern "C" opf_status opf_cuda_gemm(opf_ctx *ctx, const opf_gemm_args *g_in)
 {
     opf_cuda_state *s = opf_cuda_state_of(ctx, "gemm (cuda)");
     if (!s) return OPF_ERR_STATE;
-    opf_status st = check_formats(ctx, g);
+    opf_status st = check_formats(ctx, g_in);
     if (st) return st;
+    /* scratch: the bf16 operands of an MXFP8 GEMM, an fp32 D when cuBLASLt
+     * cannot write D itself, then the bias */
+    bool mx = g_in->a->spec.scaling == OPF_SCALING_MXFP8;
+    size_t a_bytes = mx ? pad256((size_t)(g_in->n * g_in->k) * 2) : 0;
+    size_t b_bytes = mx ? pad256((size_t)(g_in->m * g_in->k) * 2) : 0;
+    opf_gemm_args gm = *g_in;
+    const opf_gemm_args *g = &gm;
+    opf_tensor pa, pb;
+    if (mx) {
+        mxfp8_plain(g_in->a, &pa);
+        mxfp8_plain(g_in->b, &pb);
+        gm.a = &pa, gm.b = &pb;
+    }
     bool direct = direct_output(g), fp8_out = g->opts->out_quantizer != NULL;
-    /* scratch: an fp32 D when cuBLASLt cannot write D itself, then the bias */
-    size_t y_bytes = direct ? 0 : (size_t)(g->m * g->n) * sizeof(float);
-    size_t y_pad = (y_bytes + 255) / 256 * 256;
+    size_t y_pad = direct ? 0 : pad256((size_t)(g->m * g->n) * sizeof(float));
     void *scratch = NULL;
-    if ((st = opf_cuda_scratch(ctx, s, y_pad + (size_t)g->n * sizeof(float) + 256, &scratch)))
+    if ((st = opf_cuda_scratch(ctx, s, a_bytes + b_bytes + y_pad + (size_t)g->n * sizeof(float) + 256,
+                               &scratch)))
         return st;
+    bool a_row = g->layout == OPF_GEMM_TN, b_row = g->layout != OPF_GEMM_NT;  /* 5.1 */
+    if (mx) {
+        pa.data[OPF_COMP_DATA] = scratch;
+        pb.data[OPF_COMP_DATA] = (char *)scratch + a_bytes;
+        if ((st = mxfp8_decode(ctx, g_in->a, a_row, &pa)) ||
+            (st = mxfp8_decode(ctx, g_in->b, b_row, &pb)))
+            return st;
+        scratch = (char *)scratch + a_bytes + b_bytes;
+    }
     float *y = (float *)scratch;
     if (g->m != 0 && g->n != 0 &&
         (st = gemm_into(ctx, s, g, direct, y, (char *)scratch + y_pad)))

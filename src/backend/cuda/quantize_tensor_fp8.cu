@@ -40,21 +40,6 @@ __device__ __forceinline__ float scale_of(const scale_src &src)
                                    src.eps, FLT_MAX);
 }
 
-/* Loads 8 elements x[0..8) as fp32; 16-byte loads (two for f32). */
-template <typename T> __device__ __forceinline__ void load8(const T *x, float v[VEC])
-{
-    if (sizeof(T) == 2) {
-        uint4 u = *(const uint4 *)x;
-        const T *h = (const T *)&u;
-#pragma unroll
-        for (int i = 0; i < VEC; i++) v[i] = opf_dev_widen<T>(h[i]);
-    } else {
-        float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-}
-
 /* 8 bytes cvt(fl(v * s)), element 0 in the low byte. */
 __device__ __forceinline__ uint2 cast8(const float v[VEC], float s, bool e4m3)
 {
@@ -104,7 +89,7 @@ __global__ void flat_kernel(const T *__restrict__ x, int64_t n, bool vec, scale_
     int64_t nv = vec ? n / VEC : 0;
     for (int64_t c = i0; c < nv; c += stride) {
         float v[VEC];
-        load8<T>(x + c * VEC, v);
+        opf_dev_load8<T>(x + c * VEC, v);
 #pragma unroll
         for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
         if (CAST) *(uint2 *)(q + c * VEC) = cast8(v, s, e4m3);
@@ -144,7 +129,7 @@ cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, scale_src s
     for (int p = 0; p < PASSES; p++) {
         int64_t m = m0 + tr + p * ROW_STEP;
         if (VEC_IO) {
-            if (m < M && k < K) load8<T>(x + m * K + k, v[p]);
+            if (m < M && k < K) opf_dev_load8<T>(x + m * K + k, v[p]);
             else
 #pragma unroll
                 for (int i = 0; i < VEC; i++) v[p][i] = 0.0f;
@@ -233,15 +218,13 @@ __global__ void dequant_t_kernel(const uint8_t *__restrict__ qt, int64_t M, int6
 
 /* ---- host side ----------------------------------------------------------- */
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 template <typename T>
 static opf_status launch_amax(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t n,
                               unsigned *amax)
 {
     scale_src none = {NULL, 1.0f, 0.0f, 0.0f, false};
     flat_kernel<T, false><<<opf_cuda_grid(s, n / VEC + 1, THREADS), THREADS, 0, s->stream>>>(
-        (const T *)x, n, aligned16(x), none, true, NULL, NULL, amax, NULL);
+        (const T *)x, n, opf_cuda_aligned16(x), none, true, NULL, NULL, amax, NULL);
     OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 amax)");
     return OPF_OK;
 }
@@ -256,14 +239,14 @@ static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *x, in
     if (!(out->spec.usage & OPF_USAGE_COLUMNWISE)) {
         int64_t n = M * K;
         flat_kernel<T, true><<<opf_cuda_grid(s, n / VEC + 1, THREADS), THREADS, 0, s->stream>>>(
-            (const T *)x, n, aligned16(x) && aligned16(q), src, e4m3, q, sinv, amax, amax2);
+            (const T *)x, n, opf_cuda_aligned16(x) && opf_cuda_aligned16(q), src, e4m3, q, sinv, amax, amax2);
         OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 cast)");
         return OPF_OK;
     }
     uint8_t *qt = (uint8_t *)out->data[OPF_COMP_COL_DATA];
     float *sinv_col = (float *)out->data[OPF_COMP_COL_SCALE_INV];
     dim3 grid((unsigned)((K + TILE_K - 1) / TILE_K), (unsigned)((M + TILE_M - 1) / TILE_M));
-    bool vec = K % VEC == 0 && M % 16 == 0 && aligned16(x) && aligned16(q) && aligned16(qt);
+    bool vec = K % VEC == 0 && M % 16 == 0 && opf_cuda_aligned16(x) && opf_cuda_aligned16(q) && opf_cuda_aligned16(qt);
     if (vec)
         cast_transpose_kernel<T, true><<<grid, THREADS, 0, s->stream>>>(
             (const T *)x, M, K, src, e4m3, q, qt, sinv, sinv_col, amax, amax2);
