@@ -70,6 +70,25 @@ typedef struct opf_backend_i {
 /* The table of a device; NULL when this build lacks it. */
 const opf_backend_i *opf_backend_get(opf_device dev);
 
+/* The kernel families of a table, as opf_backend_kernels names them. */
+typedef enum opf_kernel_family {
+    OPF_KERNELS_SCALE = 0,  /* opf_scale_kernels */
+    OPF_KERNELS_NORM  = 1,  /* opf_norm_kernels */
+    OPF_KERNELS_ACT   = 2,  /* opf_act_kernels */
+    OPF_KERNELS_ELEM  = 3,  /* opf_elem_kernels */
+    OPF_KERNELS_OPTIM = 4,  /* opf_optim_kernels */
+    OPF_KERNELS_COUNT
+} opf_kernel_family;
+
+/* The sub-table of family f on device dev (a pointer to the family's struct,
+ * commented above); NULL, with OPF_ERR_UNSUPPORTED naming `who`, the family
+ * and the device, when this build has no such kernels there. The one lookup
+ * every op dispatcher goes through:
+ *   const opf_norm_kernels *k = opf_backend_kernels(ctx, "rmsnorm", dev, OPF_KERNELS_NORM);
+ */
+const void *opf_backend_kernels(opf_ctx *ctx, const char *who, opf_device dev,
+                                opf_kernel_family f);
+
 /* CPU kernels (src/backend/cpu/). 2D tiles share one file per scaling family. */
 opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *, const opf_quantizer *, const opf_tensor *,
                                        opf_tensor *, const opf_quantize_state *);

@@ -26,13 +26,6 @@ enum {
     LUT_MIN = 1 << 18,     /* from this many 16-bit inputs a byte table pays off */
 };
 
-static int nthreads(opf_ctx *ctx, int64_t n)
-{
-    int t = ctx ? opf_ctx_num_threads(ctx) : 0;
-    if (n < PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
 /* q = cvt(fl(x_f * s)) over the flat tensor, straight from the input dtype;
  * the columnwise copy, when wanted, is transposed from q afterwards (a pass
  * over the bytes costs less than casting in short strided strips). lut, if
@@ -122,7 +115,7 @@ opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q, con
     int64_t M, K;
     opf_shape_2d(&in->spec, &M, &K);
     int64_t n = M * K;
-    int nt = nthreads(ctx, n);
+    int nt = opf_cpu_threads(ctx, n, PAR_MIN);
     const void *x = in->data[OPF_COMP_DATA];
     float amax = opf_cpu_input_amax(x, in->spec.dtype, n, nt), scale = 1.0f, amax_rec = 0.0f;
     opf_status st = tensor_scale(ctx, q, qs, amax, &scale, &amax_rec);
@@ -153,7 +146,7 @@ opf_status opf_cpu_dequantize_tensor_fp8(opf_ctx *ctx, const opf_tensor *t, unsi
     int64_t M, K;
     opf_shape_2d(&t->spec, &M, &K);
     int64_t n = M * K;
-    int nt = nthreads(ctx, n);
+    int nt = opf_cpu_threads(ctx, n, PAR_MIN);
     float lut[256];
     opf_fp8_decode_table(t->spec.qdtype, lut);
     bool col = which == OPF_USAGE_COLUMNWISE;

@@ -659,22 +659,11 @@ static const char *unsupported(const opf_op *op)
 }
 
 const opf_op_class opf_op_class_grouped_linear = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "grouped_linear",
+    OPF_OP_CLASS_HEAD("grouped_linear", sizeof(opf_grouped_linear_config), &grouped_fwd_schema,
+                      &grouped_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, setup_context),
     .module_type = "grouped_linear",
-    .config_size = sizeof(opf_grouped_linear_config),
-    .fwd_schema = &grouped_fwd_schema,
-    .bwd_schema = &grouped_bwd_schema,
     .n_extra_in = 1,
     .n_gemms = 1,  /* the default; init sets the op's own to its group count */
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .unsupported_reason = unsupported,
 };

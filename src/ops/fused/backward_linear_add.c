@@ -62,16 +62,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     return opf_linear_backward(ctx, &b->lin, 1.0f, b->has_dextra ? &b->dextra : NULL, grads);
 }
 
-const opf_op_class opf_op_class_backward_linear_add = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "backward_linear_add",
-    .bwd_schema = &bla_bwd_schema,
-    .fusible = true,
-    .resolve_bwd = resolve_bwd,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
-    .covers = 2,
-};
+const opf_op_class opf_op_class_backward_linear_add =
+    OPF_BACKWARD_FUSED_CLASS("backward_linear_add", 2, &bla_bwd_schema);
 
 /* An in-place make_extra_output followed by basic_linear. */
 static int match(opf_op *const *ops, int n, const opf_recipe *recipe, void *user)

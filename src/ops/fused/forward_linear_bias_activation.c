@@ -97,10 +97,11 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 /* t = f(t) in place (numerics 6.3), by the activation op's own kernel. */
 static opf_status activate(opf_ctx *ctx, int act, const opf_spec *s, float *t)
 {
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, s->device, "forward_linear_bias_activation", &K);
+    const opf_act_kernels *K =
+        opf_backend_kernels(ctx, "forward_linear_bias_activation", s->device, OPF_KERNELS_ACT);
     opf_act_params p = {(float)opf_act_default_alpha((opf_act_kind)act), 0.0f};
-    return st ? st : K->fwd(ctx, (opf_act_kind)act, p, t, t, opf_act_rows(s), opf_act_cols(s));
+    if (!K) return OPF_ERR_UNSUPPORTED;
+    return K->fwd(ctx, (opf_act_kind)act, p, t, t, opf_act_rows(s), opf_act_cols(s));
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)

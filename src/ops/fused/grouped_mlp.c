@@ -433,20 +433,10 @@ static const char *unsupported(const opf_op *op)
 }
 
 const opf_op_class opf_op_class_grouped_mlp = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "grouped_mlp",
+    OPF_OP_CLASS_HEAD("grouped_mlp", 0, &gm_fwd_schema, &gm_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, setup_context),
     .module_type = "grouped_mlp",
-    .fwd_schema = &gm_fwd_schema,
-    .bwd_schema = &gm_bwd_schema,
-    .fusible = true,
     .covers = GM_PARTS,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .unsupported_reason = unsupported,
 };
 
