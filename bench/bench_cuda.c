@@ -28,6 +28,7 @@ int opf_bench_cuda(int argc, char **argv)
 #else
 #include "backend/backend-impl.h"
 #include "backend/cuda/cuda.h"
+#include "quant/quant-impl.h"
 
 enum { WARMUP = 3, REPS = 15 };
 
@@ -87,7 +88,9 @@ static opf_status run_copy(opf_ctx *ctx, void *p)
 static opf_status cuda_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                                 opf_tensor *out)
 {
-    return opf_backend_get(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q, in, out, 0, 0);
+    opf_quantize_state qs = {0};
+    opf_quantize_state_delayed(q, &qs);
+    return opf_backend_get(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q, in, out, &qs);
 }
 
 typedef struct quant_arg { const opf_quantizer *q; const opf_tensor *in; opf_tensor *out; } quant_arg;
@@ -217,7 +220,7 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
         opf_gemm_options o = opf_gemm_options_default();
         o.split_accumulator = cases[i].split;
-        gemm_arg ga = {{&qa[cases[i].a], &qb[cases[i].b], OPF_GEMM_TN, &o, &d, S, S, S}};
+        gemm_arg ga = {{&qa[cases[i].a], &qb[cases[i].b], OPF_GEMM_TN, &o, &d, S, S, S, {0}}};
         double ms;
         rc = time_ms(ctx, run_gemm, &ga, &ms);
         char note[32];

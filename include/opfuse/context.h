@@ -58,7 +58,12 @@ typedef struct opf_alloc_stats {
 } opf_alloc_stats;
 
 OPF_API opf_ctx_options opf_ctx_options_default(void);
-/* Creates a context; OPF_ERR_UNSUPPORTED for a device this build lacks. */
+/* Creates a context; OPF_ERR_UNSUPPORTED for a device this build lacks or
+ * this machine does not have (device OPF_DEVICE_CUDA without a GPU: the
+ * message says so, and CPU contexts keep working). A CUDA context owns the
+ * GPU's state: a stream its work is queued on, a caching device allocator,
+ * pinned host staging for copies and the cuBLASLt workspace. It makes both
+ * host tensors (spec.device CPU) and device tensors (spec.device CUDA). */
 OPF_API opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out);
 /* destroy(NULL) is a no-op. Destroy the ops, seqs, graphs and optimizers
  * made with the context before it. Tensor buffers may outlive it: a context
@@ -77,7 +82,14 @@ OPF_API void opf_clear_error(opf_ctx *ctx);
 OPF_API opf_device opf_ctx_device(const opf_ctx *ctx);
 OPF_API bool opf_ctx_deterministic(const opf_ctx *ctx);
 OPF_API int opf_ctx_num_threads(const opf_ctx *ctx);
+/* Counters of the memory of the context's device: the host allocator on a
+ * CPU context, the device memory of its tensors on a CUDA context (bytes as
+ * asked; the caching allocator's rounding is not counted). */
 OPF_API void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
+/* Counters of the host allocator, whatever the context's device. */
+OPF_API void opf_ctx_host_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
+/* Waits for the work queued on the context's device (CPU: returns at once). */
+OPF_API opf_status opf_ctx_sync(opf_ctx *ctx);
 /* Emits a warning through the callback (printf-style). */
 OPF_API void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
 
@@ -85,8 +97,9 @@ OPF_API void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
  * first time this context sees `key` (compared by a 64-bit hash of the
  * string; the first 128 keys are remembered). ctx and key must not be NULL. */
 OPF_API void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...);
-/* Restarts the peak counter (opf_alloc_stats.bytes_peak) at the bytes live
- * now, so that one step's peak can be read after it. ctx must not be NULL. */
+/* Restarts the peak counters (opf_alloc_stats.bytes_peak, host and device)
+ * at the bytes live now, so that one step's peak can be read after it. ctx
+ * must not be NULL. */
 OPF_API void opf_ctx_alloc_reset_peak(opf_ctx *ctx);
 
 /* Raw allocation through the context's allocator (counted). */

@@ -115,6 +115,8 @@ OPF_API bool opf_spec_equal(const opf_spec *a, const opf_spec *b);
 OPF_API void opf_spec_str(const opf_spec *spec, char *buf, size_t size);
 /* Human name of a scaling mode ("mxfp8"). */
 OPF_API const char *opf_scaling_name(opf_scaling s);
+/* Human name of a device ("cpu", "cuda"; "device 7" past the list). */
+OPF_API const char *opf_device_name(opf_device d);
 
 /* Pure: fills *out from *spec. Checks the spec and returns OPF_ERR_SHAPE for
  * shapes a format cannot take (MXFP8: M, K multiples of 32; NVFP4: multiples
@@ -135,10 +137,21 @@ typedef struct opf_tensor {
     opf_buffer *buf;                   /* counted reference; NULL for caller memory */
 } opf_tensor;
 
-/* Allocates one buffer laid out by opf_spec_layout(spec) and points *out into
- * it. Scale padding is zero-filled; the rest is uninitialized. On failure *out
+/* Allocates one buffer laid out by opf_spec_layout(spec) on spec->device and
+ * points *out into it: host memory for the CPU, device memory from the
+ * context's caching allocator for CUDA (a CUDA spec needs a CUDA context).
+ * Scale padding is zero-filled; the rest is uninitialized. On failure *out
  * is zeroed. Release with opf_tensor_release. */
 OPF_API opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out);
+/* A new tensor on device dev with src's spec (device aside) and bytes, every
+ * component the layout lists copied. CPU <-> CUDA copies go through the
+ * context's pinned staging and return when the bytes are in place (a copy to
+ * the host waits for the work queued before it). */
+OPF_API opf_status opf_tensor_to(opf_ctx *ctx, const opf_tensor *src, opf_device dev,
+                                 opf_tensor *out);
+/* Copies every component of src into dst, whose spec must equal src's but
+ * for the device; either may be on the host or on the context's device. */
+OPF_API opf_status opf_tensor_copy(opf_ctx *ctx, const opf_tensor *src, opf_tensor *dst);
 /* Points *out at caller memory laid out by opf_spec_layout(spec) starting at
  * base. No reference is taken: the caller keeps base alive. */
 OPF_API opf_status opf_tensor_wrap(const opf_spec *spec, void *base, opf_tensor *out);

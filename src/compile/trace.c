@@ -228,25 +228,26 @@ static opf_status probe_input(const opf_graph *g, const opf_seq_call *call, cons
     return zero_tensor(g->ctx, &src->spec, out);
 }
 
-/* The inputs of an eager node: src[0] the main input (x or dy), then the
- * extra ones (NULL: none). Each becomes a tagged ref in n->t[n_out + i] for
- * the plan and a real stand-in real[i] for the probe (probe[i] points at it). */
-static opf_status eager_inputs(opf_graph *g, const opf_seq_call *call, opf_gnode *n,
-                               const opf_tensor *const *src, int n_in, opf_tensor *real,
-                               const opf_tensor **probe)
+/* The inputs of an eager node: *x the main one (x or dy), extra[0..n_in - 1)
+ * the extra ones (NULL: none). Each becomes a tagged ref in
+ * n->t[n->n_out + i] for the plan and a real stand-in real[i] for the probe,
+ * at which *x and extra[] then point (NULL where there is none). */
+static opf_status eager_inputs(opf_graph *g, const opf_seq_call *call, opf_gnode *n, int n_in,
+                               const opf_tensor **x, const opf_tensor **extra, opf_tensor *real)
 {
     memset(real, 0, sizeof *real * (size_t)n_in);
+    opf_status st = OPF_OK;
     for (int i = 0; i < n_in; i++) {
-        probe[i] = NULL;
-        if (!src[i]) continue;
-        n->t[n->n_out + i] = *src[i];
+        const opf_tensor **slot = i ? &extra[i - 1] : x, *src = *slot;
+        *slot = NULL;
+        if (!src || st) continue;
+        n->t[n->n_out + i] = *src;
         n->in_mask |= 1u << i;
-        opf_status st = add_ref(g, n, &n->t[n->n_out + i], false);
-        if (!st) st = call ? probe_input(g, call, src[i], &real[i]) : zero_tensor(g->ctx, &src[i]->spec, &real[i]);
-        if (st) return st;
-        probe[i] = &real[i];
+        st = add_ref(g, n, &n->t[n->n_out + i], false);
+        if (!st) st = call ? probe_input(g, call, src, &real[i]) : zero_tensor(g->ctx, &src->spec, &real[i]);
+        if (!st) *slot = &real[i];
     }
-    return OPF_OK;
+    return st;
 }
 
 /* ---- the trace ------------------------------------------------------------------------- */
@@ -257,11 +258,15 @@ typedef struct trace_state {
     opf_op_ctx  *probe;               /* [n] real contexts of eager forwards */
 } trace_state;
 
-/* Turns n into an eager node with n_out outputs then n_in inputs in n->t
- * (the main one, then n_in - 1 extra ones). */
-static opf_status eager_node(opf_graph *g, opf_gnode *n, opf_node_kind kind, const char *reason,
-                             int n_out, int n_in)
+/* Turns n into an eager node of op with its outputs then its inputs in n->t
+ * (the main one, then the extra ones): a forward's outputs are y and the
+ * extra outputs, a backward's dx and the extra inputs' gradients. */
+static opf_status eager_node(opf_graph *g, opf_gnode *n, const opf_op *op, opf_node_kind kind,
+                             const char *reason)
 {
+    bool fwd = kind == OPF_NODE_EAGER_FORWARD;
+    int n_out = 1 + (fwd ? op->n_extra_out : op->n_extra_in);
+    int n_in = 1 + (fwd ? op->n_extra_in : op->n_extra_out);
     opf_status st = alloc_tensors(g, n, n_out + n_in);
     if (st) return st;
     n->kind = kind;
@@ -275,11 +280,10 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
                                 opf_gnode *n, const char *reason)
 {
     opf_graph *g = ts->g;
-    opf_ctx *ctx = g->ctx;
     opf_op *op = e->op;
-    int n_out = 1 + op->n_extra_out, n_in = 1 + op->n_extra_in;
-    opf_status st = eager_node(g, n, OPF_NODE_EAGER_FORWARD, reason, n_out, n_in);
+    opf_status st = eager_node(g, n, op, OPF_NODE_EAGER_FORWARD, reason);
     if (st) return st;
+    int n_out = n->n_out, n_in = 1 + n->n_extra;
     n->requires_grad = env->requires_grad;
     n->first_requires_grad = env->first_requires_grad;
     for (int k = 0; k < 2; k++) {
@@ -290,21 +294,16 @@ static opf_status eager_forward(trace_state *ts, const opf_plan_entry *e, opf_fw
     /* inputs: tagged refs for the plan; stand-ins for the probe, which also
      * reads the caller's kwargs (eager nodes get the real ones) */
     opf_tensor real_in[1 + OPF_OP_MAX_EXTRA] = {0};
-    const opf_tensor *src[1 + OPF_OP_MAX_EXTRA], *pin[1 + OPF_OP_MAX_EXTRA] = {0};
-    src[0] = env->x;
-    for (int i = 1; i < n_in; i++) src[i] = env->extra_in[i - 1];
     opf_fwd_env probe = *env;
     const void *kw[OPF_FUSED_MAX];
     probe.kwargs = opf_entry_kwargs(e, ts->call->kwargs, kw);
-    st = eager_inputs(g, ts->call, n, src, n_in, real_in, pin);
-    probe.x = pin[0];
-    for (int i = 1; i < n_in; i++) probe.extra_in[i - 1] = pin[i];
+    st = eager_inputs(g, ts->call, n, n_in, &probe.x, probe.extra_in, real_in);
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
     memset(outs, 0, sizeof outs);
     if (!st) st = opf_op_forward(op, &probe, env->requires_grad ? &ts->probe[e->first] : NULL, outs);
     for (int i = 0; i < n_out && !st; i++) {
         if (!outs[i].data[0] && !outs[i].data[OPF_COMP_COL_DATA])
-            st = opf_error(ctx, OPF_ERR_UNSUPPORTED, "compile: %s: the eager forward produced no "
+            st = opf_error(g->ctx, OPF_ERR_UNSUPPORTED, "compile: %s: the eager forward produced no "
                            "output %d", op->name, i);
         else
             st = out_tensor(g, n, &outs[i].spec, ROLE_OUT, i, &n->t[i]);
@@ -337,9 +336,9 @@ static opf_status eager_backward(trace_state *ts, const opf_plan_entry *e, opf_b
     opf_graph *g = ts->g;
     opf_ctx *ctx = g->ctx;
     opf_op *op = e->op;
-    int n_out = 1 + op->n_extra_in, n_in = 1 + op->n_extra_out;
-    opf_status st = eager_node(g, n, OPF_NODE_EAGER_BACKWARD, reason, n_out, n_in);
+    opf_status st = eager_node(g, n, op, OPF_NODE_EAGER_BACKWARD, reason);
     if (st) return st;
+    int n_in = 1 + n->n_extra;
     n->has_q[0] = env->prev_grad_q != NULL;
     if (env->prev_grad_q) n->qv[0] = *env->prev_grad_q;
     n->restore_octx = !g->fwd_eager[e->first];
@@ -352,13 +351,8 @@ static opf_status eager_backward(trace_state *ts, const opf_plan_entry *e, opf_b
         }
     }
     opf_tensor real_in[1 + OPF_OP_MAX_EXTRA] = {0};
-    const opf_tensor *src[1 + OPF_OP_MAX_EXTRA], *pin[1 + OPF_OP_MAX_EXTRA] = {0};
-    src[0] = env->dy;
-    for (int i = 1; i < n_in; i++) src[i] = env->dextra_out[i - 1];
     opf_bwd_env probe = *env;
-    if (!st) st = eager_inputs(g, NULL, n, src, n_in, real_in, pin);
-    probe.dy = pin[0];
-    for (int i = 1; i < n_in; i++) probe.dextra_out[i - 1] = pin[i];
+    if (!st) st = eager_inputs(g, NULL, n, n_in, &probe.dy, probe.dextra_out, real_in);
     /* the probe runs the traced half and the fake; without a fake, the impl
      * (which then allocates its gradients) but never the accumulation */
     unsigned char *bargs = st ? NULL : calloc(1, op->cls->bwd_schema->size);

@@ -4,6 +4,8 @@
 
 #include "opfuse/context.h"
 
+struct opf_device_runtime;
+
 #define OPF_ERROR_MAX 512
 
 struct opf_ctx {
@@ -15,7 +17,11 @@ struct opf_ctx {
     opf_allocator   allocator;
     opf_warn_fn     warn;
     void           *warn_user;
-    opf_alloc_stats stats;
+    opf_alloc_stats stats;          /* host memory */
+    /* The runtime of a device context (NULL on the CPU) and the counters of
+     * the device memory its tensors hold. */
+    const struct opf_device_runtime *rt;
+    opf_alloc_stats device_stats;
     void           *workspace;
     size_t          workspace_bytes;
     char            error[OPF_ERROR_MAX];

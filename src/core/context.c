@@ -5,6 +5,7 @@
 
 #include "core/context-impl.h"
 #include "core/core-impl.h"
+#include "core/device-impl.h"
 
 static void *default_alloc(void *user, size_t bytes, size_t align)
 {
@@ -37,6 +38,22 @@ opf_ctx_options opf_ctx_options_default(void)
     return o;
 }
 
+/* The device state of a new context; on failure the context is freed and
+ * the runtime's message (no GPU, bad index) is this thread's error. */
+static opf_status device_init(opf_ctx *c, const opf_device_runtime *rt)
+{
+    opf_status st = rt->init(c, c->device_index);
+    if (st == OPF_OK) {
+        c->rt = rt;
+        return OPF_OK;
+    }
+    char why[OPF_ERROR_MAX];
+    snprintf(why, sizeof why, "%s", c->error);
+    int index = c->device_index;
+    c->allocator.free(c->allocator.user, c);
+    return opf_error(NULL, st, "opf_ctx_create: %s device %d: %s", rt->name, index, why);
+}
+
 opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
 {
     OPF_CHECK_NULL(NULL, "opf_ctx_create", out);
@@ -45,9 +62,11 @@ opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
     if ((unsigned)o.device >= OPF_DEVICE_COUNT)
         return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_ctx_create: device %d is not a device",
                          (int)o.device);
-    if (o.device != OPF_DEVICE_CPU)
+    const opf_device_runtime *rt = NULL;
+    if (o.device != OPF_DEVICE_CPU && !(rt = opf_device_runtime_get(o.device)))
         return opf_error(NULL, OPF_ERR_UNSUPPORTED,
-                         "opf_ctx_create: device %d is not built into this library", (int)o.device);
+                         "opf_ctx_create: device %s is not built into this library (the CPU "
+                         "device is)", opf_device_name(o.device));
     if (o.num_threads < 0)
         return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_ctx_create: num_threads %d < 0",
                          o.num_threads);
@@ -71,6 +90,8 @@ opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
     c->caching = caching;
     c->warn = o.warn ? o.warn : default_warn;
     c->warn_user = o.warn_user;
+    opf_status st = rt ? device_init(c, rt) : OPF_OK;
+    if (st) return st;
     *out = c;
     return OPF_OK;
 }
@@ -82,6 +103,7 @@ void opf_ctx_destroy(opf_ctx *ctx)
     for (int i = 0; i < ctx->n_scratch; i++)
         opf_ctx_free(ctx, ctx->scratch[i].mem, ctx->scratch[i].size);
     cache_drain(ctx);
+    if (ctx->rt) ctx->rt->trim(ctx);
     ctx->caching = false;  /* what the live buffers free later goes straight back */
     ctx->destroyed = true;
     if (ctx->live_buffers == 0) opf_ctx_finish(ctx);
@@ -89,6 +111,8 @@ void opf_ctx_destroy(opf_ctx *ctx)
 
 void opf_ctx_finish(opf_ctx *ctx)
 {
+    /* The device state goes last: releasing a device buffer needs it. */
+    if (ctx->rt) ctx->rt->fini(ctx);
     opf_buffer_slabs_free(ctx);
     ctx->allocator.free(ctx->allocator.user, ctx);
 }
@@ -96,7 +120,18 @@ void opf_ctx_finish(opf_ctx *ctx)
 opf_device opf_ctx_device(const opf_ctx *ctx) { return ctx->device; }
 bool opf_ctx_deterministic(const opf_ctx *ctx) { return ctx->deterministic; }
 int opf_ctx_num_threads(const opf_ctx *ctx) { return ctx->num_threads; }
-void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out) { *out = ctx->stats; }
+void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out)
+{
+    *out = ctx->rt ? ctx->device_stats : ctx->stats;
+}
+
+void opf_ctx_host_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out) { *out = ctx->stats; }
+
+opf_status opf_ctx_sync(opf_ctx *ctx)
+{
+    OPF_CHECK_NULL(NULL, "opf_ctx_sync", ctx);
+    return ctx->rt ? ctx->rt->sync(ctx) : OPF_OK;
+}
 
 static void vwarn(opf_ctx *ctx, const char *fmt, va_list ap)
 {
@@ -126,7 +161,11 @@ void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...)
     va_end(ap);
 }
 
-void opf_ctx_alloc_reset_peak(opf_ctx *ctx) { ctx->stats.bytes_peak = ctx->stats.bytes_live; }
+void opf_ctx_alloc_reset_peak(opf_ctx *ctx)
+{
+    ctx->stats.bytes_peak = ctx->stats.bytes_live;
+    ctx->device_stats.bytes_peak = ctx->device_stats.bytes_live;
+}
 
 /* Size classes: 4 KiB, then four steps per power of two (at most 25% slack). */
 enum { CACHE_MAX_BYTES = 512u << 20 };

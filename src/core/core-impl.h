@@ -47,6 +47,19 @@ static inline uint64_t opf_hash_mix(uint64_t h, uint64_t v)
  * opf_ctx_free(ctx, p, n * size). */
 void *opf_ctx_calloc(opf_ctx *ctx, size_t n, size_t size);
 
+/* Whether a tensor on dev can be used with ctx (device.c): host memory
+ * always, a device's memory only on a context of that device. Otherwise
+ * OPF_ERR_INVALID_ARG naming fn, `what` and both devices. ctx NULL: only
+ * checks that dev is a device. */
+opf_status opf_device_check(opf_ctx *ctx, const char *fn, const char *what, opf_device dev);
+/* The one device of a call's tensors, the check every dispatcher makes
+ * before it picks the kernels of a device: the specs[i] that are not NULL
+ * must all be on one device (else OPF_ERR_INVALID_ARG "fn: A is on cuda, B
+ * on cpu", with names[i]) that passes opf_device_check. *out (may be NULL)
+ * gets it; CPU when every spec is NULL. Changes nothing on failure. */
+opf_status opf_same_device(opf_ctx *ctx, const char *fn, int n, const opf_spec *const specs[],
+                           const char *const names[], opf_device *out);
+
 /* The 2D view [M, K] of a shape: M = prod(shape[:-1]), K = shape[-1]. */
 void opf_shape_2d(const opf_spec *s, int64_t *m, int64_t *k);
 

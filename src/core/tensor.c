@@ -4,12 +4,14 @@
 
 #include "core/context-impl.h"
 #include "core/core-impl.h"
+#include "core/device-impl.h"
 
 struct opf_buffer {
     atomic_int refs;
     opf_ctx   *ctx;    /* whose allocator owns `mem` */
     void      *mem;    /* in the free list: the next free header */
     size_t     bytes;
+    opf_device device; /* CPU: ctx's allocator; else its device runtime */
 };
 
 /* Headers come from 4 KiB slabs (the allocator's smallest size class), one
@@ -57,6 +59,35 @@ static void point_into(opf_tensor *t, const opf_spec *spec, const opf_layout *L,
         if (L->comp[c].present) t->data[c] = (char *)base + L->comp[c].offset;
 }
 
+/* The memory of a buffer on dev: the counting allocator for the host, the
+ * context's runtime for its device. */
+static opf_status buffer_mem(opf_ctx *ctx, opf_device dev, size_t bytes, void **mem)
+{
+    if (dev != OPF_DEVICE_CPU) {
+        opf_status st = opf_device_alloc(ctx, bytes, mem);
+        return st ? opf_error(ctx, st, "opf_tensor_alloc: %s", ctx->error) : OPF_OK;
+    }
+    *mem = opf_ctx_alloc(ctx, bytes);
+    return *mem ? OPF_OK : opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_tensor_alloc: cannot allocate "
+                                     "%zu bytes", bytes);
+}
+
+/* Scales are zero in their padding (numerics.md 4.1 leaves it undefined;
+ * zero keeps dumps and checkpoints deterministic). */
+static opf_status zero_scales(opf_ctx *ctx, const opf_layout *L, opf_tensor *t)
+{
+    for (int c = OPF_COMP_SCALE_INV; c < OPF_COMP_COUNT; c++) {
+        if (c == OPF_COMP_COL_DATA || !L->comp[c].present) continue;
+        if (t->spec.device == OPF_DEVICE_CPU) {
+            memset(t->data[c], 0, L->comp[c].nbytes);
+        } else {
+            opf_status st = ctx->rt->memset(ctx, t->data[c], 0, L->comp[c].nbytes);
+            if (st) return st;
+        }
+    }
+    return OPF_OK;
+}
+
 opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
 {
     OPF_CHECK_NULL(ctx, "opf_tensor_alloc", out);
@@ -66,25 +97,27 @@ opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
     opf_layout L;
     opf_status st = opf_spec_layout(spec, &L);
     if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
+    if ((st = opf_device_check(ctx, "opf_tensor_alloc", "the spec", spec->device))) return st;
+    size_t bytes = L.total_bytes ? L.total_bytes : 1;
     opf_buffer *b = header_get(ctx);
-    void *mem = b ? opf_ctx_alloc(ctx, L.total_bytes ? L.total_bytes : 1) : NULL;
-    if (!mem) {
-        if (b) header_put(ctx, b);
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_tensor_alloc: cannot allocate %zu bytes",
-                         L.total_bytes);
+    if (!b)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_tensor_alloc: cannot allocate a buffer "
+                         "header");
+    void *mem = NULL;
+    if ((st = buffer_mem(ctx, spec->device, bytes, &mem))) {
+        header_put(ctx, b);
+        return st;
     }
     ctx->live_buffers++;
     atomic_init(&b->refs, 1);
     b->ctx = ctx;
     b->mem = mem;
-    b->bytes = L.total_bytes ? L.total_bytes : 1;
+    b->bytes = bytes;
+    b->device = spec->device;
     point_into(out, spec, &L, mem);
     out->buf = b;
-    /* Scales are zero in their padding (numerics.md 4.1 leaves it undefined;
-     * zero keeps dumps and checkpoints deterministic). */
-    for (int c = OPF_COMP_SCALE_INV; c < OPF_COMP_COUNT; c++)
-        if (c != OPF_COMP_COL_DATA && L.comp[c].present) memset(out->data[c], 0, L.comp[c].nbytes);
-    return OPF_OK;
+    if ((st = zero_scales(ctx, &L, out))) opf_tensor_release(out);
+    return st;
 }
 
 opf_status opf_tensor_wrap(const opf_spec *spec, void *base, opf_tensor *out)
@@ -113,7 +146,8 @@ void opf_tensor_release(opf_tensor *t)
     opf_buffer *b = t->buf;
     if (b && atomic_fetch_sub(&b->refs, 1) == 1) {
         opf_ctx *ctx = b->ctx;
-        opf_ctx_free(ctx, b->mem, b->bytes);
+        if (b->device == OPF_DEVICE_CPU) opf_ctx_free(ctx, b->mem, b->bytes);
+        else opf_device_free(ctx, b->mem, b->bytes);
         header_put(ctx, b);
         if (--ctx->live_buffers == 0 && ctx->destroyed) opf_ctx_finish(ctx);
     }
@@ -191,6 +225,10 @@ opf_status opf_tensor_swizzle(opf_ctx *ctx, opf_tensor *t, bool swizzled)
                          "opf_tensor_swizzle: %s scales have no swizzled layout",
                          opf_scaling_name(s));
     if (((t->spec.flags & OPF_SPEC_SWIZZLED) != 0) == swizzled) return OPF_OK;
+    if (t->spec.device != OPF_DEVICE_CPU)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "opf_tensor_swizzle: the tensor is on %s; "
+                         "scales are swizzled on the host only (quantize with swizzled set)",
+                         opf_device_name(t->spec.device));
     opf_layout L;
     opf_status st = opf_spec_layout(&t->spec, &L);
     if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));

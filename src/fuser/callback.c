@@ -6,24 +6,32 @@
 #include "fuser/fuser-impl.h"
 #include "ops/ops-impl.h"
 
-typedef struct cb_fwd {
-    opf_tensor     x;
+/* One args struct both ways: the tensor the user step reads (x forward, dy
+ * backward) and the user's interface. */
+typedef struct cb_args {
+    opf_tensor     t;
     opf_callback_i cb;
-} cb_fwd;
-static const opf_field cb_fwd_fields[] = {OPF_F_TENSOR_Q(cb_fwd, x)};
+} cb_args;
+typedef cb_args cb_fwd, cb_bwd;  /* the schemas' names */
+static const opf_field cb_fwd_fields[] = {{"x", offsetof(cb_args, t), OPF_FIELD_TENSOR_Q, 0, NULL}};
 OPF_SCHEMA(cb_fwd_schema, cb_fwd, cb_fwd_fields);
-
-typedef struct cb_bwd {
-    opf_tensor     dy;
-    opf_callback_i cb;
-} cb_bwd;
-static const opf_field cb_bwd_fields[] = {OPF_F_TENSOR_Q(cb_bwd, dy)};
+static const opf_field cb_bwd_fields[] = {{"dy", offsetof(cb_args, t), OPF_FIELD_TENSOR_Q, 0, NULL}};
 OPF_SCHEMA(cb_bwd_schema, cb_bwd, cb_bwd_fields);
+
+/* Runs the user's step f on a->t into out; `what` names it in the error. */
+static opf_status call_user(opf_ctx *ctx, const cb_args *a,
+                            opf_status (*f)(void *, opf_ctx *, const opf_tensor *, opf_tensor *),
+                            opf_tensor *out, const char *what)
+{
+    opf_status st = f(a->cb.user, ctx, &a->t, out);
+    if (st) return opf_error(ctx, st, "callback: the user %s failed: %s", what, opf_last_error(ctx));
+    return OPF_OK;
+}
 
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
-    cb_fwd *a = args;
-    a->x = *env->x;
+    cb_args *a = args;
+    a->t = *env->x;
     a->cb = *(const opf_callback_i *)opf_op_config(op);
     return OPF_OK;
 }
@@ -32,10 +40,8 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
  * gets an output spec of "none" and the result arrives through outs[0]. */
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
-    const cb_fwd *a = args;
-    opf_status st = a->cb.forward(a->cb.user, ctx, &a->x, &outs[0]);
-    if (st) return opf_error(ctx, st, "callback: the user forward failed: %s", opf_last_error(ctx));
-    return OPF_OK;
+    const cb_args *a = args;
+    return call_user(ctx, a, a->cb.forward, &outs[0], "forward");
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -46,8 +52,8 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *b)
 {
-    cb_bwd *a = b;
-    a->dy = *env->dy;
+    cb_args *a = b;
+    a->t = *env->dy;
     a->cb = *(const opf_callback_i *)opf_op_config(op);
     if (!a->cb.backward)
         return opf_error(env->ctx, OPF_ERR_UNSUPPORTED, "callback \"%s\" has no backward",
@@ -57,10 +63,8 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
 
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
-    const cb_bwd *a = bargs;
-    opf_status st = a->cb.backward(a->cb.user, ctx, &a->dy, &grads[0]);
-    if (st) return opf_error(ctx, st, "callback: the user backward failed: %s", opf_last_error(ctx));
-    return OPF_OK;
+    const cb_args *a = bargs;
+    return call_user(ctx, a, a->cb.backward, &grads[0], "backward");
 }
 
 static const char *unsupported(const opf_op *op) { return "a user callback has no fake"; }

@@ -136,16 +136,8 @@ opf_status opf_grad_sum(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b, 
     if (opf_spec_numel(&b->spec) != n || opf_spec_numel(&out->spec) != n)
         return opf_error(ctx, OPF_ERR_SHAPE, "seq: channel gradients of %lld and %lld elements",
                          (long long)n, (long long)opf_spec_numel(&b->spec));
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    float *x = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, n);
-    const float *pa, *pb;
-    opf_status st = x && y ? OPF_OK : opf_error(ctx, OPF_ERR_NO_MEMORY, "seq: no scratch");
-    if (!st) st = opf_op_load_f32(ctx, a, x, &pa);
-    if (!st) st = opf_op_load_f32(ctx, b, y, &pb);
-    if (!st) {
-        opf_sum_f32(x, pa, pb, n);
-        st = opf_convert(x, OPF_F32, out->data[0], out->spec.dtype, (size_t)n);
-    }
+    size_t mark = opf_ctx_scratch_mark(ctx);  /* quantized gradients are decoded there */
+    opf_status st = opf_op_add(ctx, "seq: channel gradient sum", a, b, out);
     opf_ctx_scratch_pop(ctx, mark);
     return st;
 }

@@ -96,8 +96,6 @@ opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *o
  * *n_grads = 1 + parameters + extra inputs. */
 opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                  void *bargs, opf_spec *gs, int *n_grads);
-/* out[i] = a[i] + b[i] in fp32 (out may be a). */
-void opf_sum_f32(float *out, const float *a, const float *b, int64_t n);
 /* p->grad (+)= g: the first gradient is converted in, later ones summed in
  * fp32; sets has_grad. */
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g);

@@ -293,11 +293,8 @@ opf_status opf_op_kernel_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *ta
 
 const struct opf_elem_kernels *opf_op_elem(opf_ctx *ctx, const char *who, const opf_tensor *t)
 {
-    const opf_backend_i *be = opf_backend_get(t->spec.device);
-    if (be && be->elem) return be->elem;
-    opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no element-wise kernels on device %d", who,
-              (int)t->spec.device);
-    return NULL;
+    if (opf_device_check(ctx, who, "the tensor", t->spec.device)) return NULL;
+    return opf_backend_kernels(ctx, who, t->spec.device, OPF_KERNELS_ELEM);
 }
 
 opf_status opf_op_add(opf_ctx *ctx, const char *who, const opf_tensor *a, const opf_tensor *b,

@@ -3,6 +3,7 @@
  * fakes' specs, never inside *_impl. */
 #include <string.h>
 
+#include "backend/elem.h"
 #include "core/core-impl.h"
 #include "op/op-impl.h"
 
@@ -96,33 +97,22 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
     return st;
 }
 
-/* The one fp32 gradient-sum loop (channel gradients, parameter
- * accumulation); the step that moves into the backend's elem family. */
-void opf_sum_f32(float *out, const float *a, const float *b, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
-}
-
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
 {
     int64_t n = opf_spec_numel(&p->grad.spec);
     if (opf_spec_numel(&g->spec) != n)
         return opf_error(ctx, OPF_ERR_SHAPE, "param \"%s\": gradient has %lld elements, want %lld",
                          p->name, (long long)opf_spec_numel(&g->spec), (long long)n);
-    if (!p->has_grad) {
-        p->has_grad = true;
-        return opf_convert(g->data[0], g->spec.dtype, p->grad.data[0], p->grad.spec.dtype, (size_t)n);
-    }
     size_t mark = opf_ctx_scratch_mark(ctx);
-    float *a = opf_op_scratch(ctx, n), *b = opf_op_scratch(ctx, n);
-    opf_status st = a && b ? OPF_OK : OPF_ERR_NO_MEMORY;
-    if (!st) st = opf_convert(p->grad.data[0], p->grad.spec.dtype, a, OPF_F32, (size_t)n);
-    if (!st) st = opf_convert(g->data[0], g->spec.dtype, b, OPF_F32, (size_t)n);
-    if (!st) {
-        opf_sum_f32(a, a, b, n);
-        st = opf_convert(a, OPF_F32, p->grad.data[0], p->grad.spec.dtype, (size_t)n);
+    opf_status st;
+    if (p->has_grad) {  /* summed in fp32, rounded once into the gradient's dtype */
+        st = opf_op_add(ctx, p->name, &p->grad, g, &p->grad);
+    } else {
+        const struct opf_elem_kernels *k = opf_op_elem(ctx, p->name, &p->grad);
+        st = k ? k->cast(ctx, g, &p->grad) : OPF_ERR_UNSUPPORTED;
     }
     opf_ctx_scratch_pop(ctx, mark);
+    p->has_grad |= !st;
     return st;
 }
 

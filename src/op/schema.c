@@ -116,7 +116,25 @@ bool opf_schema_equal(const opf_schema *s, const void *a, const void *b)
     return true;
 }
 
-opf_status opf_schema_validate(const opf_schema *s, const void *args)
+/* The first present tensor of a call, which every other must share a
+ * device with (core-impl.h: one device per call). */
+typedef struct first_tensor {
+    const opf_tensor *t;
+    const char       *name;
+} first_tensor;
+
+static opf_status check_device(const opf_schema *s, const opf_field *f, const opf_tensor *t,
+                               first_tensor *first)
+{
+    if (!first->t) {
+        *first = (first_tensor){t, f->name};
+        return OPF_OK;
+    }
+    return opf_same_device(NULL, s->name, 2, (const opf_spec *[]){&first->t->spec, &t->spec},
+                           (const char *[]){first->name, f->name}, NULL);
+}
+
+static opf_status validate_fields(const opf_schema *s, const void *args, first_tensor *first)
 {
     for (int i = 0; i < s->n_fields; i++) {
         const opf_field *f = &s->fields[i];
@@ -133,8 +151,10 @@ opf_status opf_schema_validate(const opf_schema *s, const void *args)
             if (present && f->kind == OPF_FIELD_TENSOR && t->spec.scaling != OPF_SCALING_NONE)
                 return opf_error(NULL, OPF_ERR_DTYPE, "%s: tensor \"%s\" must be plain, got %s",
                                  s->name, f->name, opf_scaling_name(t->spec.scaling));
+            opf_status st = present ? check_device(s, f, t, first) : OPF_OK;
+            if (st) return st;
         } else if (f->kind == OPF_FIELD_BUNDLE && f->bundle) {
-            opf_status st = opf_schema_validate(f->bundle, p);
+            opf_status st = validate_fields(f->bundle, p, first);
             if (st) return st;
         } else if (f->kind == OPF_FIELD_ENUM && f->bundle &&
                    (unsigned)*(const int *)p >= (unsigned)f->bundle->n_fields) {
@@ -143,6 +163,12 @@ opf_status opf_schema_validate(const opf_schema *s, const void *args)
         }
     }
     return OPF_OK;
+}
+
+opf_status opf_schema_validate(const opf_schema *s, const void *args)
+{
+    first_tensor first = {NULL, NULL};
+    return validate_fields(s, args, &first);
 }
 
 int opf_field_print(const opf_field *f, const void *p, char *buf, size_t size)

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend/backend-impl.h"
+#include "quant/quant-impl.h"
 #include "core/core-impl.h"
 
 #define GEMM_MSG 320
@@ -139,10 +139,8 @@ static opf_status check_pair(opf_ctx *ctx, const char *op, const opf_spec *a, co
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: A's %s copy is %sHadamard-rotated but B's "
                          "%s copy is %s; both or neither must be", op, copy_name(a_row),
                          ra ? "" : "not ", copy_name(b_row), rb ? "rotated" : "not");
-    if (a->device != b->device)
-        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: A is on device %d, B on device %d", op,
-                         (int)a->device, (int)b->device);
-    return OPF_OK;
+    return opf_same_device(ctx, op, 2, (const opf_spec *[]){a, b}, (const char *[]){"A", "B"},
+                           NULL);
 }
 
 /* Everything about A and B: formats, copies, shapes. Gives M, N, K. */
@@ -273,9 +271,6 @@ static opf_status check_output(opf_ctx *ctx, const char *op, const opf_gemm_opti
     if (dm != m || dn != n)
         return opf_error(ctx, OPF_ERR_SHAPE, "%s: D is [%lld,%lld] as 2D, expected [M=%lld, "
                          "N=%lld]", op, (long long)dm, (long long)dn, (long long)m, (long long)n);
-    if (d->spec.device != opf_ctx_device(ctx))
-        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: D is on device %d, the context on %d", op,
-                         (int)d->spec.device, (int)opf_ctx_device(ctx));
     if (!is_float_plain(d->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "%s: D has logical dtype %s, expected f32, bf16 or "
                          "f16", op, opf_dtype_name(d->spec.dtype));
@@ -302,9 +297,6 @@ static opf_status check_bias(opf_ctx *ctx, const char *op, const opf_tensor *bia
         return opf_error(ctx, OPF_ERR_SHAPE, "%s: bias has shape [%lld] (ndim %d), expected "
                          "[N=%lld]", op, s->ndim > 0 ? (long long)s->shape[0] : 0LL, s->ndim,
                          (long long)n);
-    if (s->device != opf_ctx_device(ctx))
-        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: bias is on device %d, the context on %d",
-                         op, (int)s->device, (int)opf_ctx_device(ctx));
     if (!bias->data[OPF_COMP_DATA] && n > 0)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: bias's data pointer is NULL", op);
     return OPF_OK;
@@ -341,18 +333,21 @@ opf_status opf_gemm(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
     int64_t m, n, k;
     if ((st = check_operands(ctx, op, &a->spec, &b->spec, layout, d->spec.dtype, &m, &n, &k)))
         return st;
-    if (a->spec.device != opf_ctx_device(ctx))
-        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: A and B are on device %d, the context on "
-                         "%d", op, (int)a->spec.device, (int)opf_ctx_device(ctx));
+    /* One device for A, B, D and bias; its kernels run the GEMM. */
+    opf_device dev;
+    const opf_spec *specs[] = {&a->spec, &b->spec, &d->spec, o->bias ? &o->bias->spec : NULL};
+    if ((st = opf_same_device(ctx, op, 4, specs, (const char *[]){"A", "B", "D", "bias"}, &dev)))
+        return st;
     if ((st = check_operand_memory(ctx, op, "A", a, ak == 1)) ||
         (st = check_operand_memory(ctx, op, "B", b, bk == 1)) ||
         (st = check_output(ctx, op, o, d, m, n)) || (st = check_bias(ctx, op, o->bias, n)) ||
         (st = check_alias(ctx, op, a, b, o->bias, d)))
         return st;
-    const opf_backend_i *be = opf_backend_get(opf_ctx_device(ctx));
+    const opf_backend_i *be = opf_backend_get(dev);
     if (!be || !be->gemm)
-        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no GEMM kernel on device %d", op,
-                         (int)opf_ctx_device(ctx));
-    opf_gemm_args args = {a, b, layout, o, d, m, n, k};
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no GEMM kernel on %s", op,
+                         opf_device_name(dev));
+    opf_gemm_args args = {a, b, layout, o, d, m, n, k, {0}};
+    opf_quantize_state_delayed(o->out_quantizer, &args.out_state);
     return be->gemm(ctx, &args);
 }

@@ -3,7 +3,7 @@
  * the device's kernels (src/backend/). */
 #include <string.h>
 
-#include "backend/backend-impl.h"
+#include "quant/quant-impl.h"
 #include "core/core-impl.h"
 
 opf_quantizer opf_quantizer_default(void)
@@ -116,17 +116,22 @@ opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in, opf_sp
     return OPF_OK;
 }
 
-static const opf_backend_i *backend_of(opf_ctx *ctx) { return opf_backend_get(opf_ctx_device(ctx)); }
+/* The kernels of the device t is on (check_in_out made in and out agree). */
+static const opf_backend_i *backend_of(const opf_tensor *t) { return opf_backend_get(t->spec.device); }
 
+/* The arguments every entry takes: a context, an input and an output that
+ * share no memory. */
 static opf_status check_in_out(opf_ctx *ctx, const char *fn, const opf_tensor *in,
                                const opf_tensor *out)
 {
+    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, in);
     OPF_CHECK_NULL(ctx, fn, out);
     for (int c = 0; c < OPF_COMP_COUNT; c++)
         if (in->data[c] && out->data[c] && in->data[c] == out->data[c])
             return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: input and output share memory", fn);
-    return OPF_OK;
+    return opf_same_device(ctx, fn, 2, (const opf_spec *[]){&in->spec, &out->spec},
+                           (const char *[]){"the input", "the output"}, NULL);
 }
 
 /* Every component the layout lists must have memory behind it. */
@@ -143,11 +148,17 @@ static opf_status check_components(opf_ctx *ctx, const char *fn, const char *wha
     return OPF_OK;
 }
 
+void opf_quantize_state_delayed(const opf_quantizer *q, opf_quantize_state *qs)
+{
+    if (!q || !q->delayed) return;  /* validated: per-tensor scaling, slot in range */
+    qs->delayed_scale = opf_delayed_state_scale(q->delayed) + q->slot;
+    qs->delayed_amax = opf_delayed_state_history(q->delayed) + q->slot;
+}
+
 opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                         opf_tensor *out)
 {
     const char *fn = "quantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, q);
     opf_status st = check_in_out(ctx, fn, in, out);
     if (st) return st;
@@ -163,17 +174,21 @@ opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *
     if ((st = check_components(ctx, fn, "input", in)) || (st = check_components(ctx, fn, "output", out)))
         return st;
     int64_t n = opf_spec_numel(&in->spec);
+    if (q->scaling == OPF_SCALING_NONE && in->spec.device != OPF_DEVICE_CPU)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no plain cast kernel on %s", fn,
+                         opf_device_name(in->spec.device));
     if (q->scaling == OPF_SCALING_NONE)
         return opf_convert(in->data[OPF_COMP_DATA], in->spec.dtype, out->data[OPF_COMP_DATA],
                            out->spec.dtype, (size_t)n);
-    const opf_backend_i *be = backend_of(ctx);
+    const opf_backend_i *be = backend_of(in);
     opf_quantize_kernel k = be ? be->quantize[q->scaling] : NULL;
     if (!k)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
                          opf_scaling_name(q->scaling));
-    uint64_t seed = 0, offset = 0;
-    opf_ctx_get_rng(ctx, &seed, &offset);
-    if ((st = k(ctx, q, in, out, seed, offset))) return st;
+    opf_quantize_state qs = {0};
+    opf_ctx_get_rng(ctx, &qs.rng_seed, &qs.rng_offset);
+    opf_quantize_state_delayed(q, &qs);
+    if ((st = k(ctx, q, in, out, &qs))) return st;
     /* Stochastic rounding used one Philox counter per 16 elements and copy id. */
     if (q->stochastic) opf_ctx_rng_advance(ctx, (uint64_t)opf_ceil_div(n, 16));
     return OPF_OK;
@@ -203,7 +218,7 @@ opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_te
 static opf_status decode_f32(opf_ctx *ctx, const char *fn, const opf_tensor *q, unsigned which,
                              float *dst)
 {
-    const opf_backend_i *be = backend_of(ctx);
+    const opf_backend_i *be = backend_of(q);
     opf_dequantize_kernel k = be ? be->dequantize[q->spec.scaling] : NULL;
     if (!k)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no %s kernel on this device", fn,
@@ -228,7 +243,6 @@ static opf_status check_which(opf_ctx *ctx, const char *fn, const opf_tensor *q,
 opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf_tensor *out)
 {
     const char *fn = "dequantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     opf_status st = check_in_out(ctx, fn, q, out);
     if (st || (st = check_which(ctx, fn, q, which))) return st;
     const opf_spec *o = &out->spec;
@@ -241,6 +255,9 @@ opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf
                          (long long)opf_spec_numel(o), (long long)n);
     if ((st = check_components(ctx, fn, "output", out))) return st;
     if (o->dtype == OPF_F32) return decode_f32(ctx, fn, q, which, out->data[OPF_COMP_DATA]);
+    if (o->device != OPF_DEVICE_CPU)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: on %s only to f32 (no %s output kernel)",
+                         fn, opf_device_name(o->device), opf_dtype_name(o->dtype));
     size_t bytes = (size_t)n * sizeof(float);
     if ((st = opf_ctx_workspace_reserve(ctx, bytes))) return st;
     float *tmp = opf_ctx_workspace(ctx, bytes);
@@ -252,7 +269,6 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
                           opf_tensor *out)
 {
     const char *fn = "requantize";
-    OPF_CHECK_NULL(ctx, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, q);
     opf_status st = check_in_out(ctx, fn, in, out);
     if (st) return st;
@@ -263,6 +279,7 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
                          "%s: only a Hadamard-rotated columnwise nvfp4 copy is present; its "
                          "values are not the tensor's", fn);
     opf_spec logical = opf_spec_make(in->spec.ndim, in->spec.shape, in->spec.dtype), want;
+    logical.device = in->spec.device;
     if ((st = opf_quantizer_spec(q, &logical, &want)))
         return opf_error(ctx, st, "%s", opf_last_error(NULL));
     if (!opf_spec_equal(&want, &out->spec))
@@ -271,6 +288,7 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
      * scaling's value-for-inf is FLT_MAX) into a view of out with dtype f32;
      * the quantized layout does not depend on the logical dtype. */
     opf_spec plain = opf_spec_make(in->spec.ndim, in->spec.shape, OPF_F32);
+    plain.device = in->spec.device;
     opf_tensor tmp;
     if ((st = opf_tensor_alloc(ctx, &plain, &tmp))) return st;
     st = decode_f32(ctx, fn, in, which, tmp.data[OPF_COMP_DATA]);

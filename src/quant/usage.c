@@ -3,6 +3,7 @@
  * (docs/numerics.md 4.1, 4.2, 3.4.4, 3.5). */
 #include <string.h>
 
+#include "backend/backend-impl.h"
 #include "core/core-impl.h"
 #include "opfuse/quant.h"
 
@@ -114,6 +115,34 @@ static opf_status drop(opf_ctx *ctx, opf_tensor *t, unsigned usage)
     return OPF_OK;
 }
 
+/* Puts t's scale components (MXFP8 or NVFP4) into the swizzled layout or
+ * back, in place, by the device's swizzle entry: each component is copied
+ * into the context's workspace and swizzled from there (numerics.md 4.4). */
+static opf_status swizzle_scales(opf_ctx *ctx, opf_tensor *t, bool to_swizzled)
+{
+    const opf_backend_i *be = opf_backend_get(t->spec.device);
+    if (!be || !be->scale || !be->elem)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "update_usage: no swizzle kernel on device %d",
+                         (int)t->spec.device);
+    opf_layout L;
+    opf_status st = opf_spec_layout(&t->spec, &L);
+    size_t need = 0;
+    for (int c = OPF_COMP_SCALE_INV; !st && c <= OPF_COMP_COL_SCALE_INV; c += 2)
+        if (L.comp[c].present && L.comp[c].nbytes > need) need = L.comp[c].nbytes;
+    if (st || (st = opf_ctx_workspace_reserve(ctx, need))) return st;
+    uint8_t *tmp = opf_ctx_workspace(ctx, need);
+    for (int c = OPF_COMP_SCALE_INV; !st && c <= OPF_COMP_COL_SCALE_INV; c += 2) {
+        const opf_component_desc *d = &L.comp[c];
+        if (!d->present) continue;
+        /* MXFP8 columnwise scales are stored transposed: swizzled through that view */
+        bool tr = c == OPF_COMP_COL_SCALE_INV && t->spec.scaling == OPF_SCALING_MXFP8;
+        st = be->elem->copy(ctx, t->data[c], tmp, d->nbytes);
+        if (!st) st = be->scale->swizzle(ctx, tmp, t->data[c], tr ? d->cols : d->rows,
+                                         tr ? d->rows : d->cols, tr, to_swizzled);
+    }
+    return st;
+}
+
 opf_status opf_tensor_update_usage(opf_ctx *ctx, opf_tensor *t, unsigned usage)
 {
     const char *fn = "update_usage";
@@ -149,10 +178,11 @@ opf_status opf_tensor_update_usage(opf_ctx *ctx, opf_tensor *t, unsigned usage)
     for (int c = 0; c < OPF_COMP_COUNT; c++)
         if (old.data[c]) memcpy(n.data[c], old.data[c], Lo.comp[c].nbytes);
     n.spec.flags = old.spec.flags;  /* copied scales are still in the old layout */
-    if (swz && (st = opf_tensor_swizzle(ctx, &n, false))) goto fail;
+    if (swz && (st = swizzle_scales(ctx, &n, false))) goto fail;
     n.spec.flags &= ~(unsigned)OPF_SPEC_SWIZZLED;
     derive_copy(&s, &L, add, &n);
-    if (swz && (st = opf_tensor_swizzle(ctx, &n, true))) goto fail;
+    if (swz && (st = swizzle_scales(ctx, &n, true))) goto fail;
+    n.spec.flags = old.spec.flags;
     if (usage != n.spec.usage && (st = drop(ctx, &n, usage))) goto fail;
     opf_tensor_release(t);
     *t = n;

@@ -212,7 +212,7 @@ static void test_grouped_gemm(void)
         int64_t m, n, ar, ac;
         opf_shape_2d(&ds, &m, &n);
         opf_shape_2d(&a[g].spec, &ar, &ac);
-        args[g] = (opf_gemm_args){&a[g], &b[g], lay[g], &o[g], &d[g], m, n, lay[g] == OPF_GEMM_TN ? ac : ar};
+        args[g] = (opf_gemm_args){&a[g], &b[g], lay[g], &o[g], &d[g], m, n, lay[g] == OPF_GEMM_TN ? ac : ar, {0}};
         CHECK_OK(ctx, opf_gemm(ctx, &a[g], &b[g], lay[g], &o[g], &e[g]));
     }
     CHECK_OK(ctx, be->grouped_gemm(ctx, 3, args));

@@ -112,7 +112,7 @@ static void run_case(opf_ctx *ctx, const gemm_case *c)
     o.bias = c->bias ? &hbias : NULL;
     CHECK_OK(ctx, opf_gemm(ctx, &ha, &hb, c->layout, &o, &hd));
     o.bias = c->bias ? &gbias : NULL;
-    opf_gemm_args g = {&ga, &gb, c->layout, &o, &gd, m, n, k};
+    opf_gemm_args g = {&ga, &gb, c->layout, &o, &gd, m, n, k, {0}};
     CHECK_OK(ctx, opf_cuda_gemm(ctx, &g));
     CHECK_OK(ctx, cuda_test_download(ctx, &gd, &back));
     d_values(ctx, &hd, ref);
@@ -193,7 +193,7 @@ static void test_block_2d_2d(opf_ctx *ctx)
     CHECK_OK(ctx, cuda_test_upload(ctx, &hq, &g));
     CHECK_OK(ctx, opf_cuda_tensor_alloc(ctx, &s, &d));
     opf_gemm_options o = opf_gemm_options_default();
-    opf_gemm_args a = {&g, &g, OPF_GEMM_TN, &o, &d, 128, 128, 128};
+    opf_gemm_args a = {&g, &g, OPF_GEMM_TN, &o, &d, 128, 128, 128, {0}};
     CHECK_FAILS(ctx, opf_cuda_gemm(ctx, &a), OPF_ERR_UNSUPPORTED, "2D x 2D", "1D");
     opf_tensor_release(&h);
     opf_tensor_release(&hq);
@@ -232,7 +232,7 @@ static void test_errors(opf_ctx *ctx)
     CHECK_OK(ctx, cuda_test_upload(ctx, &h, &g));
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &s, &d));
     CHECK_FAILS(ctx, opf_gemm(ctx, &g, &h, OPF_GEMM_TN, NULL, &d), OPF_ERR_INVALID_ARG,
-                "A is on device 1, B on device 0");
+                "A is on cuda, B on cpu");
     opf_tensor_release(&h);
     opf_tensor_release(&d);
     opf_cuda_tensor_free(ctx, &g);

@@ -12,6 +12,7 @@ int main(void)
 }
 #else
 #include "cuda_test.h"
+#include "quant/quant-impl.h"
 
 static const opf_dtype in_dtypes[] = {OPF_F32, OPF_BF16, OPF_F16};
 static const opf_dtype q_dtypes[] = {OPF_E4M3, OPF_E5M2};
@@ -56,7 +57,9 @@ static void check_case(opf_ctx *ctx, const opf_quantizer *q, const opf_quantizer
     CHECK_OK(ctx, opf_quantize_alloc(ctx, q, &hin, &hq));
     CHECK_OK(ctx, cuda_test_upload(ctx, &hin, &din));
     CHECK_OK(ctx, opf_cuda_tensor_alloc(ctx, &hq.spec, &dq));
-    CHECK_OK(ctx, table(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q_gpu, &din, &dq, 0, 0));
+    opf_quantize_state qs = {0};
+    opf_quantize_state_delayed(q_gpu, &qs);
+    CHECK_OK(ctx, table(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q_gpu, &din, &dq, &qs));
     CHECK_OK(ctx, cuda_test_download(ctx, &dq, &got));
     CHECK(opf_test_same_bytes(&hq, &got), "quantize %s differs from the CPU", what);
     if (q->usage & OPF_USAGE_ROWWISE) check_dequantize(ctx, &hq, &dq, OPF_USAGE_ROWWISE, what);

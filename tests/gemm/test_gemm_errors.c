@@ -275,12 +275,12 @@ static void test_output(void)
     /* D or an operand on another device */
     opf_tensor dc = dp;
     dc.spec.device = OPF_DEVICE_CUDA;
-    GEMM_FAILS(&a, &b, OPF_GEMM_TN, &o, &dc, OPF_ERR_INVALID_ARG, "D is on device 1");
+    GEMM_FAILS(&a, &b, OPF_GEMM_TN, &o, &dc, OPF_ERR_INVALID_ARG, "A is on cpu, D on cuda");
     opf_tensor ac = a, bc = b;
     ac.spec.device = bc.spec.device = OPF_DEVICE_CUDA;
-    GEMM_FAILS(&ac, &b, OPF_GEMM_TN, &o, &dp, OPF_ERR_INVALID_ARG,
-               "A is on device 1, B on device 0");
-    GEMM_FAILS(&ac, &bc, OPF_GEMM_TN, &o, &dp, OPF_ERR_INVALID_ARG, "A and B are on device 1");
+    GEMM_FAILS(&ac, &b, OPF_GEMM_TN, &o, &dp, OPF_ERR_INVALID_ARG, "A is on cuda, B on cpu");
+    GEMM_FAILS(&ac, &bc, OPF_GEMM_TN, &o, &dp, OPF_ERR_INVALID_ARG,
+               "A is on cuda, the context on cpu");
     /* and a good FP8 output works */
     o.out_quantizer = &q;
     CHECK_OK(ctx, opf_gemm(ctx, &a, &b, OPF_GEMM_TN, &o, &d8));

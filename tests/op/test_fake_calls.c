@@ -1,14 +1,21 @@
 /* test_fake_calls.c: fakes run once per op per call, in the runner
  * (op/run.c): an eager forward calls each op's forward_fake once and its
  * after_fake hook once, a backward each backward_fake once; a compiled graph
- * calls them once while tracing and never on replay. The ops are the
- * built-in classes registered again under counting names, with fakes that
- * count their calls (the names keep the fusions off them). */
+ * calls them once while tracing and never on replay. The same holds for the
+ * fused ops (whose resolve no longer runs its fake: the linear ones get the
+ * weight cache from after_fake, which the later calls with
+ * is_first_microbatch = 0 read). The ops are the built-in classes registered
+ * again under counting names, with fakes that count their calls (the names
+ * keep the built-in fusions off them); the test's own fusion functions
+ * build the counted fused classes over them. */
 #include "test.h"
 
-enum { N_CLS = 6 };
-static const char *const wrapped_names[N_CLS] = {"make_extra_output", "layernorm", "basic_linear",
-                                                  "bias", "constant_scale", "add_extra_input"};
+enum { N_CLS = 10, N_BASIC = 6 };
+enum { C_FORK, C_LN, C_LIN, C_BIAS, C_SCALE, C_JOIN, C_FLB, C_FLSA, C_BLA, C_BLS };
+static const char *const wrapped_names[N_CLS] = {
+    "make_extra_output", "layernorm", "basic_linear", "bias", "constant_scale", "add_extra_input",
+    "forward_linear_bias", "forward_linear_scale_add", "backward_linear_add",
+    "backward_linear_scale"};
 static const opf_op_class *orig[N_CLS];
 static opf_op_class counted[N_CLS];
 static char counted_names[N_CLS][48];
@@ -31,27 +38,79 @@ static int n_ffake[N_CLS], n_bfake[N_CLS], n_after[N_CLS];
         n_after[i]++;                                                                    \
         return orig[i]->after_fake ? orig[i]->after_fake(op, env, args, o, x) : OPF_OK;  \
     }
-WRAP(0) WRAP(1) WRAP(2) WRAP(3) WRAP(4) WRAP(5)
+WRAP(0) WRAP(1) WRAP(2) WRAP(3) WRAP(4) WRAP(5) WRAP(6) WRAP(7) WRAP(8) WRAP(9)
 #define HOOKS(i) {ff##i, bf##i, af##i}
 static const struct {
     opf_status (*ff)(const void *, opf_spec *, opf_spec *);
     opf_status (*bf)(const void *, opf_spec *);
     opf_status (*af)(opf_op *, const opf_fwd_env *, void *, const opf_spec *, const opf_spec *);
-} hooks[N_CLS] = {HOOKS(0), HOOKS(1), HOOKS(2), HOOKS(3), HOOKS(4), HOOKS(5)};
+} hooks[N_CLS] = {HOOKS(0), HOOKS(1), HOOKS(2), HOOKS(3), HOOKS(4),
+                  HOOKS(5), HOOKS(6), HOOKS(7), HOOKS(8), HOOKS(9)};
+
+/* ---- the test's fusions: the built-in ones, over the counted classes ---- */
+
+static bool fuse_on;  /* the fusion functions are registered for the whole process */
+
+static bool is(const opf_op *op, int cls)
+{
+    return !opf_op_is_fused(op) && opf_op_class_of(op) == &counted[cls];
+}
+
+static int match_fwd(opf_op *const *ops, int n, const opf_recipe *r, void *user)
+{
+    if (!fuse_on || n < 2 || !is(ops[0], C_LIN)) return 0;
+    if (is(ops[1], C_BIAS)) return 2;
+    return n >= 3 && is(ops[1], C_SCALE) && is(ops[2], C_JOIN) ? 3 : 0;
+}
+
+static int match_bwd(opf_op *const *ops, int n, const opf_recipe *r, void *user)
+{
+    if (!fuse_on || n < 2) return 0;
+    return (is(ops[0], C_FORK) && is(ops[1], C_LIN)) || (is(ops[0], C_LIN) && is(ops[1], C_SCALE))
+               ? 2
+               : 0;
+}
+
+static opf_status build_counted(opf_ctx *ctx, opf_op *const *ops, int n, const opf_recipe *r,
+                                void *user, opf_op **fused)
+{
+    int cls = is(ops[0], C_FORK) ? C_BLA
+              : is(ops[1], C_BIAS) ? C_FLB
+              : n == 3             ? C_FLSA
+                                   : C_BLS;
+    return opf_fused_op_create(ctx, counted_names[cls], ops, n, fused);
+}
+
+static opf_status fuse_fwd(opf_ctx *ctx, opf_op *const *in, int n, const opf_recipe *r, void *user,
+                           opf_op **out, int *n_out)
+{
+    return opf_fusion_scan(ctx, in, n, r, match_fwd, build_counted, NULL, out, n_out);
+}
+
+static opf_status fuse_bwd(opf_ctx *ctx, opf_op *const *in, int n, const opf_recipe *r, void *user,
+                           opf_op **out, int *n_out)
+{
+    return opf_fusion_scan(ctx, in, n, r, match_bwd, build_counted, NULL, out, n_out);
+}
 
 static void register_counted(void)
 {
     for (int i = 0; i < N_CLS; i++) {
         orig[i] = opf_op_class_find(wrapped_names[i]);
-        CHECK(orig[i] && orig[i]->forward_fake && orig[i]->backward_fake, "class %s", wrapped_names[i]);
+        CHECK(orig[i] && (orig[i]->forward_fake || orig[i]->backward_fake), "class %s",
+              wrapped_names[i]);
         counted[i] = *orig[i];
         snprintf(counted_names[i], sizeof counted_names[i], "counted_%s", wrapped_names[i]);
         counted[i].name = counted_names[i];
-        counted[i].forward_fake = hooks[i].ff;
-        counted[i].backward_fake = hooks[i].bf;
-        counted[i].after_fake = hooks[i].af;
+        if (orig[i]->forward_fake) {
+            counted[i].forward_fake = hooks[i].ff;
+            counted[i].after_fake = hooks[i].af;
+        }
+        if (orig[i]->backward_fake) counted[i].backward_fake = hooks[i].bf;
         CHECK_OK(NULL, opf_op_class_register(&counted[i]));
     }
+    CHECK_OK(NULL, opf_register_forward_fusion("counted_forward", fuse_fwd, NULL, true));
+    CHECK_OK(NULL, opf_register_backward_fusion("counted_backward", fuse_bwd, NULL, true));
 }
 
 static void reset_counts(void)
@@ -61,16 +120,28 @@ static void reset_counts(void)
     memset(n_after, 0, sizeof n_after);
 }
 
-/* Checks every class ran its fakes `fwd` and `bwd` times per op. */
-static void check_counts(const char *what, int fwd, int bwd)
+/* Forward and backward fake calls of each class in one call of the seq. */
+typedef struct per_call {
+    int fwd[N_CLS], bwd[N_CLS];
+} per_call;
+/* Unfused: the seq's ops of each class (two linears). Fused: the forward
+ * plan is ln, fork, FLB(fc1, b1), FLSA(fc2, scale, join), the backward plan
+ * ln, BLA(fork, fc1), b1, BLS(fc2, scale), join. */
+static const per_call unfused_calls = {{1, 1, 2, 1, 1, 1}, {1, 1, 2, 1, 1, 1}};
+static const per_call fused_calls = {{[C_FORK] = 1, [C_LN] = 1, [C_FLB] = 1, [C_FLSA] = 1},
+                                     {[C_LN] = 1, [C_BIAS] = 1, [C_JOIN] = 1, [C_BLA] = 1,
+                                      [C_BLS] = 1}};
+
+/* Checks every class ran its fakes as `per` says, times fwd and bwd calls. */
+static void check_counts(const char *what, const per_call *per, int fwd, int bwd)
 {
-    static const int ops_of[N_CLS] = {1, 1, 2, 1, 1, 1};  /* ops of each class in the seq */
     for (int i = 0; i < N_CLS; i++) {
-        CHECK(n_ffake[i] == fwd * ops_of[i] && n_after[i] == fwd * ops_of[i],
+        int want = fwd * per->fwd[i];
+        CHECK(n_ffake[i] == want && n_after[i] == want,
               "%s: %s: %d forward fakes, %d after_fake, want %d", what, wrapped_names[i], n_ffake[i],
-              n_after[i], fwd * ops_of[i]);
-        CHECK(n_bfake[i] == bwd * ops_of[i], "%s: %s: %d backward fakes, want %d", what,
-              wrapped_names[i], n_bfake[i], bwd * ops_of[i]);
+              n_after[i], want);
+        CHECK(n_bfake[i] == bwd * per->bwd[i], "%s: %s: %d backward fakes, want %d", what,
+              wrapped_names[i], n_bfake[i], bwd * per->bwd[i]);
     }
 }
 
@@ -81,7 +152,8 @@ static opf_op *mk(opf_ctx *ctx, int cls, const void *cfg, const char *name)
     return op;
 }
 
-/* A residual LayerNorm-MLP: res = x; ln; fc1 + bias; scale; fc2; + res. */
+/* A residual MLP: ln; res = (x); fc1 + bias; fc2; scale; + res. The fork
+ * and the join are in place, as the linear fusions want them. */
 static opf_seq *build(opf_ctx *ctx, int64_t h, int64_t f)
 {
     opf_seq *seq;
@@ -90,11 +162,13 @@ static opf_seq *build(opf_ctx *ctx, int64_t h, int64_t f)
     opf_basic_linear_config l1 = {h, f, OPF_F32, false}, l2 = {f, h, OPF_F32, false};
     opf_bias_config bc = {f, OPF_F32};
     opf_constant_scale_config sc = {0.5};
-    opf_op *fork = mk(ctx, 0, NULL, "fork"), *join = mk(ctx, 5, NULL, "join");
+    opf_inplace_config ip = {.in_place = true};
+    opf_op *fork = mk(ctx, C_FORK, &ip, "fork"), *join = mk(ctx, C_JOIN, &ip, "join");
     CHECK_OK(ctx, opf_op_set_extra_output(fork, 0, "res", false));
     CHECK_OK(ctx, opf_op_set_extra_input(join, 0, "res"));
-    opf_op *ops[] = {fork, mk(ctx, 1, &nc, "ln"), mk(ctx, 2, &l1, "fc1"), mk(ctx, 3, &bc, "b1"),
-                     mk(ctx, 4, &sc, "scale"), mk(ctx, 2, &l2, "fc2"), join};
+    opf_op *ops[] = {mk(ctx, C_LN, &nc, "ln"), fork, mk(ctx, C_LIN, &l1, "fc1"),
+                     mk(ctx, C_BIAS, &bc, "b1"), mk(ctx, C_LIN, &l2, "fc2"),
+                     mk(ctx, C_SCALE, &sc, "scale"), join};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) CHECK_OK(ctx, opf_seq_append(seq, ops[i]));
     for (int i = 0; i < opf_seq_len(seq); i++)
         for (int p = 0; p < opf_op_num_params(opf_seq_at(seq, i)); p++) {
@@ -131,7 +205,7 @@ static void set_up(opf_ctx *ctx, const opf_recipe *r, setup *t)
     t->dy = ramp(ctx, 16, 64);
     t->lk.is_first_microbatch = 1;
     for (int i = 0; i < 7; i++) t->kw[i] = NULL;
-    t->kw[2] = t->kw[5] = &t->lk;
+    t->kw[2] = t->kw[4] = &t->lk;
     t->call = opf_seq_call_default();
     t->call.recipe = r;
     t->call.kwargs = t->kw;
@@ -145,45 +219,62 @@ static void tear_down(setup *t)
     opf_tensor_release(&t->dy);
 }
 
-static void test_eager(opf_ctx *ctx, const opf_recipe *r)
+/* What a check reports: the path, the recipe, fused or not. */
+static const char *label(char *buf, const char *path, const opf_recipe *r, bool fused)
 {
+    snprintf(buf, 64, "%s%s%s", path, r ? " fp8" : "", fused ? " fused" : "");
+    return buf;
+}
+
+/* Three training steps, then an inference call. The first step quantizes
+ * and caches the weights, the later ones read the cache (is_first_microbatch
+ * 0), which exists only if after_fake ran for the fused linears too. */
+static void test_eager(opf_ctx *ctx, const opf_recipe *r, bool fused)
+{
+    const per_call *per = fused ? &fused_calls : &unfused_calls;
+    char what[64];
     setup t;
     set_up(ctx, r, &t);
+    fuse_on = fused;
     for (int step = 0; step < 3; step++) {
         opf_tensor y, dx;
+        t.lk.is_first_microbatch = step == 0;
         CHECK_OK(ctx, opf_seq_forward(t.seq, &t.x, &t.call, &y, NULL));
         CHECK_OK(ctx, opf_seq_backward(t.seq, &t.dy, NULL, &dx, NULL));
         opf_tensor_release(&y);
         opf_tensor_release(&dx);
     }
-    check_counts(r ? "eager fp8" : "eager", 3, 3);
+    check_counts(label(what, "eager", r, fused), per, 3, 3);
     /* inference: forward fakes only */
     reset_counts();
     t.call.requires_grad = false;
     opf_tensor y;
     CHECK_OK(ctx, opf_seq_forward(t.seq, &t.x, &t.call, &y, NULL));
     opf_tensor_release(&y);
-    check_counts("inference", 1, 0);
+    check_counts(label(what, "inference", r, fused), per, 1, 0);
     tear_down(&t);
 }
 
-static void test_compiled(opf_ctx *ctx, const opf_recipe *r)
+static void test_compiled(opf_ctx *ctx, const opf_recipe *r, bool fused)
 {
+    const per_call *per = fused ? &fused_calls : &unfused_calls;
+    char what[64];
     setup t;
     set_up(ctx, r, &t);
+    fuse_on = fused;
     opf_graph *g = NULL;
     CHECK_OK(ctx, opf_compile(t.seq, &t.x.spec, &t.call, NULL, &g));
     opf_graph_stats gs;
     opf_graph_get_stats(g, &gs);
     CHECK(gs.n_eager == 0, "%d eager nodes", gs.n_eager);
-    check_counts(r ? "trace fp8" : "trace", 1, 1);
+    check_counts(label(what, "trace", r, fused), per, 1, 1);
     reset_counts();
     for (int step = 0; g && step < 3; step++) {
         opf_tensor y, dx;
         CHECK_OK(ctx, opf_graph_forward(g, &t.x, &t.call, &y, NULL));
         CHECK_OK(ctx, opf_graph_backward(g, &t.dy, NULL, &dx, NULL));
     }
-    check_counts("replay", 0, 0);
+    check_counts(label(what, "replay", r, fused), per, 0, 0);
     opf_graph_destroy(g);
     tear_down(&t);
 }
@@ -194,10 +285,12 @@ int main(void)
     if (opf_ctx_create(NULL, &ctx)) return 1;
     register_counted();
     opf_recipe cur = opf_recipe_default(OPF_RECIPE_CURRENT);
-    test_eager(ctx, NULL);
-    test_eager(ctx, &cur);
-    test_compiled(ctx, NULL);
-    test_compiled(ctx, &cur);
+    for (int fused = 0; fused < 2; fused++) {
+        test_eager(ctx, NULL, fused);
+        test_eager(ctx, &cur, fused);
+        test_compiled(ctx, NULL, fused);
+        test_compiled(ctx, &cur, fused);
+    }
     opf_ctx_destroy(ctx);
     TEST_DONE();
 }

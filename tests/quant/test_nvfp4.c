@@ -294,6 +294,7 @@ static void test_amax_reduce(opf_ctx *ctx)
 
 static void test_errors(opf_ctx *ctx)
 {
+    const opf_quantize_state no_state = {0};
     opf_tensor x = make_input(ctx, 32, 32, 1.0f, 1), xq, bad;
     opf_quantizer q = nvfp4_q(false, false, false, kBoth);
     CHECK_OK(ctx, opf_quantize_alloc(ctx, &q, &x, &xq));
@@ -306,19 +307,19 @@ static void test_errors(opf_ctx *ctx)
     /* Direct kernel calls: inputs the dispatcher would normally catch. */
     opf_tensor wrong = x;
     wrong.spec.dtype = OPF_E4M3;
-    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &wrong, &xq, 0, 0), OPF_ERR_DTYPE,
+    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &wrong, &xq, &no_state), OPF_ERR_DTYPE,
                 "opf_quantize(nvfp4)", "e4m3");
     wrong = x;
     wrong.spec.shape[0] = 16;
-    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &wrong, &xq, 0, 0), OPF_ERR_SHAPE,
+    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &wrong, &xq, &no_state), OPF_ERR_SHAPE,
                 "opf_quantize(nvfp4)", "512", "32 x 32");
     opf_tensor out = xq;
     out.data[OPF_COMP_COL_SCALE_INV] = NULL;
-    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &x, &out, 0, 0), OPF_ERR_INVALID_ARG,
+    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &x, &out, &no_state), OPF_ERR_INVALID_ARG,
                 "opf_quantize(nvfp4)", "component 3");
     out = xq;
     out.spec.shape[0] = 8;
-    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &x, &out, 0, 0), OPF_ERR_SHAPE,
+    CHECK_FAILS(ctx, opf_cpu_quantize_nvfp4(ctx, &q, &x, &out, &no_state), OPF_ERR_SHAPE,
                 "opf_quantize(nvfp4)", "multiples of 16");
     float buf[32 * 32];
     CHECK_FAILS(ctx, opf_cpu_dequantize_nvfp4(ctx, &xq, 3, buf), OPF_ERR_INVALID_ARG,

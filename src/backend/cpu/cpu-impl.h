@@ -4,11 +4,23 @@
 #ifndef OPFUSE_CPU_IMPL_H
 #define OPFUSE_CPU_IMPL_H
 
+#include <omp.h>
 #include <stdbool.h>
 
 #include "core/codec-impl.h"
+#include "opfuse/context.h"
 #include "opfuse/dtype.h"
 #include "opfuse/tensor.h"
+
+/* Threads for a pass over `work` elements: one below par_min, where the fork
+ * costs more than the work, else the context's count (0: OpenMP's default).
+ * ctx may be NULL (the default). */
+static inline int opf_cpu_threads(const opf_ctx *ctx, int64_t work, int64_t par_min)
+{
+    int t = ctx ? opf_ctx_num_threads(ctx) : 0;
+    if (work < par_min) return 1;
+    return t > 0 ? t : omp_get_max_threads();
+}
 
 /* Reads n elements of a plain f32/bf16/f16 array starting at element i0 into
  * fp32 (exact). */

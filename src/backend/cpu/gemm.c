@@ -476,7 +476,7 @@ static opf_status quantize_output(opf_ctx *ctx, const opf_gemm_args *g, float *y
     if (!qk)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm: no per-tensor FP8 quantize kernel for "
                          "the FP8 output");
-    return qk(ctx, g->opts->out_quantizer, &in, &out, 0, 0);
+    return qk(ctx, g->opts->out_quantizer, &in, &out, &g->out_state);
 }
 
 static void compute(const opf_gemm_args *g, float *base, const ws_plan *w, float *y, int nthr)

@@ -17,13 +17,6 @@ enum {
     PAR_MIN = 1 << 15,  /* below this many elements one thread is faster */
 };
 
-static int nthreads(opf_ctx *ctx, int64_t work)
-{
-    int t = opf_ctx_num_threads(ctx);
-    if (work < PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
 /* n floats of scratch (at least one), or NULL. */
 static float *scratch(opf_ctx *ctx, int64_t n)
 {
@@ -193,7 +186,7 @@ static opf_status ws_begin(opf_ctx *ctx, const char *who, const opf_tensor *x,
     w->H = gamma->spec.shape[0];
     int64_t n = opf_spec_numel(&x->spec), H = w->H;
     w->rows = n / H;
-    w->nt = nthreads(ctx, n);
+    w->nt = opf_cpu_threads(ctx, n, PAR_MIN);
     w->rn = 1.0f / (float)H;
     w->mark = opf_ctx_scratch_mark(ctx);
     w->g = scratch(ctx, n_vec * H);
@@ -431,7 +424,7 @@ static opf_status cpu_l2norm_fwd(opf_ctx *ctx, const opf_tensor *x, float eps, o
                                  opf_tensor *rnorm)
 {
     int64_t H, rows = rows_of(x, &H);
-    int nt = nthreads(ctx, rows * H);
+    int nt = opf_cpu_threads(ctx, rows * H, PAR_MIN);
     size_t mark = opf_ctx_scratch_mark(ctx);
     float *bufs = scratch(ctx, (int64_t)nt * 2 * H), *rn = rnorm->data[0];
     if (!bufs) return no_scratch(ctx, "l2norm_fwd", mark, (int64_t)nt * 2 * H);
@@ -453,7 +446,7 @@ static opf_status cpu_l2norm_bwd(opf_ctx *ctx, const opf_tensor *dy, const opf_t
                                  const opf_tensor *rnorm, opf_tensor *dx)
 {
     int64_t H, rows = rows_of(x, &H);
-    int nt = nthreads(ctx, rows * H);
+    int nt = opf_cpu_threads(ctx, rows * H, PAR_MIN);
     size_t mark = opf_ctx_scratch_mark(ctx);
     float *bufs = scratch(ctx, (int64_t)nt * 3 * H);
     if (!bufs) return no_scratch(ctx, "l2norm_bwd", mark, (int64_t)nt * 3 * H);

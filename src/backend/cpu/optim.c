@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <stdbool.h>
 
+#include "backend/cpu/cpu-impl.h"
 #include "backend/optim.h"
 #include "core/core-impl.h"
 
@@ -65,10 +66,9 @@ static void step_chunk(const step_params *p, const opf_optim_tensor *t, int64_t 
 static opf_status step_all(opf_ctx *ctx, const step_params *p, const opf_optim_tensor *t,
                            int count)
 {
-    int threads = opf_ctx_num_threads(ctx);
     for (int k = 0; k < count; k++) {
         int64_t n = t[k].n, nchunks = opf_ceil_div(n, CHUNK);
-        int nt = n < PAR_MIN ? 1 : threads > 0 ? threads : omp_get_max_threads();
+        int nt = opf_cpu_threads(ctx, n, PAR_MIN);
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t c = 0; c < nchunks; c++)
             step_chunk(p, &t[k], c * CHUNK, n - c * CHUNK < CHUNK ? n - c * CHUNK : CHUNK);

@@ -43,13 +43,6 @@ typedef struct block_out {
     int64_t  ld, cld;
 } block_out;
 
-static int nthreads(opf_ctx *ctx, int64_t n)
-{
-    int t = ctx ? opf_ctx_num_threads(ctx) : 0;
-    if (n < PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static inline float block_scale(const block_args *a, float amax)
@@ -186,7 +179,7 @@ static void bands_2d(const block_args *a, const block_out *o, int nt)
 }
 
 opf_status opf_cpu_quantize_block(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                  opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                  opf_tensor *out, const opf_quantize_state *qs)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(&out->spec, &L);
@@ -197,7 +190,7 @@ opf_status opf_cpu_quantize_block(opf_ctx *ctx, const opf_quantizer *q, const op
         .eps = q->amax_epsilon, .vinf = opf_input_max_finite(in->spec.dtype),
         .qd = out->spec.qdtype,
     };
-    int nt = nthreads(ctx, L.m * L.k);
+    int nt = opf_cpu_threads(ctx, L.m * L.k, PAR_MIN);
     bool row = out->spec.usage & OPF_USAGE_ROWWISE, col = out->spec.usage & OPF_USAGE_COLUMNWISE;
     block_out o = {
         .q = row ? out->data[OPF_COMP_DATA] : NULL,
@@ -257,7 +250,7 @@ opf_status opf_cpu_dequantize_block(opf_ctx *ctx, const opf_tensor *t, unsigned 
     if (st) return opf_error(ctx, st, "dequantize (fp8 block): %s", opf_last_error(NULL));
     float lut[256];
     opf_fp8_decode_table(t->spec.qdtype, lut);
-    int nt = nthreads(ctx, L.m * L.k);
+    int nt = opf_cpu_threads(ctx, L.m * L.k, PAR_MIN);
     if (which == OPF_USAGE_COLUMNWISE) dequant_col(t, &L, lut, out, nt);
     else dequant_row(t, &L, lut, out, nt);
     return OPF_OK;

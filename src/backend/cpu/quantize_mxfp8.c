@@ -40,13 +40,6 @@ typedef struct mx_args {
     uint8_t    *qr, *qc;  /* rowwise / columnwise data, NULL when absent */
 } mx_args;
 
-static int nthreads(opf_ctx *ctx, int64_t n)
-{
-    int t = ctx ? opf_ctx_num_threads(ctx) : 0;
-    if (n < PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* Index of the rowwise scale of (row m, block kb) and of the columnwise
@@ -201,7 +194,7 @@ static void scales_of(const opf_tensor *t, const opf_layout *L, mx_scales *S)
 }
 
 opf_status opf_cpu_quantize_mxfp8(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                  opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                  opf_tensor *out, const opf_quantize_state *qs)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(&out->spec, &L);
@@ -215,7 +208,7 @@ opf_status opf_cpu_quantize_mxfp8(opf_ctx *ctx, const opf_quantizer *q, const op
         .qr = S.row ? out->data[OPF_COMP_DATA] : NULL,
         .qc = S.col ? out->data[OPF_COMP_COL_DATA] : NULL,
     };
-    int nt = nthreads(ctx, L.m * L.k);
+    int nt = opf_cpu_threads(ctx, L.m * L.k, PAR_MIN);
     if (q->mxfp8_2d || (out->spec.flags & OPF_SPEC_MXFP8_2D)) tiles_2d(&a, &S, nt);
     else if (a.qc) colwise(&a, &S, nt);
     else rowwise(&a, &S, nt);
@@ -233,7 +226,7 @@ opf_status opf_cpu_dequantize_mxfp8(opf_ctx *ctx, const opf_tensor *t, unsigned 
     opf_fp8_decode_table(t->spec.qdtype, lut);
     for (int e = 0; e < 256; e++) pow2[e] = opf_e8m0_to_f32_impl((uint8_t)e);
     int64_t M = L.m, K = L.k;
-    int nt = nthreads(ctx, M * K);
+    int nt = opf_cpu_threads(ctx, M * K, PAR_MIN);
     if (which == OPF_USAGE_ROWWISE) {
         const uint8_t *q = t->data[OPF_COMP_DATA];
 #pragma omp parallel for num_threads(nt) schedule(static)

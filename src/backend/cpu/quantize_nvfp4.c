@@ -183,15 +183,6 @@ enum {
 
 _Static_assert(CP <= RUN, "nvfp4_row_run takes the rows of a group: CP elements");
 
-/* Threads for a pass over n elements: one below NVFP4_PAR_MIN, where the
- * fork costs more than the work. */
-static int nvfp4_threads(opf_ctx *ctx, int64_t n)
-{
-    int t = opf_ctx_num_threads(ctx);
-    if (n < NVFP4_PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* Rowwise 1x16 blocks of row m, elements [k0, k0 + n) of it, from their fp32
@@ -478,7 +469,7 @@ static opf_status nvfp4_layout_error(opf_ctx *ctx, opf_status st, const char *fn
 }
 
 opf_status opf_cpu_quantize_nvfp4(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                  opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                  opf_tensor *out, const opf_quantize_state *qs)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(&out->spec, &L);
@@ -487,7 +478,8 @@ opf_status opf_cpu_quantize_nvfp4(opf_ctx *ctx, const opf_quantizer *q, const op
     bool row = out->spec.usage & OPF_USAGE_ROWWISE, col = out->spec.usage & OPF_USAGE_COLUMNWISE;
     bool is2d = out->spec.scaling == OPF_SCALING_NVFP4_2D;
     nvfp4_src s = {in->data[OPF_COMP_DATA], in->spec.dtype, L.m, L.k, q->rht && col,
-                   q->rht_sign_mask, rng_seed, rng_offset, nvfp4_threads(ctx, L.m * L.k)};
+                   q->rht_sign_mask, qs->rng_seed, qs->rng_offset,
+                   opf_cpu_threads(ctx, L.m * L.k, NVFP4_PAR_MIN)};
     float a_row = 0.0f, a_col = 0.0f;
     if ((st = nvfp4_amaxes(ctx, q, &s, &a_row, &a_col)) != OPF_OK) return st;
 
@@ -533,7 +525,8 @@ opf_status opf_cpu_dequantize_nvfp4(opf_ctx *ctx, const opf_tensor *t, unsigned 
     int64_t rows = L.comp[dcomp].rows, cols = L.comp[dcomp].cols, sc = L.comp[scomp].cols;
     bool swz = (t->spec.flags & OPF_SPEC_SWIZZLED) != 0;
     float dec = nvfp4_global_scale(*(const float *)t->data[acomp]).dec;
-#pragma omp parallel for num_threads(nvfp4_threads(ctx, rows * cols)) schedule(static)
+    int nt = opf_cpu_threads(ctx, rows * cols, NVFP4_PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c0 = 0; c0 < cols; c0 += NVFP4_BLOCK) {
             int64_t j = c0 / NVFP4_BLOCK;

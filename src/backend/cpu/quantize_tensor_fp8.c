@@ -26,13 +26,6 @@ enum {
     LUT_MIN = 1 << 18,     /* from this many 16-bit inputs a byte table pays off */
 };
 
-static int nthreads(opf_ctx *ctx, int64_t n)
-{
-    int t = ctx ? opf_ctx_num_threads(ctx) : 0;
-    if (n < PAR_MIN) return 1;
-    return t > 0 ? t : omp_get_max_threads();
-}
-
 /* q = cvt(fl(x_f * s)) over the flat tensor, straight from the input dtype;
  * the columnwise copy, when wanted, is transposed from q afterwards (a pass
  * over the bytes costs less than casting in short strided strips). lut, if
@@ -94,11 +87,11 @@ static void transpose_all(const uint8_t *q, int64_t M, int64_t K, uint8_t *qt, i
 
 /* The scale of this quantization and the amax to record. Current scaling may
  * call the reduce hook, which can fail; nothing is written before that. */
-static opf_status tensor_scale(opf_ctx *ctx, const opf_quantizer *q, float amax, float *scale,
-                               float *amax_out)
+static opf_status tensor_scale(opf_ctx *ctx, const opf_quantizer *q, const opf_quantize_state *qs,
+                               float amax, float *scale, float *amax_out)
 {
     if (q->delayed) {
-        *scale = opf_delayed_state_scale(q->delayed)[q->slot];
+        *scale = *qs->delayed_scale;
         *amax_out = amax;
         return OPF_OK;
     }
@@ -117,15 +110,15 @@ static opf_status tensor_scale(opf_ctx *ctx, const opf_quantizer *q, float amax,
 }
 
 opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                                       opf_tensor *out, uint64_t rng_seed, uint64_t rng_offset)
+                                       opf_tensor *out, const opf_quantize_state *qs)
 {
     int64_t M, K;
     opf_shape_2d(&in->spec, &M, &K);
     int64_t n = M * K;
-    int nt = nthreads(ctx, n);
+    int nt = opf_cpu_threads(ctx, n, PAR_MIN);
     const void *x = in->data[OPF_COMP_DATA];
     float amax = opf_cpu_input_amax(x, in->spec.dtype, n, nt), scale = 1.0f, amax_rec = 0.0f;
-    opf_status st = tensor_scale(ctx, q, amax, &scale, &amax_rec);
+    opf_status st = tensor_scale(ctx, q, qs, amax, &scale, &amax_rec);
     if (st) return st;
 
     /* The columnwise copy is the byte transpose of the rowwise one (3.2). */
@@ -142,8 +135,7 @@ opf_status opf_cpu_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q, con
     *(float *)out->data[OPF_COMP_AMAX] = amax_rec;
     if (q->delayed) {
         /* 3.1: row 0 of the history max-accumulates the pre-scale amax. */
-        float *h0 = opf_delayed_state_history(q->delayed) + q->slot;
-        if (amax > *h0) *h0 = amax;
+        if (amax > *qs->delayed_amax) *qs->delayed_amax = amax;
     }
     return OPF_OK;
 }
@@ -154,7 +146,7 @@ opf_status opf_cpu_dequantize_tensor_fp8(opf_ctx *ctx, const opf_tensor *t, unsi
     int64_t M, K;
     opf_shape_2d(&t->spec, &M, &K);
     int64_t n = M * K;
-    int nt = nthreads(ctx, n);
+    int nt = opf_cpu_threads(ctx, n, PAR_MIN);
     float lut[256];
     opf_fp8_decode_table(t->spec.qdtype, lut);
     bool col = which == OPF_USAGE_COLUMNWISE;

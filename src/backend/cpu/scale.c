@@ -14,8 +14,7 @@ enum { AMAX_PAR_MIN = 1 << 15 };  /* below this many elements one thread is fast
 static opf_status cpu_amax(opf_ctx *ctx, const opf_tensor *x, float *amax)
 {
     int64_t n = opf_spec_numel(&x->spec);
-    int t = opf_ctx_num_threads(ctx);
-    int nt = n < AMAX_PAR_MIN ? 1 : t > 0 ? t : omp_get_max_threads();
+    int nt = opf_cpu_threads(ctx, n, AMAX_PAR_MIN);
     *amax = opf_cpu_input_amax(x->data[OPF_COMP_DATA], x->spec.dtype, n, nt);
     return OPF_OK;
 }

@@ -55,6 +55,17 @@ void opf_fp8_decode_table(opf_dtype qdtype, float lut[256])
 /* The byte transpose works on B x B blocks, B = 32 with AVX2, 16 with SSE2,
  * 8 otherwise: a whole block is loaded row by row, transposed in registers and
  * stored row by row; partial blocks at the edges go through a local block. */
+
+/* One round of the in-register transpose: out[i] and out[i + 8] interleave
+ * in[2i] and in[2i + 1], their low and their high halves, in units of `bits`
+ * (pfx: _mm256 for AVX2, _mm for SSE2). Four rounds, 8 to 64 bits, turn 16
+ * rows of a lane into its 16 columns. */
+#define INTERLEAVE_ROUND(pfx, bits, out, in)                              \
+    for (int i = 0; i < 8; i++) {                                          \
+        out[i] = pfx##_unpacklo_epi##bits(in[2 * i], in[2 * i + 1]);       \
+        out[i + 8] = pfx##_unpackhi_epi##bits(in[2 * i], in[2 * i + 1]);   \
+    }
+
 #if defined(__AVX2__)
 enum { TB = 32 };
 
@@ -67,22 +78,10 @@ static void transpose_block(const uint8_t *a, int64_t lda, uint8_t *b, int64_t l
     for (int i = 0; i < 32; i++) r[i] = _mm256_loadu_si256((const __m256i *)(a + i * lda));
     for (int h = 0; h < 32; h += 16) {
         __m256i *x = r + h, *y = t + h;
-        for (int i = 0; i < 8; i++) {
-            y[i] = _mm256_unpacklo_epi8(x[2 * i], x[2 * i + 1]);
-            y[i + 8] = _mm256_unpackhi_epi8(x[2 * i], x[2 * i + 1]);
-        }
-        for (int i = 0; i < 8; i++) {
-            x[i] = _mm256_unpacklo_epi16(y[2 * i], y[2 * i + 1]);
-            x[i + 8] = _mm256_unpackhi_epi16(y[2 * i], y[2 * i + 1]);
-        }
-        for (int i = 0; i < 8; i++) {
-            y[i] = _mm256_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
-            y[i + 8] = _mm256_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
-        }
-        for (int i = 0; i < 8; i++) {
-            x[i] = _mm256_unpacklo_epi64(y[2 * i], y[2 * i + 1]);
-            x[i + 8] = _mm256_unpackhi_epi64(y[2 * i], y[2 * i + 1]);
-        }
+        INTERLEAVE_ROUND(_mm256, 8, y, x)
+        INTERLEAVE_ROUND(_mm256, 16, x, y)
+        INTERLEAVE_ROUND(_mm256, 32, y, x)
+        INTERLEAVE_ROUND(_mm256, 64, x, y)
     }
     /* r[j] now holds column c(j) of each lane (c = j's 4 bits reversed):
      * rows 0-15 in r[j], rows 16-31 in r[j + 16]. */
@@ -102,22 +101,10 @@ static void transpose_block(const uint8_t *a, int64_t lda, uint8_t *b, int64_t l
 {
     __m128i r[16], t[16];
     for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(a + i * lda));
-    for (int i = 0; i < 8; i++) {
-        t[i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
-        t[i + 8] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm_unpacklo_epi16(t[2 * i], t[2 * i + 1]);
-        r[i + 8] = _mm_unpackhi_epi16(t[2 * i], t[2 * i + 1]);
-    }
-    for (int i = 0; i < 8; i++) {
-        t[i] = _mm_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[i + 8] = _mm_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 8; i++) {
-        r[i] = _mm_unpacklo_epi64(t[2 * i], t[2 * i + 1]);
-        r[i + 8] = _mm_unpackhi_epi64(t[2 * i], t[2 * i + 1]);
-    }
+    INTERLEAVE_ROUND(_mm, 8, t, r)
+    INTERLEAVE_ROUND(_mm, 16, r, t)
+    INTERLEAVE_ROUND(_mm, 32, t, r)
+    INTERLEAVE_ROUND(_mm, 64, r, t)
     static const uint8_t col[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
     for (int j = 0; j < 16; j++) _mm_storeu_si128((__m128i *)(b + col[j] * ldb), r[j]);
 }

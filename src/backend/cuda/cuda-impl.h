@@ -31,8 +31,7 @@ typedef struct opf_cuda_algo_entry opf_cuda_algo_entry;
 /* A delayed-scaling slot whose amax waits on the device for the next
  * opf_cuda_delayed_flush (history row 0 lives on the host). */
 typedef struct opf_cuda_pending {
-    opf_delayed_state *state;
-    int                slot;
+    float *h0;  /* the slot's entry of history row 0 (opf_quantize_state.delayed_amax) */
 } opf_cuda_pending;
 
 typedef struct opf_cuda_state {

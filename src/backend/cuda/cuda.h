@@ -106,16 +106,17 @@ opf_status opf_cuda_timer_ms(opf_cuda_timer *t, int i, int j, float *ms);
 /* ---- kernel entries: the slots of the cuda backend table ------------------
  * Same contracts as the CPU entries of backend-impl.h, on device tensors.
  * Dequantize writes fp32 to device memory. */
+struct opf_quantize_state;
 opf_status opf_cuda_quantize_tensor_fp8(opf_ctx *, const opf_quantizer *, const opf_tensor *,
-                                        opf_tensor *, uint64_t, uint64_t);
+                                        opf_tensor *, const struct opf_quantize_state *);
 opf_status opf_cuda_dequantize_tensor_fp8(opf_ctx *, const opf_tensor *, unsigned, float *);
 opf_status opf_cuda_quantize_mxfp8(opf_ctx *, const opf_quantizer *, const opf_tensor *,
-                                   opf_tensor *, uint64_t, uint64_t);
+                                   opf_tensor *, const struct opf_quantize_state *);
 opf_status opf_cuda_dequantize_mxfp8(opf_ctx *, const opf_tensor *, unsigned, float *);
 /* The same decode into bf16 out[M*K] (exact: the input of the MXFP8 GEMM). */
 opf_status opf_cuda_dequantize_mxfp8_bf16(opf_ctx *, const opf_tensor *, unsigned, void *out);
 opf_status opf_cuda_quantize_block(opf_ctx *, const opf_quantizer *, const opf_tensor *,
-                                   opf_tensor *, uint64_t, uint64_t);
+                                   opf_tensor *, const struct opf_quantize_state *);
 opf_status opf_cuda_dequantize_block(opf_ctx *, const opf_tensor *, unsigned, float *);
 
 /* The GEMM entry (gemm.cu), arguments as struct opf_gemm_args. */

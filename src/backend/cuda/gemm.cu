@@ -297,7 +297,7 @@ static opf_status quantize_d(opf_ctx *ctx, const opf_gemm_args *g, float *y)
     in.data[OPF_COMP_DATA] = y;
     opf_tensor out = *g->d;
     out.spec.dtype = OPF_F32;
-    return opf_cuda_quantize_tensor_fp8(ctx, g->opts->out_quantizer, &in, &out, 0, 0);
+    return opf_cuda_quantize_tensor_fp8(ctx, g->opts->out_quantizer, &in, &out, &g->out_state);
 }
 
 /* Whether cuBLASLt writes D's dtype straight from these operands: plain

@@ -243,7 +243,7 @@ static void launch(cudaStream_t st, const void *x, int64_t M, int64_t K, const m
 
 extern "C" opf_status opf_cuda_quantize_mxfp8(opf_ctx *ctx, const opf_quantizer *q,
                                               const opf_tensor *in, opf_tensor *out,
-                                              uint64_t rng_seed, uint64_t rng_offset)
+                                              const opf_quantize_state *qs)
 {
     const char *fn = "quantize (mxfp8)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);

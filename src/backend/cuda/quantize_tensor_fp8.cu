@@ -258,18 +258,15 @@ static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *x, in
 }
 
 /* The device amax of a delayed-scaling slot (registered on first use). */
-static opf_status pending_slot(opf_ctx *ctx, opf_cuda_state *s, const opf_quantizer *q,
-                               unsigned **out)
+static opf_status pending_slot(opf_ctx *ctx, opf_cuda_state *s, float *h0, unsigned **out)
 {
     int i = 0;
-    while (i < s->n_pending && !(s->pending[i].state == q->delayed && s->pending[i].slot == q->slot))
-        i++;
+    while (i < s->n_pending && s->pending[i].h0 != h0) i++;
     if (i == s->n_pending) {
         if (i == OPF_CUDA_PENDING_MAX)
             return opf_error(ctx, OPF_ERR_STATE, "quantize (fp8 delayed scaling): %d slots "
                              "quantized since the last opf_cuda_delayed_flush", i);
-        s->pending[i].state = q->delayed;
-        s->pending[i].slot = q->slot;
+        s->pending[i].h0 = h0;
         s->n_pending++;
     }
     *out = s->pending_amax + i;
@@ -299,7 +296,8 @@ static opf_status reduce_amax(opf_ctx *ctx, opf_cuda_state *s, const opf_quantiz
 
 template <typename T>
 static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quantizer *q,
-                                 const opf_tensor *in, opf_tensor *out)
+                                 const opf_tensor *in, opf_tensor *out,
+                                 const opf_quantize_state *qs)
 {
     int64_t M, K;
     opf_shape_2d(&in->spec, &M, &K);
@@ -310,9 +308,9 @@ static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quan
     OPF_CUDA_TRY(ctx, "quantize (fp8)", cudaMemsetAsync(amax, 0, sizeof(float), s->stream));
     opf_status st;
     if (q->delayed) {
-        src.value = opf_delayed_state_scale(q->delayed)[q->slot];
+        src.value = *qs->delayed_scale;
         unsigned *slot_amax = NULL;
-        if ((st = pending_slot(ctx, s, q, &slot_amax))) return st;
+        if ((st = pending_slot(ctx, s, qs->delayed_amax, &slot_amax))) return st;
         return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, amax, slot_amax);
     }
     if ((st = launch_amax<T>(ctx, s, x, M * K, amax))) return st;
@@ -323,14 +321,14 @@ static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quan
 
 extern "C" opf_status opf_cuda_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q,
                                                    const opf_tensor *in, opf_tensor *out,
-                                                   uint64_t rng_seed, uint64_t rng_offset)
+                                                   const opf_quantize_state *qs)
 {
     opf_cuda_state *s = opf_cuda_state_of(ctx, "quantize (fp8)");
     if (!s) return OPF_ERR_STATE;
     switch (in->spec.dtype) {
-    case OPF_F32: return quantize_typed<float>(ctx, s, q, in, out);
-    case OPF_BF16: return quantize_typed<__nv_bfloat16>(ctx, s, q, in, out);
-    case OPF_F16: return quantize_typed<__half>(ctx, s, q, in, out);
+    case OPF_F32: return quantize_typed<float>(ctx, s, q, in, out, qs);
+    case OPF_BF16: return quantize_typed<__nv_bfloat16>(ctx, s, q, in, out, qs);
+    case OPF_F16: return quantize_typed<__half>(ctx, s, q, in, out, qs);
     default:
         return opf_error(ctx, OPF_ERR_DTYPE, "quantize (fp8): input dtype %s, expected f32/bf16/f16",
                          opf_dtype_name(in->spec.dtype));

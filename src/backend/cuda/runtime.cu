@@ -552,7 +552,7 @@ opf_status opf_cuda_delayed_flush(opf_ctx *ctx)
     if (st) return st;
     /* 3.1: row 0 of the history max-accumulates the pre-scale amax. */
     for (int i = 0; i < n; i++) {
-        float *h0 = opf_delayed_state_history(s->pending[i].state) + s->pending[i].slot;
+        float *h0 = s->pending[i].h0;
         if (amax[i] > *h0) *h0 = amax[i];
     }
     s->n_pending = 0;

@@ -64,10 +64,13 @@ int opf_act_kind_of(const opf_op *op);
 /* The table's alpha of kind k (in range). */
 double opf_act_default_alpha(opf_act_kind k);
 
-/* The activation kernels of the device a tensor lives on, into *out;
- * OPF_ERR_UNSUPPORTED, naming who, when that device has none. */
-opf_status opf_act_kernels_for(opf_ctx *ctx, opf_device dev, const char *who,
-                               const opf_act_kernels **out);
+/* n floats of scratch (see opf_op_scratch) into *out, else OPF_ERR_NO_MEMORY
+ * naming who. */
+opf_status opf_act_scratch(opf_ctx *ctx, const char *who, int64_t n, float **out);
+
+/* t's values as fp32 for a kernel, as opf_op_load_f32 gives them (t's own
+ * data when plain f32, else decoded into scratch taken here). */
+opf_status opf_act_load(opf_ctx *ctx, const char *who, const opf_tensor *t, const float **out);
 
 /* The leading rows and the last dim of a spec (rows = 0 when the last dim is). */
 static inline int64_t opf_act_cols(const opf_spec *s) { return s->shape[s->ndim - 1]; }

@@ -35,16 +35,6 @@ int opf_act_kind_of(const opf_op *op)
 
 double opf_act_default_alpha(opf_act_kind k) { return act_rows[k].alpha; }
 
-opf_status opf_act_kernels_for(opf_ctx *ctx, opf_device dev, const char *who,
-                               const opf_act_kernels **out)
-{
-    const opf_backend_i *be = opf_backend_get(dev);
-    *out = be ? be->act : NULL;
-    return *out ? OPF_OK
-                : opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no activation kernels for device %d",
-                            who, (int)dev);
-}
-
 /* ---- schemas -------------------------------------------------------------------- */
 
 static const opf_field act_fwd_fields[] = {
@@ -74,8 +64,6 @@ static opf_status act_init(opf_ctx *ctx, opf_op *op, opf_act_kind k)
                          opf_op_name(op), c->alpha);
     return OPF_OK;
 }
-
-static bool is_act_dtype(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 
 /* "[4,63]" */
 static void shape_str(const opf_spec *s, char *buf, size_t size)
@@ -113,7 +101,7 @@ static opf_status act_resolve_fwd(opf_act_kind k, opf_op *op, const opf_fwd_env 
     const opf_tensor *x = env->x;
     const char *cls = act_rows[k].name, *name = opf_op_name(op);
     if (!x) return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "%s \"%s\": input is NULL", cls, name);
-    if (!is_act_dtype(x->spec.dtype))
+    if (!opf_is_act_dtype(x->spec.dtype))
         return opf_error(env->ctx, OPF_ERR_DTYPE, "%s \"%s\": input dtype %s, expected f32/bf16/f16",
                          cls, name, opf_dtype_name(x->spec.dtype));
     if (x->spec.ndim < 1)
@@ -147,7 +135,7 @@ static opf_status act_resolve_bwd(opf_act_kind k, opf_op *op, const opf_op_ctx *
         return opf_error(env->ctx, OPF_ERR_STATE, "%s \"%s\": no saved input for backward", cls, name);
     const opf_tensor *x = &octx->saved[0], *dy = env->dy;
     if (!dy) return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "%s \"%s\": dy is NULL", cls, name);
-    if (!is_act_dtype(dy->spec.dtype))
+    if (!opf_is_act_dtype(dy->spec.dtype))
         return opf_error(env->ctx, OPF_ERR_DTYPE, "%s \"%s\": gradient dtype %s, expected f32/bf16/f16",
                          cls, name, opf_dtype_name(dy->spec.dtype));
     opf_spec want = act_out_plain(&x->spec, opf_act_is_glu(k));
@@ -195,22 +183,33 @@ static opf_act_params params_of(double alpha, double limit)
     return (opf_act_params){(float)alpha, (float)limit};
 }
 
+opf_status opf_act_scratch(opf_ctx *ctx, const char *who, int64_t n, float **out)
+{
+    *out = opf_op_scratch(ctx, n);
+    if (!*out)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %lld floats", who, (long long)n);
+    return OPF_OK;
+}
+
+opf_status opf_act_load(opf_ctx *ctx, const char *who, const opf_tensor *t, const float **out)
+{
+    float *ws;
+    opf_status st = opf_act_scratch(ctx, who, opf_spec_numel(&t->spec), &ws);
+    return st ? st : opf_op_load_f32(ctx, t, ws, out);
+}
+
 static opf_status act_forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
                                    opf_tensor *aux)
 {
     const opf_act_fwd *a = args;
     const opf_act_kind k = (opf_act_kind)a->act;
     const char *who = act_rows[k].name;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, a->x.spec.device, who, &K);
-    if (st) return st;
-    int64_t n = opf_spec_numel(&a->x.spec), ny = opf_spec_numel(&outs[0].spec);
-    float *xs = opf_op_scratch(ctx, n), *y = opf_op_scratch(ctx, ny);
-    if (!xs || !y)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %lld floats", who,
-                         (long long)(n + ny));
+    const opf_act_kernels *K = opf_backend_kernels(ctx, who, a->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     const float *x;
-    st = opf_op_load_f32(ctx, &a->x, xs, &x);
+    float *y;
+    opf_status st = opf_act_load(ctx, who, &a->x, &x);
+    if (!st) st = opf_act_scratch(ctx, who, opf_spec_numel(&outs[0].spec), &y);
     if (!st) st = K->fwd(ctx, k, params_of(a->alpha, a->limit), x, y, opf_act_rows(&a->x.spec),
                          opf_act_cols(&a->x.spec));
     return st ? st : opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
@@ -221,24 +220,22 @@ static opf_status act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor 
     const opf_act_bwd *b = bargs;
     const opf_act_kind k = (opf_act_kind)b->act;
     const char *who = act_rows[k].name;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, b->x.spec.device, who, &K);
-    if (st) return st;
-    int64_t n = opf_spec_numel(&b->x.spec), ny = opf_spec_numel(&b->dy.spec);
-    float *xs = opf_op_scratch(ctx, n), *dys = opf_op_scratch(ctx, ny), *dx = opf_op_scratch(ctx, n);
-    if (!xs || !dys || !dx)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %lld floats", who,
-                         (long long)(2 * n + ny));
+    const opf_act_kernels *K = opf_backend_kernels(ctx, who, b->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     const float *x, *dy;
-    st = opf_op_load_f32(ctx, &b->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
+    float *dx;
+    opf_status st = opf_act_load(ctx, who, &b->x, &x);
+    if (!st) st = opf_act_load(ctx, who, &b->dy, &dy);
+    if (!st) st = opf_act_scratch(ctx, who, opf_spec_numel(&b->x.spec), &dx);
     if (!st) st = K->bwd(ctx, k, params_of(b->alpha, b->limit), x, dy, dx,
                          opf_act_rows(&b->x.spec), opf_act_cols(&b->x.spec));
     return st ? st : opf_op_store_f32(ctx, dx, b->x.spec.dtype, &b->grad_q, &grads[0]);
 }
 
 /* ---- the classes ------------------------------------------------------------------
- * One per table row; its init and resolve entries pass the row's kind. */
+ * One per table row; its init and resolve entries pass the row's kind. Only
+ * ClampedSwiGLU takes a config. */
+#define ACT_CONFIG_SIZE(kind) ((kind) == OPF_ACT_CLAMPED_SWIGLU ? sizeof(opf_clamped_swiglu_config) : 0)
 #define ACT_CLASS(n, kind, alpha)                                                             \
     static opf_status n##_init(opf_ctx *ctx, opf_op *op) { return act_init(ctx, op, kind); }  \
     static opf_status n##_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)         \
@@ -251,12 +248,7 @@ static opf_status act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor 
         return act_resolve_bwd(kind, op, octx, env, bargs);                                   \
     }                                                                                         \
     const opf_op_class opf_op_class_##n = {                                                   \
-        .abi_version   = OPF_OP_ABI_VERSION,                                                  \
-        .name          = #n,                                                                  \
-        .config_size   = kind == OPF_ACT_CLAMPED_SWIGLU ? sizeof(opf_clamped_swiglu_config) : 0, \
-        .fwd_schema    = &act_fwd_schema,                                                     \
-        .bwd_schema    = &act_bwd_schema,                                                     \
-        .fusible       = true,                                                                \
+        OPF_OP_CLASS_HEAD(#n, ACT_CONFIG_SIZE(kind), &act_fwd_schema, &act_bwd_schema),       \
         .init          = n##_init,                                                            \
         .resolve_fwd   = n##_resolve_fwd,                                                     \
         .setup_context = act_setup_context,                                                   \
@@ -269,3 +261,4 @@ static opf_status act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor 
     };
 OPF_ACT_CLASSES(ACT_CLASS)
 #undef ACT_CLASS
+#undef ACT_CONFIG_SIZE

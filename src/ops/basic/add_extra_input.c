@@ -18,23 +18,7 @@ static const opf_field add_fwd_fields[] = {
     OPF_F_TENSOR_Q(add_fwd, x), OPF_F_TENSOR_Q(add_fwd, extra), OPF_F_BOOL(add_fwd, in_place)};
 OPF_SCHEMA(add_fwd_schema, add_fwd, add_fwd_fields);
 
-typedef struct add_bwd {
-    opf_tensor dy;
-} add_bwd;
-static const opf_field add_bwd_fields[] = {OPF_F_TENSOR_Q(add_bwd, dy)};
-OPF_SCHEMA(add_bwd_schema, add_bwd, add_bwd_fields);
-
 static const opf_inplace_config default_config = {.in_place = false};
-
-static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
-static bool same_shape(const opf_spec *a, const opf_spec *b)
-{
-    if (a->ndim != b->ndim) return false;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i]) return false;
-    return true;
-}
 
 static opf_status check_inputs(opf_ctx *ctx, const opf_op *op, const opf_tensor *x,
                                const opf_tensor *extra)
@@ -43,18 +27,7 @@ static opf_status check_inputs(opf_ctx *ctx, const opf_op *op, const opf_tensor 
     if (!extra)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "add_extra_input \"%s\": extra input 0 is missing",
                          name);
-    if (!is_float(x->spec.dtype) || !is_float(extra->spec.dtype))
-        return opf_error(ctx, OPF_ERR_DTYPE, "add_extra_input \"%s\": input dtype %s, extra input "
-                         "dtype %s, both must be f32/bf16/f16", name, opf_dtype_name(x->spec.dtype),
-                         opf_dtype_name(extra->spec.dtype));
-    if (!same_shape(&x->spec, &extra->spec)) {
-        char a[160], b[160];
-        opf_spec_str(&x->spec, a, sizeof a);
-        opf_spec_str(&extra->spec, b, sizeof b);
-        return opf_error(ctx, OPF_ERR_SHAPE, "add_extra_input \"%s\": input is %s, extra input is %s; "
-                         "shapes must match", name, a, b);
-    }
-    return OPF_OK;
+    return opf_op_check_addends(ctx, op, "input", x, "extra input", extra);
 }
 
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
@@ -84,7 +57,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
 {
-    ((add_bwd *)args)->dy = *env->dy;
+    ((opf_dy_args *)args)->dy = *env->dy;
     return OPF_OK;
 }
 
@@ -93,29 +66,20 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
 static opf_status backward_fake(const void *args, opf_spec *grads)
 {
     grads[0].ndim = OPF_GRAD_PASSTHROUGH;
-    grads[1] = ((const add_bwd *)args)->dy.spec;
+    grads[1] = ((const opf_dy_args *)args)->dy.spec;
     return OPF_OK;
 }
 
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
-    return opf_op_copy_tensor(ctx, "add_extra_input", &((const add_bwd *)args)->dy, &grads[1]);
+    return opf_op_copy_tensor(ctx, "add_extra_input", &((const opf_dy_args *)args)->dy, &grads[1]);
 }
 
 const opf_op_class opf_op_class_add_extra_input = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "add_extra_input",
-    .config_size = sizeof(opf_inplace_config),
+    OPF_OP_CLASS_HEAD("add_extra_input", sizeof(opf_inplace_config), &add_fwd_schema,
+                      &opf_dy_args_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .config_default = &default_config,
-    .fwd_schema = &add_fwd_schema,
-    .bwd_schema = &add_bwd_schema,
     .n_extra_in = 1,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* x is read whole before y is stored */
 };

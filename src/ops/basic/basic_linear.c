@@ -80,9 +80,7 @@ static const opf_field linear_fwd_fields[] = {
     OPF_F_BOOL(opf_linear_fwd, wgrad),
     OPF_F(opf_linear_fwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG | OPF_FIELD_RUNTIME),
     OPF_F_ENUM(opf_linear_fwd, bwd_override)};
-const opf_schema opf_linear_fwd_schema = {
-    "linear_fwd", sizeof(opf_linear_fwd),
-    (int)(sizeof linear_fwd_fields / sizeof linear_fwd_fields[0]), linear_fwd_fields};
+OPF_SHARED_SCHEMA(opf_linear_fwd_schema, opf_linear_fwd, linear_fwd_fields);
 
 static const opf_field linear_bwd_fields[] = {
     OPF_F_TENSOR_Q(opf_linear_bwd, dy), OPF_F_TENSOR_Q(opf_linear_bwd, w),
@@ -94,9 +92,7 @@ static const opf_field linear_bwd_fields[] = {
     OPF_F_BOOL(opf_linear_bwd, wgrad),  OPF_F_BOOL(opf_linear_bwd, to_main_grad),
     OPF_F(opf_linear_bwd, is_first_microbatch, OPF_FIELD_ENUM, OPF_FIELD_KWARG | OPF_FIELD_RUNTIME),
     OPF_F_ENUM(opf_linear_bwd, bwd_override)};
-const opf_schema opf_linear_bwd_schema = {
-    "linear_bwd", sizeof(opf_linear_bwd),
-    (int)(sizeof linear_bwd_fields / sizeof linear_bwd_fields[0]), linear_bwd_fields};
+OPF_SHARED_SCHEMA(opf_linear_bwd_schema, opf_linear_bwd, linear_bwd_fields);
 
 static const opf_field linear_kwargs_fields[] = {
     OPF_F(opf_basic_linear_kwargs, is_first_microbatch, OPF_FIELD_ENUM,
@@ -106,7 +102,6 @@ OPF_SCHEMA(linear_kwargs_schema, opf_basic_linear_kwargs, linear_kwargs_fields);
 /* attrs of the op context */
 enum { AT_ACT_DTYPE, AT_WGRAD, AT_FIRST_MB, AT_ROWS, AT_QUANTIZED, AT_OVERRIDE };
 
-static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
 static bool is_q(const opf_quantizer *q) { return q->scaling != OPF_SCALING_NONE; }
 static bool is_nvfp4(opf_scaling s) { return s == OPF_SCALING_NVFP4_1D || s == OPF_SCALING_NVFP4_2D; }
 /* Does the forward use the parameter's weight cache (written when
@@ -148,7 +143,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": in_features %lld and "
                          "out_features %lld must both be >= 1", name, (long long)c->in_features,
                          (long long)c->out_features);
-    if (!is_float_plain(c->dtype))
+    if (!opf_is_act_dtype(c->dtype))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "basic_linear \"%s\": dtype %s, expected f32, "
                          "bf16 or f16", name, opf_dtype_name(c->dtype));
     int64_t shape[2] = {c->out_features, c->in_features};
@@ -351,12 +346,12 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     return opf_linear_fprop(ctx, a, aux, NULL, NULL, &a->out_q, &outs[0]);
 }
 
-/* Input checks of opf_linear_resolve_fwd that need no recipe state. */
+/* Input checks of resolve_fwd that need no recipe state. */
 static opf_status check_input(opf_ctx *ctx, const opf_op *op, const opf_tensor *x)
 {
     const opf_basic_linear_config *c = opf_op_config_const(op);
     const char *name = opf_op_name(op);
-    if (!is_float_plain(x->spec.dtype))
+    if (!opf_is_act_dtype(x->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "basic_linear \"%s\": input dtype %s, expected f32, "
                          "bf16 or f16", name, opf_dtype_name(x->spec.dtype));
     int64_t k = x->spec.ndim ? x->spec.shape[x->spec.ndim - 1] : 0;
@@ -485,15 +480,15 @@ static opf_status after_fake(opf_op *op, const opf_fwd_env *env, void *args, con
     return OPF_OK;
 }
 
-/* For fused ops that resolve their linear part themselves: the class's
- * three traced steps, the fake's checks under the op's name. */
+/* The class's traced steps for fused ops that cover basic_linear. */
 opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
-    opf_status st = resolve_fwd(op, env, args);
-    if (st) return st;
-    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = opf_linear_forward_fake(args, o, x))) return fail(env->ctx, op, st);
-    return after_fake(op, env, args, o, x);
+    return resolve_fwd(op, env, args);
+}
+
+opf_status opf_linear_after_fake(opf_op *op, const opf_fwd_env *env, void *args)
+{
+    return after_fake(op, env, args, NULL, NULL);
 }
 
 opf_status opf_linear_setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -618,7 +613,7 @@ static opf_status check_dy(opf_ctx *ctx, const opf_op *op, const opf_op_ctx *oct
     const opf_basic_linear_config *c = opf_op_config_const(op);
     int64_t m, n;
     opf_shape_2d(&dy->spec, &m, &n);
-    if (!is_float_plain(dy->spec.dtype))
+    if (!opf_is_act_dtype(dy->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "basic_linear \"%s\": gradient dtype %s, expected "
                          "f32, bf16 or f16", opf_op_name(op), opf_dtype_name(dy->spec.dtype));
     if (dy->spec.ndim < 1 || n != c->out_features || m != octx->attrs[AT_ROWS])
@@ -673,15 +668,11 @@ opf_status opf_linear_resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_
 }
 
 const opf_op_class opf_op_class_basic_linear = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "basic_linear",
+    OPF_OP_CLASS_HEAD("basic_linear", sizeof(opf_basic_linear_config), &opf_linear_fwd_schema,
+                      &opf_linear_bwd_schema),
     .module_type = "linear",
-    .config_size = sizeof(opf_basic_linear_config),
-    .fwd_schema = &opf_linear_fwd_schema,
-    .bwd_schema = &opf_linear_bwd_schema,
     .kwargs_schema = &linear_kwargs_schema,
     .n_gemms = 1,
-    .fusible = true,
     .init = init,
     .input_quantizer = input_quantizer,
     .grad_output_quantizer = grad_output_quantizer,

@@ -69,8 +69,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     opf_status st = opf_op_plain_view(ctx, &a->x, &x);
     if (!st) st = opf_op_kernel_out(ctx, &outs[0], &y);
     if (!st) st = k->bias_add(ctx, &x, &a->b, &y);
-    if (st || outs[0].spec.scaling == OPF_SCALING_NONE) return st;
-    return opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], a->x.spec.dtype, &a->next_q, &outs[0]);
+    return st ? st : opf_op_finish_out(ctx, &y, a->x.spec.dtype, &a->next_q, &outs[0]);
 }
 
 /* The runner filled octx->prev_grad_q; an override nulls it. */
@@ -110,19 +109,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_bias = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "bias",
-    .config_size = sizeof(opf_bias_config),
-    .fwd_schema = &bias_fwd_schema,
-    .bwd_schema = &bias_bwd_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
+    OPF_OP_CLASS_HEAD("bias", sizeof(opf_bias_config), &bias_fwd_schema, &bias_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, setup_context),
     .inplace = true,  /* x is read whole before y is stored */
 };

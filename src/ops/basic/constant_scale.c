@@ -34,7 +34,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
 /* Float inputs only: the op decodes quantized inputs but cannot scale ints. */
 static opf_status check_float(opf_ctx *ctx, const opf_op *op, const char *what, const opf_spec *s)
 {
-    if (s->dtype == OPF_F32 || s->dtype == OPF_BF16 || s->dtype == OPF_F16) return OPF_OK;
+    if (opf_is_act_dtype(s->dtype)) return OPF_OK;
     return opf_error(ctx, OPF_ERR_DTYPE, "constant_scale \"%s\": %s dtype %s, expected f32/bf16/f16",
                      opf_op_name(op), what, opf_dtype_name(s->dtype));
 }
@@ -68,8 +68,7 @@ static opf_status scale_into(opf_ctx *ctx, const opf_tensor *t, double scale,
     opf_status st = opf_op_plain_view(ctx, t, &x);
     if (!st) st = opf_op_kernel_out(ctx, out, &y);
     if (!st) st = k->scale(ctx, &x, (float)scale, &y);
-    if (st || out->spec.scaling == OPF_SCALING_NONE) return st;
-    return opf_op_store_f32(ctx, y.data[OPF_COMP_DATA], t->spec.dtype, q, out);
+    return st ? st : opf_op_finish_out(ctx, &y, t->spec.dtype, q, out);
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
@@ -102,18 +101,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_constant_scale = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "constant_scale",
-    .config_size = sizeof(opf_constant_scale_config),
-    .fwd_schema = &scale_fwd_schema,
-    .bwd_schema = &scale_bwd_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
+    OPF_OP_CLASS_HEAD("constant_scale", sizeof(opf_constant_scale_config), &scale_fwd_schema,
+                      &scale_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, NULL),
     .inplace = true,  /* x is read whole before y is stored */
 };

@@ -41,8 +41,6 @@ static const opf_field dropout_kwargs_fields[] = {
     OPF_F(opf_dropout_kwargs, training, OPF_FIELD_BOOL, OPF_FIELD_KWARG)};
 OPF_SCHEMA(dropout_kwargs_schema, opf_dropout_kwargs, dropout_kwargs_fields);
 
-static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
 static opf_status init(opf_ctx *ctx, opf_op *op)
 {
     double p = ((const opf_dropout_config *)opf_op_config(op))->p;
@@ -57,7 +55,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     dropout_fwd *a = args;
     const opf_dropout_kwargs *kw = env->kwargs;
     bool training = kw ? kw->training : true;
-    if (training && !is_float(env->x->spec.dtype))
+    if (training && !opf_is_act_dtype(env->x->spec.dtype))
         return opf_error(env->ctx, OPF_ERR_DTYPE, "dropout \"%s\": input dtype %s, expected "
                          "f32/bf16/f16", opf_op_name(op), opf_dtype_name(env->x->spec.dtype));
     a->x = *env->x;
@@ -110,7 +108,7 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     const opf_tensor *dy = env->dy;
     if (training) {
         const opf_tensor *m = &octx->saved[0];
-        if (opf_spec_numel(&dy->spec) != opf_spec_numel(&m->spec) || !is_float(dy->spec.dtype)) {
+        if (opf_spec_numel(&dy->spec) != opf_spec_numel(&m->spec) || !opf_is_act_dtype(dy->spec.dtype)) {
             char b[160], c[160];
             opf_spec_str(&dy->spec, b, sizeof b);
             opf_spec_str(&m->spec, c, sizeof c);
@@ -147,20 +145,9 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_dropout = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "dropout",
-    .config_size = sizeof(opf_dropout_config),
-    .fwd_schema = &dropout_fwd_schema,
-    .bwd_schema = &dropout_bwd_schema,
+    OPF_OP_CLASS_HEAD("dropout", sizeof(opf_dropout_config), &dropout_fwd_schema,
+                      &dropout_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, setup_context),
     .kwargs_schema = &dropout_kwargs_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* x is read whole before y is stored */
 };

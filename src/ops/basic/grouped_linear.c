@@ -219,7 +219,7 @@ static opf_status batch_add(opf_ctx *ctx, gemm_batch *bt, const opf_tensor *a, c
     opf_shape_2d(&d->spec, &m, &n);
     opf_shape_2d(&a->spec, &ar, &ac);
     bt->args[i] = (opf_gemm_args){&bt->a[i], &bt->b[i], layout, &bt->o[i], &bt->d[i], m, n,
-                                  layout == OPF_GEMM_TN ? ac : ar};
+                                  layout == OPF_GEMM_TN ? ac : ar, {0}};
     return OPF_OK;
 }
 
@@ -457,9 +457,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
               (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3,
                            env->requires_grad && bq ? both : OPF_USAGE_ROWWISE, &a->w_q))))
         return st;
-    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = forward_fake(a, o, x))) return fail(ctx, op, st);
-    return OPF_OK;
+    return OPF_OK;  /* the runner runs the fake */
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -649,10 +647,7 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
         ((st = role_q(ctx, op, OPF_ROLE_INPUT, 3, OPF_USAGE_ROWWISE, &b->x_q)) ||
          (st = role_q(ctx, op, OPF_ROLE_WEIGHT, 3, OPF_USAGE_ROWWISE, &b->w_q))))
         return st;
-    opf_spec g[2 + OPF_OP_MAX_PARAMS];
-    for (int i = 0; i < 2 + OPF_OP_MAX_PARAMS; i++) g[i].ndim = OPF_SPEC_NONE_NDIM;
-    if ((st = backward_fake(b, g))) return fail(ctx, op, st);
-    return OPF_OK;
+    return OPF_OK;  /* the runner runs the fake */
 }
 
 /* A graph replays args recorded once: it can neither follow the params
@@ -664,22 +659,11 @@ static const char *unsupported(const opf_op *op)
 }
 
 const opf_op_class opf_op_class_grouped_linear = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "grouped_linear",
+    OPF_OP_CLASS_HEAD("grouped_linear", sizeof(opf_grouped_linear_config), &grouped_fwd_schema,
+                      &grouped_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, setup_context),
     .module_type = "grouped_linear",
-    .config_size = sizeof(opf_grouped_linear_config),
-    .fwd_schema = &grouped_fwd_schema,
-    .bwd_schema = &grouped_bwd_schema,
     .n_extra_in = 1,
     .n_gemms = 1,  /* the default; init sets the op's own to its group count */
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .unsupported_reason = unsupported,
 };

@@ -71,10 +71,11 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const l2n_fwd *a = args;
-    const opf_norm_kernels *k;
+    const opf_norm_kernels *k =
+        opf_backend_kernels(ctx, "l2normalization", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor x;
-    opf_status st = opf_norm_kernels_of(ctx, "l2normalization", &a->x, &k);
-    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->x, &x);
     return st ? st : k->l2norm_fwd(ctx, &x, (float)a->eps, &outs[0], &aux[0]);
 }
 
@@ -115,11 +116,12 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
     const l2n_bwd *a = args;
-    const opf_norm_kernels *k;
+    const opf_norm_kernels *k =
+        opf_backend_kernels(ctx, "l2normalization", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor dy, x;
-    opf_status st = opf_norm_kernels_of(ctx, "l2normalization", &a->x, &k);
-    if (!st) st = opf_norm_plain_in(ctx, &a->dy, &dy);
-    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->dy, &dy);
+    if (!st) st = opf_op_plain_view(ctx, &a->x, &x);
     return st ? st : k->l2norm_bwd(ctx, &dy, &x, &a->rnorm, &grads[0]);
 }
 

@@ -74,15 +74,16 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const ln_fwd *a = args;
-    const opf_norm_kernels *k;
+    const opf_norm_kernels *k =
+        opf_backend_kernels(ctx, "layernorm", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor x, z;
-    opf_status st = opf_norm_kernels_of(ctx, "layernorm", &a->x, &k);
-    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
-    if (!st) st = opf_norm_plain_out(ctx, &outs[0], &z);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->x, &x);
+    if (!st) st = opf_op_kernel_out(ctx, &outs[0], &z);
     if (!st)
         st = k->layernorm_fwd(ctx, &x, &a->weight, &a->bias, (float)a->eps, a->zero_centered, &z,
                               &aux[0], &aux[1]);
-    return st ? st : opf_norm_finish_out(ctx, &z, a->weight.spec.dtype, &a->next_q, &outs[0]);
+    return st ? st : opf_op_finish_out(ctx, &z, a->weight.spec.dtype, &a->next_q, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -121,16 +122,17 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
     const ln_bwd *a = args;
-    const opf_norm_kernels *k;
+    const opf_norm_kernels *k =
+        opf_backend_kernels(ctx, "layernorm", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor dz, x, dx;
-    opf_status st = opf_norm_kernels_of(ctx, "layernorm", &a->x, &k);
-    if (!st) st = opf_norm_plain_in(ctx, &a->dy, &dz);
-    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
-    if (!st) st = opf_norm_plain_out(ctx, &grads[0], &dx);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->dy, &dz);
+    if (!st) st = opf_op_plain_view(ctx, &a->x, &x);
+    if (!st) st = opf_op_kernel_out(ctx, &grads[0], &dx);
     if (!st)
         st = k->layernorm_bwd(ctx, &dz, &x, &a->mu, &a->rsigma, &a->weight, a->zero_centered, &dx,
                               &grads[1], &grads[2]);
-    return st ? st : opf_norm_finish_out(ctx, &dx, a->weight.spec.dtype, &a->dx_q, &grads[0]);
+    return st ? st : opf_op_finish_out(ctx, &dx, a->weight.spec.dtype, &a->dx_q, &grads[0]);
 }
 
 OPF_NORM_CLASS(layernorm, opf_norm_config, &ln_fwd_schema, &ln_bwd_schema);

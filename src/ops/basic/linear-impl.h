@@ -65,12 +65,16 @@ extern const opf_schema opf_linear_bwd_schema;
 #define OPF_F_LINEAR_BWD(st, m) {#m, offsetof(st, m), OPF_FIELD_BUNDLE, 0, &opf_linear_bwd_schema}
 
 /* ---- forward ---------------------------------------------------------------
- * For fused ops: the traced half of basic_linear's forward as its class runs
- * it (resolve, the fake's checks under the op's name, after_fake: the weight
- * cache). op is the basic_linear op; env->kwargs its own kwargs
- * (opf_basic_linear_kwargs or NULL); env->next_input_q sets out_q. */
+ * For fused ops: the steps of basic_linear's forward as its class runs them.
+ * op is the basic_linear op; env->kwargs its own kwargs
+ * (opf_basic_linear_kwargs or NULL); env->next_input_q sets out_q. The
+ * fused op's resolve calls opf_linear_resolve_fwd, its fake
+ * opf_linear_forward_fake (the runner runs it once per call), its after_fake
+ * opf_linear_after_fake (the weight cache's buffer, once the fake accepted
+ * the args). */
 opf_status opf_linear_resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args);
 opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *aux);
+opf_status opf_linear_after_fake(opf_op *op, const opf_fwd_env *env, void *args);
 /* Saves (weight operand, x operand when wgrad) and the attrs the backward
  * reads; aux is the forward's aux (slots OPF_LIN_AUX_*). Under a
  * high-precision backward override it saves the original weight and input
@@ -161,6 +165,17 @@ static inline opf_status opf_fused_linear_setup_context(opf_op *fused, opf_op_ct
     return st;
 }
 
+/* after_fake of a forward-only fused class whose first part is basic_linear
+ * and whose args start with that part's opf_linear_fwd (each such file
+ * asserts the offset): the linear's weight cache. */
+static inline opf_status opf_fused_linear_after_fake(opf_op *fused, const opf_fwd_env *env,
+                                                     void *args, const opf_spec *outs,
+                                                     const opf_spec *aux)
+{
+    opf_fwd_env le = opf_fused_part_env(env, 0);
+    return opf_linear_after_fake(opf_op_basic(fused, 0), &le, args);
+}
+
 /* Re-reports the thread's last error (a pure fake's) under the fused op's
  * name: "<op name>: <message>" (the op name lists its class and parts). */
 static inline opf_status opf_fused_fail(opf_ctx *ctx, const opf_op *op, opf_status st)
@@ -170,25 +185,58 @@ static inline opf_status opf_fused_fail(opf_ctx *ctx, const opf_op *op, opf_stat
     return opf_error(ctx, st, "%s: %s", opf_op_name(op), why);
 }
 
-/* The output spec of an in-place add_extra_input fed by y: y's shape in the
- * extra input's dtype, which must be a float dtype with y's exact shape. */
-static inline opf_status opf_fused_add_out_spec(const opf_spec *y, const opf_spec *e, opf_spec *out)
+/* The sum of y and e, an add whose output is e's dtype: e must be of a
+ * float dtype and y's exact shape. y_name and e_name say what they are. */
+static inline opf_status opf_fused_check_sum(const opf_spec *y, const opf_spec *e,
+                                             const char *y_name, const char *e_name)
 {
     if (e->dtype != OPF_F32 && e->dtype != OPF_BF16 && e->dtype != OPF_F16)
-        return opf_error(NULL, OPF_ERR_DTYPE, "extra input dtype %s, expected f32/bf16/f16",
+        return opf_error(NULL, OPF_ERR_DTYPE, "%s dtype %s, expected f32/bf16/f16", e_name,
                          opf_dtype_name(e->dtype));
     bool same = y->ndim == e->ndim;
     for (int i = 0; same && i < y->ndim; i++) same = y->shape[i] == e->shape[i];
-    if (!same) {
-        char ys[160], es[160];
-        opf_spec_str(y, ys, sizeof ys);
-        opf_spec_str(e, es, sizeof es);
-        return opf_error(NULL, OPF_ERR_SHAPE, "the linear's output is %s, the extra input %s; "
-                         "shapes must match", ys, es);
-    }
+    if (same) return OPF_OK;
+    char ys[160], es[160];
+    opf_spec_str(y, ys, sizeof ys);
+    opf_spec_str(e, es, sizeof es);
+    return opf_error(NULL, OPF_ERR_SHAPE, "%s is %s, %s is %s; shapes must match", y_name, ys,
+                     e_name, es);
+}
+
+/* The output spec of an in-place add_extra_input fed by y: y's shape in the
+ * extra input's dtype (opf_fused_check_sum). */
+static inline opf_status opf_fused_add_out_spec(const opf_spec *y, const opf_spec *e, opf_spec *out)
+{
+    opf_status st = opf_fused_check_sum(y, e, "the linear's output", "the extra input");
+    if (st) return st;
     *out = opf_spec_make(y->ndim, y->shape, e->dtype);
     out->device = y->device;
     return OPF_OK;
+}
+
+/* For forward fusions of basic_linear (part 0) that end in an in-place
+ * add_extra_input (the last part, the only one with an extra input): the
+ * linear's resolve into lin and the extra input into extra. */
+static inline opf_status opf_fused_linear_add_resolve(opf_op *fused, const opf_fwd_env *env,
+                                                      opf_linear_fwd *lin, opf_tensor *extra)
+{
+    if (!env->extra_in[0])
+        return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "%s: the extra input of add_extra_input "
+                         "\"%s\" is missing", opf_op_name(fused),
+                         opf_op_name(opf_op_basic(fused, opf_op_num_basic(fused) - 1)));
+    *extra = *env->extra_in[0];
+    opf_fwd_env le = opf_fused_part_env(env, 0);
+    return opf_linear_resolve_fwd(opf_op_basic(fused, 0), &le, lin);
+}
+
+/* Their forward: the fprop GEMM with the epilogue o (alpha, bias) adding
+ * extra, the sum plain in the extra input's dtype (out). */
+static inline opf_status opf_fused_linear_add_fprop(opf_ctx *ctx, const opf_linear_fwd *lin,
+                                                    opf_tensor *aux, const opf_gemm_options *o,
+                                                    const opf_tensor *extra, opf_tensor *out)
+{
+    opf_quantizer plain = opf_quantizer_default();
+    return opf_linear_fprop(ctx, lin, aux, o, extra, &plain, out);
 }
 
 /* Is op of the class named `name`? (fused ops never match a basic name) */

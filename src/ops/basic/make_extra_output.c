@@ -9,12 +9,6 @@
  * config means not in place. */
 #include "ops/ops-impl.h"
 
-typedef struct make_fwd {
-    opf_tensor x;
-} make_fwd;
-static const opf_field make_fwd_fields[] = {OPF_F_TENSOR_Q(make_fwd, x)};
-OPF_SCHEMA(make_fwd_schema, make_fwd, make_fwd_fields);
-
 typedef struct make_bwd {
     opf_tensor dy;
     opf_tensor dextra;      /* present only when has_dextra */
@@ -26,43 +20,23 @@ OPF_SCHEMA(make_bwd_schema, make_bwd, make_bwd_fields);
 
 static const opf_inplace_config default_config = {.in_place = false};
 
-static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
-    ((make_fwd *)args)->x = *env->x;
+    ((opf_x_args *)args)->x = *env->x;
     return OPF_OK;
 }
 
 static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 {
-    outs[0] = outs[1] = ((const make_fwd *)args)->x.spec;
+    outs[0] = outs[1] = ((const opf_x_args *)args)->x.spec;
     return OPF_OK;
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
-    const opf_tensor *x = &((const make_fwd *)args)->x;
+    const opf_tensor *x = &((const opf_x_args *)args)->x;
     opf_status st = opf_op_copy_tensor(ctx, "make_extra_output", x, &outs[0]);
     return st ? st : opf_op_copy_tensor(ctx, "make_extra_output", x, &outs[1]);
-}
-
-static opf_status check_grads(opf_ctx *ctx, const opf_op *op, const opf_tensor *dy,
-                              const opf_tensor *de)
-{
-    const char *name = opf_op_name(op);
-    if (!is_float(dy->spec.dtype) || !is_float(de->spec.dtype))
-        return opf_error(ctx, OPF_ERR_DTYPE, "make_extra_output \"%s\": gradient dtype %s, extra "
-                         "gradient dtype %s, both must be f32/bf16/f16", name,
-                         opf_dtype_name(dy->spec.dtype), opf_dtype_name(de->spec.dtype));
-    bool same = dy->spec.ndim == de->spec.ndim;
-    for (int i = 0; same && i < dy->spec.ndim; i++) same = dy->spec.shape[i] == de->spec.shape[i];
-    if (same) return OPF_OK;
-    char a[160], b[160];
-    opf_spec_str(&dy->spec, a, sizeof a);
-    opf_spec_str(&de->spec, b, sizeof b);
-    return opf_error(ctx, OPF_ERR_SHAPE, "make_extra_output \"%s\": gradient is %s, extra output "
-                     "gradient is %s; shapes must match", name, a, b);
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
@@ -70,7 +44,8 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     make_bwd *a = args;
     const opf_tensor *de = env->dextra_out[0];
     if (de) {
-        opf_status st = check_grads(env->ctx, op, env->dy, de);
+        opf_status st =
+            opf_op_check_addends(env->ctx, op, "gradient", env->dy, "extra gradient", de);
         if (st) return st;
         a->dextra = *de;
     }
@@ -95,19 +70,10 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_make_extra_output = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "make_extra_output",
-    .config_size = sizeof(opf_inplace_config),
+    OPF_OP_CLASS_HEAD("make_extra_output", sizeof(opf_inplace_config), &opf_x_args_schema,
+                      &make_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .config_default = &default_config,
-    .fwd_schema = &make_fwd_schema,
-    .bwd_schema = &make_bwd_schema,
     .n_extra_out = 1,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* the copies skip equal memory (y == x) */
 };

@@ -1,9 +1,10 @@
 /* norm-impl.h: what the norm ops (layernorm.c, rmsnorm.c, l2normalization.c)
  * share among themselves and with fused ops built on them.
  *  - The pieces of the three ops whose logic is the same (norm_common.c): the
+ *    config and input checks, the saved context, the class table. They
  *    dispatch to the backend's norm kernels (backend/norm.h, where the math
- *    and its order are), the config and input checks, the saved context, the
- *    class table.
+ *    and its order are) through opf_backend_kernels, with the plain views of
+ *    ops-impl.h.
  *  - The RMSNorm backward args and its dispatch (rmsnorm.c), so
  *    BackwardAddRMSNorm (ops/fused/backward_add_rmsnorm.c) runs the same
  *    kernel and adds the residual gradient before the one rounding of dx.
@@ -31,23 +32,6 @@ extern const opf_schema opf_rmsnorm_bwd_schema;
  * rounded. */
 opf_status opf_rmsnorm_backward(opf_ctx *ctx, const opf_rmsnorm_bwd *a, const opf_tensor *dadd,
                                 opf_tensor *dx, opf_tensor *dgamma);
-
-/* ---- the dispatch to the backend (backend/norm.h) -------------------------------- */
-
-/* The norm kernels of t's device, or OPF_ERR_UNSUPPORTED naming `who`. */
-opf_status opf_norm_kernels_of(opf_ctx *ctx, const char *who, const opf_tensor *t,
-                               const opf_norm_kernels **k);
-
-/* The plain tensor a kernel reads for input t: t itself when plain, else t
- * decoded to fp32 in scratch (the caller pops it). */
-opf_status opf_norm_plain_in(opf_ctx *ctx, const opf_tensor *t, opf_tensor *plain);
-
-/* The plain tensor a kernel writes for output out: out itself when plain,
- * else fp32 scratch of out's shape, which opf_norm_finish_out then quantizes
- * into out with q (rounded to act first, as opf_op_store_f32 does). */
-opf_status opf_norm_plain_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *plain);
-opf_status opf_norm_finish_out(opf_ctx *ctx, const opf_tensor *plain, opf_dtype act,
-                               const opf_quantizer *q, opf_tensor *out);
 
 /* ---- the class hooks' checks ----------------------------------------------------- */
 
@@ -82,13 +66,9 @@ void opf_norm_save(opf_op_ctx *octx, const opf_tensor *x, const opf_tensor *aux,
 /* The class table of norm op `cname` (its class and module type), for a file
  * that defines the static hooks init, resolve_fwd, setup_context,
  * resolve_bwd, forward_fake, forward_impl, backward_fake, backward_impl. */
-#define OPF_NORM_CLASS(cname, config_type, fwd, bwd)                                  \
-    const opf_op_class opf_op_class_##cname = {                                       \
-        .abi_version = OPF_OP_ABI_VERSION, .name = #cname, .module_type = #cname,     \
-        .config_size = sizeof(config_type), .fwd_schema = (fwd), .bwd_schema = (bwd), \
-        .fusible = true, .init = init, .resolve_fwd = resolve_fwd,                    \
-        .setup_context = setup_context, .resolve_bwd = resolve_bwd,                   \
-        .forward_fake = forward_fake, .forward_impl = forward_impl,                   \
-        .backward_fake = backward_fake, .backward_impl = backward_impl}
+#define OPF_NORM_CLASS(cname, config_type, fwd, bwd)                                      \
+    const opf_op_class opf_op_class_##cname = {                                           \
+        OPF_OP_CLASS_HEAD(#cname, sizeof(config_type), (fwd), (bwd)),                     \
+        OPF_OP_CLASS_STD_HOOKS(init, setup_context), .module_type = #cname}
 
 #endif

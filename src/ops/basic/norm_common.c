@@ -1,84 +1,14 @@
 /* norm_common.c: the pieces layernorm.c, rmsnorm.c and l2normalization.c
- * share (declared in norm-impl.h): the dispatch to the backend's norm
- * kernels (the plain tensors they read and write; quantized inputs and
- * outputs go through the quant layer here), and the checks of configs,
- * inputs and saved contexts. Messages start with the
- * op's class name, so each reads as if its op had written it. */
+ * share (declared in norm-impl.h): the checks of configs, inputs and saved
+ * contexts. Messages start with the op's class name, so each reads as if its
+ * op had written it. */
 #include <math.h>
 
 #include "ops/basic/norm-impl.h"
 
 static const char *class_name(const opf_op *op) { return opf_op_class_of(op)->name; }
 
-static bool is_act_dtype(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
-/* ---- the dispatch to the backend ----------------------------------------------- */
-
-opf_status opf_norm_kernels_of(opf_ctx *ctx, const char *who, const opf_tensor *t,
-                               const opf_norm_kernels **k)
-{
-    const opf_backend_i *be = opf_backend_get(t->spec.device);
-    *k = be ? be->norm : NULL;
-    if (!*k)
-        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no norm kernels for device %d", who,
-                         (int)t->spec.device);
-    return OPF_OK;
-}
-
-/* plain: fp32 scratch of t's shape on t's device. */
-static opf_status f32_scratch(opf_ctx *ctx, const opf_tensor *t, opf_tensor *plain)
-{
-    float *v = opf_op_scratch(ctx, opf_spec_numel(&t->spec));
-    if (!v)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "norm: no scratch for %lld floats",
-                         (long long)opf_spec_numel(&t->spec));
-    opf_spec s = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_F32);
-    s.device = t->spec.device;
-    return opf_tensor_wrap(&s, v, plain);
-}
-
-opf_status opf_norm_plain_in(opf_ctx *ctx, const opf_tensor *t, opf_tensor *plain)
-{
-    if (t->spec.scaling == OPF_SCALING_NONE) {
-        *plain = *t;
-        return OPF_OK;
-    }
-    const float *v;
-    opf_status st = f32_scratch(ctx, t, plain);
-    return st ? st : opf_op_load_f32(ctx, t, plain->data[0], &v);
-}
-
-opf_status opf_norm_plain_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *plain)
-{
-    if (out->spec.scaling == OPF_SCALING_NONE) {
-        *plain = *out;
-        return OPF_OK;
-    }
-    return f32_scratch(ctx, out, plain);
-}
-
-opf_status opf_norm_finish_out(opf_ctx *ctx, const opf_tensor *plain, opf_dtype act,
-                               const opf_quantizer *q, opf_tensor *out)
-{
-    if (out->spec.scaling == OPF_SCALING_NONE) return OPF_OK;  /* the kernel wrote it */
-    return opf_op_store_f32(ctx, plain->data[0], act, q, out);
-}
-
 /* ---- the class hooks' checks ------------------------------------------------------- */
-
-/* Sets every element of a plain f32/bf16/f16 tensor to 1. */
-static void fill_one(opf_tensor *t)
-{
-    int64_t n = opf_spec_numel(&t->spec);
-    if (t->spec.dtype == OPF_F32) {
-        float *p = t->data[0];
-        for (int64_t i = 0; i < n; i++) p[i] = 1.0f;
-    } else {
-        uint16_t one = t->spec.dtype == OPF_BF16 ? opf_f32_to_bf16(1.0f) : opf_f32_to_f16(1.0f);
-        uint16_t *p = t->data[0];
-        for (int64_t i = 0; i < n; i++) p[i] = one;
-    }
-}
 
 opf_status opf_norm_init(opf_ctx *ctx, opf_op *op, bool with_bias)
 {
@@ -89,7 +19,7 @@ opf_status opf_norm_init(opf_ctx *ctx, opf_op *op, bool with_bias)
                          (long long)c->hidden);
     opf_status st = opf_norm_check_eps(ctx, op, c->eps);
     if (st) return st;
-    if (!is_act_dtype(c->dtype))
+    if (!opf_is_act_dtype(c->dtype))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s \"%s\": dtype %s, expected f32, bf16 or f16",
                          cls, n, opf_dtype_name(c->dtype));
     opf_spec s = opf_spec_make(1, &c->hidden, c->dtype);
@@ -97,8 +27,10 @@ opf_status opf_norm_init(opf_ctx *ctx, opf_op *op, bool with_bias)
     if (iw < 0) return (opf_status)-iw;
     int ib = with_bias ? opf_op_add_param(ctx, op, "bias", &s) : 0;
     if (ib < 0) return (opf_status)-ib;
-    if (!c->zero_centered_gamma) fill_one(&opf_op_param(op, iw)->value);  /* params start at 0 */
-    return OPF_OK;
+    if (c->zero_centered_gamma) return OPF_OK;  /* params start at 0 */
+    opf_tensor *w = &opf_op_param(op, iw)->value;
+    const opf_elem_kernels *k = opf_op_elem(ctx, cls, w);
+    return k ? k->fill(ctx, 1.0, w) : OPF_ERR_UNSUPPORTED;
 }
 
 opf_status opf_norm_check_eps(opf_ctx *ctx, const opf_op *op, double eps)
@@ -112,7 +44,7 @@ opf_status opf_norm_check_eps(opf_ctx *ctx, const opf_op *op, double eps)
 opf_status opf_norm_check_dtype(opf_ctx *ctx, const opf_op *op, const char *what,
                                 const opf_tensor *t)
 {
-    if (!is_act_dtype(t->spec.dtype))
+    if (!opf_is_act_dtype(t->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "%s \"%s\": %s dtype %s, expected f32, bf16 or f16",
                          class_name(op), opf_op_name(op), what, opf_dtype_name(t->spec.dtype));
     return OPF_OK;

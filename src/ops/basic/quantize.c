@@ -39,47 +39,48 @@ static const opf_quantizer *role_q(const opf_op *op, opf_tensor_role role)
 }
 
 /* The neighbours get stable copies in the op (opf_op_quantizer's result is
- * overwritten by the next call). The op object itself is never const. */
+ * overwritten by the next call): q kept in *slot, *has whether there is one. */
+static const opf_quantizer *keep(const opf_quantizer *q, opf_quantizer *slot, bool *has)
+{
+    if ((*has = q != NULL)) *slot = *q;
+    return q ? slot : NULL;
+}
+
+/* The op object itself is never const. */
 static const opf_quantizer *input_quantizer(const opf_op *op)
 {
     opf_op *m = (opf_op *)op;
-    const opf_quantizer *q = role_q(op, OPF_ROLE_INPUT);
-    if ((m->has_in_q = q != NULL)) m->in_q = *q;
-    return q ? &m->in_q : NULL;
+    return keep(role_q(op, OPF_ROLE_INPUT), &m->in_q, &m->has_in_q);
 }
 
 static const opf_quantizer *grad_output_quantizer(const opf_op *op)
 {
     opf_op *m = (opf_op *)op;
-    const opf_quantizer *q = role_q(op, OPF_ROLE_GRAD_OUTPUT);
-    if ((m->has_grad_q = q != NULL)) m->grad_q = *q;
-    return q ? &m->grad_q : NULL;
+    return keep(role_q(op, OPF_ROLE_GRAD_OUTPUT), &m->grad_q, &m->has_grad_q);
 }
 
-/* q for a plain t, or none; errors when t cannot be quantized with q. */
-static opf_status pick(opf_ctx *ctx, const opf_op *op, const char *what, const opf_tensor *t,
-                       const opf_quantizer *q, opf_quantizer *out)
+/* One direction's args: t, and the op's quantizer of role when the direction
+ * is on and t is plain (else none); errors when t cannot be quantized with it. */
+static opf_status resolve_dir(opf_ctx *ctx, const opf_op *op, const char *what,
+                              const opf_tensor *t, opf_tensor_role role, opf_tensor *t_arg,
+                              opf_quantizer *q_arg)
 {
-    *out = opf_quantizer_default();
-    if (!q || t->spec.scaling != OPF_SCALING_NONE) return OPF_OK;
+    const opf_quantizer *q = role_q(op, role);
+    if (t->spec.scaling != OPF_SCALING_NONE) q = NULL;
     opf_spec s;
-    opf_status st = opf_quantizer_spec(q, &t->spec, &s);
+    opf_status st = q ? opf_quantizer_spec(q, &t->spec, &s) : OPF_OK;
     if (st)
         return opf_error(ctx, st, "quantize \"%s\": %s: %s", opf_op_name(op), what,
                          opf_last_error(NULL));
-    *out = *q;
+    *t_arg = *t;
+    *q_arg = q ? *q : opf_quantizer_default();
     return OPF_OK;
 }
 
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
     quantize_fwd *a = args;
-    opf_quantizer q;
-    opf_status st = pick(env->ctx, op, "input", env->x, role_q(op, OPF_ROLE_INPUT), &q);
-    if (st) return st;
-    a->x = *env->x;
-    a->q = q;
-    return OPF_OK;
+    return resolve_dir(env->ctx, op, "input", env->x, OPF_ROLE_INPUT, &a->x, &a->q);
 }
 
 static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
@@ -98,12 +99,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *args)
 {
     quantize_bwd *a = args;
-    opf_quantizer q;
-    opf_status st = pick(env->ctx, op, "gradient", env->dy, role_q(op, OPF_ROLE_GRAD_OUTPUT), &q);
-    if (st) return st;
-    a->dy = *env->dy;
-    a->q = q;
-    return OPF_OK;
+    return resolve_dir(env->ctx, op, "gradient", env->dy, OPF_ROLE_GRAD_OUTPUT, &a->dy, &a->q);
 }
 
 static opf_status backward_fake(const void *args, opf_spec *grads)
@@ -124,22 +120,13 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_quantize = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "quantize",
+    OPF_OP_CLASS_HEAD("quantize", sizeof(opf_quantize_config), &quantize_fwd_schema,
+                      &quantize_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .module_type = "quantize",
-    .config_size = sizeof(opf_quantize_config),
     .config_default = &default_config,
-    .fwd_schema = &quantize_fwd_schema,
-    .bwd_schema = &quantize_bwd_schema,
     .n_gemms = 1,
-    .fusible = true,
     .input_quantizer = input_quantizer,
     .grad_output_quantizer = grad_output_quantizer,
-    .resolve_fwd = resolve_fwd,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .inplace = true,  /* the copy skips equal memory */
 };

@@ -5,17 +5,20 @@
  * quantized input (or gradient) may be reshaped only when the last dim stays. */
 #include "ops/ops-impl.h"
 
+/* The fields of a target shape: ndim, then shape[0..7] one by one. */
+#define TARGET_SHAPE_FIELDS(st)                                                            \
+    OPF_F_INT(st, ndim), OPF_F_INT(st, shape[0]), OPF_F_INT(st, shape[1]),                 \
+        OPF_F_INT(st, shape[2]), OPF_F_INT(st, shape[3]), OPF_F_INT(st, shape[4]),         \
+        OPF_F_INT(st, shape[5]), OPF_F_INT(st, shape[6]), OPF_F_INT(st, shape[7])
+_Static_assert(OPF_MAX_DIMS == 8, "TARGET_SHAPE_FIELDS lists OPF_MAX_DIMS dims");
+
 typedef struct reshape_fwd {
     opf_tensor x;
     int64_t    ndim;                 /* the resolved target shape (no -1) */
     int64_t    shape[OPF_MAX_DIMS];
 } reshape_fwd;
-static const opf_field reshape_fwd_fields[] = {
-    OPF_F_TENSOR_Q(reshape_fwd, x), OPF_F_INT(reshape_fwd, ndim),
-    OPF_F_INT(reshape_fwd, shape[0]), OPF_F_INT(reshape_fwd, shape[1]),
-    OPF_F_INT(reshape_fwd, shape[2]), OPF_F_INT(reshape_fwd, shape[3]),
-    OPF_F_INT(reshape_fwd, shape[4]), OPF_F_INT(reshape_fwd, shape[5]),
-    OPF_F_INT(reshape_fwd, shape[6]), OPF_F_INT(reshape_fwd, shape[7])};
+static const opf_field reshape_fwd_fields[] = {OPF_F_TENSOR_Q(reshape_fwd, x),
+                                               TARGET_SHAPE_FIELDS(reshape_fwd)};
 OPF_SCHEMA(reshape_fwd_schema, reshape_fwd, reshape_fwd_fields);
 
 /* The backward is the same view with the input's shape as the target. */
@@ -24,12 +27,8 @@ typedef struct reshape_bwd {
     int64_t    ndim;
     int64_t    shape[OPF_MAX_DIMS];
 } reshape_bwd;
-static const opf_field reshape_bwd_fields[] = {
-    OPF_F_TENSOR_Q(reshape_bwd, dy), OPF_F_INT(reshape_bwd, ndim),
-    OPF_F_INT(reshape_bwd, shape[0]), OPF_F_INT(reshape_bwd, shape[1]),
-    OPF_F_INT(reshape_bwd, shape[2]), OPF_F_INT(reshape_bwd, shape[3]),
-    OPF_F_INT(reshape_bwd, shape[4]), OPF_F_INT(reshape_bwd, shape[5]),
-    OPF_F_INT(reshape_bwd, shape[6]), OPF_F_INT(reshape_bwd, shape[7])};
+static const opf_field reshape_bwd_fields[] = {OPF_F_TENSOR_Q(reshape_bwd, dy),
+                                               TARGET_SHAPE_FIELDS(reshape_bwd)};
 OPF_SCHEMA(reshape_bwd_schema, reshape_bwd, reshape_bwd_fields);
 
 /* "[4,-1,8]" into buf. */
@@ -177,19 +176,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 }
 
 const opf_op_class opf_op_class_reshape = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "reshape",
-    .config_size = sizeof(opf_reshape_config),
-    .fwd_schema = &reshape_fwd_schema,
-    .bwd_schema = &reshape_bwd_schema,
-    .fusible = true,
-    .init = init,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
+    OPF_OP_CLASS_HEAD("reshape", sizeof(opf_reshape_config), &reshape_fwd_schema,
+                      &reshape_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(init, setup_context),
     .inplace = true,  /* the copy skips equal memory */
 };

@@ -31,9 +31,7 @@ typedef opf_rmsnorm_bwd rms_bwd;
 static const opf_field rms_bwd_fields[] = {
     OPF_F_TENSOR_Q(rms_bwd, dy),   OPF_F_TENSOR_Q(rms_bwd, x), OPF_F_TENSOR(rms_bwd, rsigma),
     OPF_F_TENSOR(rms_bwd, weight), OPF_F_QUANT(rms_bwd, dx_q), OPF_F_BOOL(rms_bwd, zero_centered)};
-const opf_schema opf_rmsnorm_bwd_schema = {"rms_bwd", sizeof(rms_bwd),
-                                           (int)(sizeof rms_bwd_fields / sizeof rms_bwd_fields[0]),
-                                           rms_bwd_fields};
+OPF_SHARED_SCHEMA(opf_rmsnorm_bwd_schema, opf_rmsnorm_bwd, rms_bwd_fields);
 
 /* ---- the class -------------------------------------------------------------- */
 
@@ -65,14 +63,15 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const rms_fwd *a = args;
-    const opf_norm_kernels *k;
+    const opf_norm_kernels *k =
+        opf_backend_kernels(ctx, "rmsnorm", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor x, z;
-    opf_status st = opf_norm_kernels_of(ctx, "rmsnorm", &a->x, &k);
-    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
-    if (!st) st = opf_norm_plain_out(ctx, &outs[0], &z);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->x, &x);
+    if (!st) st = opf_op_kernel_out(ctx, &outs[0], &z);
     if (!st)
         st = k->rmsnorm_fwd(ctx, &x, &a->weight, (float)a->eps, a->zero_centered, &z, &aux[0]);
-    return st ? st : opf_norm_finish_out(ctx, &z, a->weight.spec.dtype, &a->next_q, &outs[0]);
+    return st ? st : opf_op_finish_out(ctx, &z, a->weight.spec.dtype, &a->next_q, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -108,17 +107,18 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
 opf_status opf_rmsnorm_backward(opf_ctx *ctx, const opf_rmsnorm_bwd *a, const opf_tensor *dadd,
                                 opf_tensor *dx, opf_tensor *dgamma)
 {
-    const opf_norm_kernels *k;
+    const opf_norm_kernels *k =
+        opf_backend_kernels(ctx, "rmsnorm", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor dz, x, da, dxp;
-    opf_status st = opf_norm_kernels_of(ctx, "rmsnorm", &a->x, &k);
-    if (!st) st = opf_norm_plain_in(ctx, &a->dy, &dz);
-    if (!st) st = opf_norm_plain_in(ctx, &a->x, &x);
-    if (!st && dadd) st = opf_norm_plain_in(ctx, dadd, &da);
-    if (!st) st = opf_norm_plain_out(ctx, dx, &dxp);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_op_plain_view(ctx, &a->dy, &dz);
+    if (!st) st = opf_op_plain_view(ctx, &a->x, &x);
+    if (!st && dadd) st = opf_op_plain_view(ctx, dadd, &da);
+    if (!st) st = opf_op_kernel_out(ctx, dx, &dxp);
     if (!st)
         st = k->rmsnorm_bwd(ctx, &dz, &x, &a->rsigma, &a->weight, a->zero_centered,
                             dadd ? &da : NULL, &dxp, dgamma);
-    return st ? st : opf_norm_finish_out(ctx, &dxp, a->weight.spec.dtype, &a->dx_q, dx);
+    return st ? st : opf_op_finish_out(ctx, &dxp, a->weight.spec.dtype, &a->dx_q, dx);
 }
 
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)

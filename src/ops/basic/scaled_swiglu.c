@@ -38,8 +38,6 @@ static const opf_field ssg_bwd_fields[] = {
     OPF_F_QUANT(ssg_bwd, grad_q)};
 OPF_SCHEMA(ssg_bwd_schema, ssg_bwd, ssg_bwd_fields);
 
-static bool is_float(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
-
 static opf_spec out_plain(const opf_spec *x)
 {
     opf_spec s = opf_spec_make(x->ndim, x->shape, x->dtype);
@@ -52,7 +50,7 @@ static opf_status check_x(opf_ctx *ctx, const opf_op *op, const opf_tensor *x)
 {
     const char *name = opf_op_name(op);
     if (!x) return opf_error(ctx, OPF_ERR_INVALID_ARG, "scaled_swiglu \"%s\": input is NULL", name);
-    if (!is_float(x->spec.dtype))
+    if (!opf_is_act_dtype(x->spec.dtype))
         return opf_error(ctx, OPF_ERR_DTYPE, "scaled_swiglu \"%s\": input dtype %s, expected "
                          "f32/bf16/f16", name, opf_dtype_name(x->spec.dtype));
     if (x->spec.ndim < 1 || x->spec.shape[x->spec.ndim - 1] % 2)
@@ -68,7 +66,7 @@ static opf_status check_scales(opf_ctx *ctx, const opf_op *op, const opf_tensor 
     if (!s || !s->data[OPF_COMP_DATA])
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "scaled_swiglu \"%s\": extra input 0 (the "
                          "per-row scales) is missing", name);
-    if (s->spec.scaling != OPF_SCALING_NONE || !is_float(s->spec.dtype) ||
+    if (s->spec.scaling != OPF_SCALING_NONE || !opf_is_act_dtype(s->spec.dtype) ||
         opf_spec_numel(&s->spec) != rows) {
         char b[160];
         opf_spec_str(&s->spec, b, sizeof b);
@@ -106,15 +104,15 @@ static opf_act_params swiglu_params(void)
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const ssg_fwd *a = args;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, a->x.spec.device, "scaled_swiglu", &K);
-    if (st) return st;
+    const char *who = "scaled_swiglu";
+    const opf_act_kernels *K = opf_backend_kernels(ctx, who, a->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     int64_t n = opf_spec_numel(&a->x.spec), rows = opf_act_rows(&a->x.spec);
-    float *xs = opf_op_scratch(ctx, n), *ss = opf_op_scratch(ctx, rows), *y = opf_op_scratch(ctx, n / 2);
-    if (!xs || !ss || !y) return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
     const float *x, *s;
-    st = opf_op_load_f32(ctx, &a->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &a->scales, ss, &s);
+    float *y;
+    opf_status st = opf_act_load(ctx, who, &a->x, &x);
+    if (!st) st = opf_act_load(ctx, who, &a->scales, &s);
+    if (!st) st = opf_act_scratch(ctx, who, n / 2, &y);
     if (!st) st = K->scaled_glu_fwd(ctx, OPF_ACT_SWIGLU, swiglu_params(), x, s, y, rows,
                                     opf_act_cols(&a->x.spec));
     return st ? st : opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
@@ -139,7 +137,7 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
                          "want 2 (x, scales)", name, octx->n_saved);
     const opf_tensor *x = &octx->saved[0], *dy = env->dy;
     if (!dy) return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "scaled_swiglu \"%s\": dy is NULL", name);
-    if (!is_float(dy->spec.dtype))
+    if (!opf_is_act_dtype(dy->spec.dtype))
         return opf_error(env->ctx, OPF_ERR_DTYPE, "scaled_swiglu \"%s\": gradient dtype %s, "
                          "expected f32/bf16/f16", name, opf_dtype_name(dy->spec.dtype));
     opf_spec want = out_plain(&x->spec);
@@ -171,19 +169,18 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const ssg_bwd *b = bargs;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, b->x.spec.device, "scaled_swiglu", &K);
-    if (st) return st;
+    const char *who = "scaled_swiglu";
+    const opf_act_kernels *K = opf_backend_kernels(ctx, who, b->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     int64_t n = opf_spec_numel(&b->x.spec), rows = opf_act_rows(&b->x.spec);
-    float *xs = opf_op_scratch(ctx, n), *ss = opf_op_scratch(ctx, rows);
-    float *dys = opf_op_scratch(ctx, n / 2), *dx = opf_op_scratch(ctx, n), *ds = opf_op_scratch(ctx, rows);
-    float *work = opf_op_scratch(ctx, n);
-    if (!xs || !ss || !dys || !dx || !ds || !work)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "scaled_swiglu: no scratch");
     const float *x, *s, *dy;
-    st = opf_op_load_f32(ctx, &b->x, xs, &x);
-    if (!st) st = opf_op_load_f32(ctx, &b->scales, ss, &s);
-    if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
+    float *dx, *ds, *work;
+    opf_status st = opf_act_load(ctx, who, &b->x, &x);
+    if (!st) st = opf_act_load(ctx, who, &b->scales, &s);
+    if (!st) st = opf_act_load(ctx, who, &b->dy, &dy);
+    if (!st) st = opf_act_scratch(ctx, who, n, &dx);
+    if (!st) st = opf_act_scratch(ctx, who, rows, &ds);
+    if (!st) st = opf_act_scratch(ctx, who, n, &work);
     if (!st) st = K->scaled_glu_bwd(ctx, OPF_ACT_SWIGLU, swiglu_params(), x, s, dy, dx, ds, work,
                                     rows, opf_act_cols(&b->x.spec));
     if (!st) st = opf_convert(ds, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype,
@@ -192,17 +189,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
 }
 
 const opf_op_class opf_op_class_scaled_swiglu = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "scaled_swiglu",
-    .fwd_schema = &ssg_fwd_schema,
-    .bwd_schema = &ssg_bwd_schema,
+    OPF_OP_CLASS_HEAD("scaled_swiglu", 0, &ssg_fwd_schema, &ssg_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, setup_context),
     .n_extra_in = 1,
-    .fusible = true,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
 };

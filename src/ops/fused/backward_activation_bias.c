@@ -77,16 +77,16 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const bab_bwd *b = bargs;
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, b->x.spec.device, "backward_activation_bias", &K);
-    if (st) return st;
+    const opf_act_kernels *K =
+        opf_backend_kernels(ctx, "backward_activation_bias", b->x.spec.device, OPF_KERNELS_ACT);
+    if (!K) return OPF_ERR_UNSUPPORTED;
     int64_t n = b->b.spec.shape[0], numel = opf_spec_numel(&b->x.spec), rows = n ? numel / n : 0;
     float *xs = opf_op_scratch(ctx, numel), *dys = opf_op_scratch(ctx, numel);
     float *p = opf_op_scratch(ctx, numel), *db = opf_op_scratch(ctx, n);
     if (!xs || !dys || !p || !db)
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
     const float *x, *dy;
-    st = opf_op_load_f32(ctx, &b->x, xs, &x);
+    opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
     if (!st) st = K->dact_dbias(ctx, (opf_act_kind)b->act, (opf_act_params){(float)b->alpha, 0.0f},
                                 x, dy, p, db, rows, n);
@@ -95,16 +95,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     return st ? st : opf_op_store_f32(ctx, p, b->x.spec.dtype, &b->dx_q, &grads[0]);
 }
 
-const opf_op_class opf_op_class_backward_activation_bias = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "backward_activation_bias",
-    .bwd_schema = &bab_bwd_schema,
-    .fusible = true,
-    .covers = 2,
-    .resolve_bwd = resolve_bwd,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
-};
+const opf_op_class opf_op_class_backward_activation_bias =
+    OPF_BACKWARD_FUSED_CLASS("backward_activation_bias", 2, &bab_bwd_schema);
 
 /* X's grad-output quantizer: X is ops[i - 1], or the last basic op of it
  * when an earlier fusion covered it (the fuser's neighbour is a basic op). */

@@ -62,16 +62,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
                                 &grads[1]);
 }
 
-const opf_op_class opf_op_class_backward_add_rmsnorm = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "backward_add_rmsnorm",
-    .bwd_schema = &bar_bwd_schema,
-    .fusible = true,
-    .covers = 2,
-    .resolve_bwd = resolve_bwd,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
-};
+const opf_op_class opf_op_class_backward_add_rmsnorm =
+    OPF_BACKWARD_FUSED_CLASS("backward_add_rmsnorm", 2, &bar_bwd_schema);
 
 /* MakeExtraOutput (not in place) directly followed by RMSNorm. */
 static int match(opf_op *const *ops, int n, const opf_recipe *recipe, void *user)

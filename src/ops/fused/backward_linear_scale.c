@@ -53,16 +53,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     return opf_linear_backward(ctx, &b->lin, (float)b->scale, NULL, grads);
 }
 
-const opf_op_class opf_op_class_backward_linear_scale = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "backward_linear_scale",
-    .bwd_schema = &bls_bwd_schema,
-    .fusible = true,
-    .resolve_bwd = resolve_bwd,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
-    .covers = 2,
-};
+const opf_op_class opf_op_class_backward_linear_scale =
+    OPF_BACKWARD_FUSED_CLASS("backward_linear_scale", 2, &bls_bwd_schema);
 
 /* basic_linear followed by constant_scale. */
 static int match(opf_op *const *ops, int n, const opf_recipe *recipe, void *user)

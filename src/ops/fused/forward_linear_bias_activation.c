@@ -51,6 +51,7 @@ static const opf_field flba_fwd_fields[] = {
     OPF_F_BOOL(flba_fwd, has_act),   OPF_F_ENUM(flba_fwd, act),
     OPF_F_BOOL(flba_fwd, save_act_input)};
 OPF_SCHEMA(flba_fwd_schema, flba_fwd, flba_fwd_fields);
+_Static_assert(offsetof(flba_fwd, lin) == 0, "after_fake reads the linear part first");
 
 /* The activations the 3-op class takes (te-ops 6: GELU | ReLU). */
 static int act_kind(const opf_op *op)
@@ -90,18 +91,17 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     a->has_act = act != NULL;
     a->act = act ? act_kind(act) : OPF_ACT_GELU;
     a->save_act_input = act && env->requires_grad;
-    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = forward_fake(a, o, x))) return opf_fused_fail(env->ctx, op, st);
-    return OPF_OK;
+    return OPF_OK;  /* the runner runs the fake, then the linear's after_fake */
 }
 
 /* t = f(t) in place (numerics 6.3), by the activation op's own kernel. */
 static opf_status activate(opf_ctx *ctx, int act, const opf_spec *s, float *t)
 {
-    const opf_act_kernels *K;
-    opf_status st = opf_act_kernels_for(ctx, s->device, "forward_linear_bias_activation", &K);
+    const opf_act_kernels *K =
+        opf_backend_kernels(ctx, "forward_linear_bias_activation", s->device, OPF_KERNELS_ACT);
     opf_act_params p = {(float)opf_act_default_alpha((opf_act_kind)act), 0.0f};
-    return st ? st : K->fwd(ctx, (opf_act_kind)act, p, t, t, opf_act_rows(s), opf_act_cols(s));
+    if (!K) return OPF_ERR_UNSUPPORTED;
+    return K->fwd(ctx, (opf_act_kind)act, p, t, t, opf_act_rows(s), opf_act_cols(s));
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)

@@ -38,6 +38,7 @@ static const opf_field flbadd_fwd_fields[] = {
     OPF_F(flbadd_fwd, bias, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL),
     OPF_F_TENSOR_Q(flbadd_fwd, extra), OPF_F_BOOL(flbadd_fwd, has_bias)};
 OPF_SCHEMA(flbadd_fwd_schema, flbadd_fwd, flbadd_fwd_fields);
+_Static_assert(offsetof(flbadd_fwd, lin) == 0, "after_fake reads the linear part first");
 
 static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 {
@@ -57,22 +58,11 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
     flbadd_fwd *a = args;
-    int n = opf_op_num_basic(op);
-    opf_op *lin = opf_op_basic(op, 0), *add = opf_op_basic(op, n - 1);
-    /* the covered ops' extra inputs in order: only the add has one */
-    const opf_tensor *extra = env->extra_in[0];
-    if (!extra)
-        return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "%s: the extra input of add_extra_input "
-                         "\"%s\" is missing", opf_op_name(op), opf_op_name(add));
-    opf_fwd_env le = opf_fused_part_env(env, 0);
-    opf_status st = opf_linear_resolve_fwd(lin, &le, &a->lin);
+    opf_status st = opf_fused_linear_add_resolve(op, env, &a->lin, &a->extra);
     if (st) return st;
-    a->has_bias = n == 3;
+    a->has_bias = opf_op_num_basic(op) == 3;
     if (a->has_bias) a->bias = opf_op_param(opf_op_basic(op, 1), 0)->value;
-    a->extra = *extra;
-    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = forward_fake(a, o, x))) return opf_fused_fail(env->ctx, op, st);
-    return OPF_OK;
+    return OPF_OK;  /* the runner runs the fake, then the linear's after_fake */
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
@@ -80,8 +70,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     const flbadd_fwd *a = args;
     opf_gemm_options o = opf_gemm_options_default();
     o.bias = a->has_bias ? &a->bias : NULL;
-    opf_quantizer plain = opf_quantizer_default();
-    return opf_linear_fprop(ctx, &a->lin, aux, &o, &a->extra, &plain, &outs[0]);
+    return opf_fused_linear_add_fprop(ctx, &a->lin, aux, &o, &a->extra, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,

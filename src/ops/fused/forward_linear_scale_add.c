@@ -31,6 +31,7 @@ static const opf_field flsadd_fwd_fields[] = {
     OPF_F_LINEAR_FWD(flsadd_fwd, lin), OPF_F_TENSOR_Q(flsadd_fwd, extra),
     OPF_F_FLOAT(flsadd_fwd, scale)};
 OPF_SCHEMA(flsadd_fwd_schema, flsadd_fwd, flsadd_fwd_fields);
+_Static_assert(offsetof(flsadd_fwd, lin) == 0, "after_fake reads the linear part first");
 
 static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 {
@@ -45,19 +46,11 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
     flsadd_fwd *a = args;
-    opf_op *lin = opf_op_basic(op, 0), *scale = opf_op_basic(op, 1), *add = opf_op_basic(op, 2);
-    const opf_tensor *extra = env->extra_in[0];  /* only the add has an extra input */
-    if (!extra)
-        return opf_error(env->ctx, OPF_ERR_INVALID_ARG, "%s: the extra input of add_extra_input "
-                         "\"%s\" is missing", opf_op_name(op), opf_op_name(add));
-    opf_fwd_env le = opf_fused_part_env(env, 0);
-    opf_status st = opf_linear_resolve_fwd(lin, &le, &a->lin);
+    opf_status st = opf_fused_linear_add_resolve(op, env, &a->lin, &a->extra);
     if (st) return st;
-    a->extra = *extra;
+    const opf_op *scale = opf_op_basic(op, 1);
     a->scale = ((const opf_constant_scale_config *)opf_op_config_const(scale))->scale;
-    opf_spec o[1 + OPF_OP_MAX_EXTRA], x[OPF_OP_MAX_AUX];
-    if ((st = forward_fake(a, o, x))) return opf_fused_fail(env->ctx, op, st);
-    return OPF_OK;
+    return OPF_OK;  /* the runner runs the fake, then the linear's after_fake */
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
@@ -65,8 +58,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     const flsadd_fwd *a = args;
     opf_gemm_options o = opf_gemm_options_default();
     o.alpha = (float)a->scale;  /* constant_scale multiplies by fl32(s) */
-    opf_quantizer plain = opf_quantizer_default();
-    return opf_linear_fprop(ctx, &a->lin, aux, &o, &a->extra, &plain, &outs[0]);
+    return opf_fused_linear_add_fprop(ctx, &a->lin, aux, &o, &a->extra, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,

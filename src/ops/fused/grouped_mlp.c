@@ -59,7 +59,7 @@ const char *opf_grouped_mlp_decline_reason(opf_op *const *ops, int n, const opf_
     if (f1->out_features != 2 * f2->in_features)
         return "FC1's out_features is not twice FC2's in_features (the GLU halves FC1's output)";
     const int64_t dims[] = {f1->in_features, f1->out_features, f2->in_features, f2->out_features};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    for (int i = 0; i < (int)(sizeof dims / sizeof dims[0]); i++)
         if (dims[i] % OPF_GROUPED_MLP_ALIGN) return "a feature count is not a multiple of 32";
     if (r && r->kind == OPF_RECIPE_MXFP8 && r->format != OPF_FORMAT_E4M3)
         return "an MXFP8 recipe whose backward format is not E4M3: the fused grouped MLP takes "
@@ -433,20 +433,10 @@ static const char *unsupported(const opf_op *op)
 }
 
 const opf_op_class opf_op_class_grouped_mlp = {
-    .abi_version = OPF_OP_ABI_VERSION,
-    .name = "grouped_mlp",
+    OPF_OP_CLASS_HEAD("grouped_mlp", 0, &gm_fwd_schema, &gm_bwd_schema),
+    OPF_OP_CLASS_STD_HOOKS(NULL, setup_context),
     .module_type = "grouped_mlp",
-    .fwd_schema = &gm_fwd_schema,
-    .bwd_schema = &gm_bwd_schema,
-    .fusible = true,
     .covers = GM_PARTS,
-    .resolve_fwd = resolve_fwd,
-    .setup_context = setup_context,
-    .resolve_bwd = resolve_bwd,
-    .forward_fake = forward_fake,
-    .forward_impl = forward_impl,
-    .backward_fake = backward_fake,
-    .backward_impl = backward_impl,
     .unsupported_reason = unsupported,
 };
 

@@ -1,0 +1,54 @@
+/* device-impl.h: what core asks of a device's runtime: memory, copies and
+ * the order of the work queued on it.
+ *
+ * Core declares this interface and the backend layer implements it: core
+ * never includes a backend header, it reaches a device only through the
+ * table opf_device_runtime_get returns, and that function is defined in
+ * src/backend/backend.c, which fills one table per device the build has
+ * (CUDA: the runtime of src/backend/cuda/cuda.h). The CPU has no table: its
+ * memory is the context's own counting allocator (context.c).
+ *
+ * A context of a device calls init when it is created and fini when it is
+ * finished (after the last of its buffers is released, context.c); tensors
+ * on the device take their memory from alloc and give it back with free. */
+#ifndef OPFUSE_DEVICE_IMPL_H
+#define OPFUSE_DEVICE_IMPL_H
+
+#include <stddef.h>
+
+#include "opfuse/context.h"
+
+typedef enum opf_copy_kind {
+    OPF_COPY_H2D = 0,  /* returns once src may be reused */
+    OPF_COPY_D2H = 1,  /* returns once the bytes are on the host */
+    OPF_COPY_D2D = 2,  /* queued on the device */
+} opf_copy_kind;
+
+typedef struct opf_device_runtime {
+    const char *name;
+    /* The device state of ctx; OPF_ERR_UNSUPPORTED with a message when the
+     * machine has no such device (or not device_index). */
+    opf_status (*init)(opf_ctx *ctx, int device_index);
+    /* Waits for the device and frees everything init and alloc made. */
+    void (*fini)(opf_ctx *ctx);
+    /* Device memory, OPF_COMPONENT_ALIGN aligned; bytes 0 gives NULL. */
+    opf_status (*alloc)(opf_ctx *ctx, size_t bytes, void **out);
+    void (*free)(opf_ctx *ctx, void *ptr);
+    /* Returns the blocks a caching allocator keeps to the driver. */
+    void (*trim)(opf_ctx *ctx);
+    opf_status (*copy)(opf_ctx *ctx, void *dst, const void *src, size_t bytes, opf_copy_kind kind);
+    opf_status (*memset)(opf_ctx *ctx, void *dst, int value, size_t bytes);
+    /* Waits for everything queued for ctx. */
+    opf_status (*sync)(opf_ctx *ctx);
+} opf_device_runtime;
+
+/* The runtime of dev; NULL for the CPU and for a device this build lacks.
+ * Defined by the backend layer (src/backend/backend.c). */
+const opf_device_runtime *opf_device_runtime_get(opf_device dev);
+
+/* Device memory of ctx's device from its runtime, counted in
+ * ctx->device_stats (opf_ctx_alloc_stats) as the host allocator counts. */
+opf_status opf_device_alloc(opf_ctx *ctx, size_t bytes, void **out);
+void opf_device_free(opf_ctx *ctx, void *ptr, size_t bytes);
+
+#endif
