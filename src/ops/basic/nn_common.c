@@ -76,7 +76,7 @@ static void register_once(void)
 {
     const opf_op_class *classes[] = {&opf_op_class_embedding, &opf_op_class_attention,
                                      &opf_op_class_cross_entropy};
-    for (size_t i = 0; i < sizeof classes / sizeof classes[0] && !register_status; i++)
+    for (int i = 0; i < (int)(sizeof classes / sizeof classes[0]) && !register_status; i++)
         register_status = opf_op_class_register(classes[i]);
 }
 
