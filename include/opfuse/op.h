@@ -338,7 +338,8 @@ OPF_API opf_param *opf_op_param(opf_op *op, int i);
 OPF_API const opf_param *opf_op_param_const(const opf_op *op, int i);
 
 /* For init: adds a parameter of the given spec (allocated, zero-filled).
- * Returns its index or a negative status. */
+ * Returns its index or a negative status. The parameters may move: a
+ * pointer from opf_op_param holds until the op's next opf_op_add_param. */
 OPF_API int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec *spec);
 
 /* Recipe state of the op (NULL until a recipe is set). */

@@ -185,7 +185,10 @@ void opf_seq_drop_plans(opf_seq *seq, bool free_slots)
         opf_plan_slot *sl = &seq->slots[k];
         drop_slot(sl);
         if (!free_slots) continue;
-        free(sl->entries), free(sl->counts), free(sl->fused);
+        size_t n = (size_t)(seq->n ? seq->n : 1);  /* as claim_slot sized them */
+        opf_ctx_free(seq->ctx, sl->entries, 2 * n * sizeof *sl->entries);
+        opf_ctx_free(seq->ctx, sl->counts, 2 * n * sizeof *sl->counts);
+        opf_ctx_free(seq->ctx, sl->fused, 3 * n * sizeof *sl->fused);
         memset(sl, 0, sizeof *sl);
     }
     for (int g = 0; g < seq->n_groups; g++) {
@@ -270,9 +273,9 @@ static opf_status claim_slot(opf_seq *seq, int *out)
     opf_plan_slot *sl = &seq->slots[k];
     drop_slot(sl);
     size_t n = (size_t)(seq->n ? seq->n : 1);
-    if (!sl->entries) sl->entries = calloc(2 * n, sizeof *sl->entries);
-    if (!sl->counts) sl->counts = calloc(2 * n, sizeof *sl->counts);
-    if (!sl->fused) sl->fused = calloc(3 * n, sizeof *sl->fused);
+    if (!sl->entries) sl->entries = opf_ctx_calloc(seq->ctx, 2 * n, sizeof *sl->entries);
+    if (!sl->counts) sl->counts = opf_ctx_calloc(seq->ctx, 2 * n, sizeof *sl->counts);
+    if (!sl->fused) sl->fused = opf_ctx_calloc(seq->ctx, 3 * n, sizeof *sl->fused);
     if (!sl->entries || !sl->counts || !sl->fused)
         return opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
     *out = k;

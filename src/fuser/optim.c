@@ -20,9 +20,9 @@ struct opf_optim {
     opf_ctx          *ctx;
     opf_optim_kind    kind;
     opf_optim_options o;
-    int               n;
+    int               n, cap;  /* slots filled, allocated */
     slot             *s;
-    opf_optim_tensor *list;  /* [n] the kernel's view of the slots of one step */
+    opf_optim_tensor *list;  /* [cap] the kernel's view of the slots of one step */
     int64_t           step;
 };
 
@@ -47,10 +47,16 @@ static void count_param(void *user, opf_op *op, opf_param *p)
 void opf_optim_destroy(opf_optim *opt)
 {
     if (!opt) return;
-    for (int i = 0; i < opt->n; i++) free(opt->s[i].master), free(opt->s[i].m), free(opt->s[i].v);
-    free(opt->s);
-    free(opt->list);
-    free(opt);
+    opf_ctx *ctx = opt->ctx;
+    for (int i = 0; i < opt->n; i++) {
+        size_t bytes = sizeof(float) * (size_t)opt->s[i].n;
+        opf_ctx_free(ctx, opt->s[i].master, bytes);
+        opf_ctx_free(ctx, opt->s[i].m, bytes);
+        opf_ctx_free(ctx, opt->s[i].v, bytes);
+    }
+    opf_ctx_free(ctx, opt->s, sizeof *opt->s * (size_t)opt->cap);
+    opf_ctx_free(ctx, opt->list, sizeof *opt->list * (size_t)opt->cap);
+    opf_ctx_free(ctx, opt, sizeof *opt);
 }
 
 static opf_status check_options(opf_ctx *ctx, opf_optim_kind kind, const opf_optim_options *o)
@@ -76,13 +82,14 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
     if (st) return st;
     collect c = {NULL, 0};
     opf_seq_for_each_param(seq, count_param, &c);
-    opf_optim *opt = calloc(1, sizeof *opt);
-    c.p = calloc((size_t)(c.n ? c.n : 1), sizeof *c.p);
-    if (!opt || !c.p) goto oom;
-    opt->s = calloc((size_t)(c.n ? c.n : 1), sizeof *opt->s);
-    opt->list = calloc((size_t)(c.n ? c.n : 1), sizeof *opt->list);
-    if (!opt->s || !opt->list) goto oom;
+    opf_optim *opt = opf_ctx_calloc(ctx, 1, sizeof *opt);
+    if (!opt) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_create: out of memory");
     opt->ctx = ctx, opt->kind = kind, opt->o = o;
+    opt->cap = c.n ? c.n : 1;
+    c.p = opf_ctx_calloc(ctx, (size_t)opt->cap, sizeof *c.p);
+    opt->s = opf_ctx_calloc(ctx, (size_t)opt->cap, sizeof *opt->s);
+    opt->list = opf_ctx_calloc(ctx, (size_t)opt->cap, sizeof *opt->list);
+    if (!c.p || !opt->s || !opt->list) goto oom;
     int total = c.n;
     c.n = 0;
     opf_seq_for_each_param(seq, count_param, &c);
@@ -90,18 +97,18 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
         slot *s = &opt->s[opt->n++];
         s->p = c.p[i];
         s->n = opf_spec_numel(&s->p->value.spec);
-        s->master = malloc(sizeof(float) * (size_t)s->n);
+        s->master = opf_ctx_alloc(ctx, sizeof(float) * (size_t)s->n);
         bool need_m = kind == OPF_OPTIM_ADAMW || o.momentum > 0;
-        s->m = need_m ? calloc((size_t)s->n, sizeof(float)) : NULL;
-        s->v = kind == OPF_OPTIM_ADAMW ? calloc((size_t)s->n, sizeof(float)) : NULL;
+        s->m = need_m ? opf_ctx_calloc(ctx, (size_t)s->n, sizeof(float)) : NULL;
+        s->v = kind == OPF_OPTIM_ADAMW ? opf_ctx_calloc(ctx, (size_t)s->n, sizeof(float)) : NULL;
         if (!s->master || (need_m && !s->m) || (kind == OPF_OPTIM_ADAMW && !s->v)) goto oom;
         opf_convert(s->p->value.data[0], s->p->value.spec.dtype, s->master, OPF_F32, (size_t)s->n);
     }
-    free(c.p);
+    opf_ctx_free(ctx, c.p, sizeof *c.p * (size_t)opt->cap);
     *out = opt;
     return OPF_OK;
 oom:
-    free(c.p);
+    opf_ctx_free(ctx, c.p, sizeof *c.p * (size_t)opt->cap);
     opf_optim_destroy(opt);
     return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_create: out of memory");
 }

@@ -10,7 +10,7 @@ opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out)
 {
     OPF_CHECK_NULL(ctx, "opf_seq_create", ctx);
     OPF_CHECK_NULL(ctx, "opf_seq_create", out);
-    opf_seq *s = calloc(1, sizeof *s);
+    opf_seq *s = opf_ctx_calloc(ctx, 1, sizeof *s);
     if (!s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_seq_create: out of memory");
     s->ctx = ctx;
     s->fusions = true;
@@ -28,8 +28,16 @@ void opf_seq_unbuild(opf_seq *seq)
     if (seq->octx)
         for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]);
     opf_seq_drop_plans(seq, true);
-    free(seq->groups), free(seq->octx), free(seq->in_src), free(seq->out_pub);
-    free(seq->chan), free(seq->chan_grad);
+    /* the arrays of opf_seq_build, sized by the n it saw (unbuild runs
+     * before every change of n) */
+    opf_ctx *ctx = seq->ctx;
+    size_t n = (size_t)(seq->n ? seq->n : 1), ne = n * OPF_OP_MAX_EXTRA;
+    opf_ctx_free(ctx, seq->groups, n * sizeof *seq->groups);
+    opf_ctx_free(ctx, seq->octx, n * sizeof *seq->octx);
+    opf_ctx_free(ctx, seq->in_src, ne * sizeof *seq->in_src);
+    opf_ctx_free(ctx, seq->out_pub, ne * sizeof *seq->out_pub);
+    opf_ctx_free(ctx, seq->chan, ne * sizeof *seq->chan);
+    opf_ctx_free(ctx, seq->chan_grad, ne * sizeof *seq->chan_grad);
     seq->groups = NULL, seq->octx = NULL, seq->in_src = NULL, seq->out_pub = NULL;
     seq->chan = seq->chan_grad = NULL;
     seq->n_groups = 0;
@@ -42,8 +50,8 @@ void opf_seq_destroy(opf_seq *seq)
     if (!seq) return;
     opf_seq_unbuild(seq);
     for (int i = 0; i < seq->n; i++) opf_op_destroy(seq->ops[i]);
-    free(seq->ops);
-    free(seq);
+    opf_ctx_free(seq->ctx, seq->ops, sizeof *seq->ops * (size_t)seq->cap);
+    opf_ctx_free(seq->ctx, seq, sizeof *seq);
 }
 
 static opf_status mutable_or_fail(opf_seq *seq, const char *fn)
@@ -67,9 +75,14 @@ opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op)
                            opf_op_name(op));
     if (!st && seq->n == seq->cap) {
         int cap = seq->cap ? 2 * seq->cap : 8;
-        opf_op **ops = realloc(seq->ops, sizeof *ops * (size_t)cap);
-        if (!ops) st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
-        else seq->ops = ops, seq->cap = cap;
+        opf_op **ops = opf_ctx_calloc(seq->ctx, (size_t)cap, sizeof *ops);
+        if (!ops) {
+            st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
+        } else {
+            if (seq->n) memcpy(ops, seq->ops, sizeof *ops * (size_t)seq->n);
+            opf_ctx_free(seq->ctx, seq->ops, sizeof *ops * (size_t)seq->cap);
+            seq->ops = ops, seq->cap = cap;
+        }
     }
     if (st) {
         bool ours = false;
@@ -193,12 +206,13 @@ opf_status opf_seq_build(opf_seq *seq)
 {
     if (seq->built) return OPF_OK;
     size_t ne = (size_t)(seq->n ? seq->n : 1) * OPF_OP_MAX_EXTRA;
-    seq->groups = calloc((size_t)(seq->n ? seq->n : 1), sizeof *seq->groups);
-    seq->octx = calloc((size_t)(seq->n ? seq->n : 1), sizeof *seq->octx);
-    seq->in_src = calloc(ne, sizeof *seq->in_src);
-    seq->out_pub = calloc(ne, sizeof *seq->out_pub);
-    seq->chan = calloc(ne, sizeof *seq->chan);
-    seq->chan_grad = calloc(ne, sizeof *seq->chan_grad);
+    opf_ctx *ctx = seq->ctx;
+    seq->groups = opf_ctx_calloc(ctx, (size_t)(seq->n ? seq->n : 1), sizeof *seq->groups);
+    seq->octx = opf_ctx_calloc(ctx, (size_t)(seq->n ? seq->n : 1), sizeof *seq->octx);
+    seq->in_src = opf_ctx_calloc(ctx, ne, sizeof *seq->in_src);
+    seq->out_pub = opf_ctx_calloc(ctx, ne, sizeof *seq->out_pub);
+    seq->chan = opf_ctx_calloc(ctx, ne, sizeof *seq->chan);
+    seq->chan_grad = opf_ctx_calloc(ctx, ne, sizeof *seq->chan_grad);
     seq->n_pub_in = seq->n_pub_out = 0;
     opf_status st = OPF_OK;
     if (!seq->groups || !seq->octx || !seq->in_src || !seq->out_pub || !seq->chan || !seq->chan_grad)

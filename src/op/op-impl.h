@@ -12,15 +12,21 @@ typedef struct opf_channel_bind {
 
 #define OPF_FUSED_MAX 8  /* basic ops one fused op may cover */
 
+/* An op lives in one block from its context's allocator: the struct, then
+ * its config and its forward and backward args (each sized by the class and
+ * aligned to max_align_t); the parameters are a second block that
+ * opf_op_add_param grows. */
 struct opf_op {
     const opf_op_class *cls;
+    opf_ctx            *ctx;          /* the allocator of the blocks */
+    size_t              bytes;        /* of the op's block */
     int                 n_basic;      /* 0: a basic op; else the covered ops */
     opf_op             *basic[OPF_FUSED_MAX];
     int                 n_extra_in, n_extra_out;
     char                name[64];
     void               *config;       /* cls->config_size bytes, owned */
-    int                 n_params;
-    opf_param           params[OPF_OP_MAX_PARAMS];
+    int                 n_params, cap_params;
+    opf_param          *params;       /* cap_params slots, from ctx */
     int                 n_gemms;      /* recipe-state GEMMs: cls->n_gemms unless init sets it */
     opf_recipe_state   *rs;           /* NULL without a recipe */
     opf_recipe_kind     recipe_kind;
@@ -31,9 +37,10 @@ struct opf_op {
     /* quantizers of the current call, with usage narrowed by the op */
     opf_quantizer       in_q, grad_q;
     bool                has_in_q, has_grad_q;
-    /* args of the current call, reused (no allocation per call) */
-    _Alignas(16) unsigned char fwd_args[OPF_OP_ARGS_MAX];
-    _Alignas(16) unsigned char bwd_args[OPF_OP_ARGS_MAX];
+    /* args of the current call, reused (no allocation per call): the
+     * class's fwd_schema / bwd_schema size, in the op's block (NULL when the
+     * class has no such schema) */
+    void               *fwd_args, *bwd_args;
 };
 
 /* A float view of a tensor's values: the tensor's data when it is plain

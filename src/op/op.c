@@ -1,12 +1,44 @@
 /* op.c: op instances (config, parameters, recipe state, channel bindings)
  * and the helpers op implementations share to read and write tensors. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend-impl.h"
 #include "core/core-impl.h"
 #include "op/op-impl.h"
+
+/* Bytes of a block part, rounded so that the next part stays aligned for
+ * any type an args struct or config may hold. */
+static size_t part_bytes(size_t n)
+{
+    const size_t a = _Alignof(max_align_t);
+    return (n + a - 1) / a * a;
+}
+
+static size_t schema_bytes(const opf_schema *s) { return s ? part_bytes(s->size) : 0; }
+
+/* A zeroed op of class cls in one block from ctx: the struct, config_size
+ * bytes of config, then the class's forward and backward args. NULL (with
+ * the error set) when out of memory. */
+static opf_op *op_new(opf_ctx *ctx, const char *fn, const opf_op_class *cls, size_t config_size)
+{
+    size_t at_cfg = part_bytes(sizeof(opf_op)), at_fwd = at_cfg + part_bytes(config_size);
+    size_t at_bwd = at_fwd + schema_bytes(cls->fwd_schema);
+    size_t bytes = at_bwd + schema_bytes(cls->bwd_schema);
+    unsigned char *mem = opf_ctx_calloc(ctx, 1, bytes);
+    if (!mem) {
+        opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: %s: out of memory (%zu bytes)", fn, cls->name, bytes);
+        return NULL;
+    }
+    opf_op *op = (opf_op *)mem;
+    op->cls = cls;
+    op->ctx = ctx;
+    op->bytes = bytes;
+    op->config = config_size ? mem + at_cfg : NULL;
+    op->fwd_args = cls->fwd_schema ? mem + at_fwd : NULL;
+    op->bwd_args = cls->bwd_schema ? mem + at_bwd : NULL;
+    return op;
+}
 
 opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *config,
                          const char *name, opf_op **out)
@@ -23,25 +55,15 @@ opf_status opf_op_create(opf_ctx *ctx, const char *class_name, const void *confi
     if (!config) config = cls->config_default;
     if (cls->config_size && !config)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s needs a config", fn, class_name);
-    opf_op *op = calloc(1, sizeof *op);
-    void *cfg = cls->config_size ? malloc(cls->config_size) : NULL;
-    if (!op || (cls->config_size && !cfg)) {
-        free(op);
-        free(cfg);
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
-    }
-    if (cls->covers > 0) {
-        free(op);
-        free(cfg);
+    if (cls->covers > 0)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s is a fused class; use opf_fused_op_create",
                          fn, class_name);
-    }
-    if (cfg) memcpy(cfg, config, cls->config_size);
-    op->cls = cls;
+    opf_op *op = op_new(ctx, fn, cls, cls->config_size);
+    if (!op) return OPF_ERR_NO_MEMORY;
+    if (op->config) memcpy(op->config, config, cls->config_size);
     op->n_gemms = cls->n_gemms;  /* the default; init may set a per-instance count */
     op->n_extra_in = cls->n_extra_in;
     op->n_extra_out = cls->n_extra_out;
-    op->config = cfg;
     snprintf(op->name, sizeof op->name, "%s", name ? name : class_name);
     opf_status st = cls->init ? cls->init(ctx, op) : OPF_OK;
     if (st) {
@@ -64,8 +86,8 @@ void opf_op_destroy(opf_op *op)
         opf_tensor_release(&p->qvalue);
     }
     opf_recipe_state_destroy(op->rs);
-    free(op->config);
-    free(op);
+    opf_ctx_free(op->ctx, op->params, (size_t)op->cap_params * sizeof *op->params);
+    opf_ctx_free(op->ctx, op, op->bytes);
 }
 
 const opf_op_class *opf_op_class_of(const opf_op *op) { return op->cls; }
@@ -129,9 +151,8 @@ opf_status opf_fused_op_create(opf_ctx *ctx, const char *class_name, opf_op *con
     if (ein > OPF_OP_MAX_EXTRA || eout > OPF_OP_MAX_EXTRA)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s: %d/%d extra inputs/outputs > %d", fn,
                          class_name, ein, eout, OPF_OP_MAX_EXTRA);
-    opf_op *op = calloc(1, sizeof *op);
-    if (!op) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
-    op->cls = cls;
+    opf_op *op = op_new(ctx, fn, cls, 0);
+    if (!op) return OPF_ERR_NO_MEMORY;
     op->n_gemms = cls->n_gemms;
     op->n_basic = n;
     memcpy(op->basic, basic, sizeof *basic * (size_t)n);
@@ -153,11 +174,29 @@ void *opf_op_user(opf_op *op) { return op->user; }
 void opf_op_set_user(opf_op *op, void *user) { op->user = user; }
 opf_recipe_state *opf_op_recipe_state(const opf_op *op) { return op->rs; }
 
+/* Doubles the parameter slots (one at first: the linear ops have one, the
+ * norms two; a slot is over 600 bytes). Runs at create time only. */
+static opf_status grow_params(opf_op *op)
+{
+    int cap = op->cap_params ? 2 * op->cap_params : 1;
+    if (cap > OPF_OP_MAX_PARAMS) cap = OPF_OP_MAX_PARAMS;
+    opf_param *p = opf_ctx_calloc(op->ctx, (size_t)cap, sizeof *p);
+    if (!p)
+        return opf_error(op->ctx, OPF_ERR_NO_MEMORY, "%s: no memory for %d parameters", op->name,
+                         cap);
+    if (op->n_params) memcpy(p, op->params, (size_t)op->n_params * sizeof *p);
+    opf_ctx_free(op->ctx, op->params, (size_t)op->cap_params * sizeof *p);
+    op->params = p;
+    op->cap_params = cap;
+    return OPF_OK;
+}
+
 int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec *spec)
 {
     if (op->n_params == OPF_OP_MAX_PARAMS)
         return -(int)opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: more than %d parameters", op->name,
                                OPF_OP_MAX_PARAMS);
+    if (op->n_params == op->cap_params && grow_params(op)) return -(int)OPF_ERR_NO_MEMORY;
     opf_param *p = &op->params[op->n_params];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);

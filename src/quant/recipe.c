@@ -219,10 +219,13 @@ opf_status opf_recipe_quantizer(const opf_recipe *r, const opf_quantizer_role *r
 
 /* ---- recipe state ------------------------------------------------------------ */
 
+/* One block from the context's allocator: the struct, then its quantizers. */
 struct opf_recipe_state {
+    opf_ctx           *ctx;
+    size_t             bytes;      /* of the block */
     opf_recipe         recipe;
     int                num_gemms;
-    opf_quantizer     *q;          /* [num_gemms][OPF_ROLE_COUNT] */
+    opf_quantizer     *q;          /* [num_gemms][OPF_ROLE_COUNT], in the block */
     opf_delayed_state *delayed[2]; /* forward, backward */
 };
 
@@ -312,13 +315,14 @@ opf_status opf_recipe_state_create(opf_ctx *ctx, const opf_recipe *r, const char
     if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
     if (num_gemms < 1)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: num_gemms %d < 1", fn, num_gemms);
-    opf_recipe_state *rs = calloc(1, sizeof *rs);
-    opf_quantizer *q = calloc((size_t)num_gemms * OPF_ROLE_COUNT, sizeof *q);
-    if (!rs || !q) {
-        free(rs);
-        free(q);
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
-    }
+    size_t head = (sizeof(opf_recipe_state) + _Alignof(opf_quantizer) - 1) /
+                  _Alignof(opf_quantizer) * _Alignof(opf_quantizer);
+    size_t bytes = head + (size_t)num_gemms * OPF_ROLE_COUNT * sizeof(opf_quantizer);
+    opf_recipe_state *rs = opf_ctx_calloc(ctx, 1, bytes);
+    if (!rs) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of memory (%zu bytes)", fn, bytes);
+    opf_quantizer *q = (opf_quantizer *)((char *)rs + head);
+    rs->ctx = ctx;
+    rs->bytes = bytes;
     rs->recipe = *r;
     rs->num_gemms = num_gemms;
     rs->q = q;
@@ -350,8 +354,7 @@ void opf_recipe_state_destroy(opf_recipe_state *rs)
     if (!rs) return;
     opf_delayed_state_destroy(rs->delayed[0]);
     opf_delayed_state_destroy(rs->delayed[1]);
-    free(rs->q);
-    free(rs);
+    opf_ctx_free(rs->ctx, rs, rs->bytes);
 }
 
 const opf_recipe *opf_recipe_state_recipe(const opf_recipe_state *rs) { return &rs->recipe; }
