@@ -22,6 +22,20 @@ enum {
 };
 #define PAR_MIN ((int64_t)65536)  /* below this a parallel region costs more than it splits */
 
+/* for (int64_t i = 0; i < n; i++) BODY, on the context's threads when big:
+ * OpenMP's if(false) still enters the runtime (a team of one, a few tenths
+ * of a microsecond), which costs a tiny tensor more than its work, so small
+ * calls run the plain loop. Either way the iterations compute the same. */
+#define ELEM_FOR(big, i, n, ...)                                                   \
+    do {                                                                           \
+        if (big) {                                                                 \
+            _Pragma("omp parallel for schedule(static)")                           \
+            for (int64_t i = 0; i < (n); i++) __VA_ARGS__                          \
+        } else {                                                                   \
+            for (int64_t i = 0; i < (n); i++) __VA_ARGS__                          \
+        }                                                                          \
+    } while (0)
+
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t numel(const opf_tensor *t) { return opf_spec_numel(&t->spec); }
 static const void *cdata(const opf_tensor *t) { return t->data[OPF_COMP_DATA]; }
@@ -43,8 +57,7 @@ static opf_status bias_add(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *
     const void *xs = cdata(x), *bs = cdata(bias);
     opf_dtype xd = x->spec.dtype, bd = bias->spec.dtype, yd = y->spec.dtype;
     void *ys = data(y);
-    #pragma omp parallel for schedule(static) if (rows * n > PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
+    ELEM_FOR(rows * n > PAR_MIN, r, rows, {
         float v[ELEM_BLOCK], b[ELEM_BLOCK];
         for (int64_t j0 = 0; j0 < n; j0 += ELEM_BLOCK) {
             int64_t w = min64(ELEM_BLOCK, n - j0);
@@ -53,7 +66,7 @@ static opf_status bias_add(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *
             for (int64_t j = 0; j < w; j++) v[j] = v[j] + b[j];
             opf_cpu_store_f32(v, yd, ys, r * n + j0, w);
         }
-    }
+    });
     return OPF_OK;
 }
 
@@ -63,8 +76,7 @@ static opf_status dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
     const void *src = cdata(dy);
     opf_dtype dd = dy->spec.dtype;
     void *out = data(db);
-    #pragma omp parallel for schedule(static) if (rows * n > PAR_MIN)
-    for (int64_t it = 0; it < items; it++) {
+    ELEM_FOR(rows * n > PAR_MIN, it, items, {
         int64_t j0 = it * DBIAS_COLS, w = min64(DBIAS_COLS, n - j0);
         float acc[DBIAS_COLS], v[DBIAS_COLS];
         for (int64_t j = 0; j < w; j++) acc[j] = 0.0f;
@@ -73,36 +85,34 @@ static opf_status dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
             for (int64_t j = 0; j < w; j++) acc[j] += v[j];
         }
         opf_cpu_store_f32(acc, db->spec.dtype, out, j0, w);
-    }
+    });
     return OPF_OK;
 }
 
 static opf_status scale(opf_ctx *ctx, const opf_tensor *x, float s, opf_tensor *y)
 {
     int64_t n = numel(x), nb = nblocks(n);
-    #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t b = 0; b < nb; b++) {
+    ELEM_FOR(n > PAR_MIN, b, nb, {
         int64_t i0 = b * ELEM_BLOCK, w = min64(ELEM_BLOCK, n - i0);
         float v[ELEM_BLOCK];
         opf_cpu_load_f32(cdata(x), x->spec.dtype, i0, w, v);
         for (int64_t i = 0; i < w; i++) v[i] = s * v[i];
         opf_cpu_store_f32(v, y->spec.dtype, data(y), i0, w);
-    }
+    });
     return OPF_OK;
 }
 
 static opf_status add(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b, opf_tensor *out)
 {
     int64_t n = numel(out), nb = nblocks(n);
-    #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t k = 0; k < nb; k++) {
+    ELEM_FOR(n > PAR_MIN, k, nb, {
         int64_t i0 = k * ELEM_BLOCK, w = min64(ELEM_BLOCK, n - i0);
         float u[ELEM_BLOCK], v[ELEM_BLOCK];
         opf_cpu_load_f32(cdata(a), a->spec.dtype, i0, w, u);
         opf_cpu_load_f32(cdata(b), b->spec.dtype, i0, w, v);
         for (int64_t i = 0; i < w; i++) u[i] = u[i] + v[i];
         opf_cpu_store_f32(u, out->spec.dtype, data(out), i0, w);
-    }
+    });
     return OPF_OK;
 }
 
@@ -138,8 +148,7 @@ static opf_status dropout_fwd(opf_ctx *ctx, const opf_tensor *x, double p, uint6
     const uint32_t thr = (uint32_t)(p * 4294967296.0);
     const float s = (float)(1.0 / (1.0 - p));
     uint8_t *m = data(mask);
-    #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t b = 0; b < nb; b++) {
+    ELEM_FOR(n > PAR_MIN, b, nb, {
         int64_t i0 = b * ELEM_BLOCK, w = min64(ELEM_BLOCK, n - i0);
         float v[ELEM_BLOCK];
         uint32_t r[ELEM_BLOCK];
@@ -148,7 +157,7 @@ static opf_status dropout_fwd(opf_ctx *ctx, const opf_tensor *x, double p, uint6
         opf_cpu_load_f32(cdata(x), x->spec.dtype, i0, w, v);
         apply_mask(v, m + i0, s, w);
         opf_cpu_store_f32(v, y->spec.dtype, data(y), i0, w);
-    }
+    });
     return OPF_OK;
 }
 
@@ -158,14 +167,13 @@ static opf_status dropout_bwd(opf_ctx *ctx, const opf_tensor *dy, const opf_tens
     int64_t n = numel(dy), nb = nblocks(n);
     const float s = (float)(1.0 / (1.0 - p));
     const uint8_t *m = cdata(mask);
-    #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t b = 0; b < nb; b++) {
+    ELEM_FOR(n > PAR_MIN, b, nb, {
         int64_t i0 = b * ELEM_BLOCK, w = min64(ELEM_BLOCK, n - i0);
         float v[ELEM_BLOCK];
         opf_cpu_load_f32(cdata(dy), dy->spec.dtype, i0, w, v);
         apply_mask(v, m + i0, s, w);
         opf_cpu_store_f32(v, dx->spec.dtype, data(dx), i0, w);
-    }
+    });
     return OPF_OK;
 }
 
@@ -176,13 +184,12 @@ static opf_status cast(opf_ctx *ctx, const opf_tensor *x, opf_tensor *y)
     int64_t n = numel(x), nb = nblocks(n);
     if (x->spec.dtype == y->spec.dtype)  /* the bits as they are (NaN payloads too) */
         return copy(ctx, cdata(x), data(y), opf_dtype_nbytes(x->spec.dtype, (size_t)n));
-    #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t b = 0; b < nb; b++) {
+    ELEM_FOR(n > PAR_MIN, b, nb, {
         int64_t i0 = b * ELEM_BLOCK, w = min64(ELEM_BLOCK, n - i0);
         float v[ELEM_BLOCK];
         opf_cpu_load_f32(cdata(x), x->spec.dtype, i0, w, v);
         opf_cpu_store_f32(v, y->spec.dtype, data(y), i0, w);
-    }
+    });
     return OPF_OK;
 }
 
@@ -247,8 +254,7 @@ static opf_status fill_uniform(opf_ctx *ctx, uint64_t seed, uint64_t offset, uin
                                double bound, opf_tensor *t)
 {
     int64_t n = numel(t), nb = nblocks(n);
-    #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (int64_t b = 0; b < nb; b++) {
+    ELEM_FOR(n > PAR_MIN, b, nb, {
         int64_t i0 = b * ELEM_BLOCK, w = min64(ELEM_BLOCK, n - i0);
         float v[ELEM_BLOCK];
         uint32_t r[ELEM_BLOCK];
@@ -258,7 +264,7 @@ static opf_status fill_uniform(opf_ctx *ctx, uint64_t seed, uint64_t offset, uin
             v[i] = (float)(bound * (2.0 * u - 1.0));
         }
         opf_cpu_store_f32(v, t->spec.dtype, data(t), i0, w);
-    }
+    });
     return OPF_OK;
 }
 
