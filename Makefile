@@ -1,6 +1,6 @@
 # Makefile: the usual commands around CMake.
 #   make          build (Release) into build/
-#   make demo     build and run the demo on the CPU (no Python, no PyPI)
+#   make demo     build and train a small GPT on the CPU (opfuse train; no Python, no PyPI)
 #   make test     also set up the Python venv (requirements.txt, from PyPI), run
 #                 the suite, then the same suite under AddressSanitizer + UBSan
 #   make bench    run every CPU benchmark (results: bench/RESULTS.md); installs
@@ -69,7 +69,7 @@ test-san: setup-test build-san
 test: test-normal test-san
 
 demo: build
-	@./build/opfuse demo
+	@OMP_WAIT_POLICY=passive ./build/opfuse train
 
 bench: setup-bench build
 	@./build/opfuse bench all
