@@ -3,7 +3,7 @@
 # GPU tests (ctest -L cuda) and the GPU benchmarks with the PyTorch peer in
 # the same run, and print one table last. Logs go to LOGDIR.
 #
-#     scripts/gpu.sh [LOGDIR]      default: $OUT, else build-gpu/logs
+#     scripts/gpu.sh [LOGDIR]      default: build-gpu/logs
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -12,7 +12,7 @@
 set -u -o pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-gpu
-logs=${1:-${OUT:-$build/logs}}
+logs=${1:-$build/logs}
 mkdir -p "$logs"
 cd "$root"
 
