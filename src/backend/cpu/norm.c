@@ -249,6 +249,39 @@ static void ln_row_bwd(const float *x, const float *dz, int64_t H, float rn, flo
     }
 }
 
+/* The rows of a LayerNorm (beta set) or RMSNorm (beta NULL) forward. Called
+ * inside a parallel region, or alone when one thread does all the rows: a
+ * region of one thread still costs a tiny tensor more than its rows (the
+ * orphaned `omp for` then runs every row in order, the same bits). */
+typedef struct ln_fwd_args {
+    const row_ws     *w;
+    const opf_tensor *x;
+    opf_tensor       *z;
+    float             eps;
+    const float      *b;       /* LayerNorm's beta; NULL for RMSNorm */
+    float            *mu, *rs;  /* mu NULL for RMSNorm */
+} ln_fwd_args;
+
+static void rms_row_fwd(const float *x, int64_t H, float rn, float eps, const float *g, float *z,
+                        float *rs);
+
+static void ln_fwd_rows(const ln_fwd_args *a)
+{
+    const row_ws *w = a->w;
+    int64_t H = w->H;
+    float *xb = thread_rows(w->bufs, 2, H), *zb = xb + H;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < w->rows; r++) {
+        float *zr = row_out(a->z, r, H, zb);
+        const float *xr = row_in(a->x, r, H, w->act, xb);
+        if (a->b)
+            ln_row_fwd(xr, H, w->rn, a->eps, w->g, a->b, zr, &a->mu[r], &a->rs[r]);
+        else
+            rms_row_fwd(xr, H, w->rn, a->eps, w->g, zr, &a->rs[r]);
+        store(zr, a->z, r * H, H);
+    }
+}
+
 static opf_status cpu_layernorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
                                     const opf_tensor *beta, float eps, bool zero_centered,
                                     opf_tensor *z, opf_tensor *mu_t, opf_tensor *rs_t)
@@ -259,15 +292,12 @@ static opf_status cpu_layernorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf
     int64_t H = w.H;
     float *b = w.g + H, *mu = mu_t->data[0], *rs = rs_t->data[0];
     opf_cpu_load_f32(beta->data[0], beta->spec.dtype, 0, H, b);
+    ln_fwd_args a = {&w, x, z, eps, b, mu, rs};
+    if (w.nt > 1) {
 #pragma omp parallel num_threads(w.nt)
-    {
-        float *xb = thread_rows(w.bufs, 2, H), *zb = xb + H;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < w.rows; r++) {
-            float *zr = row_out(z, r, H, zb);
-            ln_row_fwd(row_in(x, r, H, w.act, xb), H, w.rn, eps, w.g, b, zr, &mu[r], &rs[r]);
-            store(zr, z, r * H, H);
-        }
+        ln_fwd_rows(&a);
+    } else {
+        ln_fwd_rows(&a);
     }
     opf_ctx_scratch_pop(ctx, w.mark);
     return OPF_OK;
@@ -340,17 +370,12 @@ static opf_status cpu_rmsnorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_t
     row_ws w;
     opf_status st = ws_begin(ctx, "rmsnorm_fwd", x, gamma, zero_centered, NULL, 1, 2, &w);
     if (st) return st;
-    int64_t H = w.H;
-    float *rs = rs_t->data[0];
+    ln_fwd_args a = {&w, x, z, eps, NULL, NULL, rs_t->data[0]};
+    if (w.nt > 1) {
 #pragma omp parallel num_threads(w.nt)
-    {
-        float *xb = thread_rows(w.bufs, 2, H), *zb = xb + H;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < w.rows; r++) {
-            float *zr = row_out(z, r, H, zb);
-            rms_row_fwd(row_in(x, r, H, w.act, xb), H, w.rn, eps, w.g, zr, &rs[r]);
-            store(zr, z, r * H, H);
-        }
+        ln_fwd_rows(&a);
+    } else {
+        ln_fwd_rows(&a);
     }
     opf_ctx_scratch_pop(ctx, w.mark);
     return OPF_OK;
