@@ -58,6 +58,14 @@ static int time_ms(opf_ctx *ctx, bench_fn fn, void *arg, double *ms)
     return 0;
 }
 
+/* A device tensor of spec (its device aside). */
+static opf_status device_tensor(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
+{
+    opf_spec s = *spec;
+    s.device = OPF_DEVICE_CUDA;
+    return opf_tensor_alloc(ctx, &s, out);
+}
+
 /* Random bf16-exact values on the device: [rows, cols] of dtype dt. */
 static int random_tensor(opf_ctx *ctx, int64_t rows, int64_t cols, opf_dtype dt, opf_tensor *out)
 {
@@ -72,7 +80,7 @@ static int random_tensor(opf_ctx *ctx, int64_t rows, int64_t cols, opf_dtype dt,
         x[i] = (float)(int32_t)(r >> 32) * 0x1p-31f;
     }
     int rc = opf_convert(x, OPF_F32, h.data[OPF_COMP_DATA], dt, (size_t)n) ||
-             opf_cuda_tensor_alloc(ctx, &s, out) || opf_cuda_tensor_upload(ctx, &h, out);
+             opf_tensor_to(ctx, &h, OPF_DEVICE_CUDA, out);
     free(x);
     opf_tensor_release(&h);
     return rc;
@@ -162,7 +170,7 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
                         cases[i].scaling == OPF_SCALING_BLOCK_2D;  /* the recipe's default */
         opf_spec qs;
         opf_tensor out;
-        if (opf_quantizer_spec(&q, &x.spec, &qs) || opf_cuda_tensor_alloc(ctx, &qs, &out)) return 1;
+        if (opf_quantizer_spec(&q, &x.spec, &qs) || device_tensor(ctx, &qs, &out)) return 1;
         quant_arg qa = {&q, &x, &out};
         double ms;
         rc = time_ms(ctx, run_quant, &qa, &ms);
@@ -173,12 +181,12 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
         char name[64];
         snprintf(name, sizeof name, "%s_gbs", cases[i].name);
         if (!rc) record(name, "GB/s", gbs, note);
-        opf_cuda_tensor_free(ctx, &out);
+        opf_tensor_release(&out);
     }
     opf_cuda_sync(ctx);
     opf_delayed_state_destroy(ds);
     opf_cuda_free(ctx, dst);
-    opf_cuda_tensor_free(ctx, &x);
+    opf_tensor_release(&x);
     return rc;
 }
 
@@ -189,7 +197,7 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
     opf_tensor a, b, d;
     if (random_tensor(ctx, S, S, OPF_BF16, &a) || random_tensor(ctx, S, S, OPF_BF16, &b)) return 1;
     opf_spec ds = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
-    if (opf_cuda_tensor_alloc(ctx, &ds, &d)) return 1;
+    if (device_tensor(ctx, &ds, &d)) return 1;
     /* A and B in each format, rowwise copies: per-tensor, block 2D, block
      * 1D, MXFP8 (index 0 is the bf16 tensor itself). */
     static const opf_scaling fmts[] = {OPF_SCALING_NONE, OPF_SCALING_TENSOR, OPF_SCALING_BLOCK_2D,
@@ -202,8 +210,8 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
         q.scaling = fmts[f], q.qdtype = OPF_E4M3, q.usage = OPF_USAGE_ROWWISE;
         q.pow2_scales = f == 2 || f == 3;
         opf_spec qs;
-        if (opf_quantizer_spec(&q, &a.spec, &qs) || opf_cuda_tensor_alloc(ctx, &qs, &qa[f]) ||
-            opf_cuda_tensor_alloc(ctx, &qs, &qb[f]) || cuda_quantize(ctx, &q, &a, &qa[f]) ||
+        if (opf_quantizer_spec(&q, &a.spec, &qs) || device_tensor(ctx, &qs, &qa[f]) ||
+            device_tensor(ctx, &qs, &qb[f]) || cuda_quantize(ctx, &q, &a, &qa[f]) ||
             cuda_quantize(ctx, &q, &b, &qb[f]))
             return 1;
     }
@@ -228,10 +236,10 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
         if (!rc) record(cases[i].name, "TFLOP/s", 2.0 * (double)S * S * S / ms * 1e-9, note);
     }
     for (int f = 0; f < NF; f++) {
-        opf_cuda_tensor_free(ctx, &qa[f]);
-        opf_cuda_tensor_free(ctx, &qb[f]);
+        opf_tensor_release(&qa[f]);
+        opf_tensor_release(&qb[f]);
     }
-    opf_cuda_tensor_free(ctx, &d);
+    opf_tensor_release(&d);
     return rc;
 }
 
@@ -245,11 +253,11 @@ int opf_bench_cuda(int argc, char **argv)
     int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
     opf_ctx *ctx = NULL;
-    if (opf_ctx_create(NULL, &ctx)) return 1;
-    opf_status st = opf_cuda_ctx_init(ctx, 0);
+    opf_ctx_options o = opf_ctx_options_default();
+    o.device = OPF_DEVICE_CUDA;
+    opf_status st = opf_ctx_create(&o, &ctx);
     if (st) {
-        printf("bench cuda: skipped: %s\n", opf_last_error(ctx));
-        opf_ctx_destroy(ctx);
+        printf("bench cuda: skipped: %s\n", opf_last_error(NULL));
         return st == OPF_ERR_UNSUPPORTED ? 0 : 1;
     }
     char name[128] = "";
@@ -260,7 +268,6 @@ int opf_bench_cuda(int argc, char **argv)
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;
-    opf_cuda_ctx_free(ctx);
     opf_ctx_destroy(ctx);
     return rc;
 }

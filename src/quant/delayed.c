@@ -125,11 +125,8 @@ opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
     opf_delayed_arrays a = {.history = s->history, .scale = s->scale,
                             .reduced = reduce ? s->reduced : NULL, .n = s->n, .len = s->len,
                             .scaled_max = s->scaled_max, .algo = s->algo};
-    /* The arrays live on the device of the context that made the state. */
-    const opf_backend_i *be = opf_backend_get(opf_ctx_device(s->ctx));
-    if (!be || !be->scale->delayed_update)
-        return opf_error(ctx, OPF_ERR_UNSUPPORTED,
-                         "opf_delayed_state_update: no delayed-scaling kernel on device %d",
-                         (int)opf_ctx_device(s->ctx));
-    return be->scale->delayed_update(s->ctx, &a, 1);
+    /* The arrays are host memory on every device (the context's host
+     * allocator): a device's quantize kernels read the scale and max the amax
+     * into row 0 through opf_quantize_state, so the roll runs on the CPU. */
+    return opf_backend_get(OPF_DEVICE_CPU)->scale->delayed_update(s->ctx, &a, 1);
 }

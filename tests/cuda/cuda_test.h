@@ -1,5 +1,5 @@
-/* cuda_test.h: what the GPU tests share: a CPU context with CUDA state (exit
- * 77, skipped, without a GPU), random data with the edge values of
+/* cuda_test.h: what the GPU tests share: a CUDA context (exit 77, skipped,
+ * without a GPU), random data with the edge values of
  * docs/numerics.md, and host <-> device tensor round trips. */
 #ifndef OPFUSE_CUDA_TEST_H
 #define OPFUSE_CUDA_TEST_H
@@ -14,15 +14,15 @@
 static inline opf_ctx *cuda_test_ctx(void)
 {
     opf_ctx *ctx = NULL;
-    if (opf_ctx_create(NULL, &ctx) != OPF_OK) exit(1);
-    opf_status st = opf_cuda_ctx_init(ctx, 0);
+    opf_ctx_options o = opf_ctx_options_default();
+    o.device = OPF_DEVICE_CUDA;
+    opf_status st = opf_ctx_create(&o, &ctx);
     if (st == OPF_ERR_UNSUPPORTED) {
-        printf("SKIP: %s\n", opf_last_error(ctx));
-        opf_ctx_destroy(ctx);
+        printf("SKIP: %s\n", opf_last_error(NULL));
         exit(77);
     }
     if (st != OPF_OK) {
-        fprintf(stderr, "opf_cuda_ctx_init: %s\n", opf_last_error(ctx));
+        fprintf(stderr, "opf_ctx_create (cuda): %s\n", opf_last_error(NULL));
         exit(1);
     }
     char name[128];
@@ -30,10 +30,14 @@ static inline opf_ctx *cuda_test_ctx(void)
     return ctx;
 }
 
-static inline void cuda_test_done(opf_ctx *ctx)
+static inline void cuda_test_done(opf_ctx *ctx) { opf_ctx_destroy(ctx); }
+
+/* A device tensor of spec (its device aside); release with opf_tensor_release. */
+static inline opf_status cuda_test_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
 {
-    opf_cuda_ctx_free(ctx);
-    opf_ctx_destroy(ctx);
+    opf_spec s = *spec;
+    s.device = OPF_DEVICE_CUDA;
+    return opf_tensor_alloc(ctx, &s, out);
 }
 
 static uint64_t cuda_test_rng = 0x9E3779B97F4A7C15ull;
@@ -84,17 +88,13 @@ static inline opf_status cuda_test_host_tensor(opf_ctx *ctx, const opf_spec *spe
 /* The device copy of a host tensor. */
 static inline opf_status cuda_test_upload(opf_ctx *ctx, const opf_tensor *h, opf_tensor *d)
 {
-    opf_status st = opf_cuda_tensor_alloc(ctx, &h->spec, d);
-    return st ? st : opf_cuda_tensor_upload(ctx, h, d);
+    return opf_tensor_to(ctx, h, OPF_DEVICE_CUDA, d);
 }
 
 /* A host tensor of d's spec holding d's bytes. */
 static inline opf_status cuda_test_download(opf_ctx *ctx, const opf_tensor *d, opf_tensor *h)
 {
-    opf_spec s = d->spec;
-    s.device = OPF_DEVICE_CPU;
-    opf_status st = opf_tensor_alloc(ctx, &s, h);
-    return st ? st : opf_cuda_tensor_download(ctx, d, h);
+    return opf_tensor_to(ctx, d, OPF_DEVICE_CPU, h);
 }
 
 /* ||a - b|| / ||b|| over n floats; NaN when any is NaN. */

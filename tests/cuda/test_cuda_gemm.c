@@ -128,7 +128,7 @@ static void run_case(opf_ctx *ctx, const gemm_case *c)
     CHECK(err <= tol, "gemm case: rel err %.3e > %.1e", err, tol);
     opf_tensor *hs[] = {&ha, &hb, &hbias, &hd, &back}, *gs[] = {&ga, &gb, &gbias, &gd};
     for (int i = 0; i < 5; i++) opf_tensor_release(hs[i]);
-    for (int i = 0; i < 4; i++) opf_cuda_tensor_free(ctx, gs[i]);
+    for (int i = 0; i < 4; i++) opf_tensor_release(gs[i]);
     float *bufs[] = {a, b, bias, d0, ref, got};
     for (int i = 0; i < 6; i++) free(bufs[i]);
 }
@@ -191,14 +191,14 @@ static void test_block_2d_2d(opf_ctx *ctx)
     CHECK_OK(ctx, cuda_test_host_tensor(ctx, &s, x, &h));
     CHECK_OK(ctx, opf_quantize_alloc(ctx, &q, &h, &hq));
     CHECK_OK(ctx, cuda_test_upload(ctx, &hq, &g));
-    CHECK_OK(ctx, opf_cuda_tensor_alloc(ctx, &s, &d));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &s, &d));
     opf_gemm_options o = opf_gemm_options_default();
     opf_gemm_args a = {&g, &g, OPF_GEMM_TN, &o, &d, 128, 128, 128, {0}};
     CHECK_FAILS(ctx, opf_cuda_gemm(ctx, &a), OPF_ERR_UNSUPPORTED, "2D x 2D", "1D");
     opf_tensor_release(&h);
     opf_tensor_release(&hq);
-    opf_cuda_tensor_free(ctx, &g);
-    opf_cuda_tensor_free(ctx, &d);
+    opf_tensor_release(&g);
+    opf_tensor_release(&d);
 }
 
 static void test_errors(opf_ctx *ctx)
@@ -235,7 +235,7 @@ static void test_errors(opf_ctx *ctx)
                 "A is on cuda, B on cpu");
     opf_tensor_release(&h);
     opf_tensor_release(&d);
-    opf_cuda_tensor_free(ctx, &g);
+    opf_tensor_release(&g);
 }
 
 int main(void)

@@ -56,7 +56,7 @@ static void check_case(opf_ctx *ctx, const opf_quantizer *q, const opf_quantizer
     CHECK_OK(ctx, cuda_test_host_tensor(ctx, in_spec, x, &hin));
     CHECK_OK(ctx, opf_quantize_alloc(ctx, q, &hin, &hq));
     CHECK_OK(ctx, cuda_test_upload(ctx, &hin, &din));
-    CHECK_OK(ctx, opf_cuda_tensor_alloc(ctx, &hq.spec, &dq));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &hq.spec, &dq));
     opf_quantize_state qs = {0};
     opf_quantize_state_delayed(q_gpu, &qs);
     CHECK_OK(ctx, table(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q_gpu, &din, &dq, &qs));
@@ -67,8 +67,8 @@ static void check_case(opf_ctx *ctx, const opf_quantizer *q, const opf_quantizer
     opf_tensor_release(&hin);
     opf_tensor_release(&hq);
     opf_tensor_release(&got);
-    opf_cuda_tensor_free(ctx, &din);
-    opf_cuda_tensor_free(ctx, &dq);
+    opf_tensor_release(&din);
+    opf_tensor_release(&dq);
 }
 
 static opf_quantizer fp8_quantizer(opf_dtype qd, unsigned usage)

@@ -86,14 +86,8 @@ opf_status opf_cuda_sync(opf_ctx *ctx);
  * state's history (numerics.md 3.1); forgets the slots. */
 opf_status opf_cuda_delayed_flush(opf_ctx *ctx);
 
-/* Device tensors: one buffer of opf_cuda_alloc laid out by the spec
- * (spec.device becomes OPF_DEVICE_CUDA); release with opf_cuda_tensor_free.
- * opf_cuda_tensor_upload / _download copy every component the layout lists
- * between a host tensor and a device tensor of equal spec (device aside). */
-opf_status opf_cuda_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out);
-void opf_cuda_tensor_free(opf_ctx *ctx, opf_tensor *t);
-opf_status opf_cuda_tensor_upload(opf_ctx *ctx, const opf_tensor *host, opf_tensor *dev);
-opf_status opf_cuda_tensor_download(opf_ctx *ctx, const opf_tensor *dev, opf_tensor *host);
+/* Device tensors come from opf_tensor_alloc on a CUDA context (spec.device
+ * OPF_DEVICE_CUDA) and move with opf_tensor_to / opf_tensor_copy (core). */
 
 /* Event timing on the context's stream (benchmarks). */
 typedef struct opf_cuda_timer opf_cuda_timer;
