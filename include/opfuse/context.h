@@ -86,9 +86,12 @@ OPF_API int opf_ctx_num_threads(const opf_ctx *ctx);
  * CPU context, the device memory of its tensors on a CUDA context (bytes as
  * asked; the caching allocator's rounding is not counted). */
 OPF_API void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
-/* Counters of the host allocator, whatever the context's device. */
+/* Counters of the host allocator, whatever the context's device. ctx and
+ * out must not be NULL. */
 OPF_API void opf_ctx_host_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
-/* Waits for the work queued on the context's device (CPU: returns at once). */
+/* Waits for the work queued on the context's device (CPU: returns at once).
+ * NULL ctx: OPF_ERR_INVALID_ARG. A device error is OPF_ERR_DEVICE with the
+ * runtime's message. */
 OPF_API opf_status opf_ctx_sync(opf_ctx *ctx);
 /* Emits a warning through the callback (printf-style). */
 OPF_API void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);

@@ -146,11 +146,16 @@ OPF_API opf_status opf_tensor_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tens
 /* A new tensor on device dev with src's spec (device aside) and bytes, every
  * component the layout lists copied. CPU <-> CUDA copies go through the
  * context's pinned staging and return when the bytes are in place (a copy to
- * the host waits for the work queued before it). */
+ * the host waits for the work queued before it). *out is a new reference the
+ * caller releases; src is unchanged. NULL src or out: OPF_ERR_INVALID_ARG; a
+ * device other than the host or the context's (OPF_ERR_INVALID_ARG, naming
+ * both): *out untouched on any failure. */
 OPF_API opf_status opf_tensor_to(opf_ctx *ctx, const opf_tensor *src, opf_device dev,
                                  opf_tensor *out);
 /* Copies every component of src into dst, whose spec must equal src's but
- * for the device; either may be on the host or on the context's device. */
+ * for the device (else OPF_ERR_SHAPE naming both specs); either may be on the
+ * host or on the context's device. NULL ctx, src or dst, or a component
+ * without memory: OPF_ERR_INVALID_ARG, nothing copied. Same memory: no-op. */
 OPF_API opf_status opf_tensor_copy(opf_ctx *ctx, const opf_tensor *src, opf_tensor *dst);
 /* Points *out at caller memory laid out by opf_spec_layout(spec) starting at
  * base. No reference is taken: the caller keeps base alive. */
