@@ -264,4 +264,32 @@ static inline unsigned opf_cuda_grid(const opf_cuda_state *s, int64_t n, int thr
     return (unsigned)(want < 1 ? 1 : want < cap ? want : cap);
 }
 
+/* The columnwise copy of a quantized ROWS x COLS byte tile in shared memory:
+ * row k of qt ([K, M], transposed) gets tile column k, 16 bytes (16 tile rows)
+ * a store; neighbouring lanes read neighbouring columns (no bank conflicts).
+ * vec: 16-byte stores (M % 16 == 0 and qt aligned), else byte by byte at the
+ * edges. The caller has synchronized after writing the tile. */
+template <int ROWS, int COLS, int NTHREADS>
+__device__ __forceinline__ void opf_dev_store_tile_t(const uint8_t (&tile)[ROWS][COLS], uint8_t *qt,
+                                                     int64_t m0, int64_t k0, int64_t M, int64_t K,
+                                                     bool vec)
+{
+    for (int it = threadIdx.x; it < COLS * (ROWS / 16); it += NTHREADS) {
+        int c = it % COLS, mc = it / COLS;
+        int64_t kc = k0 + c, m = m0 + mc * 16;
+        if (kc >= K || m >= M) continue;
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            w[j] = tile[mc * 16 + 4 * j][c] | tile[mc * 16 + 4 * j + 1][c] << 8 |
+                   tile[mc * 16 + 4 * j + 2][c] << 16 | (uint32_t)tile[mc * 16 + 4 * j + 3][c] << 24;
+        if (vec) {
+            *(uint4 *)(qt + kc * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+            const uint8_t *bb = (const uint8_t *)w;
+            for (int i = 0; i < 16 && m + i < M; i++) qt[kc * M + m + i] = bb[i];
+        }
+    }
+}
+
 #endif

@@ -121,29 +121,6 @@ __device__ __forceinline__ void tile_scales(const unsigned (&key)[BLK], const bl
     __syncthreads();
 }
 
-/* Row k0 + c of qt gets tile column c, 16 bytes (16 rows) a store. */
-__device__ __forceinline__ void store_transposed(const uint8_t (&tile)[BLK][BLK], uint8_t *qt,
-                                                 int64_t m0, int64_t k0, int64_t M, int64_t K,
-                                                 bool vec)
-{
-    for (int it = threadIdx.x; it < BLK * (BLK / 16); it += THREADS) {
-        int c = it % BLK, mc = it / BLK;
-        int64_t kc = k0 + c, m = m0 + mc * 16;
-        if (kc >= K || m >= M) continue;
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            w[j] = tile[mc * 16 + 4 * j][c] | tile[mc * 16 + 4 * j + 1][c] << 8 |
-                   tile[mc * 16 + 4 * j + 2][c] << 16 | (uint32_t)tile[mc * 16 + 4 * j + 3][c] << 24;
-        if (vec) {
-            *(uint4 *)(qt + kc * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
-        } else {
-            const uint8_t *bb = (const uint8_t *)w;
-            for (int i = 0; i < 16 && m + i < M; i++) qt[kc * M + m + i] = bb[i];
-        }
-    }
-}
-
 /* VEC_IO: K % 8 == 0, M % 16 == 0 and aligned bases: every 8-element row
  * access and 16-byte transposed store is whole or outside. */
 template <typename T, int MODE, bool VEC_IO>
@@ -182,7 +159,7 @@ block_kernel(const T *__restrict__ x, int64_t M, int64_t K, blk_out o, blk_scale
     }
     if (!o.qt) return;
     __syncthreads();
-    store_transposed(tile, o.qt, m0, k0, M, K, VEC_IO);
+    opf_dev_store_tile_t<BLK, BLK, THREADS>(tile, o.qt, m0, k0, M, K, VEC_IO);
 }
 
 /* ---- dequantize: fl(fp8(q) * scale_inv of its block) (1.5) --------------- */

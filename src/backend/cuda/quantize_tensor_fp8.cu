@@ -158,24 +158,7 @@ cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, scale_src s
     }
     if (amax) block_amax(key, amax, amax2);  /* has a barrier: the tile is complete after it */
     else __syncthreads();
-    /* Columnwise: row k of qt gets tile column k, 16 bytes (16 rows) a store;
-     * neighbouring lanes read neighbouring columns (no bank conflicts). */
-    for (int it = threadIdx.x; it < TILE_K * (TILE_M / 16); it += THREADS) {
-        int c = it % TILE_K, mc = it / TILE_K;
-        int64_t kc = k0 + c, m = m0 + mc * 16;
-        if (kc >= K || m >= M) continue;
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            w[j] = tile[mc * 16 + 4 * j][c] | tile[mc * 16 + 4 * j + 1][c] << 8 |
-                   tile[mc * 16 + 4 * j + 2][c] << 16 | (uint32_t)tile[mc * 16 + 4 * j + 3][c] << 24;
-        if (VEC_IO) {
-            *(uint4 *)(qt + kc * M + m) = make_uint4(w[0], w[1], w[2], w[3]);
-        } else {
-            const uint8_t *bb = (const uint8_t *)w;
-            for (int i = 0; i < 16 && m + i < M; i++) qt[kc * M + m + i] = bb[i];
-        }
-    }
+    opf_dev_store_tile_t<TILE_M, TILE_K, THREADS>(tile, qt, m0, k0, M, K, VEC_IO);
 }
 
 /* ---- dequantize ---------------------------------------------------------- */
