@@ -5,6 +5,10 @@
 #
 #     scripts/gpu.sh [LOGDIR]      default: build-gpu/logs
 #
+# A quicker partial run, for one kernel family while it is written:
+#     OPF_GPU_TESTS=REGEX   run only the cuda tests whose name matches (ctest -R)
+#     OPF_GPU_BENCH=0       skip the benchmarks and the peer
+#
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
 #     mkdir -p .deps && (cd .deps && apt-get download libcjson1 libcjson-dev \
@@ -44,10 +48,11 @@ ninja -C "$build" -j16 >"$logs/build.log" 2>&1 || { grep -E "error|Error" -A5 "$
 grep -E "warning" "$logs/build.log" | head -20
 
 step "ctest -L cuda"
-(cd "$build" && ctest -L cuda -V -j1) >"$logs/ctest.log" 2>&1
+(cd "$build" && ctest -L cuda ${OPF_GPU_TESTS:+-R "$OPF_GPU_TESTS"} -V -j1) >"$logs/ctest.log" 2>&1
 ctest_rc=$?
 grep -E "failed|FAIL|SKIP|tests passed|Passed|rel err" "$logs/ctest.log" | grep -v ", 0 failed" | tail -40
 
+[ "${OPF_GPU_BENCH:-1}" = 0 ] && exit "$ctest_rc"
 step "bench cuda"
 "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_opfuse.log"
 step "PyTorch peer and the table"
