@@ -292,4 +292,28 @@ __device__ __forceinline__ void opf_dev_store_tile_t(const uint8_t (&tile)[ROWS]
     }
 }
 
+/* Philox4x32-10 on the device, the same function as src/core/philox.c (the
+ * CPU's), so dropout, stochastic rounding and initial values draw the same
+ * words for the same (counter, key) on both devices. */
+__device__ __forceinline__ uint4 opf_dev_philox(uint4 c, uint2 k)
+{
+#pragma unroll
+    for (int r = 0; r < 10; r++) {
+        uint32_t hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+        uint32_t hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+        c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+        k.x += 0x9E3779B9u;
+        k.y += 0xBB67AE85u;
+    }
+    return c;
+}
+
+/* The words of counter `ctr` (a 64-bit index: counter {lo, hi, stream, 0})
+ * under the 64-bit seed, as the CPU kernels form them. */
+__device__ __forceinline__ uint4 opf_dev_philox_at(uint64_t seed, uint64_t ctr, uint32_t stream)
+{
+    return opf_dev_philox(make_uint4((uint32_t)ctr, (uint32_t)(ctr >> 32), stream, 0u),
+                          make_uint2((uint32_t)seed, (uint32_t)(seed >> 32)));
+}
+
 #endif
