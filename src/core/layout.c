@@ -81,8 +81,8 @@ typedef struct format_rule {
 static const format_rule format_rules[OPF_SCALING_COUNT] = {
     [OPF_SCALING_TENSOR]   = {OPF_E4M3, OPF_E5M2, 1},
     [OPF_SCALING_MXFP8]    = {OPF_E4M3, OPF_E5M2, 32},
-    [OPF_SCALING_BLOCK_1D] = {OPF_E4M3, OPF_E5M2, 16},
-    [OPF_SCALING_BLOCK_2D] = {OPF_E4M3, OPF_E5M2, 16},
+    [OPF_SCALING_BLOCK_1D] = {OPF_E4M3, OPF_E5M2, 1},
+    [OPF_SCALING_BLOCK_2D] = {OPF_E4M3, OPF_E5M2, 1},
     [OPF_SCALING_NVFP4_1D] = {OPF_E2M1, OPF_E2M1, 16},
     [OPF_SCALING_NVFP4_2D] = {OPF_E2M1, OPF_E2M1, 16},
 };

@@ -119,10 +119,18 @@ static void test_layout_errors(void)
     CHECK_FAILS(NULL, opf_spec_layout(&s, &L), OPF_ERR_SHAPE, "nvfp4", "16", "[40, 64]");
     s = qspec(48, 24, OPF_SCALING_NVFP4_2D, OPF_E2M1, 3);
     CHECK_FAILS(NULL, opf_spec_layout(&s, &L), OPF_ERR_SHAPE, "nvfp4-2d", "[48, 24]");
-    s = qspec(100, 128, OPF_SCALING_BLOCK_1D, OPF_E4M3, 3);
-    CHECK_FAILS(NULL, opf_spec_layout(&s, &L), OPF_ERR_SHAPE, "fp8-block1d", "[100, 128]");
-    s = qspec(128, 130, OPF_SCALING_BLOCK_2D, OPF_E4M3, 3);
-    CHECK_FAILS(NULL, opf_spec_layout(&s, &L), OPF_ERR_SHAPE, "fp8-block2d", "[128, 130]");
+    /* FP8 block scaling takes any shape: partial 1x128 blocks and 128x128
+     * tiles at the edges (numerics.md 3.5), scale grids rounded as in 4.2 */
+    s = qspec(303, 300, OPF_SCALING_BLOCK_1D, OPF_E4M3, 3);
+    CHECK_OK(NULL, opf_spec_layout(&s, &L));
+    CHECK(L.comp[OPF_COMP_SCALE_INV].rows == 3 && L.comp[OPF_COMP_SCALE_INV].cols == 304 &&
+          L.comp[OPF_COMP_COL_SCALE_INV].rows == 3 && L.comp[OPF_COMP_COL_SCALE_INV].cols == 300,
+          "block1d 303x300 scale grids");
+    s = qspec(305, 256, OPF_SCALING_BLOCK_2D, OPF_E4M3, 3);
+    CHECK_OK(NULL, opf_spec_layout(&s, &L));
+    CHECK(L.comp[OPF_COMP_SCALE_INV].rows == 3 && L.comp[OPF_COMP_SCALE_INV].cols == 4 &&
+          L.comp[OPF_COMP_COL_SCALE_INV].rows == 2 && L.comp[OPF_COMP_COL_SCALE_INV].cols == 4,
+          "block2d 305x256 scale grids");
     s = qspec(64, 64, OPF_SCALING_MXFP8, OPF_E2M1, 3);
     CHECK_FAILS(NULL, opf_spec_layout(&s, &L), OPF_ERR_DTYPE, "mxfp8", "e2m1");
     s = qspec(64, 64, OPF_SCALING_NVFP4_1D, OPF_E4M3, 3);

@@ -714,6 +714,10 @@ static void test_block_exact(opf_ctx *ctx)
         run_block_exact(ctx, L, false, false, 16, 16, 16, OPF_F32);
         run_block_exact(ctx, L, false, true, 48, 144, 272, OPF_BF16);
         run_block_exact(ctx, L, true, false, 144, 48, 160, OPF_F16);
+        /* any shape: partial 128-chunks of K and partial 128x128 tiles */
+        run_block_exact(ctx, L, false, false, 303, 305, 300, OPF_F32);
+        run_block_exact(ctx, L, false, true, 305, 303, 256, OPF_BF16);
+        run_block_exact(ctx, L, true, false, 303, 300, 305, OPF_F32);
     }
 }
 
@@ -826,6 +830,8 @@ static void test_block_random(opf_ctx *ctx)
         run_block_random(ctx, L, OPF_SCALING_BLOCK_1D, OPF_SCALING_BLOCK_1D, 48, 80, 400);
         run_block_random(ctx, L, OPF_SCALING_BLOCK_1D, OPF_SCALING_BLOCK_2D, 144, 272, 272);
         run_block_random(ctx, L, OPF_SCALING_BLOCK_2D, OPF_SCALING_BLOCK_1D, 272, 48, 144);
+        run_block_random(ctx, L, OPF_SCALING_BLOCK_1D, OPF_SCALING_BLOCK_2D, 303, 305, 300);
+        run_block_random(ctx, L, OPF_SCALING_BLOCK_2D, OPF_SCALING_BLOCK_1D, 305, 303, 256);
     }
 }
 
