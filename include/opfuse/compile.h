@@ -117,6 +117,7 @@ typedef enum opf_node_kind {
     OPF_NODE_EAGER_BACKWARD,
     OPF_NODE_GRAD_ADD,        /* two gradients of one channel summed */
     OPF_NODE_AMAX_UPDATE,     /* delayed scaling: amax history roll and new scales */
+    OPF_NODE_RECOMPUTE,       /* a recompute span: keep or restore its Philox offset and scales */
     OPF_NODE_KIND_COUNT
 } opf_node_kind;
 

@@ -102,6 +102,27 @@ OPF_API opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy,
  * forward with an equal recipe keeps that state. */
 OPF_API opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe);
 
+/* ---- activation recompute ---------------------------------------------------------
+ * Marks basic ops [first, first + count) as a recompute span (the anchor's
+ * activation checkpointing). The span becomes a fuser group of its own.
+ * Its forward keeps only its input; the backward re-runs the span's forward
+ * (the same plans, kwargs, Philox offsets and delayed-scaling scales, so the
+ * same bits) and then its backward. Eager and compiled alike: a compiled
+ * graph re-runs the span's nodes in its backward graph, and its memory plan
+ * no longer keeps the span's saved tensors across the two.
+ * The span is held by its first and last op: ops inserted between them join
+ * it; removing either drops it. Spans must not overlap, hold only fusible
+ * ops, and read no public extra input (OPF_ERR_INVALID_ARG at the next
+ * forward); a channel must not cross a span's edge (it is a group edge).
+ * Kwargs given to a span's ops must stay valid until the backward.
+ * OPF_ERR_STATE while a backward is pending. */
+OPF_API opf_status opf_seq_set_recompute(opf_seq *seq, int first, int count);
+/* Drops every recompute span (OPF_ERR_STATE while a backward is pending). */
+OPF_API opf_status opf_seq_clear_recompute(opf_seq *seq);
+/* The number of recompute spans; span i's range in *first, *count. */
+OPF_API int opf_seq_num_recompute(const opf_seq *seq);
+OPF_API opf_status opf_seq_recompute_span(const opf_seq *seq, int i, int *first, int *count);
+
 /* Drops the saved state of a forward whose backward will not run. */
 OPF_API void opf_seq_discard(opf_seq *seq);
 

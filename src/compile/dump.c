@@ -61,6 +61,7 @@ static const char *node_name(const opf_gnode *n)
     if (n->op) return n->op->name;
     return n->kind == OPF_NODE_GRAD_ADD ? "(sum of two gradients of one channel)"
          : n->kind == OPF_NODE_AMAX_UPDATE ? "(delayed scaling: amax history roll, new scales)"
+         : n->kind == OPF_NODE_RECOMPUTE ? "(recompute span: Philox offset and scales)"
          : "";
 }
 

@@ -20,7 +20,8 @@ opf_compile_options opf_compile_options_default(void)
 const char *opf_node_kind_name(opf_node_kind k)
 {
     static const char *const names[] = {"forward", "backward", "eager_forward", "eager_backward",
-                                        "grad_add", "amax_update"};
+                                        "grad_add", "amax_update", "recompute"};
+    _Static_assert(sizeof names / sizeof names[0] == OPF_NODE_KIND_COUNT, "node kind names");
     return (unsigned)k < OPF_NODE_KIND_COUNT ? names[k] : "?";
 }
 
@@ -366,6 +367,7 @@ static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call
     case OPF_NODE_EAGER_BACKWARD: st = run_eager_backward(g, n); break;
     case OPF_NODE_GRAD_ADD: st = opf_grad_sum(ctx, &n->t[1], &n->t[2], &n->t[0]); break;
     case OPF_NODE_AMAX_UPDATE: opf_seq_update_delayed(g->seq, n->backward); break;
+    case OPF_NODE_RECOMPUTE: st = opf_seq_recompute_state(g->seq, n->first, (opf_rc_phase)n->rc_phase); break;
     default: break;
     }
     opf_ctx_scratch_pop(ctx, mark);

@@ -256,6 +256,7 @@ typedef struct trace_state {
     opf_graph   *g;
     const opf_seq_call *call;
     opf_op_ctx  *probe;               /* [n] real contexts of eager forwards */
+    bool         backward;            /* tracing the backward (a recompute span's re-run) */
 } trace_state;
 
 /* Turns n into an eager node of op with its outputs then its inputs in n->t
@@ -400,6 +401,7 @@ static opf_status trace_forward(opf_walker *w, const opf_plan_entry *e, const op
     opf_gnode *n = new_node(g, OPF_NODE_FORWARD, op, first, e->count);
     if (!n) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
     n->x_val = tensor_val(env.x);
+    n->backward = ts->backward;
     const char *reason = eager_reason(g, op, first, e->count, false, ts->call);
     opf_status st = OPF_OK;
     if (!reason) {  /* trace on tags */
@@ -526,7 +528,21 @@ static opf_status trace_backward(opf_walker *w, const opf_plan_entry *e, const o
     return OPF_OK;
 }
 
-static const opf_walk_i trace_walk = {trace_forward, trace_backward, trace_add_grad};
+/* Recompute: the state phases become nodes (the Philox offset and scales
+ * are read and set when the graph runs); DROP needs none: the backward
+ * nodes read the re-run's values, so the forward's die with the forward. */
+static opf_status trace_recompute(opf_walker *w, int grp, opf_rc_phase phase)
+{
+    trace_state *ts = w->user;
+    if (phase == OPF_RC_DROP) return OPF_OK;
+    opf_gnode *n = new_node(ts->g, OPF_NODE_RECOMPUTE, NULL, grp, 0);
+    if (!n) return opf_error(ts->g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    n->backward = phase != OPF_RC_MARK;
+    n->rc_phase = (int)phase;
+    return OPF_OK;
+}
+
+static const opf_walk_i trace_walk = {trace_forward, trace_backward, trace_add_grad, trace_recompute};
 
 static opf_status add_update(opf_graph *g, bool backward)
 {
@@ -646,6 +662,7 @@ opf_status opf_graph_trace(opf_graph *g, const opf_spec *x, const opf_seq_call *
         }
         opf_tensor dyt, dxt;
         tag_tensor(g, g->dy_val, &dyt);
+        ts.backward = true;
         if ((st = opf_walk_backward(&w, &dyt, eout, &dxt, dext))) goto done;
         g->dx_val = g->first_req == 0 ? tensor_val(&dxt) : -1;
         if (g->dx_val >= 0) g->vals[g->dx_val].keep = true;

@@ -85,7 +85,8 @@ opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe)
 
 static void release_pending(opf_seq *seq)
 {
-    for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]);
+    for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]), seq->rc_kw[i] = NULL;
+    for (int g = 0; g < seq->n_groups; g++) opf_tensor_release(&seq->groups[g].rc_x);
     for (int i = 0; i < seq->n * OPF_OP_MAX_EXTRA; i++) {
         opf_tensor_release(&seq->chan[i]);
         opf_tensor_release(&seq->chan_grad[i]);
@@ -179,7 +180,20 @@ static opf_status run_backward(opf_walker *w, const opf_plan_entry *e, const opf
     return opf_op_backward(e->op, &w->seq->octx[e->first], env, dx, dextra_in);
 }
 
-static const opf_walk_i eager_walk = {run_forward, run_backward, add_grad};
+/* Recompute (recompute.c): MARK keeps the forward's kwargs for the re-run,
+ * DROP frees what the span's ops saved. */
+static opf_status run_recompute(opf_walker *w, int g, opf_rc_phase phase)
+{
+    opf_seq *seq = w->seq;
+    const opf_group *gr = &seq->groups[g];
+    for (int i = gr->first; i < gr->first + gr->count; i++) {
+        if (phase == OPF_RC_MARK) seq->rc_kw[i] = w->kwargs ? w->kwargs[i] : NULL;
+        if (phase == OPF_RC_DROP) opf_op_ctx_clear(&seq->octx[i]);
+    }
+    return opf_seq_recompute_state(seq, g, phase);
+}
+
+static const opf_walk_i eager_walk = {run_forward, run_backward, add_grad, run_recompute};
 
 opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
                            opf_tensor *y, opf_tensor *extra_out)
@@ -219,7 +233,7 @@ opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor
                          "%s: no forward awaits a backward (run opf_seq_forward with requires_grad "
                          "first; each forward allows one backward)", fn);
     opf_walker w = {.seq = seq, .vt = &eager_walk, .first_req = seq->first_req,
-                    .chan = seq->chan, .chan_grad = seq->chan_grad};
+                    .kwargs = seq->rc_kw, .chan = seq->chan, .chan_grad = seq->chan_grad};
     opf_tensor d;
     opf_status st = opf_walk_backward(&w, dy, dextra_out, &d, dextra_in);
     if (st) {

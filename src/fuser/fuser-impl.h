@@ -17,7 +17,19 @@ typedef struct opf_group {
     int             first, count;  /* basic ops [first, first + count) */
     opf_plan_entry *fwd, *bwd;     /* plans (count entries at most): the current slot's */
     int             n_fwd, n_bwd;
+    /* activation recompute (recompute.c): rc the span it is, or -1 */
+    int             rc;
+    opf_tensor      rc_x;          /* the span's input, kept from forward to backward */
+    uint64_t        rc_rng[2];     /* Philox offset at the span's forward; at the re-run */
+    float          *rc_state;      /* delayed-scaling state: [2][rc_floats], the forward's, the current */
+    size_t          rc_floats;
 } opf_group;
+
+/* A recompute span, by its first and last op (recompute.c). */
+enum { OPF_RC_MAX = 64 };
+typedef struct opf_rc_span {
+    opf_op *first, *last;
+} opf_rc_span;
 
 /* One cached set of plans (every group's forward and backward) and the
  * fused ops they use. The plan cache keeps a few, keyed by the first op
@@ -65,6 +77,11 @@ struct opf_seq {
     /* fusions */
     bool            fusions;                  /* on unless opf_seq_set_fusions(false) */
     bool            first_forward_done;       /* pre_first_forward ran */
+    /* activation recompute */
+    opf_rc_span     rc[OPF_RC_MAX];
+    int             n_rc;
+    int            *rc_of;                    /* [n] span of each op, or -1 (built) */
+    const void    **rc_kw;                    /* [n] the kwargs of the forward a span re-runs */
     /* bumped whenever the ops' recipe state is rebuilt or the seq changes:
      * a compiled graph that baked quantizer state checks it */
     uint64_t        epoch;
@@ -80,6 +97,29 @@ void opf_seq_drop_plans(opf_seq *seq, bool free_slots);
 int opf_seq_take_fused(opf_seq *seq, opf_op ***ops);
 /* Points the groups at the plans for first_req: cached, or built now. */
 opf_status opf_seq_use_plans(opf_seq *seq, int first_req);
+
+/* recompute.c */
+typedef enum opf_rc_phase {
+    OPF_RC_MARK = 0,   /* forward, at the span's start: keep the Philox offset and scales */
+    OPF_RC_ENTER = 1,  /* backward, before the re-run: put them back, keep the current ones */
+    OPF_RC_LEAVE = 2,  /* backward, after the re-run: restore the current ones */
+    OPF_RC_DROP = 3,   /* forward, after the span: drop what its ops saved (visitors only) */
+} opf_rc_phase;
+/* The state part of a phase of group g's recompute (eager and compiled;
+ * nothing for OPF_RC_DROP). */
+opf_status opf_seq_recompute_state(opf_seq *seq, int g, opf_rc_phase phase);
+/* rc_of from the spans (-1 everywhere without one); refuses a span that
+ * holds a non-fusible op. At build, before the groups. */
+opf_status opf_seq_resolve_recompute(opf_seq *seq);
+/* Refuses a span that reads a public extra input. At build, after the
+ * groups (and their channels); sets each group's rc. */
+opf_status opf_seq_check_recompute(opf_seq *seq);
+/* True when basic ops a and b (adjacent) lie in different spans or one in none. */
+bool opf_seq_rc_edge(const opf_seq *seq, int a, int b);
+/* Releases the recompute state of every group (at unbuild). */
+void opf_seq_rc_release(opf_seq *seq);
+/* Drops the spans that name op (it leaves the seq). */
+void opf_seq_rc_forget(opf_seq *seq, const opf_op *op);
 
 /* seq.c: groups, channels, plans. */
 opf_status opf_seq_build(opf_seq *seq);

@@ -27,6 +27,7 @@ void opf_seq_unbuild(opf_seq *seq)
         }
     if (seq->octx)
         for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]);
+    opf_seq_rc_release(seq);
     opf_seq_drop_plans(seq, true);
     /* the arrays of opf_seq_build, sized by the n it saw (unbuild runs
      * before every change of n) */
@@ -38,6 +39,9 @@ void opf_seq_unbuild(opf_seq *seq)
     opf_ctx_free(ctx, seq->out_pub, ne * sizeof *seq->out_pub);
     opf_ctx_free(ctx, seq->chan, ne * sizeof *seq->chan);
     opf_ctx_free(ctx, seq->chan_grad, ne * sizeof *seq->chan_grad);
+    opf_ctx_free(ctx, seq->rc_of, n * sizeof *seq->rc_of);
+    opf_ctx_free(ctx, (void *)seq->rc_kw, n * sizeof *seq->rc_kw);
+    seq->rc_of = NULL, seq->rc_kw = NULL;
     seq->groups = NULL, seq->octx = NULL, seq->in_src = NULL, seq->out_pub = NULL;
     seq->chan = seq->chan_grad = NULL;
     seq->n_groups = 0;
@@ -114,6 +118,7 @@ opf_status opf_seq_remove(opf_seq *seq, int index, opf_op **out)
                          seq->n - 1);
     opf_seq_unbuild(seq);
     opf_op *op = seq->ops[index];
+    opf_seq_rc_forget(seq, op);
     memmove(seq->ops + index, seq->ops + index + 1, sizeof *seq->ops * (size_t)(seq->n - index - 1));
     seq->n--;
     op->locked = false;
@@ -199,6 +204,7 @@ static opf_status add_group(opf_seq *seq, int first, int end)
     opf_group *g = &seq->groups[seq->n_groups++];
     g->first = first;
     g->count = end - first;
+    g->rc = -1;
     return resolve_channels(seq, first, end);
 }
 
@@ -213,17 +219,22 @@ opf_status opf_seq_build(opf_seq *seq)
     seq->out_pub = opf_ctx_calloc(ctx, ne, sizeof *seq->out_pub);
     seq->chan = opf_ctx_calloc(ctx, ne, sizeof *seq->chan);
     seq->chan_grad = opf_ctx_calloc(ctx, ne, sizeof *seq->chan_grad);
+    seq->rc_of = opf_ctx_calloc(ctx, (size_t)(seq->n ? seq->n : 1), sizeof *seq->rc_of);
+    seq->rc_kw = opf_ctx_calloc(ctx, (size_t)(seq->n ? seq->n : 1), sizeof *seq->rc_kw);
     seq->n_pub_in = seq->n_pub_out = 0;
     opf_status st = OPF_OK;
-    if (!seq->groups || !seq->octx || !seq->in_src || !seq->out_pub || !seq->chan || !seq->chan_grad)
+    if (!seq->groups || !seq->octx || !seq->in_src || !seq->out_pub || !seq->chan || !seq->chan_grad ||
+        !seq->rc_of || !seq->rc_kw)
         st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
+    if (!st) st = opf_seq_resolve_recompute(seq);
     for (int i = 0; !st && i < seq->n;) {
-        int end = i + 1;
+        int end = i + 1;  /* a recompute span's edges are group edges */
         if (seq->ops[i]->cls->fusible)
-            while (end < seq->n && seq->ops[end]->cls->fusible) end++;
+            while (end < seq->n && seq->ops[end]->cls->fusible && !opf_seq_rc_edge(seq, end - 1, end)) end++;
         st = add_group(seq, i, end);
         i = end;
     }
+    if (!st) st = opf_seq_check_recompute(seq);
     if (st) {
         opf_seq_unbuild(seq);
         return st;

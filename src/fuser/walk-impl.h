@@ -26,6 +26,10 @@ typedef struct opf_walk_i {
                            opf_tensor *dx, opf_tensor *dextra_in);
     /* *acc += *g for channel gradients (acc empty: it takes g). */
     opf_status (*add_grad)(opf_walker *w, opf_tensor *acc, const opf_tensor *g);
+    /* A phase of recompute group g (fuser-impl.h): the state part
+     * (opf_seq_recompute_state, now or as a graph node), and for DROP what
+     * the span's ops saved. MARK also keeps the kwargs of the forward. */
+    opf_status (*recompute)(opf_walker *w, int g, opf_rc_phase phase);
 } opf_walk_i;
 
 struct opf_walker {

@@ -86,15 +86,49 @@ static opf_status forward_entry(opf_walker *w, const opf_plan_entry *e, opf_tens
     return OPF_OK;
 }
 
+/* A recompute group whose backward runs: its forward keeps only its input. */
+static bool recomputed(const opf_walker *w, const opf_group *gr)
+{
+    return gr->rc >= 0 && gr->first + gr->count - 1 >= w->first_req;
+}
+
+/* Group g's forward plan from *cur; a recompute group keeps its input and
+ * drops what its ops saved. */
+static opf_status forward_group(opf_walker *w, int g, opf_tensor *cur)
+{
+    opf_group *gr = &w->seq->groups[g];
+    bool rc = recomputed(w, gr);
+    opf_status st = rc ? w->vt->recompute(w, g, OPF_RC_MARK) : OPF_OK;
+    if (rc && !st) {
+        opf_tensor_release(&gr->rc_x);
+        opf_tensor_retain(cur, &gr->rc_x);
+    }
+    for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(w, &gr->fwd[k], cur);
+    if (rc && !st) st = w->vt->recompute(w, g, OPF_RC_DROP);
+    return st;
+}
+
+/* Group g's forward again from its kept input, its output dropped, with the
+ * forward's Philox offset and scales (recompute.c). */
+static opf_status rerun_group(opf_walker *w, int g)
+{
+    opf_group *gr = &w->seq->groups[g];
+    opf_tensor cur;
+    opf_tensor_retain(&gr->rc_x, &cur);
+    opf_status st = w->vt->recompute(w, g, OPF_RC_ENTER);
+    for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(w, &gr->fwd[k], &cur);
+    opf_status st2 = w->vt->recompute(w, g, OPF_RC_LEAVE);
+    opf_tensor_release(&cur);
+    opf_tensor_release(&gr->rc_x);
+    return st ? st : st2;
+}
+
 opf_status opf_walk_forward(opf_walker *w, const opf_tensor *x, opf_tensor *y)
 {
     opf_tensor cur;
     opf_tensor_retain(x, &cur);
     opf_status st = OPF_OK;
-    for (int g = 0; g < w->seq->n_groups && !st; g++) {
-        const opf_group *gr = &w->seq->groups[g];
-        for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(w, &gr->fwd[k], &cur);
-    }
+    for (int g = 0; g < w->seq->n_groups && !st; g++) st = forward_group(w, g, &cur);
     if (st) {
         opf_tensor_release(&cur);
         return st;
@@ -178,6 +212,7 @@ opf_status opf_walk_backward(opf_walker *w, const opf_tensor *dy, const opf_tens
     opf_status st = OPF_OK;
     for (int g = seq->n_groups - 1; g >= 0 && !st; g--) {
         const opf_group *gr = &seq->groups[g];
+        if (recomputed(w, gr)) st = rerun_group(w, g);
         for (int k = gr->n_bwd - 1; k >= 0 && !st; k--) {
             const opf_plan_entry *e = &gr->bwd[k];
             if (e->first + e->count - 1 < w->first_req) {  /* early stop: nothing before needs gradients */
