@@ -41,7 +41,10 @@ typedef void (*opf_warn_fn)(void *user, const char *msg);
 typedef struct opf_ctx_options {
     opf_device     device;         /* OPF_DEVICE_CPU */
     int            device_index;   /* 0 */
-    bool           deterministic;  /* same bits across runs and thread counts (CPU always) */
+    bool           deterministic;  /* same bits across runs and thread counts (CPU always);
+                                      where a device cannot honour it, opf_ctx_create fails
+                                      with OPF_ERR_UNSUPPORTED and one message listing what
+                                      the request needs */
     uint64_t       seed;           /* Philox key; 0 */
     uint64_t       offset;         /* Philox counter start; 0 */
     int            num_threads;    /* OpenMP threads for element-wise kernels; 0 = default */

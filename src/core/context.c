@@ -92,6 +92,15 @@ opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
     c->warn_user = o.warn_user;
     opf_status st = rt ? device_init(c, rt) : OPF_OK;
     if (st) return st;
+    /* the CPU's kernels are deterministic by construction (fixed tiles and
+     * reduction orders, whatever the thread count); a device says what its
+     * request needs */
+    const char *needs = rt && o.deterministic && rt->determinism_needs ? rt->determinism_needs(c) : NULL;
+    if (needs) {
+        opf_ctx_destroy(c);
+        return opf_error(NULL, OPF_ERR_UNSUPPORTED, "opf_ctx_create: deterministic mode on %s "
+                         "cannot be honoured: it needs %s", opf_device_name(o.device), needs);
+    }
     *out = c;
     return OPF_OK;
 }

@@ -40,6 +40,12 @@ typedef struct opf_device_runtime {
     opf_status (*memset)(opf_ctx *ctx, void *dst, int value, size_t bytes);
     /* Waits for everything queued for ctx. */
     opf_status (*sync)(opf_ctx *ctx);
+    /* The determinism request (opf_ctx_options.deterministic): NULL when
+     * every kernel of the device can give the same bits run to run (its
+     * non-deterministic variants, atomics in sums or split-K GEMMs, then
+     * read opf_ctx_deterministic and stay off), else one sentence listing
+     * what the request needs that this machine lacks. NULL entry: honoured. */
+    const char *(*determinism_needs)(opf_ctx *ctx);
 } opf_device_runtime;
 
 /* The runtime of dev; NULL for the CPU and for a device this build lacks.
