@@ -29,6 +29,9 @@
  *    rounded to fp32. dx_j = fl(expf(x_j - lse_r) - [j == tgt_r]) * g with
  *    g = fl(dloss / count); ignored rows get 0.
  *  - sumsq: the sum of x_i^2 in double, in element order.
+ * expf and logf are the C library's (glibc on the reference machines); the
+ * CUDA kernels (cuda/nn.cu) carry ports of glibc's and match every bit, but
+ * NaN outputs are NaN without the CPU's NaN payload bits.
  *
  * Usage (attention forward over qkv [B, T, 3C]):
  *   be->nn->attn_fwd(ctx, qkv, o, lse, B, T, H, C / H);

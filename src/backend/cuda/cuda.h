@@ -119,6 +119,16 @@ opf_status opf_cuda_gemm(opf_ctx *, const struct opf_gemm_args *);
 /* Drops the cached cuBLASLt algorithm choices (one per shape). */
 void opf_cuda_gemm_clear_cache(opf_ctx *ctx);
 
+/* ---- nn: embedding, attention, cross-entropy, sumsq (nn.cu); grouped GEMM
+ * (grouped_gemm.cu) ------------------------------------------------------- */
+extern const struct opf_nn_kernels opf_cuda_nn;
+/* GroupedLinear's GEMMs, as opf_grouped_gemm_kernel (backend-impl.h). */
+opf_status opf_cuda_grouped_gemm(opf_ctx *, int, const struct opf_gemm_args *);
+/* For tests: y[i] = expf or logf (as the nn kernels compute them) of the
+ * float whose bits are first + i * stride (mod 2^32), i < n; y on the device. */
+opf_status opf_cuda_nn_math(opf_ctx *ctx, bool log, uint32_t first, uint32_t stride, int64_t n,
+                            float *y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,688 @@
+/* nn.cu: backend/nn.h on the GPU (embedding, causal attention, softmax
+ * cross-entropy, sum of squares), bit for bit with src/backend/cpu/nn.c.
+ *
+ * Every fp32 operation is an explicit round-to-nearest intrinsic (__fadd_rn,
+ * __fmul_rn...), so nvcc contracts nothing the CPU (built with
+ * -ffp-contract=off) does not. Every sum nn.h orders is one thread's
+ * sequential chain in that order; the work around it is parallel:
+ *  - embed_bwd: the rows are sorted by token with CUB's stable radix sort,
+ *    so each token's rows are one run in increasing r; a thread per (token,
+ *    column) walks its run. dwpe: a thread per (t, column) walks b.
+ *  - attention: a warp per (batch, head, query row). Its lanes compute the
+ *    scores of 32 keys at once (each dot a lane's sequential sum over d),
+ *    the running max of the online softmax is a warp scan (exact: a max of
+ *    the same values; NaN scores never become the max, as on the CPU), so
+ *    c and p are parallel; only l and acc_d, lanes over d, step through the
+ *    keys in order. The backward: dq by a warp per query row, dk and dv by a
+ *    warp per key row (queries i = j..T-1 in order), both from the same
+ *    recomputed p and ds.
+ *  - cross-entropy: a warp per row; the exponentials are parallel, the sum
+ *    of e is one lane-uniform chain in j order. The loss: one block adds
+ *    the rows in order in double.
+ *  - sumsq: a thread per 4096-value chunk of the CPU (staged through shared
+ *    memory for coalesced loads), then one thread adds the chunks in order.
+ *
+ * expf and logf are ports of the glibc functions the CPU reference calls
+ * (glibc 2.28 and later, the same algorithms as ARM's optimized-routines:
+ * a 32-entry 2^(i/32) table and a cubic in double for expf; a 16-entry
+ * table and a cubic for logf), with the fused multiply-adds of glibc's
+ * x86-64 FMA build (chosen on every CPU with FMA): identical to that libm
+ * on all 2^32 inputs (checked exhaustively), NaN payloads aside.
+ * test_cuda_nn compares them with the host's libm on the GPU.
+ *
+ * NaN inputs give NaN outputs where the CPU's do, but not the same NaN bits
+ * (the GPU's arithmetic returns its canonical NaN, x86 propagates payloads).
+ * The embedding forward checks its tokens on the device and reads the first
+ * bad row back: one host synchronization per call, which the contract's
+ * error needs. */
+#include <cub/cub.cuh>
+
+#include "backend/cuda/cuda-impl.h"
+
+enum {
+    SUMSQ_CHUNK = 4096,     /* the CPU's chunk (nn.c) */
+    WARPS = 4,              /* warps per block of the warp-per-row kernels */
+    DCHUNK = 256,           /* head dims per pass of a warp: 8 per lane */
+    DPL = DCHUNK / 32,
+};
+#define FULL 0xFFFFFFFFu
+
+/* ---- expf / logf, as glibc computes them ---------------------------------- */
+
+__device__ const uint64_t nn_exp2_tab[32] = {
+    0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
+    0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
+    0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
+    0x3feebfdad5362a27ull, 0x3feeb42b569d4f82ull, 0x3feeab07dd485429ull, 0x3feea47eb03a5585ull,
+    0x3feea09e667f3bcdull, 0x3fee9f75e8ec5f74ull, 0x3feea11473eb0187ull, 0x3feea589994cce13ull,
+    0x3feeace5422aa0dbull, 0x3feeb737b0cdc5e5ull, 0x3feec49182a3f090ull, 0x3feed503b23e255dull,
+    0x3feee89f995ad3adull, 0x3feeff76f2fb5e47ull, 0x3fef199bdd85529cull, 0x3fef3720dcef9069ull,
+    0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
+};
+
+/* {1/c, log(c)} of the 16 subintervals of [0x1.66p-1, 0x1.66p0). */
+__device__ const double nn_log_tab[16][2] = {
+    {0x1.661ec79f8f3bep+0, -0x1.57bf7808caadep-2}, {0x1.571ed4aaf883dp+0, -0x1.2bef0a7c06ddbp-2},
+    {0x1.49539f0f010b0p+0, -0x1.01eae7f513a67p-2}, {0x1.3c995b0b80385p+0, -0x1.b31d8a68224e9p-3},
+    {0x1.30d190c8864a5p+0, -0x1.6574f0ac07758p-3}, {0x1.25e227b0b8ea0p+0, -0x1.1aa2bc79c8100p-3},
+    {0x1.1bb4a4a1a343fp+0, -0x1.a4e76ce8c0e5ep-4}, {0x1.12358f08ae5bap+0, -0x1.1973c5a611cccp-4},
+    {0x1.0953f419900a7p+0, -0x1.252f438e10c1ep-5}, {0x1.0000000000000p+0, 0x0.0p+0},
+    {0x1.e608cfd9a47acp-1, 0x1.aa5aa5df25984p-5}, {0x1.ca4b31f026aa0p-1, 0x1.c5e53aa362eb4p-4},
+    {0x1.b2036576afce6p-1, 0x1.526e57720db08p-3}, {0x1.9c2d163a1aa2dp-1, 0x1.bc2860d224770p-3},
+    {0x1.886e6037841edp-1, 0x1.1058bc8a07ee1p-2}, {0x1.767dcf5534862p-1, 0x1.4043057b6ee09p-2},
+};
+
+/* e^x = 2^(k/32) 2^(r/32), x*32/ln2 = k + r, |r| <= 1/2. */
+__device__ __forceinline__ float nn_expf(float x)
+{
+    const double inv_ln2_n = 0x1.71547652b82fep+5, shift = 0x1.8p+52;
+    unsigned top = __float_as_uint(x) >> 20 & 0x7ffu;
+    if (top >= 0x42bu) {  /* |x| >= 88, inf or NaN */
+        if (__float_as_uint(x) == 0xff800000u) return 0.0f;
+        if (top >= 0x7f8u) return __fadd_rn(x, x);
+        if (x > 0x1.62e42ep6f) return INFINITY;
+        if (x < -0x1.9fe368p6f) return 0.0f;
+    }
+    double xd = (double)x;
+    double kd = __fma_rn(inv_ln2_n, xd, shift);  /* rounds x*32/ln2 to an integer */
+    uint64_t ki = (uint64_t)__double_as_longlong(kd);
+    kd = __dsub_rn(kd, shift);
+    double r = __fma_rn(inv_ln2_n, xd, -kd);
+    double s = __longlong_as_double((long long)(nn_exp2_tab[ki % 32] + (ki << 47)));
+    double z = __fma_rn(0x1.c6af84b912394p-20, r, 0x1.ebfce50fac4f3p-13);
+    double r2 = __dmul_rn(r, r);
+    double y = __fma_rn(0x1.62e42ff0c52d6p-6, r, 1.0);
+    y = __fma_rn(z, r2, y);
+    return __double2float_rn(__dmul_rn(y, s));
+}
+
+/* log x = log1p(z/c - 1) + log c + k ln2, x = 2^k z. */
+__device__ __forceinline__ float nn_logf(float x)
+{
+    unsigned ix = __float_as_uint(x);
+    if (ix == 0x3f800000u) return 0.0f;
+    if (ix - 0x00800000u >= 0x7f800000u - 0x00800000u) {  /* subnormal, 0, negative, inf, NaN */
+        if (ix * 2 == 0) return -INFINITY;
+        if (ix == 0x7f800000u) return x;
+        if ((ix & 0x80000000u) || ix * 2 >= 0xff000000u) return __int_as_float(0x7fffffff);
+        ix = __float_as_uint(__fmul_rn(x, 0x1p23f)) - (23u << 23);
+    }
+    unsigned tmp = ix - 0x3f330000u;
+    int i = (int)(tmp >> 19 & 15u), k = (int)tmp >> 23;
+    double invc = nn_log_tab[i][0], logc = nn_log_tab[i][1];
+    double z = (double)__uint_as_float(ix - (tmp & 0xff800000u));
+    double r = __fma_rn(z, invc, -1.0);
+    double y0 = __fma_rn((double)k, 0x1.62e42fefa39efp-1, logc);
+    double r2 = __dmul_rn(r, r);
+    double y = __fma_rn(0x1.5575b0be00b6ap-2, r, -0x1.ffffef20a4123p-2);
+    y = __fma_rn(-0x1.00ea348b88334p-2, r2, y);
+    y = __fma_rn(y, r2, __dadd_rn(y0, r));
+    return __double2float_rn(y);
+}
+
+static __global__ void math_kernel(bool log, uint32_t first, uint32_t stride, int64_t n, float *y)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float x = __uint_as_float(first + (uint32_t)i * stride);
+        y[i] = log ? nn_logf(x) : nn_expf(x);
+    }
+}
+
+extern "C" opf_status opf_cuda_nn_math(opf_ctx *ctx, bool log, uint32_t first, uint32_t stride,
+                                       int64_t n, float *y)
+{
+    const char *fn = "nn math (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (n <= 0) return OPF_OK;
+    math_kernel<<<opf_cuda_grid(s, n, 256), 256, 0, s->stream>>>(log, first, stride, n, y);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* ---- shared pieces ------------------------------------------------------- */
+
+/* nn.c's dot: s += a[d] * b[d] from 0, in d order. */
+__device__ __forceinline__ float nn_dot(const float *a, const float *b, int64_t n)
+{
+    float s = 0.0f;
+    for (int64_t d = 0; d < n; d++) s = __fadd_rn(s, __fmul_rn(__ldg(a + d), __ldg(b + d)));
+    return s;
+}
+
+/* The warp of thread t of a warp-per-item kernel, and its lane. */
+__device__ __forceinline__ int64_t nn_warp_id(void)
+{
+    return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+}
+__device__ __forceinline__ int nn_lane(void) { return (int)(threadIdx.x & 31); }
+
+static unsigned warp_grid(int64_t warps) { return (unsigned)((warps + WARPS - 1) / WARPS); }
+
+/* The CPU's running max `m = s > m ? s : m` after each lane's key, from
+ * m_before (the max before lane 0's key). s > m is false for a NaN s, so a
+ * NaN key counts as -inf; among equal values the earlier stays, so the scan
+ * combines (earlier, later) the same way and gives the CPU's bits. */
+__device__ __forceinline__ float nn_running_max(float s, float m_before, int lane)
+{
+    float x = isnan(s) ? -INFINITY : s;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        float y = __shfl_up_sync(FULL, x, o);
+        if (lane >= o) x = x > y ? x : y;
+    }
+    return x > m_before ? x : m_before;
+}
+
+/* ---- embedding ------------------------------------------------------------ */
+
+/* The lowest row holding a token outside [0, V) into *bad (ULLONG_MAX when none). */
+static __global__ void embed_check_kernel(const int32_t *tok, int64_t rows, int64_t V,
+                                          unsigned long long *bad)
+{
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x)
+        if (tok[r] < 0 || tok[r] >= V) atomicMin(bad, (unsigned long long)r);
+}
+
+static __global__ void embed_fwd_kernel(const int32_t *tok, const float *wte, const float *wpe,
+                                        float *y, int64_t rows, int64_t T, int64_t C)
+{
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *e = wte + (int64_t)tok[r] * C, *p = wpe + (r % T) * C;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[r * C + c] = __fadd_rn(e[c], p[c]);
+    }
+}
+
+static opf_status embed_fwd(opf_ctx *ctx, const int32_t *tok, const float *wte, const float *wpe,
+                            float *y, int64_t rows, int64_t T, int64_t C, int64_t V)
+{
+    const char *fn = "embedding forward (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (rows <= 0) return OPF_OK;
+    void *ws;
+    opf_status st = opf_cuda_scratch(ctx, s, 16, &ws);
+    if (st) return st;
+    unsigned long long *bad = (unsigned long long *)ws, row;
+    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(bad, 0xFF, sizeof row, s->stream));
+    embed_check_kernel<<<opf_cuda_grid(s, rows, 256), 256, 0, s->stream>>>(tok, rows, V, bad);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    if ((st = opf_cuda_copy(ctx, &row, bad, sizeof row, OPF_CUDA_D2H))) return st;
+    if (row != ~0ull) {
+        int32_t id;
+        if ((st = opf_cuda_copy(ctx, &id, tok + row, sizeof id, OPF_CUDA_D2H))) return st;
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "embedding: token %d at row %lld is outside "
+                         "the vocabulary [0, %lld)", (int)id, (long long)row, (long long)V);
+    }
+    if (C <= 0) return OPF_OK;
+    unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
+    embed_fwd_kernel<<<grid, 256, 0, s->stream>>>(tok, wte, wpe, y, rows, T, C);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+static __global__ void iota_kernel(uint32_t *v, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        v[i] = (uint32_t)i;
+}
+
+/* Block p: when sorted position p starts a run of one token, the run's
+ * rows (increasing r, the sort being stable) summed per column. */
+static __global__ void embed_dwte_kernel(const uint32_t *tok_sorted, const uint32_t *row_sorted,
+                                         const float *dy, float *dwte, int64_t rows, int64_t C)
+{
+    int64_t p = blockIdx.x;
+    uint32_t v = tok_sorted[p];
+    if (p > 0 && tok_sorted[p - 1] == v) return;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t q = p; q < rows && tok_sorted[q] == v; q++)
+            acc = __fadd_rn(acc, dy[(int64_t)row_sorted[q] * C + c]);
+        dwte[(int64_t)v * C + c] = acc;
+    }
+}
+
+static __global__ void embed_dwpe_kernel(const float *dy, float *dwpe, int64_t rows, int64_t T,
+                                         int64_t C)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * C;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t r = i / C; r < rows; r += T) acc = __fadd_rn(acc, dy[r * C + i % C]);
+        dwpe[i] = acc;
+    }
+}
+
+static size_t pad256(size_t n) { return (n + 255) / 256 * 256; }
+
+static int bits_for(int64_t V)
+{
+    int b = 1;
+    while (b < 32 && ((int64_t)1 << b) < V) b++;
+    return b;
+}
+
+static opf_status embed_bwd(opf_ctx *ctx, const int32_t *tok, const float *dy, float *dwte,
+                            float *dwpe, int64_t rows, int64_t T, int64_t C, int64_t V, int64_t P)
+{
+    const char *fn = "embedding backward (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(dwte, 0, sizeof(float) * (size_t)(V * C), s->stream));
+    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(dwpe, 0, sizeof(float) * (size_t)(P * C), s->stream));
+    if (rows <= 0 || C <= 0) return OPF_OK;
+    if (rows > INT32_MAX)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: %lld rows (at most %d)", fn,
+                         (long long)rows, INT32_MAX);
+    int n = (int)rows, bits = bits_for(V);
+    size_t tmp_bytes = 0, arr = pad256(sizeof(uint32_t) * (size_t)rows);
+    const uint32_t *keys = (const uint32_t *)tok;  /* ids in [0, V): the same order unsigned */
+    OPF_CUDA_TRY(ctx, fn, cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, keys, (uint32_t *)NULL,
+                                                          (const uint32_t *)NULL, (uint32_t *)NULL,
+                                                          n, 0, bits, s->stream));
+    void *ws;
+    opf_status st = opf_cuda_scratch(ctx, s, 3 * arr + tmp_bytes, &ws);
+    if (st) return st;
+    uint32_t *tok_sorted = (uint32_t *)ws, *rows_in = (uint32_t *)((char *)ws + arr);
+    uint32_t *row_sorted = (uint32_t *)((char *)ws + 2 * arr);
+    iota_kernel<<<opf_cuda_grid(s, rows, 256), 256, 0, s->stream>>>(rows_in, rows);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    OPF_CUDA_TRY(ctx, fn, cub::DeviceRadixSort::SortPairs((char *)ws + 3 * arr, tmp_bytes, keys,
+                                                          tok_sorted, rows_in, row_sorted, n, 0,
+                                                          bits, s->stream));
+    embed_dwte_kernel<<<(unsigned)rows, 256, 0, s->stream>>>(tok_sorted, row_sorted, dy, dwte,
+                                                             rows, C);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    embed_dwpe_kernel<<<opf_cuda_grid(s, T * C, 256), 256, 0, s->stream>>>(dy, dwpe, rows, T, C);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* ---- attention ------------------------------------------------------------
+ * Row t of a (batch, head): q at base + t*3C, k at +C, v at +2C, base =
+ * qkv + b*T*3C + h*D. Warps take the longest rows first. */
+
+typedef struct attn_dims {
+    int64_t B, T, H, D, C;
+    float   scale;
+} attn_dims;
+
+/* The forward of query row i: o_i = softmax(s_i.) v, lse_i. */
+static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, attn_dims a)
+{
+    int64_t w = nn_warp_id(), BH = a.B * a.H, C = a.C, D = a.D;
+    if (w >= BH * a.T) return;
+    int lane = nn_lane();
+    int64_t bh = w % BH, i = a.T - 1 - w / BH, b = bh / a.H, h = bh % a.H;
+    const float *base = qkv + b * a.T * 3 * C + h * D, *q = base + i * 3 * C;
+    float *out = o + (b * a.T + i) * C + h * D;
+    for (int64_t d0 = 0; d0 < D; d0 += DCHUNK) {
+        float acc[DPL], m = -INFINITY, l = 0.0f;
+#pragma unroll
+        for (int u = 0; u < DPL; u++) acc[u] = 0.0f;
+        for (int64_t j0 = 0; j0 <= i; j0 += 32) {
+            int64_t j = j0 + lane;
+            float sc = j <= i ? __fmul_rn(nn_dot(q, base + j * 3 * C + C, D), a.scale) : -INFINITY;
+            float mj = nn_running_max(sc, m, lane), mp = __shfl_up_sync(FULL, mj, 1);
+            if (lane == 0) mp = m;
+            float c = nn_expf(__fsub_rn(mp, mj)), p = nn_expf(__fsub_rn(sc, mj));
+            int n = (int)(i - j0 + 1 < 32 ? i - j0 + 1 : 32);
+            for (int t = 0; t < n; t++) {
+                float ct = __shfl_sync(FULL, c, t), pt = __shfl_sync(FULL, p, t);
+                const float *v = base + (j0 + t) * 3 * C + 2 * C + d0;
+                l = __fadd_rn(__fmul_rn(l, ct), pt);
+#pragma unroll
+                for (int u = 0; u < DPL; u++) {
+                    int64_t d = lane + 32 * u;
+                    if (d0 + d < D)
+                        acc[u] = __fadd_rn(__fmul_rn(acc[u], ct), __fmul_rn(pt, __ldg(v + d)));
+                }
+            }
+            m = __shfl_sync(FULL, mj, 31);
+        }
+#pragma unroll
+        for (int u = 0; u < DPL; u++) {
+            int64_t d = d0 + lane + 32 * u;
+            if (d < D) out[d] = __fdiv_rn(acc[u], l);
+        }
+        if (d0 == 0 && lane == 0) lse[bh * a.T + i] = __fadd_rn(m, nn_logf(l));
+    }
+}
+
+static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+                           int64_t T, int64_t H, int64_t D)
+{
+    const char *fn = "attention forward (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    int64_t warps = B * H * T;
+    if (warps <= 0 || D <= 0) return OPF_OK;
+    attn_dims a = {B, T, H, D, H * D, 1.0f / sqrtf((float)D)};
+    attn_fwd_kernel<<<warp_grid(warps), 32 * WARPS, 0, s->stream>>>(qkv, o, lse, a);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* D_i = dot(do_i, o_i) of every (batch, head, row), into Dv [B*H*T]. */
+static __global__ void attn_delta_kernel(const float *o, const float *dout, float *Dv, attn_dims a)
+{
+    int64_t BH = a.B * a.H;
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < BH * a.T;
+         x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t bh = x / a.T, i = x % a.T, off = (bh / a.H * a.T + i) * a.C + bh % a.H * a.D;
+        Dv[x] = nn_dot(dout + off, o + off, a.D);
+    }
+}
+
+/* p and ds of query i against key j, as nn.c's backward computes them. */
+__device__ __forceinline__ void attn_p_ds(const float *q, const float *k, const float *v,
+                                          const float *dO, float lse_i, float D_i,
+                                          const attn_dims &a, float *p, float *ds)
+{
+    *p = nn_expf(__fsub_rn(__fmul_rn(nn_dot(q, k, a.D), a.scale), lse_i));
+    float dp = nn_dot(dO, v, a.D);
+    *ds = __fmul_rn(__fmul_rn(*p, __fsub_rn(dp, D_i)), a.scale);
+}
+
+/* dq_i = the sum over j = 0..i in order of ds_ij k_j. */
+static __global__ void attn_dq_kernel(const float *qkv, const float *lse, const float *dout,
+                                      const float *Dv, float *dqkv, attn_dims a)
+{
+    int64_t w = nn_warp_id(), BH = a.B * a.H, C = a.C, D = a.D;
+    if (w >= BH * a.T) return;
+    int lane = nn_lane();
+    int64_t bh = w % BH, i = a.T - 1 - w / BH, b = bh / a.H, h = bh % a.H;
+    const float *base = qkv + b * a.T * 3 * C + h * D, *q = base + i * 3 * C;
+    const float *dO = dout + (b * a.T + i) * C + h * D;
+    float lse_i = lse[bh * a.T + i], D_i = Dv[bh * a.T + i];
+    float *dq = dqkv + (b * a.T + i) * 3 * C + h * D;
+    for (int64_t d0 = 0; d0 < D; d0 += DCHUNK) {
+        float acc[DPL];
+#pragma unroll
+        for (int u = 0; u < DPL; u++) acc[u] = 0.0f;
+        for (int64_t j0 = 0; j0 <= i; j0 += 32) {
+            int64_t j = j0 + lane;
+            float p = 0.0f, ds = 0.0f;
+            const float *kj = base + j * 3 * C + C;
+            if (j <= i) attn_p_ds(q, kj, kj + C, dO, lse_i, D_i, a, &p, &ds);
+            int n = (int)(i - j0 + 1 < 32 ? i - j0 + 1 : 32);
+            for (int t = 0; t < n; t++) {
+                float dst = __shfl_sync(FULL, ds, t);
+                const float *k = base + (j0 + t) * 3 * C + C + d0;
+#pragma unroll
+                for (int u = 0; u < DPL; u++) {
+                    int64_t d = lane + 32 * u;
+                    if (d0 + d < D) acc[u] = __fadd_rn(acc[u], __fmul_rn(dst, __ldg(k + d)));
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DPL; u++) {
+            int64_t d = d0 + lane + 32 * u;
+            if (d < D) dq[d] = acc[u];
+        }
+    }
+}
+
+/* dk_j, dv_j = the sums over i = j..T-1 in order of ds_ij q_i and p_ij do_i. */
+static __global__ void attn_dkv_kernel(const float *qkv, const float *lse, const float *dout,
+                                       const float *Dv, float *dqkv, attn_dims a)
+{
+    int64_t w = nn_warp_id(), BH = a.B * a.H, C = a.C, D = a.D, T = a.T;
+    if (w >= BH * T) return;
+    int lane = nn_lane();
+    int64_t bh = w % BH, j = w / BH, b = bh / a.H, h = bh % a.H;
+    const float *base = qkv + b * T * 3 * C + h * D;
+    const float *k = base + j * 3 * C + C, *v = k + C, *dob = dout + b * T * C + h * D;
+    float *dk = dqkv + (b * T + j) * 3 * C + C + h * D, *dv = dk + C;
+    for (int64_t d0 = 0; d0 < D; d0 += DCHUNK) {
+        float ak[DPL], av[DPL];
+#pragma unroll
+        for (int u = 0; u < DPL; u++) ak[u] = av[u] = 0.0f;
+        for (int64_t i0 = j; i0 < T; i0 += 32) {
+            int64_t i = i0 + lane;
+            float p = 0.0f, ds = 0.0f;
+            if (i < T)
+                attn_p_ds(base + i * 3 * C, k, v, dob + i * C, lse[bh * T + i], Dv[bh * T + i], a,
+                          &p, &ds);
+            int n = (int)(T - i0 < 32 ? T - i0 : 32);
+            for (int t = 0; t < n; t++) {
+                float pt = __shfl_sync(FULL, p, t), dst = __shfl_sync(FULL, ds, t);
+                const float *q = base + (i0 + t) * 3 * C + d0, *dO = dob + (i0 + t) * C + d0;
+#pragma unroll
+                for (int u = 0; u < DPL; u++) {
+                    int64_t d = lane + 32 * u;
+                    if (d0 + d < D) {
+                        av[u] = __fadd_rn(av[u], __fmul_rn(pt, __ldg(dO + d)));
+                        ak[u] = __fadd_rn(ak[u], __fmul_rn(dst, __ldg(q + d)));
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DPL; u++) {
+            int64_t d = d0 + lane + 32 * u;
+            if (d < D) dk[d] = ak[u], dv[d] = av[u];
+        }
+    }
+}
+
+static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
+                           const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
+                           int64_t D)
+{
+    const char *fn = "attention backward (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    int64_t warps = B * H * T;
+    if (warps <= 0 || D <= 0) return OPF_OK;
+    attn_dims a = {B, T, H, D, H * D, 1.0f / sqrtf((float)D)};
+    void *ws;
+    opf_status st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)warps, &ws);
+    if (st) return st;
+    float *Dv = (float *)ws;
+    attn_delta_kernel<<<opf_cuda_grid(s, warps, 256), 256, 0, s->stream>>>(o, dout, Dv, a);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    attn_dq_kernel<<<warp_grid(warps), 32 * WARPS, 0, s->stream>>>(qkv, lse, dout, Dv, dqkv, a);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    attn_dkv_kernel<<<warp_grid(warps), 32 * WARPS, 0, s->stream>>>(qkv, lse, dout, Dv, dqkv, a);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* ---- cross-entropy -------------------------------------------------------- */
+
+/* lse of row r: m = the CPU's max (x_0 when it is NaN, else the max of the
+ * numbers), e = the sum of expf(x_j - m) in j order. */
+static __global__ void xent_lse_kernel(const float *x, const int32_t *tgt, float *lse,
+                                       int64_t rows, int64_t V)
+{
+    int64_t r = nn_warp_id();
+    if (r >= rows) return;
+    int lane = nn_lane();
+    if (tgt[r] < 0) {
+        if (lane == 0) lse[r] = 0.0f;
+        return;
+    }
+    const float *xr = x + r * V;
+    float m = -INFINITY;
+    for (int64_t j = lane; j < V; j += 32) m = fmaxf(m, __ldg(xr + j));  /* fmaxf skips NaN */
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
+    if (isnan(xr[0])) m = xr[0];
+    float e = 0.0f;
+    for (int64_t j0 = 0; j0 < V; j0 += 32) {
+        float p = j0 + lane < V ? nn_expf(__fsub_rn(__ldg(xr + j0 + lane), m)) : 0.0f;
+        int n = (int)(V - j0 < 32 ? V - j0 : 32);
+        for (int t = 0; t < n; t++) e = __fadd_rn(e, __shfl_sync(FULL, p, t));
+    }
+    if (lane == 0) lse[r] = __fadd_rn(m, nn_logf(e));
+}
+
+/* One block: the rows' lse_r - x_{r, tgt_r} in double, added in r order. */
+static __global__ void xent_loss_kernel(const float *x, const int32_t *tgt, const float *lse,
+                                        float *loss, int64_t rows, int64_t V)
+{
+    __shared__ double term[256];
+    __shared__ bool counted[256];
+    double sum = 0.0;
+    int64_t n = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += 256) {
+        int64_t r = r0 + threadIdx.x;
+        bool c = r < rows && tgt[r] >= 0;
+        counted[threadIdx.x] = c;
+        term[threadIdx.x] = c ? (double)__fsub_rn(lse[r], x[r * V + tgt[r]]) : 0.0;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int k = 0; k < 256; k++)
+                if (counted[k]) sum = __dadd_rn(sum, term[k]), n++;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) loss[0] = n ? __double2float_rn(__ddiv_rn(sum, (double)n)) : 0.0f;
+}
+
+static opf_status xent_fwd(opf_ctx *ctx, const float *x, const int32_t *tgt, float *lse,
+                           float *loss, int64_t rows, int64_t V)
+{
+    const char *fn = "cross-entropy forward (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (rows > 0) {
+        xent_lse_kernel<<<warp_grid(rows), 32 * WARPS, 0, s->stream>>>(x, tgt, lse, rows, V);
+        OPF_CUDA_LAUNCHED(ctx, fn);
+    }
+    xent_loss_kernel<<<1, 256, 0, s->stream>>>(x, tgt, lse, loss, rows, V);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* *g = dloss / (the number of counted rows), 0 when none. */
+static __global__ void xent_grad_scale_kernel(const int32_t *tgt, const float *dloss, int64_t rows,
+                                              float *g)
+{
+    __shared__ unsigned long long count;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    unsigned long long mine = 0;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) mine += tgt[r] >= 0;
+    atomicAdd(&count, mine);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *g = count ? __fdiv_rn(dloss[0], __ull2float_rn(count)) : 0.0f;
+}
+
+static __global__ void xent_bwd_kernel(const float *x, const int32_t *tgt, const float *lse,
+                                       const float *g, float *dx, int64_t rows, int64_t V)
+{
+    float gg = *g;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        int64_t t = tgt[r];
+        const float *xr = x + r * V;
+        float *d = dx + r * V, l = lse[r];
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+            float e = nn_expf(__fsub_rn(__ldg(xr + j), l));
+            d[j] = t < 0 ? 0.0f : __fmul_rn(__fsub_rn(e, j == t ? 1.0f : 0.0f), gg);
+        }
+    }
+}
+
+static opf_status xent_bwd(opf_ctx *ctx, const float *x, const int32_t *tgt, const float *lse,
+                           const float *dloss, float *dx, int64_t rows, int64_t V)
+{
+    const char *fn = "cross-entropy backward (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (rows <= 0 || V <= 0) return OPF_OK;
+    void *ws;
+    opf_status st = opf_cuda_scratch(ctx, s, sizeof(float), &ws);
+    if (st) return st;
+    xent_grad_scale_kernel<<<1, 1024, 0, s->stream>>>(tgt, dloss, rows, (float *)ws);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
+    xent_bwd_kernel<<<grid, 256, 0, s->stream>>>(x, tgt, lse, (const float *)ws, dx, rows, V);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* ---- sum of squares -------------------------------------------------------- */
+
+/* A warp per 32 chunks: it stages 32 values of each chunk at a time in
+ * shared memory (coalesced loads), then each lane adds its chunk's in
+ * order. Values past n are 0: adding +0 to a sum of squares changes nothing. */
+template <typename T>
+static __global__ void sumsq_chunks_kernel(const T *x, int64_t n, int64_t nc, double *part)
+{
+    __shared__ float tile[WARPS][32][33];
+    int lane = nn_lane(), wb = (int)(threadIdx.x >> 5);
+    int64_t c0 = nn_warp_id() * 32;
+    if (c0 >= nc) return;
+    double s = 0.0;
+    for (int step = 0; step < SUMSQ_CHUNK / 32; step++) {
+        for (int cc = 0; cc < 32; cc++) {
+            int64_t i = (c0 + cc) * SUMSQ_CHUNK + step * 32 + lane;
+            tile[wb][cc][lane] = i < n ? opf_dev_widen<T>(x[i]) : 0.0f;
+        }
+        __syncwarp();
+        for (int e = 0; e < 32; e++) {
+            double v = (double)tile[wb][lane][e];
+            s = __dadd_rn(s, __dmul_rn(v, v));
+        }
+        __syncwarp();
+    }
+    if (c0 + lane < nc) part[c0 + lane] = s;
+}
+
+/* One warp: the chunk sums added in chunk order (lanes load, the sum walks them). */
+static __global__ void sumsq_total_kernel(const double *part, int64_t nc, double *out)
+{
+    double t = 0.0;
+    for (int64_t c0 = 0; c0 < nc; c0 += 32) {
+        double v = c0 + threadIdx.x < nc ? part[c0 + threadIdx.x] : 0.0;
+        int n = (int)(nc - c0 < 32 ? nc - c0 : 32);
+        for (int k = 0; k < n; k++) t = __dadd_rn(t, __shfl_sync(FULL, v, k));
+    }
+    if (threadIdx.x == 0) *out = t;
+}
+
+static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out)
+{
+    const char *fn = "sumsq (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16)
+        return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtype %s, expected f32, bf16 or f16", fn,
+                         opf_dtype_name(dt));
+    *out = 0.0;
+    if (n <= 0) return OPF_OK;
+    int64_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    void *ws;
+    opf_status st = opf_cuda_scratch(ctx, s, sizeof(double) * (size_t)(nc + 1), &ws);
+    if (st) return st;
+    double *part = (double *)ws, *total = part + nc;
+    unsigned grid = warp_grid((nc + 31) / 32), threads = 32 * WARPS;
+    cudaStream_t strm = s->stream;
+    if (dt == OPF_F32)
+        sumsq_chunks_kernel<float><<<grid, threads, 0, strm>>>((const float *)x, n, nc, part);
+    else if (dt == OPF_BF16)
+        sumsq_chunks_kernel<__nv_bfloat16><<<grid, threads, 0, strm>>>((const __nv_bfloat16 *)x, n,
+                                                                     nc, part);
+    else
+        sumsq_chunks_kernel<__half><<<grid, threads, 0, strm>>>((const __half *)x, n, nc, part);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    sumsq_total_kernel<<<1, 32, 0, s->stream>>>(part, nc, total);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return opf_cuda_copy(ctx, out, total, sizeof(double), OPF_CUDA_D2H);
+}
+
+extern "C" const opf_nn_kernels opf_cuda_nn = {
+    .embed_fwd = embed_fwd,
+    .embed_bwd = embed_bwd,
+    .attn_fwd = attn_fwd,
+    .attn_bwd = attn_bwd,
+    .xent_fwd = xent_fwd,
+    .xent_bwd = xent_bwd,
+    .sumsq = sumsq,
+};

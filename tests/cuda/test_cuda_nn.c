@@ -1,0 +1,286 @@
+/* test_cuda_nn.c: the nn kernels on the GPU (src/backend/cuda/nn.cu)
+ * against the CPU reference (opf_cpu_nn) on the same inputs, byte for byte
+ * (two NaNs count as equal: nn.cu's NaN exception): embedding forward and
+ * backward with repeated tokens and a bad token, causal attention forward
+ * and backward (T = 1, T not a multiple of 32, heads 1..12, D = 1 and past
+ * one pass of 256), cross-entropy with ignored targets and a vocabulary of
+ * 50257, sumsq per dtype; and the device expf/logf against the host's libm. */
+#ifndef OPF_HAVE_CUDA
+#include <stdio.h>
+int main(void)
+{
+    printf("SKIP: built without CUDA (OPF_CUDA=OFF)\n");
+    return 77;
+}
+#else
+#include "cuda_test.h"
+
+/* ---- device buffers ---------------------------------------------------------- */
+
+/* Device memory of bytes, holding h's when h is not NULL. */
+static void *dev_from(opf_ctx *ctx, const void *h, size_t bytes)
+{
+    void *d = NULL;
+    CHECK_OK(ctx, opf_cuda_alloc(ctx, bytes ? bytes : 4, &d));
+    if (h && bytes) CHECK_OK(ctx, opf_cuda_copy(ctx, d, h, bytes, OPF_CUDA_H2D));
+    return d;
+}
+
+static void host_from(opf_ctx *ctx, void *h, const void *d, size_t bytes)
+{
+    if (bytes) CHECK_OK(ctx, opf_cuda_copy(ctx, h, d, bytes, OPF_CUDA_D2H));
+}
+
+static float *fvec(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+
+/* Random values around scale; one in `every` an edge value (inf and NaN
+ * too when special). */
+static float *frand(int64_t n, float scale, int every, bool special)
+{
+    float *x = fvec(n);
+    for (int64_t i = 0; i < n; i++) x[i] = scale * cuda_test_unit();
+    if (every)
+        for (int64_t i = 0; i < n; i++)
+            if (cuda_test_u32() % (uint32_t)every == 0) x[i] = cuda_test_edge(special);
+    return x;
+}
+
+static bool same_f32(float a, float b)
+{
+    uint32_t ua, ub;
+    memcpy(&ua, &a, 4), memcpy(&ub, &b, 4);
+    return ua == ub || (isnan(a) && isnan(b));
+}
+
+/* got (device) byte for byte with ref (host): every mismatch counted, the
+ * first few printed with their index. */
+static void expect_same(opf_ctx *ctx, const char *what, const float *ref, const float *dev,
+                        int64_t n)
+{
+    float *got = fvec(n);
+    host_from(ctx, got, dev, sizeof(float) * (size_t)n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!same_f32(got[i], ref[i]) && bad++ < 4)
+            fprintf(stderr, "  %s [%lld]: gpu %a cpu %a\n", what, (long long)i, (double)got[i],
+                    (double)ref[i]);
+    CHECK(bad == 0, "%s: %lld of %lld values differ", what, (long long)bad, (long long)n);
+    free(got);
+}
+
+/* ---- embedding --------------------------------------------------------------- */
+
+static void embed_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t C, int64_t V, int64_t P,
+                       int64_t distinct)
+{
+    int64_t rows = B * T;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(rows ? rows : 1));
+    for (int64_t r = 0; r < rows; r++)  /* few distinct ids: long runs of one token */
+        tok[r] = (int32_t)((cuda_test_u32() % (uint32_t)distinct) * (uint32_t)(V / distinct));
+    float *wte = frand(V * C, 1.0f, 23, true), *wpe = frand(P * C, 1.0f, 31, false);
+    float *dy = frand(rows * C, 2.0f, 17, false);
+    float *y = fvec(rows * C), *dwte = fvec(V * C), *dwpe = fvec(P * C);
+    int32_t *gtok = dev_from(ctx, tok, sizeof(int32_t) * (size_t)rows);
+    float *gwte = dev_from(ctx, wte, sizeof(float) * (size_t)(V * C));
+    float *gwpe = dev_from(ctx, wpe, sizeof(float) * (size_t)(P * C));
+    float *gdy = dev_from(ctx, dy, sizeof(float) * (size_t)(rows * C));
+    float *gy = dev_from(ctx, NULL, sizeof(float) * (size_t)(rows * C));
+    float *gdwte = dev_from(ctx, NULL, sizeof(float) * (size_t)(V * C));
+    float *gdwpe = dev_from(ctx, NULL, sizeof(float) * (size_t)(P * C));
+    printf("  embedding rows %lld T %lld C %lld V %lld P %lld (%lld ids)\n", (long long)rows,
+           (long long)T, (long long)C, (long long)V, (long long)P, (long long)distinct);
+    CHECK_OK(ctx, opf_cpu_nn.embed_fwd(ctx, tok, wte, wpe, y, rows, T, C, V));
+    CHECK_OK(ctx, opf_cuda_nn.embed_fwd(ctx, gtok, gwte, gwpe, gy, rows, T, C, V));
+    expect_same(ctx, "embed_fwd y", y, gy, rows * C);
+    CHECK_OK(ctx, opf_cpu_nn.embed_bwd(ctx, tok, dy, dwte, dwpe, rows, T, C, V, P));
+    CHECK_OK(ctx, opf_cuda_nn.embed_bwd(ctx, gtok, gdy, gdwte, gdwpe, rows, T, C, V, P));
+    expect_same(ctx, "embed_bwd dwte", dwte, gdwte, V * C);
+    expect_same(ctx, "embed_bwd dwpe", dwpe, gdwpe, P * C);
+    if (rows > 2) {  /* a token past the vocabulary: the error names the row and the id */
+        int32_t badtok = (int32_t)V;
+        CHECK_OK(ctx, opf_cuda_copy(ctx, gtok + rows - 2, &badtok, 4, OPF_CUDA_H2D));
+        char want[64];
+        snprintf(want, sizeof want, "token %d at row %lld", (int)V, (long long)(rows - 2));
+        CHECK_FAILS(ctx, opf_cuda_nn.embed_fwd(ctx, gtok, gwte, gwpe, gy, rows, T, C, V),
+                    OPF_ERR_INVALID_ARG, want, "outside the vocabulary");
+    }
+    void *gs[] = {gtok, gwte, gwpe, gdy, gy, gdwte, gdwpe};
+    for (int i = 0; i < 7; i++) opf_cuda_free(ctx, gs[i]);
+    void *hs[] = {tok, wte, wpe, dy, y, dwte, dwpe};
+    for (int i = 0; i < 7; i++) free(hs[i]);
+}
+
+static void test_embedding(opf_ctx *ctx)
+{
+    embed_case(ctx, 3, 37, 77, 50, 40, 9);
+    embed_case(ctx, 1, 1, 5, 3, 1, 1);
+    embed_case(ctx, 2, 64, 768, 50257, 64, 4);      /* GPT-2's vocabulary, 4 ids repeated */
+    embed_case(ctx, 4, 100, 33, 50257, 128, 50257);
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale)
+{
+    int64_t C = H * D, nq = B * T * 3 * C, no = B * T * C, nl = B * H * T;
+    float *qkv = frand(nq, scale, 0, false), *dout = frand(no, 1.0f, 0, false);
+    float *o = fvec(no), *lse = fvec(nl), *dqkv = fvec(nq);
+    float *gqkv = dev_from(ctx, qkv, sizeof(float) * (size_t)nq);
+    float *gdout = dev_from(ctx, dout, sizeof(float) * (size_t)no);
+    float *go = dev_from(ctx, NULL, sizeof(float) * (size_t)no);
+    float *glse = dev_from(ctx, NULL, sizeof(float) * (size_t)nl);
+    float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
+    printf("  attention B %lld T %lld H %lld D %lld (scale %g)\n", (long long)B, (long long)T,
+           (long long)H, (long long)D, (double)scale);
+    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, o, lse, B, T, H, D));
+    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D));
+    expect_same(ctx, "attn_fwd o", o, go, no);
+    expect_same(ctx, "attn_fwd lse", lse, glse, nl);
+    /* the backward from the CPU's o and lse on both sides */
+    CHECK_OK(ctx, opf_cuda_copy(ctx, go, o, sizeof(float) * (size_t)no, OPF_CUDA_H2D));
+    CHECK_OK(ctx, opf_cuda_copy(ctx, glse, lse, sizeof(float) * (size_t)nl, OPF_CUDA_H2D));
+    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, o, lse, dout, dqkv, B, T, H, D));
+    CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D));
+    expect_same(ctx, "attn_bwd dqkv", dqkv, gdqkv, nq);
+    void *gs[] = {gqkv, gdout, go, glse, gdqkv};
+    for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);
+    void *hs[] = {qkv, dout, o, lse, dqkv};
+    for (int i = 0; i < 5; i++) free(hs[i]);
+}
+
+static void test_attention(opf_ctx *ctx)
+{
+    attn_case(ctx, 2, 1, 3, 16, 1.0f);      /* T = 1 */
+    attn_case(ctx, 1, 1, 1, 1, 1.0f);
+    attn_case(ctx, 2, 33, 1, 64, 1.0f);
+    attn_case(ctx, 1, 70, 12, 8, 4.0f);     /* large scores: the max moves often */
+    attn_case(ctx, 3, 45, 5, 24, 1.0f);
+    attn_case(ctx, 1, 97, 2, 1, 8.0f);      /* D = 1 */
+    attn_case(ctx, 1, 40, 2, 300, 0.5f);    /* D past one 256-wide pass */
+    attn_case(ctx, 2, 128, 12, 64, 1.0f);   /* GPT-2's heads */
+}
+
+/* ---- cross-entropy -------------------------------------------------------------- */
+
+static void xent_case(opf_ctx *ctx, int64_t rows, int64_t V, int ignore_every, float scale,
+                      bool special)
+{
+    float *x = frand(rows * V, scale, special ? 997 : 0, special);
+    int32_t *tgt = malloc(sizeof(int32_t) * (size_t)(rows ? rows : 1));
+    for (int64_t r = 0; r < rows; r++)
+        tgt[r] = ignore_every && cuda_test_u32() % (uint32_t)ignore_every == 0
+                     ? -1 - (int32_t)(cuda_test_u32() % 100)
+                     : (int32_t)(cuda_test_u32() % (uint32_t)V);
+    float *lse = fvec(rows), *dx = fvec(rows * V), loss = 0.0f, dloss = 1.7f;
+    float *gx = dev_from(ctx, x, sizeof(float) * (size_t)(rows * V));
+    int32_t *gtgt = dev_from(ctx, tgt, sizeof(int32_t) * (size_t)rows);
+    float *glse = dev_from(ctx, NULL, sizeof(float) * (size_t)rows);
+    float *gdx = dev_from(ctx, NULL, sizeof(float) * (size_t)(rows * V));
+    float *gloss = dev_from(ctx, NULL, sizeof(float));
+    float *gdloss = dev_from(ctx, &dloss, sizeof(float));
+    printf("  cross-entropy rows %lld V %lld (ignored 1 in %d, scale %g%s)\n", (long long)rows,
+           (long long)V, ignore_every, (double)scale, special ? ", inf/NaN" : "");
+    CHECK_OK(ctx, opf_cpu_nn.xent_fwd(ctx, x, tgt, lse, &loss, rows, V));
+    CHECK_OK(ctx, opf_cuda_nn.xent_fwd(ctx, gx, gtgt, glse, gloss, rows, V));
+    expect_same(ctx, "xent_fwd lse", lse, glse, rows);
+    expect_same(ctx, "xent_fwd loss", &loss, gloss, 1);
+    CHECK_OK(ctx, opf_cuda_copy(ctx, glse, lse, sizeof(float) * (size_t)rows, OPF_CUDA_H2D));
+    CHECK_OK(ctx, opf_cpu_nn.xent_bwd(ctx, x, tgt, lse, &dloss, dx, rows, V));
+    CHECK_OK(ctx, opf_cuda_nn.xent_bwd(ctx, gx, gtgt, glse, gdloss, gdx, rows, V));
+    expect_same(ctx, "xent_bwd dx", dx, gdx, rows * V);
+    void *gs[] = {gx, gtgt, glse, gdx, gloss, gdloss};
+    for (int i = 0; i < 6; i++) opf_cuda_free(ctx, gs[i]);
+    void *hs[] = {x, tgt, lse, dx};
+    for (int i = 0; i < 4; i++) free(hs[i]);
+}
+
+static void test_xent(opf_ctx *ctx)
+{
+    xent_case(ctx, 37, 50257, 4, 8.0f, false);   /* GPT-2's vocabulary */
+    xent_case(ctx, 300, 1000, 3, 30.0f, false);
+    xent_case(ctx, 64, 777, 5, 4.0f, true);      /* inf and NaN logits */
+    xent_case(ctx, 5, 1, 0, 1.0f, false);        /* V = 1 */
+    xent_case(ctx, 9, 100, 1, 1.0f, false);      /* every target ignored: loss 0 */
+}
+
+/* ---- sumsq ---------------------------------------------------------------------- */
+
+static void sumsq_case(opf_ctx *ctx, opf_dtype dt, int64_t n)
+{
+    float *x = frand(n, 3.0f, 61, false);
+    size_t bytes = opf_dtype_nbytes(dt, (size_t)n);
+    void *h = malloc(bytes ? bytes : 1);
+    opf_convert(x, OPF_F32, h, dt, (size_t)n);
+    void *g = dev_from(ctx, h, bytes);
+    double ref = -1.0, got = -2.0;
+    CHECK_OK(ctx, opf_cpu_nn.sumsq(ctx, h, dt, n, &ref));
+    CHECK_OK(ctx, opf_cuda_nn.sumsq(ctx, g, dt, n, &got));
+    CHECK(memcmp(&ref, &got, sizeof ref) == 0, "sumsq %s n %lld: gpu %a cpu %a",
+          opf_dtype_name(dt), (long long)n, got, ref);
+    opf_cuda_free(ctx, g);
+    free(h);
+    free(x);
+}
+
+static void test_sumsq(opf_ctx *ctx)
+{
+    static const opf_dtype dts[] = {OPF_F32, OPF_BF16, OPF_F16};
+    static const int64_t ns[] = {0, 1, 4095, 4097, 3 * 4096, 1000003, 40 * 4096 * 33 + 7};
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < (int)(sizeof ns / sizeof ns[0]); i++) sumsq_case(ctx, dts[d], ns[i]);
+    printf("  sumsq: f32, bf16, f16 at %d sizes\n", (int)(sizeof ns / sizeof ns[0]));
+}
+
+/* ---- expf / logf ------------------------------------------------------------------ */
+
+/* Every STRIDE-th bit pattern (all of them near 0 and 1) against the host's
+ * libm, as the kernels compute them. */
+static void test_math(opf_ctx *ctx)
+{
+    enum { STRIDE = 61, BATCH = 1 << 22 };
+    float *g = NULL, *y = fvec(BATCH);
+    CHECK_OK(ctx, opf_cuda_alloc(ctx, sizeof(float) * BATCH, (void **)&g));
+    /* dense runs at 0 (subnormals), just below 1.0f and over expf's underflow edge */
+    static const uint32_t dense[] = {0x00000000u, 0x3f7c0000u, 0xc2b00000u, 0xc2cf0000u};
+    int n_strided = (int)((0x100000000ull / STRIDE + BATCH - 1) / BATCH);
+    for (int log = 0; log < 2; log++) {
+        int64_t bad = 0, n = 0;
+        for (int b = 0; b < 4 + n_strided; b++) {
+            uint32_t stride = b < 4 ? 1 : STRIDE;
+            uint64_t first = b < 4 ? dense[b] : (uint64_t)(b - 4) * BATCH * STRIDE;
+            int64_t cnt = BATCH;
+            if (first + (uint64_t)cnt * stride > 0x100000000ull)
+                cnt = (int64_t)((0x100000000ull - first + stride - 1) / stride);
+            CHECK_OK(ctx, opf_cuda_nn_math(ctx, log, (uint32_t)first, stride, cnt, g));
+            host_from(ctx, y, g, sizeof(float) * (size_t)cnt);
+            for (int64_t i = 0; i < cnt; i++) {
+                uint32_t u = (uint32_t)(first + (uint64_t)i * stride);
+                float x, ref;
+                memcpy(&x, &u, 4);
+                ref = log ? logf(x) : expf(x);
+                if (!same_f32(y[i], ref) && bad++ < 4)
+                    fprintf(stderr, "  %s(%a) [0x%08x]: gpu %a libm %a\n", log ? "logf" : "expf",
+                            (double)x, u, (double)y[i], (double)ref);
+            }
+            n += cnt;
+        }
+        printf("  %s: %lld inputs\n", log ? "logf" : "expf", (long long)n);
+        CHECK(bad == 0, "%s: %lld of %lld differ from libm", log ? "logf" : "expf", (long long)bad,
+              (long long)n);
+    }
+    opf_cuda_free(ctx, g);
+    free(y);
+}
+
+int main(void)
+{
+    opf_ctx *ctx = cuda_test_ctx();
+    test_math(ctx);
+    test_embedding(ctx);
+    test_attention(ctx);
+    test_xent(ctx);
+    test_sumsq(ctx);
+    cuda_test_done(ctx);
+    TEST_DONE();
+}
+#endif
