@@ -72,6 +72,8 @@ typedef struct opf_graph opf_graph;
 typedef struct opf_compile_options {
     int64_t max_leading;   /* > 0: x's leading dimension may be 1..max_leading; 0: fixed */
     int     max_variants;  /* opf_compiled: graphs kept; 8. At the limit it warns and evicts */
+    bool    no_device_graphs;  /* x on a GPU: walk the nodes on every call instead of
+                                  replaying captured CUDA graphs (false) */
 } opf_compile_options;
 
 OPF_API opf_compile_options opf_compile_options_default(void);
