@@ -16,6 +16,14 @@
  *
  * Every mismatch is printed (the first differing byte of each component)
  * and the run goes on, so one GPU run shows every failing case. */
+#ifndef OPF_HAVE_CUDA
+#include <stdio.h>
+int main(void)
+{
+    printf("SKIP: built without CUDA (OPF_CUDA=OFF)\n");
+    return 77;
+}
+#else
 #include "compile/compile-impl.h"
 #include "cuda_test.h"
 
@@ -396,3 +404,4 @@ int main(void)
     run_case("linear stack", linear_stack, OPF_RECIPE_DELAYED, true);
     TEST_DONE();
 }
+#endif
