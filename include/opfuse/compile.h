@@ -40,6 +40,13 @@
  *    allows it (opf_op_class.inplace), one arena per graph.
  *  - Delayed scaling: the amax/scale updates after forward and backward are
  *    nodes of the graph.
+ *  - On a GPU (x on the context's device): the arena is one device
+ *    allocation, the inputs are copied into it on each call, and each
+ *    direction replays captured CUDA graphs, one per run of nodes between
+ *    eager nodes, captured on the second call of each leading size and
+ *    runtime-kwarg combination (the first walks the nodes as a warm-up); a
+ *    replayed step allocates nothing. Ops that draw random numbers (dropout,
+ *    stochastic rounding) or synchronize are walked instead, with a warning.
  *
  * Outputs (y, dx, extra outputs, extra-input gradients) are views into the
  * graph's arena, valid until the graph's next forward; releasing them is a
