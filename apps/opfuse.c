@@ -29,6 +29,7 @@ static const command commands[] = {
     {"bench", "fusion", opf_bench_fusion, "LayerNorm-MLP step with fusions on vs off"},
     {"bench", "compile", opf_bench_compile, "LayerNorm-MLP step host time, eager vs compiled"},
     {"bench", "cuda", opf_bench_cuda, "GPU quantize GB/s vs a device copy; cuBLASLt GEMM TFLOP/s"},
+    {"bench", "cuda-train", opf_bench_cuda_train, "GPU Linear and LayerNorm-MLP steps per recipe; CUDA graphs"},
 };
 
 static void usage(void)

@@ -61,4 +61,11 @@ int opf_bench_compile(int argc, char **argv);
  *     opfuse bench cuda [--out FILE] [M K [S]]   default 8192 8192 8192 */
 int opf_bench_cuda(int argc, char **argv);
 
+/* Training steps on the GPU (bench_cuda_train.c): Linear forward + backward
+ * per recipe and its three GEMMs alone, the LayerNorm-MLP step per recipe,
+ * the small step eager vs CUDA graphs, host time per call; skipped without
+ * a GPU.
+ *     opfuse bench cuda-train [--out FILE] [S [T H]]   default 8192 8192 4096 */
+int opf_bench_cuda_train(int argc, char **argv);
+
 #endif

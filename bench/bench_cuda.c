@@ -27,7 +27,7 @@ int opf_bench_cuda(int argc, char **argv)
 }
 #else
 #include "backend/backend-impl.h"
-#include "backend/cuda/cuda.h"
+#include "bench_cuda.h"
 #include "quant/quant-impl.h"
 
 enum { WARMUP = 3, REPS = 15 };
@@ -245,26 +245,14 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
 
 int opf_bench_cuda(int argc, char **argv)
 {
-    const char *out_path = NULL;
-    if (argc >= 2 && !strcmp(argv[0], "--out")) {
-        out_path = argv[1];
-        argc -= 2, argv += 2;
-    }
+    const char *out_path;
+    opf_ctx *ctx;
+    int rc = opf_bench_cuda_open("cuda", &argc, &argv, &out_path, &ctx);
+    if (!ctx) return rc;
     int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
-    opf_ctx *ctx = NULL;
-    opf_ctx_options o = opf_ctx_options_default();
-    o.device = OPF_DEVICE_CUDA;
-    opf_status st = opf_ctx_create(&o, &ctx);
-    if (st) {
-        printf("bench cuda: skipped: %s\n", opf_last_error(NULL));
-        return st == OPF_ERR_UNSUPPORTED ? 0 : 1;
-    }
-    char name[128] = "";
-    opf_cuda_device_name(ctx, name, sizeof name);
-    printf("bench cuda on %s\n", name);
     results = out_path ? fopen(out_path, "w") : NULL;
-    int rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S);
+    rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S);
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu.sh: on a machine with an NVIDIA GPU, build opfuse with CUDA, run the
-# GPU tests (ctest -L cuda) and the GPU benchmarks with the PyTorch peer in
-# the same run, and print one table last. Logs go to LOGDIR.
+# GPU tests (ctest -L cuda) and the GPU benchmarks (kernels; training
+# steps) with their PyTorch peers in the same run, and print the tables
+# last. Logs go to LOGDIR.
 #
 #     scripts/gpu.sh [LOGDIR]      default: build-gpu/logs
 #
@@ -55,6 +56,12 @@ grep -E "failed|FAIL|SKIP|tests passed|Passed|rel err" "$logs/ctest.log" | grep 
 [ "${OPF_GPU_BENCH:-1}" = 0 ] && exit "$ctest_rc"
 step "bench cuda"
 "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_opfuse.log"
-step "PyTorch peer and the table"
-PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_peer.log"
+step "bench cuda-train"
+"$build/opfuse" bench cuda-train --out "$logs/bench_train.txt" 2>&1 | tee "$logs/bench_train.log"
+step "PyTorch peers (kernels, then training steps)"
+PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt" >"$logs/bench_peer.log" 2>&1
+PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda_train.py "$logs/bench_train.txt" \
+  >"$logs/bench_peer_train.log" 2>&1
+step "the tables"
+cat "$logs/bench_peer.log" "$logs/bench_peer_train.log"
 exit "$ctest_rc"

@@ -13,21 +13,7 @@ import sys
 
 import torch
 
-WARMUP, REPS = 3, 15
-
-
-def median_ms(fn):
-    for _ in range(WARMUP):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(REPS)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    t = sorted(a.elapsed_time(b) for a, b in ev)
-    return t[REPS // 2]
+from peer_timing import median_ms
 
 
 def cast_row(x):

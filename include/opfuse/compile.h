@@ -40,6 +40,13 @@
  *    allows it (opf_op_class.inplace), one arena per graph.
  *  - Delayed scaling: the amax/scale updates after forward and backward are
  *    nodes of the graph.
+ *  - On a GPU (x on the context's device): the arena is one device
+ *    allocation, the inputs are copied into it on each call, and each
+ *    direction replays captured CUDA graphs, one per run of nodes between
+ *    eager nodes, captured on the second call of each leading size and
+ *    runtime-kwarg combination (the first walks the nodes as a warm-up); a
+ *    replayed step allocates nothing. Ops that draw random numbers (dropout,
+ *    stochastic rounding) or synchronize are walked instead, with a warning.
  *
  * Outputs (y, dx, extra outputs, extra-input gradients) are views into the
  * graph's arena, valid until the graph's next forward; releasing them is a
@@ -72,6 +79,8 @@ typedef struct opf_graph opf_graph;
 typedef struct opf_compile_options {
     int64_t max_leading;   /* > 0: x's leading dimension may be 1..max_leading; 0: fixed */
     int     max_variants;  /* opf_compiled: graphs kept; 8. At the limit it warns and evicts */
+    bool    no_device_graphs;  /* x on a GPU: walk the nodes on every call instead of
+                                  replaying captured CUDA graphs (false) */
 } opf_compile_options;
 
 OPF_API opf_compile_options opf_compile_options_default(void);

@@ -62,6 +62,14 @@ static opf_status cuda_copy(opf_ctx *ctx, void *dst, const void *src, size_t byt
     return opf_cuda_copy(ctx, dst, src, bytes, kinds[kind]);
 }
 
+/* The runtime's graph handles are opaque to core. */
+static opf_status cuda_capture_end(opf_ctx *ctx, void **graph)
+{
+    return opf_cuda_capture_end(ctx, (opf_cuda_graph **)graph);
+}
+static opf_status cuda_graph_launch(opf_ctx *ctx, void *graph) { return opf_cuda_graph_launch(ctx, graph); }
+static void cuda_graph_free(opf_ctx *ctx, void *graph) { opf_cuda_graph_free(ctx, graph); }
+
 static const opf_device_runtime cuda_runtime = {
     .name = "cuda",
     .init = opf_cuda_ctx_init,
@@ -72,6 +80,11 @@ static const opf_device_runtime cuda_runtime = {
     .copy = cuda_copy,
     .memset = opf_cuda_memset,
     .sync = opf_cuda_sync,
+    .capture_begin = opf_cuda_capture_begin,
+    .capture_end = cuda_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
+    .scratch_reserve = opf_cuda_scratch_reserve,
 };
 #endif
 

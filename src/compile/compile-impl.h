@@ -4,6 +4,8 @@
  * plan.c    liveness, in-place reuse, arena placement; bake pointers; the
  *           affine patches of a dynamic leading dimension
  * exec.c    run the forward and backward graphs
+ * replay.c  device graphs: segments, captured replays per variant, inputs
+ *           staged in the arena
  * cache.c   the guard key and opf_compiled
  * dump.c    text and DOT dumps
  *
@@ -123,6 +125,28 @@ typedef struct opf_gbind {
     size_t  off;
 } opf_gbind;
 
+/* A run of nodes [first, end) of one direction: captured as one device
+ * graph, or one eager node, which runs (and allocates) on every call. */
+typedef struct opf_gseg {
+    int         first, end;
+    bool        eager;
+    const char *refused;       /* the capture failed: walked from then on, and why */
+    opf_param **params;        /* grads its backward nodes accumulate into: a replay */
+    bool       *had;           /* sets their has_grad as the walk would; had: a snapshot */
+    int         n_params;
+} opf_gseg;
+
+/* The captured graphs of one direction for what the host decides when the
+ * nodes run and a replay cannot change: the leading size, the runtime
+ * kwargs, which parameter grads start fresh. */
+typedef struct opf_gvariant {
+    uint64_t key;
+    int      calls;             /* the first call walks (warm-up), the second captures */
+    void   **exec;              /* [segments of the direction]: NULL until captured */
+} opf_gvariant;
+
+#define OPF_GRAPH_MAX_CAPTURES 16  /* variants per direction; more walk */
+
 struct opf_graph {
     opf_seq        *seq;
     opf_ctx        *ctx;
@@ -177,6 +201,16 @@ struct opf_graph {
     opf_tensor     *held;          /* [n_vals]: references to bound inputs until backward */
     opf_tensor     *dzero;         /* [n_pub_out]: zero gradients for missing dextra_out */
     uint64_t        kw_hash;       /* value fields of the compiled kwargs */
+    /* device graphs (replay.c): x on the context's device puts the arena
+     * there, stages the inputs in it, and replays captured segments */
+    bool            on_device;
+    bool            capture;       /* on_device, a runtime that captures, not opted out */
+    opf_gseg       *segs;          /* forward [0, n_fwd_segs), then backward */
+    int             n_segs, n_fwd_segs;
+    opf_gvariant    variants[2][OPF_GRAPH_MAX_CAPTURES];  /* [backward] */
+    int             n_variants[2];
+    int             launches[2];   /* graph launches of the last forward / backward */
+    int             walked[2];     /* nodes walked (not replayed) by them */
 };
 
 /* trace.c */
@@ -187,8 +221,25 @@ opf_status opf_graph_plan(opf_graph *g);
 opf_status opf_graph_bake(opf_graph *g);
 opf_status opf_graph_diff(opf_graph *g, opf_graph *g2, int64_t lead2);
 opf_status opf_graph_set_lead(opf_graph *g, int64_t lead);
+/* Memory of the arena's kind (opf_graph_device); bytes 0 gives NULL. */
+opf_status opf_graph_mem_alloc(opf_graph *g, size_t bytes, void **out);
+void opf_graph_mem_free(opf_graph *g, void *p, size_t bytes);
+/* Where value v's component c starts (an arena value or a staged input). */
+void *opf_graph_addr(const opf_graph *g, int v, int c);
 /* A value as a tensor of the current call (arena or bound input). */
 void opf_graph_value_tensor(const opf_graph *g, int v, opf_tensor *out);
+/* replay.c */
+opf_status opf_graph_segments(opf_graph *g);
+void opf_graph_free_segments(opf_graph *g);
+/* Copies the bound inputs of one direction into their arena blocks. */
+opf_status opf_graph_stage_inputs(opf_graph *g, bool backward);
+/* Runs one direction: a walk over its nodes, or its captured segments. */
+opf_status opf_graph_run(opf_graph *g, bool backward, const opf_seq_call *call);
+/* exec.c: nodes [first, end) in order (replay.c walks segments with it). */
+opf_status opf_graph_walk(opf_graph *g, int first, int end, const opf_seq_call *call);
+/* The memory the arena's values live in (the host or x's device). */
+opf_device opf_graph_device(const opf_graph *g);
+
 /* cache.c */
 uint64_t opf_graph_key(const opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
                        const opf_compile_options *opts);

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "compile/compile-impl.h"
+#include "core/device-impl.h"
 
 opf_compile_options opf_compile_options_default(void)
 {
@@ -49,8 +50,9 @@ void opf_graph_destroy(opf_graph *g)
     free(g->dzero);
     opf_graph_free_ir(g);
     release_fused(g);
-    if (g->arena) opf_ctx_free(g->ctx, g->arena, g->arena_bytes);
-    if (g->zeros) opf_ctx_free(g->ctx, g->zeros, g->zeros_bytes);
+    opf_graph_free_segments(g);
+    opf_graph_mem_free(g, g->arena, g->arena_bytes);
+    opf_graph_mem_free(g, g->zeros, g->zeros_bytes);
     free(g->stores);
     free(g->binds);
     free(g->patches);
@@ -219,8 +221,11 @@ opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call
     g->lead = g->lead0 = o.max_leading;
     if (!st && o.max_leading > 1) st = dynamic_patches(g, x, call);
     g->epoch = seq->epoch;
+    g->on_device = x->device != OPF_DEVICE_CPU && x->device == opf_ctx_device(seq->ctx);
+    g->capture = g->on_device && !o.no_device_graphs && opf_device_can_capture(seq->ctx);
     if (!st) st = opf_graph_plan(g);
     if (!st) st = opf_graph_bake(g);
+    if (!st) st = opf_graph_segments(g);
     if (!st) {
         g->held = calloc((size_t)g->n_vals, sizeof *g->held);
         g->dzero = calloc((size_t)g->n_pub_out + 1, sizeof *g->dzero);
@@ -348,8 +353,10 @@ static opf_status run_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
 static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
 {
     opf_ctx *ctx = g->ctx;
-    for (int z = 0; z < n->n_zero; z++) memset(n->zero[z].p, 0, n->zero[z].n);
     opf_status st = OPF_OK;
+    for (int z = 0; z < n->n_zero && !st; z++)
+        st = opf_device_memset(ctx, opf_graph_device(g), n->zero[z].p, 0, n->zero[z].n);
+    if (st) return st;
     size_t mark = opf_ctx_scratch_mark(ctx);
     switch (n->kind) {
     case OPF_NODE_FORWARD:
@@ -377,6 +384,13 @@ static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call
         return opf_error(ctx, st, "graph: node %s (%s): %s", n->op->name,
                          opf_node_kind_name(n->kind), why);
     }
+    return st;
+}
+
+opf_status opf_graph_walk(opf_graph *g, int first, int end, const opf_seq_call *call)
+{
+    opf_status st = OPF_OK;
+    for (int i = first; i < end && !st; i++) st = run_node(g, &g->nodes[i], call);
     return st;
 }
 
@@ -459,7 +473,7 @@ opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_ca
         else if (r->kind == OPF_FIELD_ENUM) *(int *)r->loc = (int)v;
         else *(bool *)r->loc = v != 0;
     }
-    for (int i = 0; i < g->n_fwd && !st; i++) st = run_node(g, &g->nodes[i], call);
+    st = opf_graph_run(g, false, call);
     if (st) {
         release_held(g);
         for (int i = 0; i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
@@ -496,7 +510,7 @@ opf_status opf_graph_backward(opf_graph *g, const opf_tensor *dy, const opf_tens
     }
     if (st) return st;
     apply_binds(g, true);
-    for (int i = g->n_fwd; i < g->n_nodes && !st; i++) st = run_node(g, &g->nodes[i], NULL);
+    st = opf_graph_run(g, true, NULL);
     g->pending = false;
     for (int i = 0; i < g->seq->n; i++) opf_op_ctx_clear(&g->octx[i]);
     if (st) {

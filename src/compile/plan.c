@@ -1,10 +1,18 @@
 /* plan.c: the memory plan of a traced graph (liveness over the node order,
  * in-place reuse, first-fit placement into one arena), baking the tags into
- * addresses, and the affine patches of a dynamic leading dimension. */
+ * addresses, and the affine patches of a dynamic leading dimension.
+ *
+ * The arena is one block of the memory x lives in: the host's counting
+ * allocator, or the device allocator of x's device (one allocation per
+ * graph). A graph that replays captured device graphs also places its
+ * inputs in the arena (alive throughout): a captured graph reads fixed
+ * addresses, so each call copies its inputs there (replay.c) instead of
+ * patching pointers. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "compile/compile-impl.h"
+#include "core/device-impl.h"
 
 #define ALIGN 64
 
@@ -75,10 +83,15 @@ opf_status opf_graph_plan(opf_graph *g)
     g->n_inplace = 0;
     for (int v = 0; v < g->n_vals; v++) {
         opf_gval *gv = &g->vals[v];
-        if (gv->kind != OPF_VAL_ARENA) continue;
+        if (gv->kind != OPF_VAL_ARENA && !g->capture) continue;
         opf_status st = block_layout(g, gv);
         if (st) return st;
         g->unplanned_bytes += gv->bytes;
+        if (gv->kind == OPF_VAL_INPUT) {  /* staged: the whole graph long */
+            gv->store = g->n_stores;
+            g->stores[g->n_stores++] = (opf_gstore){gv->bytes, 0, 0, g->n_nodes};
+            continue;
+        }
         if (gv->def < g->n_fwd && gv->last >= g->n_fwd && !gv->keep) g->saved_bytes += gv->bytes;
         /* in place: the node's main input dies here and has the same bytes */
         const opf_gnode *n = gv->def >= 0 ? &g->nodes[gv->def] : NULL;
@@ -125,23 +138,40 @@ opf_status opf_graph_plan(opf_graph *g)
     }
     free(order);
     g->arena_bytes = top;
-    if (top) {
-        g->arena = opf_ctx_alloc(g->ctx, top);
-        if (!g->arena) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: no arena of %zu bytes", top);
-    }
+    opf_status st = opf_graph_mem_alloc(g, top, (void **)&g->arena);
+    if (st) return st;
     /* the zero block for missing dextra_out */
     size_t zb = 0;
     for (int p = 0; !g->forward_only && p < g->n_pub_out; p++) {
         opf_layout L;
         if (!opf_spec_layout(&g->vals[g->dextra_out_val[p]].spec, &L) && L.total_bytes > zb) zb = L.total_bytes;
     }
-    if (zb) {
-        g->zeros = opf_ctx_alloc(g->ctx, zb);
-        if (!g->zeros) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
-        memset(g->zeros, 0, zb);
-        g->zeros_bytes = zb;
+    if ((st = opf_graph_mem_alloc(g, zb, &g->zeros))) return st;
+    g->zeros_bytes = zb;
+    return opf_device_memset(g->ctx, opf_graph_device(g), g->zeros, 0, zb);
+}
+
+opf_device opf_graph_device(const opf_graph *g) { return g->on_device ? g->x_spec.device : OPF_DEVICE_CPU; }
+
+opf_status opf_graph_mem_alloc(opf_graph *g, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (!bytes) return OPF_OK;
+    if (g->on_device) {
+        opf_status st = opf_device_alloc(g->ctx, bytes, out);
+        return st ? opf_error(g->ctx, st, "compile: no arena of %zu bytes on %s: %s", bytes,
+                              opf_device_name(opf_graph_device(g)), opf_last_error(g->ctx))
+                  : OPF_OK;
     }
-    return OPF_OK;
+    *out = opf_ctx_alloc(g->ctx, bytes);
+    return *out ? OPF_OK : opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: no arena of %zu bytes", bytes);
+}
+
+void opf_graph_mem_free(opf_graph *g, void *p, size_t bytes)
+{
+    if (!p) return;
+    if (g->on_device) opf_device_free(g->ctx, p, bytes);
+    else opf_ctx_free(g->ctx, p, bytes);
 }
 
 static void *arena_addr(const opf_graph *g, int v, int c, size_t off)
@@ -149,6 +179,8 @@ static void *arena_addr(const opf_graph *g, int v, int c, size_t off)
     const opf_gval *gv = &g->vals[v];
     return g->arena + g->stores[gv->store].offset + gv->comp_off[c] + off;
 }
+
+void *opf_graph_addr(const opf_graph *g, int v, int c) { return arena_addr(g, v, c, 0); }
 
 /* The scale components of a quantized arena value, zeroed before its node.
  * Not an in-place output: its block is the node's input, whose scales (and
@@ -190,7 +222,7 @@ opf_status opf_graph_bake(opf_graph *g)
                 if (!p || !opf_is_tag(p)) continue;
                 int v = opf_tag_value(p), pc = opf_tag_comp(p);
                 size_t off = opf_tag_offset(p);
-                if (g->vals[v].kind == OPF_VAL_ARENA) {
+                if (g->vals[v].store >= 0) {  /* arena values; staged inputs */
                     t->data[c] = arena_addr(g, v, pc, off);
                     continue;
                 }

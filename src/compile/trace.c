@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "compile/compile-impl.h"
+#include "core/device-impl.h"
 
 /* ---- values and nodes ------------------------------------------------------ */
 
@@ -201,9 +202,9 @@ static opf_status zero_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
     if (st) return st;
     opf_layout L;
     opf_spec_layout(s, &L);
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present && t->data[c]) memset(t->data[c], 0, L.comp[c].nbytes);
-    return OPF_OK;
+    for (int c = 0; c < OPF_COMP_COUNT && !st; c++)
+        if (L.comp[c].present && t->data[c]) st = opf_device_memset(ctx, s->device, t->data[c], 0, L.comp[c].nbytes);
+    return st;
 }
 
 /* The probe stand-in of a forward input: the caller's tensor for a public

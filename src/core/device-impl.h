@@ -14,6 +14,7 @@
 #ifndef OPFUSE_DEVICE_IMPL_H
 #define OPFUSE_DEVICE_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "opfuse/context.h"
@@ -46,6 +47,17 @@ typedef struct opf_device_runtime {
      * read opf_ctx_deterministic and stay off), else one sentence listing
      * what the request needs that this machine lacks. NULL entry: honoured. */
     const char *(*determinism_needs)(opf_ctx *ctx);
+    /* Graph capture of the work queued for ctx (the compiler's replays;
+     * NULL where the device has none): capture_begin records instead of
+     * running, capture_end always stops recording and gives the replayable
+     * graph, graph_launch queues one replay, graph_free releases one (NULL:
+     * no-op). Work inside a capture must not wait, allocate or copy to the
+     * host; scratch_reserve grows the kernels' scratch ahead of it. */
+    opf_status (*capture_begin)(opf_ctx *ctx);
+    opf_status (*capture_end)(opf_ctx *ctx, void **graph);
+    opf_status (*graph_launch)(opf_ctx *ctx, void *graph);
+    void (*graph_free)(opf_ctx *ctx, void *graph);
+    opf_status (*scratch_reserve)(opf_ctx *ctx, size_t bytes);
 } opf_device_runtime;
 
 /* The runtime of dev; NULL for the CPU and for a device this build lacks.
@@ -56,5 +68,18 @@ const opf_device_runtime *opf_device_runtime_get(opf_device dev);
  * ctx->device_stats (opf_ctx_alloc_stats) as the host allocator counts. */
 opf_status opf_device_alloc(opf_ctx *ctx, size_t bytes, void **out);
 void opf_device_free(opf_ctx *ctx, void *ptr, size_t bytes);
+
+/* Byte fill of n bytes at p, memory of dev: memset on the host, queued on
+ * ctx's device otherwise. */
+opf_status opf_device_memset(opf_ctx *ctx, opf_device dev, void *p, int value, size_t n);
+/* The capture slots of ctx's runtime; OPF_ERR_UNSUPPORTED (with a message)
+ * where ctx has no device runtime or its runtime cannot capture.
+ * opf_device_can_capture says which, without a message. */
+bool opf_device_can_capture(const opf_ctx *ctx);
+opf_status opf_device_capture_begin(opf_ctx *ctx);
+opf_status opf_device_capture_end(opf_ctx *ctx, void **graph);
+opf_status opf_device_graph_launch(opf_ctx *ctx, void *graph);
+void opf_device_graph_free(opf_ctx *ctx, void *graph);
+opf_status opf_device_scratch_reserve(opf_ctx *ctx, size_t bytes);
 
 #endif

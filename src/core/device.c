@@ -72,6 +72,58 @@ void opf_device_free(opf_ctx *ctx, void *ptr, size_t bytes)
     ctx->device_stats.bytes_live -= bytes;
 }
 
+opf_status opf_device_memset(opf_ctx *ctx, opf_device dev, void *p, int value, size_t n)
+{
+    if (!n) return OPF_OK;
+    if (dev == OPF_DEVICE_CPU || !ctx->rt) {
+        memset(p, value, n);
+        return OPF_OK;
+    }
+    return ctx->rt->memset(ctx, p, value, n);
+}
+
+/* ---- graph capture (the compiler's replays) ------------------------------- */
+
+bool opf_device_can_capture(const opf_ctx *ctx)
+{
+    return ctx->rt && ctx->rt->capture_begin && ctx->rt->capture_end && ctx->rt->graph_launch;
+}
+
+static opf_status no_capture(opf_ctx *ctx, const char *fn)
+{
+    return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: %s cannot capture its work into graphs", fn,
+                     ctx->rt ? ctx->rt->name : opf_device_name(ctx->device));
+}
+
+opf_status opf_device_capture_begin(opf_ctx *ctx)
+{
+    return opf_device_can_capture(ctx) ? ctx->rt->capture_begin(ctx)
+                                       : no_capture(ctx, "opf_device_capture_begin");
+}
+
+opf_status opf_device_capture_end(opf_ctx *ctx, void **graph)
+{
+    *graph = NULL;
+    return opf_device_can_capture(ctx) ? ctx->rt->capture_end(ctx, graph)
+                                       : no_capture(ctx, "opf_device_capture_end");
+}
+
+opf_status opf_device_graph_launch(opf_ctx *ctx, void *graph)
+{
+    return opf_device_can_capture(ctx) ? ctx->rt->graph_launch(ctx, graph)
+                                       : no_capture(ctx, "opf_device_graph_launch");
+}
+
+void opf_device_graph_free(opf_ctx *ctx, void *graph)
+{
+    if (graph && ctx->rt && ctx->rt->graph_free) ctx->rt->graph_free(ctx, graph);
+}
+
+opf_status opf_device_scratch_reserve(opf_ctx *ctx, size_t bytes)
+{
+    return ctx->rt && ctx->rt->scratch_reserve ? ctx->rt->scratch_reserve(ctx, bytes) : OPF_OK;
+}
+
 /* ---- copies ---------------------------------------------------------------- */
 
 static opf_status copy_bytes(opf_ctx *ctx, void *dst, opf_device to, const void *src,

@@ -129,6 +129,23 @@ opf_status opf_cuda_grouped_gemm(opf_ctx *, int, const struct opf_gemm_args *);
 opf_status opf_cuda_nn_math(opf_ctx *ctx, bool log, uint32_t first, uint32_t stride, int64_t n,
                             float *y);
 
+/* ---- CUDA graphs (graph.cu): the compiler's capture and replay -----------
+ * capture_begin starts recording the work queued on ctx's stream (nothing
+ * runs); capture_end stops it, always, and instantiates what was recorded
+ * into *out: it fails (OPF_ERR_DEVICE naming the cause) when a call inside
+ * the capture synchronized, allocated device memory or waited on a host
+ * copy. launch queues one replay on ctx's stream; free releases the graph
+ * (NULL: no-op). Kernel scratch must not grow inside a capture:
+ * scratch_reserve sizes it ahead (a warm-up run does the same). */
+typedef struct opf_cuda_graph opf_cuda_graph;
+opf_status opf_cuda_capture_begin(opf_ctx *ctx);
+opf_status opf_cuda_capture_end(opf_ctx *ctx, opf_cuda_graph **out);
+opf_status opf_cuda_graph_launch(opf_ctx *ctx, opf_cuda_graph *g);
+void opf_cuda_graph_free(opf_ctx *ctx, opf_cuda_graph *g);
+/* Kernels, copies and fills the graph holds (0: launch does nothing). */
+size_t opf_cuda_graph_num_nodes(const opf_cuda_graph *g);
+opf_status opf_cuda_scratch_reserve(opf_ctx *ctx, size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

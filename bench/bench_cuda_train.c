@@ -1,0 +1,357 @@
+/* bench_cuda_train.c: `opfuse bench cuda-train`: training steps on the GPU
+ * (CUDA-event medians of REPS after WARMUP, random data, bf16):
+ *   - Linear forward + backward (fprop, dgrad, wgrad) at S x S x S per
+ *     recipe, and the recipe's three GEMMs alone on operands quantized once
+ *     (the floor the step approaches);
+ *   - the LayerNorm-MLP step (layernorm, fc1 + bias, gelu, fc2 + bias;
+ *     forward + backward with a given dy, no optimizer) at T tokens x
+ *     hidden H (ffn 4H) per recipe, eager;
+ *   - the same step at 256 x 1024, eager and compiled (replayed as CUDA
+ *     graphs), bf16 and FP8 current scaling;
+ *   - host time: the CPU wall time of the calls alone (the stream is idle
+ *     before each timed call and the GPU work it queues runs after it), per
+ *     eager op call (a step's calls over its plan entries) and per compiled
+ *     step, with the graph launches a step makes.
+ * `--out FILE` also writes "name value" lines for
+ * bench/peer/torch_cuda_train.py, which prints the comparison table.
+ *
+ *     opfuse bench cuda-train [--out FILE] [S [T H]]   default 8192 8192 4096 */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "opfuse.h"
+
+#ifndef OPF_HAVE_CUDA
+int opf_bench_cuda_train(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    printf("bench cuda-train: skipped, built without CUDA\n");
+    return 0;
+}
+#else
+#include "bench_cuda.h"
+#include "compile/compile-impl.h"
+
+enum { WARMUP = 3, REPS = 15, HOST_REPS = 50 };
+
+static FILE *results;
+
+static void record(const char *name, const char *unit, double v, const char *note)
+{
+    printf("  %-34s %10.3f %-4s %s\n", name, v, unit, note ? note : "");
+    if (results) fprintf(results, "%s %.6g\n", name, v);
+}
+
+/* What a timed step runs: fn(arg) queues one step's work on ctx's stream. */
+typedef opf_status (*step_fn)(void *arg);
+typedef struct timed { opf_ctx *ctx; step_fn fn; void *arg; } timed;
+
+/* Median milliseconds of a step between two events, after WARMUP steps. */
+static opf_status time_ms(const timed *t, double *ms)
+{
+    opf_cuda_timer *tm = NULL;
+    opf_status st = opf_cuda_timer_create(t->ctx, 2 * REPS, &tm);
+    for (int i = 0; i < WARMUP && !st; i++) st = t->fn(t->arg);
+    for (int i = 0; i < REPS && !st; i++)
+        if (!(st = opf_cuda_timer_mark(t->ctx, tm, 2 * i)) && !(st = t->fn(t->arg)))
+            st = opf_cuda_timer_mark(t->ctx, tm, 2 * i + 1);
+    double v[REPS];
+    for (int i = 0; i < REPS && !st; i++) {
+        float f = 0;
+        st = opf_cuda_timer_ms(tm, 2 * i, 2 * i + 1, &f);
+        v[i] = f;
+    }
+    opf_cuda_timer_destroy(tm);
+    if (!st) *ms = opf_bench_median(v, REPS);
+    return st;
+}
+
+/* Median microseconds of the host calls of a step, the device idle before
+ * each (the GPU work queued runs after the clock stops). */
+static opf_status host_us(const timed *t, double *us)
+{
+    double v[HOST_REPS];
+    opf_status st = OPF_OK;
+    for (int i = 0; i < HOST_REPS && !st; i++) {
+        if ((st = opf_cuda_sync(t->ctx))) break;
+        double t0 = opf_bench_now();
+        st = t->fn(t->arg);
+        v[i] = (opf_bench_now() - t0) * 1e6;
+    }
+    if (!st) st = opf_cuda_sync(t->ctx);
+    if (!st) *us = opf_bench_median(v, HOST_REPS);
+    return st;
+}
+
+/* Random values in [-scale, scale), bf16, on the device. */
+static opf_status rand_device(opf_ctx *ctx, int64_t rows, int64_t cols, float scale, opf_tensor *out)
+{
+    opf_spec s = opf_spec_make(2, (int64_t[]){rows, cols}, OPF_BF16);
+    opf_tensor h;
+    opf_status st = opf_tensor_alloc(ctx, &s, &h);
+    float *v = malloc(sizeof *v * (size_t)(rows * cols));
+    uint64_t r = 0x2545F4914F6CDD1Dull ^ (uint64_t)(rows * 131 + cols);
+    for (int64_t i = 0; v && i < rows * cols; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        v[i] = scale * (float)(int32_t)(r >> 32) * 0x1p-31f;
+    }
+    if (!v && !st) st = OPF_ERR_NO_MEMORY;
+    if (!st) st = opf_convert(v, OPF_F32, h.data[0], OPF_BF16, (size_t)(rows * cols));
+    if (!st) st = opf_tensor_to(ctx, &h, OPF_DEVICE_CUDA, out);
+    free(v);
+    opf_tensor_release(&h);
+    return st;
+}
+
+/* Every parameter's value and grad moved to the device. */
+static opf_status params_to_device(opf_ctx *ctx, opf_seq *seq)
+{
+    for (int i = 0; i < opf_seq_len(seq); i++)
+        for (int k = 0; k < opf_op_num_params(opf_seq_at(seq, i)); k++) {
+            opf_param *p = opf_op_param(opf_seq_at(seq, i), k);
+            opf_tensor v, g;
+            opf_status st = opf_tensor_to(ctx, &p->value, OPF_DEVICE_CUDA, &v);
+            if (!st && (st = opf_tensor_to(ctx, &p->grad, OPF_DEVICE_CUDA, &g))) opf_tensor_release(&v);
+            if (st) return st;
+            opf_tensor_release(&p->value), opf_tensor_release(&p->grad);
+            p->value = v, p->grad = g;
+        }
+    return OPF_OK;
+}
+
+static opf_status ln_mlp(opf_ctx *ctx, int64_t h, opf_seq **out)
+{
+    opf_seq *seq = NULL;
+    opf_op *ln = NULL, *act = NULL;
+    opf_layernorm_config lc = {.hidden = h, .eps = 1e-5, .dtype = OPF_BF16};
+    opf_status st = opf_seq_create(ctx, &seq);
+    if (!st) st = opf_op_create(ctx, "layernorm", &lc, "ln", &ln);
+    if (!st) st = opf_seq_append(seq, ln);
+    if (!st) st = opf_seq_append_linear(seq, h, 4 * h, true, OPF_BF16, "fc1");
+    if (!st) st = opf_op_create(ctx, "gelu", NULL, "gelu", &act);
+    if (!st) st = opf_seq_append(seq, act);
+    if (!st) st = opf_seq_append_linear(seq, 4 * h, h, true, OPF_BF16, "fc2");
+    if (!st) st = params_to_device(ctx, seq);
+    *out = seq;
+    return st;
+}
+
+/* ---- one training step, eager or compiled ------------------------------------------ */
+
+typedef struct train {
+    opf_seq     *seq;
+    opf_graph   *g;             /* NULL: eager */
+    opf_seq_call call;
+    opf_recipe   recipe;
+    opf_tensor   x, dy;
+} train;
+
+static opf_status train_step(void *arg)
+{
+    train *t = arg;
+    opf_tensor y, dx;
+    for (int i = 0; i < opf_seq_len(t->seq); i++)  /* zero_grad: each step's grads start fresh */
+        for (int k = 0; k < opf_op_num_params(opf_seq_at(t->seq, i)); k++)
+            opf_op_param(opf_seq_at(t->seq, i), k)->has_grad = false;
+    opf_status st = t->g ? opf_graph_forward(t->g, &t->x, &t->call, &y, NULL)
+                         : opf_seq_forward(t->seq, &t->x, &t->call, &y, NULL);
+    if (st) return st;
+    st = t->g ? opf_graph_backward(t->g, &t->dy, NULL, &dx, NULL)
+              : opf_seq_backward(t->seq, &t->dy, NULL, &dx, NULL);
+    opf_tensor_release(&y);
+    if (!st) opf_tensor_release(&dx);
+    return st;
+}
+
+static opf_status train_open(opf_ctx *ctx, opf_seq *seq, opf_recipe_kind kind, int64_t rows,
+                             int64_t h, train *t)
+{
+    memset(t, 0, sizeof *t);
+    t->seq = seq;
+    t->recipe = opf_recipe_default(kind);
+    t->call = opf_seq_call_default();
+    t->call.recipe = kind == OPF_RECIPE_NONE ? NULL : &t->recipe;
+    opf_status st = rand_device(ctx, rows, h, 1.0f, &t->x);
+    return st ? st : rand_device(ctx, rows, h, 0.01f, &t->dy);
+}
+
+static void train_close(train *t)
+{
+    opf_graph_destroy(t->g);
+    opf_tensor_release(&t->x), opf_tensor_release(&t->dy);
+}
+
+/* ---- Linear: the step and its three GEMMs --------------------------------------------- */
+
+typedef struct gemms {
+    opf_ctx   *ctx;
+    opf_tensor w, x, dy;        /* operands, quantized by the recipe (rowwise + columnwise) */
+    opf_tensor y, dx, dw;
+} gemms;
+
+static opf_status run_gemms(void *arg)
+{
+    gemms *a = arg;
+    opf_gemm_options o = opf_gemm_options_default();
+    opf_status st = opf_gemm(a->ctx, &a->w, &a->x, OPF_GEMM_TN, &o, &a->y);
+    if (!st) st = opf_gemm(a->ctx, &a->w, &a->dy, OPF_GEMM_NN, &o, &a->dx);
+    return st ? st : opf_gemm(a->ctx, &a->x, &a->dy, OPF_GEMM_NT, &o, &a->dw);
+}
+
+/* in quantized by role's quantizer of op's recipe state (both usages); plain when none. */
+static opf_status operand(opf_ctx *ctx, opf_op *op, opf_tensor_role role, const opf_tensor *in,
+                          opf_tensor *out)
+{
+    opf_recipe_state *rs = opf_op_recipe_state(op);
+    opf_quantizer q;
+    if (!rs) return opf_tensor_to(ctx, in, OPF_DEVICE_CUDA, out);
+    opf_status st = opf_recipe_state_quantizer(rs, role, 0, &q);
+    q.usage = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+    return st ? st : opf_quantize_alloc(ctx, &q, in, out);
+}
+
+static opf_status gemms_ms(opf_ctx *ctx, opf_seq *seq, const train *t, int64_t S, double *ms)
+{
+    gemms a = {.ctx = ctx};
+    opf_op *op = opf_seq_at(seq, 0);
+    opf_spec ps = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
+    ps.device = OPF_DEVICE_CUDA;
+    opf_status st = operand(ctx, op, OPF_ROLE_WEIGHT, &opf_op_param(op, 0)->value, &a.w);
+    if (!st) st = operand(ctx, op, OPF_ROLE_INPUT, &t->x, &a.x);
+    if (!st) st = operand(ctx, op, OPF_ROLE_GRAD_OUTPUT, &t->dy, &a.dy);
+    if (!st) st = opf_tensor_alloc(ctx, &ps, &a.y);
+    if (!st) st = opf_tensor_alloc(ctx, &ps, &a.dx);
+    if (!st) st = opf_tensor_alloc(ctx, &ps, &a.dw);
+    if (!st) st = time_ms(&(timed){ctx, run_gemms, &a}, ms);
+    opf_tensor *all[] = {&a.w, &a.x, &a.dy, &a.y, &a.dx, &a.dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) opf_tensor_release(all[i]);
+    return st;
+}
+
+typedef struct rcase { opf_recipe_kind kind; const char *name; } rcase;
+static const rcase recipes[] = {
+    {OPF_RECIPE_NONE, "bf16"},       {OPF_RECIPE_CURRENT, "fp8_current"},
+    {OPF_RECIPE_DELAYED, "fp8_delayed"}, {OPF_RECIPE_BLOCK, "fp8_block"},
+    {OPF_RECIPE_MXFP8, "mxfp8"},     {OPF_RECIPE_NVFP4, "nvfp4"},
+};
+enum { N_RECIPES = sizeof recipes / sizeof recipes[0] };
+
+static void failed(opf_ctx *ctx, const char *what)
+{
+    printf("  %-34s failed: %s\n", what, opf_last_error(ctx));
+    opf_clear_error(ctx);
+}
+
+static void bench_linear(opf_ctx *ctx, int64_t S)
+{
+    printf("Linear forward + backward, %lld^3, bf16 in and out (ms)\n", (long long)S);
+    for (int r = 0; r < N_RECIPES; r++) {
+        char name[64];
+        opf_seq *seq = NULL;
+        train t = {0};
+        double ms = 0, gms = 0;
+        opf_status st = opf_seq_create(ctx, &seq);
+        if (!st) st = opf_seq_append_linear(seq, S, S, false, OPF_BF16, "fc");
+        if (!st) st = params_to_device(ctx, seq);
+        if (!st) st = train_open(ctx, seq, recipes[r].kind, S, S, &t);
+        if (!st) st = time_ms(&(timed){ctx, train_step, &t}, &ms);
+        snprintf(name, sizeof name, "linear_%s_ms", recipes[r].name);
+        if (st) failed(ctx, name);
+        else record(name, "ms", ms, NULL);
+        if (!st) st = gemms_ms(ctx, seq, &t, S, &gms);
+        snprintf(name, sizeof name, "linear_%s_gemms_ms", recipes[r].name);
+        char note[64];
+        snprintf(note, sizeof note, "step / GEMMs %.2f", gms > 0 ? ms / gms : 0.0);
+        if (st) failed(ctx, name);
+        else record(name, "ms", gms, note);
+        train_close(&t);
+        opf_seq_destroy(seq);
+    }
+}
+
+static void bench_lnmlp(opf_ctx *ctx, int64_t T, int64_t H)
+{
+    printf("LayerNorm-MLP step (forward + backward), %lld tokens x hidden %lld, eager (ms)\n",
+           (long long)T, (long long)H);
+    for (int r = 0; r < N_RECIPES; r++) {
+        char name[64];
+        snprintf(name, sizeof name, "lnmlp_%s_ms", recipes[r].name);
+        opf_seq *seq = NULL;
+        train t = {0};
+        double ms = 0;
+        opf_status st = ln_mlp(ctx, H, &seq);
+        if (!st) st = train_open(ctx, seq, recipes[r].kind, T, H, &t);
+        if (!st) st = time_ms(&(timed){ctx, train_step, &t}, &ms);
+        if (st) failed(ctx, name);
+        else record(name, "ms", ms, NULL);
+        train_close(&t);
+        opf_seq_destroy(seq);
+    }
+}
+
+/* The small step eager and compiled: device time and host time of each. */
+static opf_status small_case(opf_ctx *ctx, const rcase *rc, int64_t T, int64_t H)
+{
+    opf_seq *seq = NULL;
+    train t = {0};
+    char name[64], note[96];
+    double eager_ms, graph_ms, eager_us, graph_us;
+    opf_status st = ln_mlp(ctx, H, &seq);
+    if (!st) st = train_open(ctx, seq, rc->kind, T, H, &t);
+    if (!st) st = time_ms(&(timed){ctx, train_step, &t}, &eager_ms);
+    if (!st) st = host_us(&(timed){ctx, train_step, &t}, &eager_us);
+    if (!st) st = opf_compile(seq, &t.x.spec, &t.call, NULL, &t.g);
+    if (!st) st = time_ms(&(timed){ctx, train_step, &t}, &graph_ms);
+    if (!st) st = host_us(&(timed){ctx, train_step, &t}, &graph_us);
+    if (!st) {
+        opf_graph_stats gs;
+        opf_graph_get_stats(t.g, &gs);
+        int calls = gs.n_forward + gs.n_backward;
+        snprintf(name, sizeof name, "small_%s_eager_ms", rc->name);
+        record(name, "ms", eager_ms, NULL);
+        snprintf(name, sizeof name, "small_%s_graph_ms", rc->name);
+        snprintf(note, sizeof note, "%d + %d graph launches per step", t.g->launches[0], t.g->launches[1]);
+        record(name, "ms", graph_ms, note);
+        snprintf(name, sizeof name, "host_%s_eager_step_us", rc->name);
+        record(name, "us", eager_us, NULL);
+        snprintf(name, sizeof name, "host_%s_eager_op_us", rc->name);
+        snprintf(note, sizeof note, "over %d op calls (plan entries) per step", calls);
+        record(name, "us", eager_us / calls, note);
+        snprintf(name, sizeof name, "host_%s_graph_step_us", rc->name);
+        record(name, "us", graph_us, NULL);
+    }
+    train_close(&t);
+    opf_seq_destroy(seq);
+    return st;
+}
+
+static void bench_small(opf_ctx *ctx)
+{
+    const int64_t T = 256, H = 1024;
+    printf("LayerNorm-MLP step, %lld tokens x hidden %lld: eager vs compiled with CUDA graphs\n",
+           (long long)T, (long long)H);
+    static const rcase cases[] = {{OPF_RECIPE_NONE, "bf16"}, {OPF_RECIPE_CURRENT, "fp8_current"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (small_case(ctx, &cases[i], T, H)) failed(ctx, cases[i].name);
+}
+
+int opf_bench_cuda_train(int argc, char **argv)
+{
+    const char *out_path;
+    opf_ctx *ctx;
+    int rc = opf_bench_cuda_open("cuda-train", &argc, &argv, &out_path, &ctx);
+    if (!ctx) return rc;
+    int64_t S = argc >= 1 ? atoll(argv[0]) : 8192;
+    int64_t T = argc >= 3 ? atoll(argv[1]) : 8192, H = argc >= 3 ? atoll(argv[2]) : 4096;
+    results = out_path ? fopen(out_path, "w") : NULL;
+    bench_linear(ctx, S);
+    bench_lnmlp(ctx, T, H);
+    bench_small(ctx);
+    if (results) fclose(results);
+    results = NULL;
+    opf_ctx_destroy(ctx);
+    return 0;
+}
+#endif

@@ -1,0 +1,130 @@
+"""PyTorch peer of `opfuse bench cuda-train`, on the same GPU in the same run,
+bf16, random data, CUDA-event medians after warm-up:
+  - nn.Linear (no bias) forward + backward at S^3 (dgrad and wgrad);
+  - the LayerNorm-MLP block (LayerNorm, Linear 4H, tanh-GELU, Linear H)
+    forward + backward with a given dy (no optimizer, as opfuse's step) at
+    T tokens x hidden H, eager and torch.compile;
+  - the same block at 256 x 1024, eager and torch.compile(mode="reduce-overhead")
+    (CUDA graphs), with the host time of an eager step's calls.
+Reads opfuse's "name value" file and prints the comparison table last, with
+the targets of issue 12.
+
+Usage: torch_cuda_train.py OPFUSE_RESULTS [S [T H]]    default 8192 8192 4096"""
+import sys
+import time
+
+import torch
+
+from peer_timing import median_ms
+
+HOST_REPS = 50
+DEV = torch.device("cuda")
+
+
+def host_us(fn):
+    t = []
+    for _ in range(HOST_REPS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        t.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return sorted(t)[HOST_REPS // 2]
+
+
+class Block(torch.nn.Module):
+    def __init__(self, h):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(h, eps=1e-5)
+        self.fc1 = torch.nn.Linear(h, 4 * h)
+        self.fc2 = torch.nn.Linear(4 * h, h)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x)), approximate="tanh"))
+
+
+def step_fn(model, x, dy, mark=False):
+    params = list(model.parameters())
+
+    def step():
+        if mark:
+            torch.compiler.cudagraph_mark_step_begin()
+        for p in params:
+            p.grad = None
+        x.grad = None
+        model(x).backward(dy)
+    return step
+
+
+def block_times(rows, h, mode):
+    model = Block(h).to(DEV, torch.bfloat16)
+    x = torch.randn(rows, h, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(rows, h, device=DEV, dtype=torch.bfloat16) * 0.01
+    eager = step_fn(model, x, dy)
+    out = {"eager": median_ms(eager), "eager_host": host_us(eager)}
+    compiled = torch.compile(model, mode=mode) if mode else torch.compile(model)
+    out["compile"] = median_ms(step_fn(compiled, x, dy, mark=mode == "reduce-overhead"))
+    return out
+
+
+def main():
+    path = sys.argv[1]
+    S = int(sys.argv[2]) if len(sys.argv) >= 3 else 8192
+    T, H = (int(a) for a in sys.argv[3:5]) if len(sys.argv) >= 5 else (8192, 4096)
+    torch.manual_seed(0)
+    peer = {}
+    lin = torch.nn.Linear(S, S, bias=False).to(DEV, torch.bfloat16)
+    x = torch.randn(S, S, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(S, S, device=DEV, dtype=torch.bfloat16) * 0.01
+    peer["linear"] = median_ms(step_fn(lin, x, dy))
+    del lin, x, dy
+    big = block_times(T, H, None)
+    small = block_times(256, 1024, "reduce-overhead")
+
+    ours = {}
+    with open(path) as f:
+        for line in f:
+            k, v = line.split()
+            ours[k] = float(v)
+    print(f"\nopfuse vs PyTorch {torch.__version__} on {torch.cuda.get_device_name()} "
+          f"(ms unless noted; speedup = PyTorch time / opfuse time)")
+    print(f"{'what':40s} {'opfuse':>9s} {'peer':>9s} {'speedup':>7s}  peer")
+
+    def row(name, o, p, target, what):
+        s = p / o if o and p else 0.0
+        verdict = ""
+        if target and s:
+            verdict = f"  (target >= {target:.2f}: " + ("ok)" if s >= target else "MISSED)")
+        print(f"{name:40s} {o or 0:9.3f} {p or 0:9.3f} {s:7.2f}  {what}{verdict}")
+
+    targets = {"fp8_current": 1.65, "fp8_delayed": 1.65, "fp8_block": 1.45,
+               "mxfp8": 1 / 1.2, "nvfp4": 1 / 1.2, "bf16": 0}
+    for r, t in targets.items():
+        row(f"linear {S}^3 fwd+bwd {r}", ours.get(f"linear_{r}_ms"), peer["linear"], t,
+            "nn.Linear bf16")
+    for r in targets:
+        o, g = ours.get(f"linear_{r}_ms"), ours.get(f"linear_{r}_gemms_ms")
+        if o and g:
+            bound = " (target <= 1.10)" if r in ("fp8_current", "fp8_delayed") else ""
+            print(f"{'linear ' + r + ' step / its 3 GEMMs':40s} {o:9.3f} {g:9.3f} {o / g:7.2f}{bound}")
+    for r in targets:
+        o = ours.get(f"lnmlp_{r}_ms")
+        row(f"lnmlp {T}x{H} {r} vs eager", o, big["eager"], 0, "PyTorch bf16 eager")
+        row(f"lnmlp {T}x{H} {r} vs compile", o, big["compile"], 1.5 if r == "fp8_current" else 0,
+            "torch.compile bf16")
+    for r in ("bf16", "fp8_current"):
+        g = ours.get(f"small_{r}_graph_ms")
+        row(f"lnmlp 256x1024 {r} CUDA graphs vs eager", g, small["eager"], 10.0, "PyTorch eager")
+        row(f"lnmlp 256x1024 {r} CUDA graphs vs r-o", g, small["compile"], 0,
+            "torch.compile reduce-overhead")
+        row(f"lnmlp 256x1024 {r} eager", ours.get(f"small_{r}_eager_ms"), small["eager"], 0,
+            "PyTorch eager")
+    print("host time (us): CPU wall time of the calls, the GPU idle before each")
+    for r in ("bf16", "fp8_current"):
+        for k in ("eager_op", "eager_step", "graph_step"):
+            v = ours.get(f"host_{r}_{k}_us")
+            print(f"  {r + ' ' + k.replace('_', ' '):38s} {v or 0:9.2f}")
+    print(f"  {'PyTorch eager step (256x1024)':38s} {small['eager_host']:9.2f}")
+
+
+main()
