@@ -46,21 +46,25 @@ typedef struct run_result {
 } run_result;
 
 static opf_status train(const opf_recipe *r, const float *xv, const float *t, bool compiled,
-                        run_result *res)
+                        opf_device dev, run_result *res)
 {
     opf_ctx_options o = opf_ctx_options_default();
     o.seed = 1234;
+    o.device = dev;
     opf_ctx *ctx;
     opf_status st = opf_ctx_create(&o, &ctx);
-    if (st) return st;
+    if (st) return fprintf(stderr, "opfuse demo: %s\n", opf_last_error(NULL)), st;
     opf_seq *seq = NULL;
     opf_optim *opt = NULL;
     opf_compiled *cc = NULL;
     opf_optim_options oo = opf_optim_options_default();
     oo.lr = 3e-3f;
-    opf_tensor x;
-    opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {TOKENS, HIDDEN}, .dtype = OPF_F32}, (void *)xv, &x);
-    if ((st = opf_model_ln_mlp(ctx, HIDDEN, FFN, OPF_F32, &seq)) ||
+    opf_tensor x, xh;
+    opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {TOKENS, HIDDEN}, .dtype = OPF_F32}, (void *)xv,
+                    &xh);
+    x = xh;
+    if ((dev != OPF_DEVICE_CPU && (st = opf_tensor_to(ctx, &xh, dev, &x))) ||
+        (st = opf_model_ln_mlp(ctx, HIDDEN, FFN, OPF_F32, &seq)) ||
         (st = opf_optim_create(ctx, seq, OPF_OPTIM_ADAMW, &oo, &opt)) ||
         (compiled && (st = opf_compiled_create(seq, NULL, &cc))))
         goto done;
@@ -87,6 +91,7 @@ static opf_status train(const opf_recipe *r, const float *xv, const float *t, bo
     res->ms = (now_s() - t0) * 1e3 / (STEPS - 1);
 done:
     if (st) fprintf(stderr, "%s: %s\n", opf_recipe_name(r->kind), opf_last_error(ctx));
+    if (x.data[0] != xh.data[0]) opf_tensor_release(&x);
     opf_compiled_destroy(cc);
     opf_optim_destroy(opt);
     opf_seq_destroy(seq);
@@ -94,9 +99,26 @@ done:
     return st;
 }
 
+/* The largest relative difference of two runs' losses. */
+static double max_rel_diff(const run_result *a, const run_result *b)
+{
+    double m = 0;
+    for (int i = 0; i < STEPS; i++) {
+        double d = fabs(a->loss[i] - b->loss[i]) / (fabs(b->loss[i]) + 1e-30);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
 int opf_demo_train(int argc, char **argv)
 {
-    (void)argc, (void)argv;
+    opf_device dev = OPF_DEVICE_CPU;
+    for (int i = 0; i < argc; i += 2) {
+        bool cuda = i + 1 < argc && !strcmp(argv[i + 1], "cuda");
+        if (strcmp(argv[i], "--device") || !(cuda || (i + 1 < argc && !strcmp(argv[i + 1], "cpu"))))
+            return fprintf(stderr, "opfuse demo: usage: opfuse demo [--device cpu|cuda]\n"), 2;
+        dev = cuda ? OPF_DEVICE_CUDA : OPF_DEVICE_CPU;
+    }
     static float x[TOKENS * HIDDEN], t[TOKENS * HIDDEN];
     make_task(x, t);
     printf("opfuse demo: residual LayerNorm-MLP (hidden %d, ffn %d, %d tokens), AdamW, %d steps, "
@@ -110,8 +132,9 @@ int opf_demo_train(int argc, char **argv)
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         opf_recipe r = opf_recipe_default(kinds[i]);
         r.amax_history_len = 16;
-        static run_result eager, comp;
-        if (train(&r, x, t, false, &eager) || train(&r, x, t, true, &comp)) {
+        static run_result eager, comp, ref;
+        if (train(&r, x, t, false, dev, &eager) || train(&r, x, t, true, dev, &comp) ||
+            (dev != OPF_DEVICE_CPU && train(&r, x, t, false, OPF_DEVICE_CPU, &ref))) {
             rc = 1;
             continue;
         }
@@ -119,6 +142,9 @@ int opf_demo_train(int argc, char **argv)
         printf("| %-12s | %11.5f | %11.5f | %9.3f | %12.3f | %14s |\n", opf_recipe_name(kinds[i]),
                eager.first, eager.last, eager.ms, comp.ms, same ? "bit for bit" : "NO");
         if (!same) rc = 1;
+        if (dev != OPF_DEVICE_CPU)
+            printf("|   vs the cpu | %11.5f | %11.5f | losses within %.1e of the cpu run      |\n",
+                   ref.first, ref.last, max_rel_diff(&eager, &ref));
     }
     printf("\n");
     return rc;

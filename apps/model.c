@@ -32,9 +32,24 @@ opf_status opf_model_ln_mlp(opf_ctx *ctx, int64_t hidden, int64_t ffn, opf_dtype
     return OPF_OK;
 }
 
+/* On a device: y comes to the host and dy goes back (two explicit copies,
+ * outside the step's kernels). */
+static opf_status mse_on_device(opf_ctx *ctx, const opf_tensor *y, const float *t, double *loss,
+                                opf_tensor *dy)
+{
+    opf_tensor yh, dyh;
+    opf_status st = opf_tensor_to(ctx, y, OPF_DEVICE_CPU, &yh);
+    if (st) return st;
+    st = opf_model_mse(ctx, &yh, t, loss, &dyh);
+    if (!st) st = opf_tensor_to(ctx, &dyh, y->spec.device, dy), opf_tensor_release(&dyh);
+    opf_tensor_release(&yh);
+    return st;
+}
+
 opf_status opf_model_mse(opf_ctx *ctx, const opf_tensor *y, const float *t, double *loss,
                          opf_tensor *dy)
 {
+    if (y->spec.device != OPF_DEVICE_CPU) return mse_on_device(ctx, y, t, loss, dy);
     int64_t n = opf_spec_numel(&y->spec);
     float *yf = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
     if (!yf || !g) {

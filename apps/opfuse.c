@@ -13,7 +13,8 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"demo", NULL, opf_demo_train, "train a residual LayerNorm-MLP with every recipe"},
+    {"demo", NULL, opf_demo_train, "train a residual LayerNorm-MLP with every recipe\n"
+                                   "                   [--device cpu|cuda] (cuda: losses compared to the cpu's)"},
     {"demo", NULL, opf_demo_quantize, "quantize a sample tensor with every recipe"},
     {"train", NULL, opf_app_train, "train a small GPT (the addition task or --data FILE):\n"
                                    "                   [--recipe bf16|fp8-delayed|fp8-current|fp8-block|mxfp8|nvfp4]\n"

@@ -92,6 +92,21 @@ OPF_API void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
 /* Counters of the host allocator, whatever the context's device. ctx and
  * out must not be NULL. */
 OPF_API void opf_ctx_host_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out);
+/* Counters of the host's waits on the device and of copies between host and
+ * device memory made through the context (all zero on a CPU context). A
+ * training step on a device keeps n_sync and n_d2h unchanged once its
+ * buffers are warm: amax, scales and the delayed-scaling state stay on the
+ * device; the split sizes of grouped ops are the one documented read. */
+typedef struct opf_sync_stats {
+    uint64_t n_sync;     /* stream or event synchronizations (the host waited) */
+    uint64_t n_d2h;      /* device-to-host copies */
+    uint64_t bytes_d2h;
+    uint64_t n_h2d;      /* host-to-device copies */
+    uint64_t bytes_h2d;
+} opf_sync_stats;
+/* ctx and out must not be NULL. Usage: take the counters before and after a
+ * step and compare. */
+OPF_API void opf_ctx_sync_stats(const opf_ctx *ctx, opf_sync_stats *out);
 /* Waits for the work queued on the context's device (CPU: returns at once).
  * NULL ctx: OPF_ERR_INVALID_ARG. A device error is OPF_ERR_DEVICE with the
  * runtime's message. */

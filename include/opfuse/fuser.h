@@ -199,7 +199,9 @@ OPF_API opf_status opf_optim_step(opf_optim *opt);
 /* The optimizer's state, for checkpoints: one slot per parameter of the seq
  * (opf_seq_for_each_param order) with its fp32 master copy and moments (m:
  * SGD momentum or AdamW first moment, NULL when unused; v: AdamW second
- * moment or NULL), each of *n floats, readable and writable. */
+ * moment or NULL), each of *n floats, readable and writable, in the memory
+ * of the optimizer's context's device (device memory on a CUDA context:
+ * copy through opf_tensor_copy). */
 OPF_API opf_optim_kind opf_optim_kind_of(const opf_optim *opt);
 OPF_API int opf_optim_num_slots(const opf_optim *opt);
 OPF_API opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master,

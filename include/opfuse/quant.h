@@ -190,7 +190,10 @@ OPF_API opf_status opf_recipe_quantizer(const opf_recipe *r, const opf_quantizer
 /* ---- delayed scaling state (3.1) ------------------------------------------ */
 
 /* n_slots slots, each with scale (init 1) and an amax history of L rows
- * (init 0). `backward` picks the direction's format under HYBRID. */
+ * (init 0). `backward` picks the direction's format under HYBRID. The arrays
+ * live in the memory of ctx's device (a CUDA context: device memory, where
+ * the quantize kernels and the update use them with no host round trip); a
+ * state quantizes tensors of that device only. */
 OPF_API opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margin,
                                             int history_len, opf_amax_algo algo, bool backward,
                                             int n_slots, opf_delayed_state **out);
@@ -199,16 +202,28 @@ OPF_API int opf_delayed_state_slots(const opf_delayed_state *s);
 OPF_API int opf_delayed_state_history_len(const opf_delayed_state *s);
 OPF_API opf_dtype opf_delayed_state_dtype(const opf_delayed_state *s);
 /* scale[n_slots]; history row-major [L][n_slots], row 0 = current step. The
- * pointers stay valid for the state's life; callers may read and write them
- * (checkpoint restore). */
+ * pointers stay valid for the state's life, in the memory of the state's
+ * device: on the CPU callers may read and write them; from the host, a
+ * device state's arrays are reached through read/write below. */
 OPF_API float *opf_delayed_state_scale(opf_delayed_state *s);
 OPF_API float *opf_delayed_state_history(opf_delayed_state *s);
+/* The device whose memory holds the arrays (the creating context's). */
+OPF_API opf_device opf_delayed_state_device(const opf_delayed_state *s);
+/* Explicit copies between host arrays (scale[n_slots], history[L][n_slots];
+ * either may be NULL) and the state, whatever its device (counted
+ * device-to-host / host-to-device copies on a device; read returns once the
+ * values are on the host). ctx NULL: the state's context. Checkpoints and
+ * tests use these. */
+OPF_API opf_status opf_delayed_state_read(opf_ctx *ctx, opf_delayed_state *s, float *scale,
+                                          float *history);
+OPF_API opf_status opf_delayed_state_write(opf_ctx *ctx, opf_delayed_state *s,
+                                           const float *scale, const float *history);
 /* The update after a step (fused path of 3.1): optional reduce() on a copy of
  * row 0, then per slot: no roll on zero amax, roll, amax by algorithm, new
  * scale by 2.2. */
 OPF_API opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                                             opf_amax_reduce_fn reduce, void *reduce_user);
-/* Scales back to 1, history to 0. */
+/* Scales back to 1, history to 0 (on a device: one counted copy). */
 OPF_API void opf_delayed_state_reset(opf_delayed_state *s);
 
 /* ---- recipe state: the quantizers of one module ---------------------------- */

@@ -21,13 +21,18 @@ struct opf_ctx {
     /* The runtime of a device context (NULL on the CPU) and the counters of
      * the device memory its tensors hold. */
     const struct opf_device_runtime *rt;
+    void           *device_state;   /* the runtime's own state, set by its init */
     opf_alloc_stats device_stats;
+    opf_sync_stats  sync_stats;     /* counted by the runtime (device-impl.h) */
     void           *workspace;
     size_t          workspace_bytes;
     char            error[OPF_ERROR_MAX];
-    /* scratch stack: chunks reused across calls, freed with the context */
-    struct opf_scratch_chunk { char *mem; size_t size, used; } scratch[16];
-    int             n_scratch, scratch_top;
+    /* scratch stacks, host and (device contexts) device memory: chunks
+     * reused across calls, freed with the context; one mark covers both */
+    struct opf_scratch_stack {
+        struct opf_scratch_chunk { char *mem; size_t size, used; } chunk[16];
+        int n, top;
+    } scratch, dscratch;
     /* size-class cache of freed blocks (default allocator only): a repeated
      * step reuses its buffers instead of going back to malloc and the kernel */
     bool            caching;

@@ -22,6 +22,7 @@ static void default_free(void *user, void *p)
 }
 
 static void cache_drain(opf_ctx *ctx);
+static void scratch_free(opf_ctx *ctx);
 
 static void default_warn(void *user, const char *msg)
 {
@@ -109,8 +110,7 @@ void opf_ctx_destroy(opf_ctx *ctx)
 {
     if (!ctx) return;
     opf_ctx_free(ctx, ctx->workspace, ctx->workspace_bytes);
-    for (int i = 0; i < ctx->n_scratch; i++)
-        opf_ctx_free(ctx, ctx->scratch[i].mem, ctx->scratch[i].size);
+    scratch_free(ctx);
     cache_drain(ctx);
     if (ctx->rt) ctx->rt->trim(ctx);
     ctx->caching = false;  /* what the live buffers free later goes straight back */
@@ -135,6 +135,19 @@ void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out)
 }
 
 void opf_ctx_host_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out) { *out = ctx->stats; }
+void opf_ctx_sync_stats(const opf_ctx *ctx, opf_sync_stats *out) { *out = ctx->sync_stats; }
+
+void *opf_ctx_device_state(const opf_ctx *ctx) { return ctx->device_state; }
+void opf_ctx_set_device_state(opf_ctx *ctx, void *state) { ctx->device_state = state; }
+
+void opf_ctx_count_sync(opf_ctx *ctx) { ctx->sync_stats.n_sync++; }
+
+void opf_ctx_count_copy(opf_ctx *ctx, opf_copy_kind kind, size_t bytes)
+{
+    opf_sync_stats *s = &ctx->sync_stats;
+    if (kind == OPF_COPY_D2H) s->n_d2h++, s->bytes_d2h += bytes;
+    if (kind == OPF_COPY_H2D) s->n_h2d++, s->bytes_h2d += bytes;
+}
 
 opf_status opf_ctx_sync(opf_ctx *ctx)
 {
@@ -286,31 +299,65 @@ uint64_t opf_ctx_rng_advance(opf_ctx *ctx, uint64_t n)
     return o;
 }
 
-/* A mark is (chunk index, bytes used in it). */
-size_t opf_ctx_scratch_mark(const opf_ctx *ctx)
+/* A mark holds both stacks' (chunk index, bytes used / 64): 4 + 28 bits
+ * each, so a chunk offset reaches 16 GiB. The device half is 0 on a CPU
+ * context. */
+enum { MARK_TOP_BITS = 4, MARK_USED_BITS = 28 };
+
+static uint64_t stack_mark(const struct opf_scratch_stack *st)
 {
-    int top = ctx->scratch_top;
-    size_t used = top < ctx->n_scratch ? ctx->scratch[top].used : 0;
-    return ((size_t)top << 48) | used;
+    size_t used = st->top < st->n ? st->chunk[st->top].used : 0;
+    return (uint64_t)st->top << MARK_USED_BITS | (uint64_t)(used >> 6);
 }
 
-void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes)
+static void stack_pop(struct opf_scratch_stack *st, uint64_t mark)
+{
+    int top = (int)(mark >> MARK_USED_BITS) & ((1 << MARK_TOP_BITS) - 1);
+    st->top = top;
+    if (top < st->n) st->chunk[top].used = (size_t)(mark & ((1u << MARK_USED_BITS) - 1)) << 6;
+}
+
+size_t opf_ctx_scratch_mark(const opf_ctx *ctx)
+{
+    enum { HALF = MARK_TOP_BITS + MARK_USED_BITS };
+    return (size_t)(stack_mark(&ctx->dscratch) << HALF | stack_mark(&ctx->scratch));
+}
+
+void opf_ctx_scratch_pop(opf_ctx *ctx, size_t mark)
+{
+    enum { HALF = MARK_TOP_BITS + MARK_USED_BITS };
+    stack_pop(&ctx->scratch, (uint64_t)mark & ((1ull << HALF) - 1));
+    stack_pop(&ctx->dscratch, (uint64_t)mark >> HALF);
+}
+
+/* A new chunk of at least `bytes` (twice the one before, 1 MiB at least),
+ * in the memory of the stack's side. */
+static char *chunk_alloc(opf_ctx *ctx, bool device, size_t bytes, size_t *size)
+{
+    void *mem = NULL;
+    if (!device) mem = opf_ctx_alloc(ctx, bytes);
+    else if (opf_device_alloc(ctx, bytes, &mem)) mem = NULL;
+    *size = bytes;
+    return mem;
+}
+
+static void *stack_push(opf_ctx *ctx, struct opf_scratch_stack *st, bool device, size_t bytes)
 {
     bytes = (bytes + 63) & ~(size_t)63;
-    for (int i = ctx->scratch_top; i < 16; i++) {
-        if (i == ctx->n_scratch) {  /* never this deep: a new chunk */
-            size_t prev = i ? ctx->scratch[i - 1].size : 0;
-            size_t size = bytes > 2 * prev ? bytes : 2 * prev;
+    if (bytes >> (MARK_USED_BITS + 6)) return NULL;  /* past what a mark can hold */
+    for (int i = st->top; i < 16; i++) {
+        if (i == st->n) {  /* never this deep: a new chunk */
+            size_t prev = i ? st->chunk[i - 1].size : 0, size = bytes > 2 * prev ? bytes : 2 * prev;
             if (size < (1u << 20)) size = 1u << 20;
-            char *mem = opf_ctx_alloc(ctx, size);
+            char *mem = chunk_alloc(ctx, device, size, &size);
             if (!mem) return NULL;
-            ctx->scratch[i] = (struct opf_scratch_chunk){mem, size, 0};
-            ctx->n_scratch++;
+            st->chunk[i] = (struct opf_scratch_chunk){mem, size, 0};
+            st->n++;
         }
-        struct opf_scratch_chunk *c = &ctx->scratch[i];
-        if (i > ctx->scratch_top) c->used = 0;
+        struct opf_scratch_chunk *c = &st->chunk[i];
+        if (i > st->top) c->used = 0;
         if (c->size - c->used >= bytes) {
-            ctx->scratch_top = i;
+            st->top = i;
             void *p = c->mem + c->used;
             c->used += bytes;
             return p;
@@ -319,9 +366,23 @@ void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes)
     return NULL;
 }
 
-void opf_ctx_scratch_pop(opf_ctx *ctx, size_t mark)
+void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes)
 {
-    int top = (int)(mark >> 48);
-    ctx->scratch_top = top;
-    if (top < ctx->n_scratch) ctx->scratch[top].used = mark & (((size_t)1 << 48) - 1);
+    return stack_push(ctx, &ctx->scratch, false, bytes);
+}
+
+void *opf_ctx_scratch_push_on(opf_ctx *ctx, opf_device dev, size_t bytes)
+{
+    bool device = dev != OPF_DEVICE_CPU && ctx->rt && dev == ctx->device;
+    if (dev != OPF_DEVICE_CPU && !device) return NULL;
+    return stack_push(ctx, device ? &ctx->dscratch : &ctx->scratch, device, bytes);
+}
+
+static void scratch_free(opf_ctx *ctx)
+{
+    for (int i = 0; i < ctx->scratch.n; i++)
+        opf_ctx_free(ctx, ctx->scratch.chunk[i].mem, ctx->scratch.chunk[i].size);
+    for (int i = 0; i < ctx->dscratch.n; i++)
+        opf_device_free(ctx, ctx->dscratch.chunk[i].mem, ctx->dscratch.chunk[i].size);
+    ctx->scratch.n = ctx->dscratch.n = 0;
 }

@@ -60,6 +60,12 @@ opf_status opf_device_check(opf_ctx *ctx, const char *fn, const char *what, opf_
 opf_status opf_same_device(opf_ctx *ctx, const char *fn, int n, const opf_spec *const specs[],
                            const char *const names[], opf_device *out);
 
+/* Scratch on device dev (CPU: the host stack of opf_ctx_scratch_push; ctx's
+ * device: a stack in that device's memory, used in stream order), released
+ * by opf_ctx_scratch_pop like the host stack (one mark covers both). NULL
+ * when out of memory or dev is neither the CPU nor ctx's device. */
+void *opf_ctx_scratch_push_on(opf_ctx *ctx, opf_device dev, size_t bytes);
+
 /* The 2D view [M, K] of a shape: M = prod(shape[:-1]), K = shape[-1]. */
 void opf_shape_2d(const opf_spec *s, int64_t *m, int64_t *k);
 

@@ -64,6 +64,16 @@ typedef struct opf_device_runtime {
  * Defined by the backend layer (src/backend/backend.c). */
 const opf_device_runtime *opf_device_runtime_get(opf_device dev);
 
+/* The runtime's state of ctx (CUDA: its opf_cuda_state), NULL before init
+ * sets it and after fini clears it. */
+void *opf_ctx_device_state(const opf_ctx *ctx);
+void opf_ctx_set_device_state(opf_ctx *ctx, void *state);
+/* The runtime counts, in ctx's opf_sync_stats, every wait of the host for
+ * the device (stream or event synchronization) and every copy between host
+ * and device memory, whoever asked for it. */
+void opf_ctx_count_sync(opf_ctx *ctx);
+void opf_ctx_count_copy(opf_ctx *ctx, opf_copy_kind kind, size_t bytes);
+
 /* Device memory of ctx's device from its runtime, counted in
  * ctx->device_stats (opf_ctx_alloc_stats) as the host allocator counts. */
 opf_status opf_device_alloc(opf_ctx *ctx, size_t bytes, void **out);

@@ -253,9 +253,7 @@ void opf_seq_zero_grad(opf_seq *seq)
         opf_op_zero_grad(seq->ops[i]);
         for (int p = 0; p < seq->ops[i]->n_params; p++) {
             opf_param *pr = &seq->ops[i]->params[p];
-            opf_layout L;
-            if (pr->main_grad.data[0] && !opf_spec_layout(&pr->main_grad.spec, &L))
-                memset(pr->main_grad.data[0], 0, L.comp[0].nbytes);
+            opf_op_zero(seq->ctx, "opf_seq_zero_grad", &pr->main_grad);
         }
     }
 }

@@ -1,7 +1,8 @@
 /* optim.c: SGD (with momentum) and AdamW over a seq's parameters, with FP32
  * master weights written back in each parameter's dtype. The state lives
- * here; one step is one call of the device's multi-tensor kernel
- * (backend/optim.h) over every parameter that has a gradient. */
+ * here, in the memory of the context's device; one step is one call of the
+ * device's multi-tensor kernel (backend/optim.h) over every parameter that
+ * has a gradient. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@ typedef struct slot {
     opf_param *p;
     int64_t    n;
     float     *master, *m, *v;  /* fp32 [n]; m/v as the algorithm needs */
+    opf_tensor mem;             /* on a device: master, m, v in one f32 tensor */
 } slot;
 
 struct opf_optim {
@@ -50,6 +52,10 @@ void opf_optim_destroy(opf_optim *opt)
     opf_ctx *ctx = opt->ctx;
     for (int i = 0; i < opt->n; i++) {
         size_t bytes = sizeof(float) * (size_t)opt->s[i].n;
+        if (opt->s[i].mem.buf) {
+            opf_tensor_release(&opt->s[i].mem);
+            continue;
+        }
         opf_ctx_free(ctx, opt->s[i].master, bytes);
         opf_ctx_free(ctx, opt->s[i].m, bytes);
         opf_ctx_free(ctx, opt->s[i].v, bytes);
@@ -70,6 +76,32 @@ static opf_status check_options(opf_ctx *ctx, opf_optim_kind kind, const opf_opt
                          "weight_decay %g)", (double)o->lr, (double)o->momentum, (double)o->beta1,
                          (double)o->beta2, (double)o->eps, (double)o->weight_decay);
     return OPF_OK;
+}
+
+/* A device slot: master, m and v in one f32 tensor on the device, the
+ * master cast from the parameter and m, v zeroed by the device's kernels. */
+static opf_status device_slot(opf_ctx *ctx, slot *s, bool need_m, bool need_v)
+{
+    const opf_elem_kernels *k = opf_backend_kernels(ctx, "opf_optim_create", opf_ctx_device(ctx),
+                                                    OPF_KERNELS_ELEM);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    int64_t parts = 1 + need_m + need_v;
+    opf_spec sp = opf_spec_make(1, (int64_t[]){s->n * parts}, OPF_F32);
+    sp.device = opf_ctx_device(ctx);
+    opf_status st = opf_tensor_alloc(ctx, &sp, &s->mem);
+    if (st) return st;
+    s->master = s->mem.data[OPF_COMP_DATA];
+    s->m = need_m ? s->master + s->n : NULL;
+    s->v = need_v ? s->master + s->n * (1 + need_m) : NULL;
+    opf_tensor master, state;
+    sp.shape[0] = s->n;
+    opf_tensor_wrap(&sp, s->master, &master);
+    sp.shape[0] = s->n * (parts - 1);
+    opf_tensor_wrap(&sp, s->master + s->n, &state);
+    opf_tensor value = s->p->value;
+    st = k->cast(ctx, &value, &master);
+    if (!st && parts > 1) st = k->fill(ctx, 0.0, &state);
+    return st;
 }
 
 opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
@@ -97,8 +129,12 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
         slot *s = &opt->s[opt->n++];
         s->p = c.p[i];
         s->n = opf_spec_numel(&s->p->value.spec);
-        s->master = opf_ctx_alloc(ctx, sizeof(float) * (size_t)s->n);
         bool need_m = kind == OPF_OPTIM_ADAMW || o.momentum > 0;
+        if (opf_ctx_device(ctx) != OPF_DEVICE_CPU) {
+            if ((st = device_slot(ctx, s, need_m, kind == OPF_OPTIM_ADAMW))) goto fail;
+            continue;
+        }
+        s->master = opf_ctx_alloc(ctx, sizeof(float) * (size_t)s->n);
         s->m = need_m ? opf_ctx_calloc(ctx, (size_t)s->n, sizeof(float)) : NULL;
         s->v = kind == OPF_OPTIM_ADAMW ? opf_ctx_calloc(ctx, (size_t)s->n, sizeof(float)) : NULL;
         if (!s->master || (need_m && !s->m) || (kind == OPF_OPTIM_ADAMW && !s->v)) goto oom;
@@ -108,9 +144,11 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
     *out = opt;
     return OPF_OK;
 oom:
+    st = opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_create: out of memory");
+fail:
     opf_ctx_free(ctx, c.p, sizeof *c.p * (size_t)opt->cap);
     opf_optim_destroy(opt);
-    return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_create: out of memory");
+    return st;
 }
 
 /* The kernel's view of a slot; the gradient is main_grad when the op
@@ -128,10 +166,9 @@ static opf_optim_tensor slot_tensor(const slot *s)
 opf_status opf_optim_step(opf_optim *opt)
 {
     OPF_CHECK_NULL(NULL, "opf_optim_step", opt);
-    const opf_backend_i *be = opf_backend_get(opf_ctx_device(opt->ctx));
-    if (!be || !be->optim->sgd)
-        return opf_error(opt->ctx, OPF_ERR_UNSUPPORTED, "optim: no optimizer kernels on device %d",
-                         (int)opf_ctx_device(opt->ctx));
+    const opf_optim_kernels *k =
+        opf_backend_kernels(opt->ctx, "optim", opf_ctx_device(opt->ctx), OPF_KERNELS_OPTIM);
+    if (!k) return OPF_ERR_UNSUPPORTED;
     opt->step++;
     int count = 0;
     for (int i = 0; i < opt->n; i++) {
@@ -142,8 +179,8 @@ opf_status opf_optim_step(opf_optim *opt)
     }
     const opf_optim_options *o = &opt->o;
     if (opt->kind == OPF_OPTIM_SGD)
-        return be->optim->sgd(opt->ctx, opt->list, count, o->lr, o->momentum, o->weight_decay);
-    return be->optim->adamw(opt->ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
+        return k->sgd(opt->ctx, opt->list, count, o->lr, o->momentum, o->weight_decay);
+    return k->adamw(opt->ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
                             o->weight_decay, opt->step);
 }
 

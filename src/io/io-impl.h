@@ -47,6 +47,8 @@ typedef struct opf_ck_item {
     int64_t      shape[OPF_MAX_DIMS];
     size_t       nbytes;
     void        *ptr;
+    opf_device   device;  /* the memory ptr is in: a device's is copied, never read */
+    void        *staged;  /* saving a device item: its bytes on the host (the list's) */
 } opf_ck_item;
 
 typedef struct opf_ck_list {
@@ -56,6 +58,12 @@ typedef struct opf_ck_list {
 } opf_ck_list;
 
 void opf_ck_list_free(opf_ck_list *l);
+/* Saving: brings every device item's bytes to the host (it->staged), one
+ * explicit copy each through opf_tensor_copy. */
+opf_status opf_ck_stage(opf_ctx *ctx, opf_ck_list *l);
+/* Loading: the item's bytes from host memory src into its place (memcpy, or
+ * a copy to the device). */
+opf_status opf_ck_item_put(opf_ctx *ctx, const opf_ck_item *it, const void *src);
 
 /* What a checkpoint of a seq covers. qv holds, per parameter (index
  * op * OPF_OP_MAX_PARAMS + param), the quantized copy to include or NULL;

@@ -135,6 +135,7 @@ static opf_status stage_qvalues(loader *L)
                            "a %s parameter of this shape", L->who, key, v,
                            opf_dtype_name(p->value.spec.dtype));
             opf_tensor *t = &L->staged[i * OPF_OP_MAX_PARAMS + j];
+            q.device = p->value.spec.device;
             opf_status st = opf_tensor_alloc(L->ctx, &q, t);
             if (st) return st;
             L->qv[i * OPF_OP_MAX_PARAMS + j] = t;
@@ -191,12 +192,13 @@ static opf_status check_all(loader *L)
     return st;
 }
 
-/* Phase two: nothing here can fail. */
-static void apply(loader *L)
+/* Phase two: nothing here can fail but a device's copy (its error). */
+static opf_status apply(loader *L)
 {
-    for (int k = 0; k < L->items.n; k++)
+    opf_status st = OPF_OK;
+    for (int k = 0; k < L->items.n && !st; k++)
         if (L->items.v[k].nbytes)
-            memcpy(L->items.v[k].ptr, L->f.buf + L->src[k]->begin, L->items.v[k].nbytes);
+            st = opf_ck_item_put(L->ctx, &L->items.v[k], L->f.buf + L->src[k]->begin);
     for (int i = 0; i < L->seq->n; i++)
         for (int j = 0; j < L->seq->ops[i]->n_params; j++) {
             opf_param *p = &L->seq->ops[i]->params[j];
@@ -210,6 +212,7 @@ static void apply(loader *L)
         }
     if (L->opt) opf_optim_set_step_count(L->opt, L->step);
     opf_ctx_set_rng(L->ctx, L->rng[0], L->rng[1]);
+    return st;
 }
 
 opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const void *data,
@@ -237,7 +240,7 @@ opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, c
     }
     if (!st) st = opf_st_parse(ctx, L.who, data ? data : (const void *)"", size, &L.f);
     if (!st) st = check_all(&L);
-    if (!st) apply(&L);
+    if (!st) st = apply(&L);
     for (size_t i = 0; L.staged && i < np; i++) opf_tensor_release(&L.staged[i]);
     opf_ctx_free(ctx, L.staged, np * sizeof *L.staged);
     opf_ctx_free(ctx, L.qv, np * sizeof *L.qv);

@@ -19,12 +19,45 @@ _Static_assert(sizeof comp_names / sizeof comp_names[0] == OPF_COMP_COUNT,
 
 void opf_ck_list_free(opf_ck_list *l)
 {
+    for (int i = 0; i < l->n; i++) opf_ctx_free(l->ctx, l->v[i].staged, l->v[i].nbytes);
     if (l->ctx) opf_ctx_free(l->ctx, l->v, sizeof *l->v * (size_t)l->cap);
     memset(l, 0, sizeof *l);
 }
 
+/* nbytes between host memory and an item's place, as u8 tensors. */
+static opf_status item_copy(opf_ctx *ctx, const opf_ck_item *it, void *host, bool to_host)
+{
+    opf_spec s = opf_spec_make(1, (int64_t[]){(int64_t)it->nbytes}, OPF_U8);
+    opf_tensor h, d;
+    opf_tensor_wrap(&s, host, &h);
+    s.device = it->device;
+    opf_tensor_wrap(&s, it->ptr, &d);
+    return to_host ? opf_tensor_copy(ctx, &d, &h) : opf_tensor_copy(ctx, &h, &d);
+}
+
+opf_status opf_ck_stage(opf_ctx *ctx, opf_ck_list *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        opf_ck_item *it = &l->v[i];
+        if (it->device == OPF_DEVICE_CPU || !it->nbytes || it->staged) continue;
+        if (!(it->staged = opf_ctx_alloc(l->ctx, it->nbytes)))
+            return opf_error(ctx, OPF_ERR_NO_MEMORY, "checkpoint: no host memory for \"%s\" "
+                             "(%zu bytes)", it->name, it->nbytes);
+        opf_status st = item_copy(ctx, it, it->staged, true);
+        if (st) return st;
+    }
+    return OPF_OK;
+}
+
+opf_status opf_ck_item_put(opf_ctx *ctx, const opf_ck_item *it, const void *src)
+{
+    if (it->device != OPF_DEVICE_CPU) return item_copy(ctx, it, (void *)src, false);
+    memcpy(it->ptr, src, it->nbytes);
+    return OPF_OK;
+}
+
 static opf_status add(const opf_ck_src *s, opf_ck_list *l, const char *name, opf_st_dtype dt,
-                      int ndim, const int64_t *shape, size_t nbytes, void *ptr)
+                      int ndim, const int64_t *shape, size_t nbytes, void *ptr, opf_device dev)
 {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
@@ -42,6 +75,7 @@ static opf_status add(const opf_ck_src *s, opf_ck_list *l, const char *name, opf
     for (int i = 0; i < ndim; i++) it->shape[i] = shape[i];
     it->nbytes = nbytes;
     it->ptr = ptr;
+    it->device = dev;
     return OPF_OK;
 }
 
@@ -62,12 +96,9 @@ bool opf_ck_find_param(const opf_seq *seq, const opf_param *p, int *op, int *par
     return false;
 }
 
-/* Only plain CPU tensors are copied byte for byte. */
+/* Only plain tensors are copied byte for byte (a device's through the host). */
 static opf_status check_plain(const opf_ck_src *s, const char *name, const opf_tensor *t)
 {
-    if (t->spec.device != OPF_DEVICE_CPU)
-        return opf_error(s->ctx, OPF_ERR_UNSUPPORTED, "checkpoint \"%s\": tensor \"%s\" is not on "
-                         "the CPU", s->who, name);
     if (t->spec.scaling != OPF_SCALING_NONE || !t->data[OPF_COMP_DATA])
         return opf_error(s->ctx, OPF_ERR_UNSUPPORTED, "checkpoint \"%s\": parameter \"%s\" is not "
                          "a plain tensor", s->who, name);
@@ -80,9 +111,9 @@ static opf_status add_qvalue(const opf_ck_src *s, opf_ck_list *l, const char *pn
                              opf_tensor *q)
 {
     opf_layout L;
-    if (q->spec.device != OPF_DEVICE_CPU || opf_spec_layout(&q->spec, &L))
+    if (opf_spec_layout(&q->spec, &L))
         return opf_error(s->ctx, OPF_ERR_UNSUPPORTED, "checkpoint \"%s\": the quantized copy of "
-                         "\"%s\" is not a CPU tensor with a valid spec", s->who, pname);
+                         "\"%s\" has no valid spec", s->who, pname);
     opf_status st = OPF_OK;
     for (int c = 0; c < OPF_COMP_COUNT && !st; c++) {
         const opf_component_desc *d = &L.comp[c];
@@ -95,7 +126,8 @@ static opf_status add_qvalue(const opf_ck_src *s, opf_ck_list *l, const char *pn
             if (d->cols % 2) ndim = 1, shape[0] = (int64_t)d->nbytes;
             else shape[1] = d->cols / 2;
         }
-        st = add(s, l, name, opf_st_dtype_of(d->dtype), ndim, shape, d->nbytes, q->data[c]);
+        st = add(s, l, name, opf_st_dtype_of(d->dtype), ndim, shape, d->nbytes, q->data[c],
+                 q->spec.device);
     }
     return st;
 }
@@ -113,7 +145,7 @@ static opf_status add_params(const opf_ck_src *s, opf_ck_list *l)
             const opf_spec *v = &p->value.spec;
             size_t nb = opf_dtype_nbytes(v->dtype, (size_t)opf_spec_numel(v));
             st = add(s, l, name, opf_st_dtype_of(v->dtype), v->ndim, v->shape, nb,
-                     p->value.data[OPF_COMP_DATA]);
+                     p->value.data[OPF_COMP_DATA], v->device);
             opf_tensor *q = s->qv[i * OPF_OP_MAX_PARAMS + j];
             if (!st && q) st = add_qvalue(s, l, name, q);
         }
@@ -135,13 +167,14 @@ static opf_status add_recipe_state(const opf_ck_src *s, opf_ck_list *l)
             snprintf(base, sizeof base, "ops.%d.%s.recipe.%s", i, opf_op_name(s->seq->ops[i]),
                      d ? "bwd" : "fwd");
             snprintf(name, sizeof name, "%s.scale", base);
+            opf_device dev = opf_delayed_state_device(ds);
             st = add(s, l, name, OPF_ST_F32, 1, &slots, sizeof(float) * (size_t)slots,
-                     opf_delayed_state_scale(ds));
+                     opf_delayed_state_scale(ds), dev);
             snprintf(name, sizeof name, "%s.amax_history", base);
             int64_t hs[2] = {len, slots};
             if (!st)
                 st = add(s, l, name, OPF_ST_F32, 2, hs, sizeof(float) * (size_t)(len * slots),
-                         opf_delayed_state_history(ds));
+                         opf_delayed_state_history(ds), dev);
         }
     }
     return st;
@@ -167,7 +200,8 @@ static opf_status add_optim(const opf_ck_src *s, opf_ck_list *l)
         for (int w = 0; w < 3 && !st; w++) {
             if (!buf[w]) continue;
             snprintf(name, sizeof name, "optim.%s.%s", pname, what[w]);
-            st = add(s, l, name, OPF_ST_F32, v->ndim, v->shape, sizeof(float) * (size_t)n, buf[w]);
+            st = add(s, l, name, OPF_ST_F32, v->ndim, v->shape, sizeof(float) * (size_t)n, buf[w],
+                     v->device);
         }
     }
     return st;
@@ -202,7 +236,9 @@ opf_status opf_ck_collect(const opf_ck_src *s, opf_ck_list *out)
     if (!st) st = add_recipe_state(s, out);
     if (!st && s->opt) st = add_optim(s, out);
     int64_t two = 2;
-    if (!st) st = add(s, out, "ctx.rng", OPF_ST_U64, 1, &two, 2 * sizeof(uint64_t), s->rng);
+    if (!st)
+        st = add(s, out, "ctx.rng", OPF_ST_U64, 1, &two, 2 * sizeof(uint64_t), s->rng,
+                 OPF_DEVICE_CPU);
     if (!st) st = check_unique(s, out);
     if (st) opf_ck_list_free(out);
     return st;

@@ -85,7 +85,8 @@ static int write_all(FILE *f, const char *hdr, size_t hlen, const opf_ck_list *i
     if (fwrite(len, 1, 8, f) != 8 || fwrite(hdr, 1, hlen, f) != hlen) return errno ? errno : EIO;
     for (int i = 0; i < items->n; i++) {
         size_t nb = items->v[i].nbytes;
-        if (nb && fwrite(items->v[i].ptr, 1, nb, f) != nb) return errno ? errno : EIO;
+        const void *bytes = items->v[i].staged ? items->v[i].staged : items->v[i].ptr;
+        if (nb && fwrite(bytes, 1, nb, f) != nb) return errno ? errno : EIO;
     }
     return fflush(f) ? errno : 0;
 }
@@ -170,6 +171,7 @@ opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const
     char *hdr = NULL;
     size_t hlen = 0;
     if (!st) st = align_order(ctx, &items);
+    if (!st) st = opf_ck_stage(ctx, &items);
     if (!st) {
         cJSON *meta = metadata(seq, opt, qv);
         st = opf_st_header(ctx, &items, meta, &hdr, &hlen);

@@ -76,14 +76,21 @@ opf_status opf_op_kernel_out(opf_ctx *ctx, const opf_tensor *out, opf_tensor *ta
 opf_status opf_op_add(opf_ctx *ctx, const char *who, const opf_tensor *a, const opf_tensor *b,
                       opf_tensor *out);
 
+/* Zeroes the first component of t (a parameter, a gradient, a main_grad) on
+ * its device: memset on the CPU, the device's fill elsewhere. */
+opf_status opf_op_zero(opf_ctx *ctx, const char *who, opf_tensor *t);
+
 /* The element-wise kernels (backend/elem.h) of the device t lives on; NULL,
  * with an error naming `who`, when this build has no kernels there. */
 struct opf_elem_kernels;
 const struct opf_elem_kernels *opf_op_elem(opf_ctx *ctx, const char *who, const opf_tensor *t);
 
-/* n floats of scratch from the context's scratch stack (see context.h);
- * callers take a mark first and pop it before returning. */
+/* n floats of scratch from the context's scratch stack (see context.h) in
+ * the memory of the context's device (an op on a device context runs on
+ * that device's tensors), or of dev for _on; callers take a mark first and
+ * pop it before returning. Host structures take opf_ctx_scratch_push. */
 float *opf_op_scratch(opf_ctx *ctx, int64_t n);
+float *opf_op_scratch_on(opf_ctx *ctx, opf_device dev, int64_t n);
 
 /* ---- the steps of one op call (run.c), shared by the eager runner and the
  * compiler, which replays only the *_impl between them ---- */

@@ -206,10 +206,13 @@ int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec 
         opf_tensor_release(&p->value);
         return -(int)st;
     }
-    opf_layout L;
-    opf_spec_layout(spec, &L);
-    memset(p->value.data[0], 0, L.comp[0].nbytes);
-    memset(p->grad.data[0], 0, L.comp[0].nbytes);
+    if (!st) st = opf_op_zero(ctx, op->name, &p->value);
+    if (!st) st = opf_op_zero(ctx, op->name, &p->grad);
+    if (st) {
+        opf_tensor_release(&p->value);
+        opf_tensor_release(&p->grad);
+        return -(int)st;
+    }
     p->requires_grad = true;
     return op->n_params++;
 }
@@ -277,9 +280,14 @@ void opf_op_ctx_clear(opf_op_ctx *c)
 
 /* ---- helpers for implementations ------------------------------------------ */
 
+float *opf_op_scratch_on(opf_ctx *ctx, opf_device dev, int64_t n)
+{
+    return opf_ctx_scratch_push_on(ctx, dev, (size_t)(n > 0 ? n : 1) * sizeof(float));
+}
+
 float *opf_op_scratch(opf_ctx *ctx, int64_t n)
 {
-    return opf_ctx_scratch_push(ctx, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    return opf_op_scratch_on(ctx, opf_ctx_device(ctx), n);
 }
 
 opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const float **out)
@@ -305,7 +313,7 @@ opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const f
 static opf_status f32_scratch(opf_ctx *ctx, const opf_spec *like, opf_tensor *out)
 {
     int64_t n = opf_spec_numel(like);
-    float *ws = opf_op_scratch(ctx, n);
+    float *ws = opf_op_scratch_on(ctx, like->device, n);
     if (!ws) return opf_error(ctx, OPF_ERR_NO_MEMORY, "op: no scratch for %lld floats", (long long)n);
     opf_spec s = opf_spec_make(like->ndim, like->shape, OPF_F32);
     s.device = like->device;
@@ -334,6 +342,22 @@ const struct opf_elem_kernels *opf_op_elem(opf_ctx *ctx, const char *who, const 
 {
     if (opf_device_check(ctx, who, "the tensor", t->spec.device)) return NULL;
     return opf_backend_kernels(ctx, who, t->spec.device, OPF_KERNELS_ELEM);
+}
+
+opf_status opf_op_zero(opf_ctx *ctx, const char *who, opf_tensor *t)
+{
+    opf_layout L;
+    if (!t->data[0] || opf_spec_layout(&t->spec, &L)) return OPF_OK;
+    if (t->spec.device == OPF_DEVICE_CPU) {
+        memset(t->data[0], 0, L.comp[0].nbytes);
+        return OPF_OK;
+    }
+    const struct opf_elem_kernels *k = opf_op_elem(ctx, who, t);
+    opf_tensor bytes;  /* the first component as bytes: fill 0 zeroes any dtype */
+    opf_spec s = opf_spec_make(1, (int64_t[]){(int64_t)L.comp[0].nbytes}, OPF_U8);
+    s.device = t->spec.device;
+    opf_tensor_wrap(&s, t->data[0], &bytes);
+    return k ? k->fill(ctx, 0.0, &bytes) : OPF_ERR_UNSUPPORTED;
 }
 
 opf_status opf_op_add(opf_ctx *ctx, const char *who, const opf_tensor *a, const opf_tensor *b,

@@ -178,9 +178,7 @@ void opf_op_zero_grad(opf_op *op)
 {
     for (int i = 0; i < opf_op_num_params(op); i++) {
         opf_param *p = opf_op_param(op, i);
-        opf_layout L;
-        if (opf_spec_layout(&p->grad.spec, &L) == OPF_OK && p->grad.data[0])
-            memset(p->grad.data[0], 0, L.comp[0].nbytes);
+        opf_op_zero(op->ctx, op->name, &p->grad);
         p->has_grad = false;
     }
 }

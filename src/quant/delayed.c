@@ -1,12 +1,19 @@
 /* delayed.c: FP8 delayed-scaling state (scales and amax history) and its
  * update after a step, the fused path of docs/numerics.md 3.1: the amax
- * reduction here, the roll and the new scales in the device's kernel. */
+ * reduction here, the roll and the new scales in the device's kernel.
+ *
+ * The arrays live in the memory of the context's device: on a CUDA context
+ * the quantize kernels read the scale and max-accumulate the amax there and
+ * the device's delayed_update rolls them, so a step never waits for the
+ * host. Host code reaches them only through opf_delayed_state_read/_write,
+ * explicit (counted) copies. */
 #include <math.h>
 #include <string.h>
 
 #include "backend/backend-impl.h"
 #include "backend/scale-math.h"
 #include "core/core-impl.h"
+#include "opfuse/tensor.h"
 #include "opfuse/quant.h"
 
 struct opf_delayed_state {
@@ -19,10 +26,24 @@ struct opf_delayed_state {
     int           len;         /* history rows L */
     opf_dtype     dtype;       /* element dtype of this direction */
     float         scaled_max;  /* fp8_max * 2^-margin (2.2) */
+    opf_device    device;      /* where the arrays are: the context's device */
+    opf_tensor    dev_mem;     /* a device state's arrays (f32 [n * (L + 2)]) */
     float        *scale;       /* [n] */
     float        *history;     /* [L][n], row 0 = current step */
     float        *reduced;     /* [n] scratch for the reduced copy of row 0 */
 };
+
+/* The arrays of a device state: one f32 tensor on the context's device. */
+static opf_status device_arrays(opf_ctx *ctx, opf_delayed_state *s, size_t nfl)
+{
+    opf_spec sp = opf_spec_make(1, (int64_t[]){(int64_t)nfl}, OPF_F32);
+    sp.device = opf_ctx_device(ctx);
+    opf_status st = opf_tensor_alloc(ctx, &sp, &s->dev_mem);
+    if (st) return st;
+    s->device = sp.device;
+    s->scale = s->dev_mem.data[OPF_COMP_DATA];
+    return OPF_OK;
+}
 
 /* Element dtype of one direction (3, "the dtype rule"). */
 static opf_dtype format_dtype(opf_format f, bool backward)
@@ -63,10 +84,12 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
     opf_status st = check_create(ctx, format, margin, history_len, algo, n_slots, out);
     if (st) return st;
     *out = NULL;
-    /* One block: the struct, then scale, history and the reduce scratch. */
+    /* One block: the struct, then (on the CPU) scale, history and the
+     * reduce scratch; a device holds those in its own memory. */
+    bool on_device = opf_ctx_device(ctx) != OPF_DEVICE_CPU;
     size_t head = (sizeof(opf_delayed_state) + 63) / 64 * 64;
     size_t nfl = (size_t)n_slots * ((size_t)history_len + 2);
-    size_t bytes = head + nfl * sizeof(float);
+    size_t bytes = head + (on_device ? 0 : nfl * sizeof(float));
     char *mem = opf_ctx_alloc(ctx, bytes);
     if (!mem)
         return opf_error(ctx, OPF_ERR_NO_MEMORY,
@@ -85,6 +108,10 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
     /* 2.2: computed on the host in float. */
     s->scaled_max = opf_fp8_max(s->dtype) * exp2f(-margin);
     s->scale = (float *)(mem + head);
+    if (on_device && (st = device_arrays(ctx, s, nfl))) {
+        opf_ctx_free(ctx, s, bytes);
+        return st;
+    }
     s->history = s->scale + n_slots;
     s->reduced = s->history + (size_t)n_slots * (size_t)history_len;
     opf_delayed_state_reset(s);
@@ -94,7 +121,9 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
 
 void opf_delayed_state_destroy(opf_delayed_state *s)
 {
-    if (s) opf_ctx_free(s->ctx, s, s->bytes);
+    if (!s) return;
+    opf_tensor_release(&s->dev_mem);
+    opf_ctx_free(s->ctx, s, s->bytes);
 }
 
 int opf_delayed_state_slots(const opf_delayed_state *s) { return s ? s->n : 0; }
@@ -102,31 +131,92 @@ int opf_delayed_state_history_len(const opf_delayed_state *s) { return s ? s->le
 opf_dtype opf_delayed_state_dtype(const opf_delayed_state *s) { return s ? s->dtype : OPF_E4M3; }
 float *opf_delayed_state_scale(opf_delayed_state *s) { return s ? s->scale : NULL; }
 float *opf_delayed_state_history(opf_delayed_state *s) { return s ? s->history : NULL; }
+opf_device opf_delayed_state_device(const opf_delayed_state *s)
+{
+    return s ? s->device : OPF_DEVICE_CPU;
+}
+
+/* n floats between host memory and the state's arrays (memcpy on the CPU,
+ * the runtime's counted copy on a device). */
+static opf_status move_floats(opf_ctx *ctx, const opf_delayed_state *s, float *dst,
+                              const float *src, size_t n, bool to_state)
+{
+    opf_spec sp = opf_spec_make(1, (int64_t[]){(int64_t)n}, OPF_F32);
+    opf_tensor host, mine;
+    opf_tensor_wrap(&sp, to_state ? (void *)src : dst, &host);
+    sp.device = s->device;
+    opf_tensor_wrap(&sp, to_state ? dst : (void *)src, &mine);
+    return n ? opf_tensor_copy(ctx, to_state ? &host : &mine, to_state ? &mine : &host) : OPF_OK;
+}
+
+opf_status opf_delayed_state_read(opf_ctx *ctx, opf_delayed_state *s, float *scale,
+                                  float *history)
+{
+    OPF_CHECK_NULL(ctx, "opf_delayed_state_read", s);
+    opf_ctx *c = ctx ? ctx : s->ctx;
+    size_t hn = (size_t)s->n * (size_t)s->len;
+    opf_status st = scale ? move_floats(c, s, scale, s->scale, (size_t)s->n, false) : OPF_OK;
+    return !st && history ? move_floats(c, s, history, s->history, hn, false) : st;
+}
+
+opf_status opf_delayed_state_write(opf_ctx *ctx, opf_delayed_state *s, const float *scale,
+                                   const float *history)
+{
+    OPF_CHECK_NULL(ctx, "opf_delayed_state_write", s);
+    opf_ctx *c = ctx ? ctx : s->ctx;
+    size_t hn = (size_t)s->n * (size_t)s->len;
+    opf_status st = scale ? move_floats(c, s, s->scale, scale, (size_t)s->n, true) : OPF_OK;
+    return !st && history ? move_floats(c, s, s->history, history, hn, true) : st;
+}
 
 void opf_delayed_state_reset(opf_delayed_state *s)
 {
     if (!s) return;
-    for (int j = 0; j < s->n; j++) s->scale[j] = 1.0f;
-    memset(s->history, 0, (size_t)s->n * (size_t)s->len * sizeof(float));
+    if (s->device == OPF_DEVICE_CPU) {
+        for (int j = 0; j < s->n; j++) s->scale[j] = 1.0f;
+        memset(s->history, 0, (size_t)s->n * (size_t)s->len * sizeof(float));
+        return;
+    }
+    /* A device state: ones and zeros staged on the host, one copy (at
+     * creation and on a recipe change, never inside a step). */
+    size_t nfl = (size_t)s->n * ((size_t)s->len + 1), mark = opf_ctx_scratch_mark(s->ctx);
+    float *host = opf_ctx_scratch_push(s->ctx, nfl * sizeof(float));
+    if (host) {
+        for (size_t j = 0; j < nfl; j++) host[j] = j < (size_t)s->n ? 1.0f : 0.0f;
+        move_floats(s->ctx, s, s->scale, host, nfl, true);
+    }
+    opf_ctx_scratch_pop(s->ctx, mark);
+}
+
+/* reduced = reduce(copy of row 0). The hook is host code: on a device the
+ * row makes a counted round trip (a distributed run's one host wait). */
+static opf_status reduce_row0(opf_ctx *ctx, opf_delayed_state *s, opf_amax_reduce_fn reduce,
+                              void *reduce_user)
+{
+    size_t mark = opf_ctx_scratch_mark(s->ctx);
+    float *row = opf_ctx_scratch_push(s->ctx, (size_t)s->n * sizeof(float));
+    opf_status st = row ? move_floats(s->ctx, s, row, s->history, (size_t)s->n, false)
+                        : opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_delayed_state_update: no scratch");
+    if (!st && (st = reduce(reduce_user, row, s->n)) != OPF_OK)
+        st = opf_error(ctx, st, "opf_delayed_state_update: amax reduction of %d slots failed "
+                       "with %s; state unchanged", s->n, opf_status_str(st));
+    if (!st) st = move_floats(s->ctx, s, s->reduced, row, (size_t)s->n, true);
+    opf_ctx_scratch_pop(s->ctx, mark);
+    return st;
 }
 
 opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                                     opf_amax_reduce_fn reduce, void *reduce_user)
 {
-    OPF_CHECK_NULL(ctx, "opf_delayed_state_update", s);
-    if (reduce) {
-        memcpy(s->reduced, s->history, (size_t)s->n * sizeof(float));
-        opf_status st = reduce(reduce_user, s->reduced, s->n);
-        if (st != OPF_OK)
-            return opf_error(ctx, st,
-                             "opf_delayed_state_update: amax reduction of %d slots failed "
-                             "with %s; state unchanged", s->n, opf_status_str(st));
-    }
+    const char *fn = "opf_delayed_state_update";
+    OPF_CHECK_NULL(ctx, fn, s);
+    const opf_scale_kernels *k = opf_backend_kernels(ctx, fn, s->device, OPF_KERNELS_SCALE);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = reduce ? reduce_row0(ctx, s, reduce, reduce_user) : OPF_OK;
+    if (st) return st;
     opf_delayed_arrays a = {.history = s->history, .scale = s->scale,
                             .reduced = reduce ? s->reduced : NULL, .n = s->n, .len = s->len,
                             .scaled_max = s->scaled_max, .algo = s->algo};
-    /* The arrays are host memory on every device (the context's host
-     * allocator): a device's quantize kernels read the scale and max the amax
-     * into row 0 through opf_quantize_state, so the roll runs on the CPU. */
-    return opf_backend_get(OPF_DEVICE_CPU)->scale->delayed_update(s->ctx, &a, 1);
+    /* The arrays are in the memory of the state's device, so is the roll. */
+    return k->delayed_update(s->ctx, &a, 1);
 }

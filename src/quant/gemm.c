@@ -347,6 +347,7 @@ opf_status opf_gemm(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b,
     if (!be || !be->gemm)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no GEMM kernel on %s", op,
                          opf_device_name(dev));
+    if ((st = opf_quantize_check_state_device(ctx, op, o->out_quantizer, dev))) return st;
     opf_gemm_args args = {a, b, layout, o, d, m, n, k, {0}};
     opf_quantize_state_delayed(o->out_quantizer, &args.out_state);
     return be->gemm(ctx, &args);

@@ -9,5 +9,9 @@
  * scale, and the slot's entry of amax-history row 0); leaves qs untouched
  * when q is NULL or has no delayed state. q must be validated. */
 void opf_quantize_state_delayed(const opf_quantizer *q, opf_quantize_state *qs);
+/* OPF_ERR_INVALID_ARG naming fn when q (may be NULL) has a delayed state in
+ * the memory of another device than dev, the device of the tensors. */
+opf_status opf_quantize_check_state_device(opf_ctx *ctx, const char *fn, const opf_quantizer *q,
+                                           opf_device dev);
 
 #endif

@@ -155,6 +155,24 @@ void opf_quantize_state_delayed(const opf_quantizer *q, opf_quantize_state *qs)
     qs->delayed_amax = opf_delayed_state_history(q->delayed) + q->slot;
 }
 
+opf_status opf_quantize_check_state_device(opf_ctx *ctx, const char *fn, const opf_quantizer *q,
+                                           opf_device dev)
+{
+    opf_device sd = q && q->delayed ? opf_delayed_state_device(q->delayed) : dev;
+    if (sd == dev) return OPF_OK;
+    return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the delayed-scaling state is on %s, the "
+                     "tensors on %s (a state lives on its context's device)", fn,
+                     opf_device_name(sd), opf_device_name(dev));
+}
+
+/* The device's plain cast (scaling NONE: a dtype conversion). */
+static opf_status plain_cast(opf_ctx *ctx, const opf_tensor *in, opf_tensor *out)
+{
+    const opf_elem_kernels *k = opf_backend_kernels(ctx, "quantize (plain cast)",
+                                                    in->spec.device, OPF_KERNELS_ELEM);
+    return k ? k->cast(ctx, in, out) : OPF_ERR_UNSUPPORTED;
+}
+
 opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                         opf_tensor *out)
 {
@@ -175,11 +193,11 @@ opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *
         return st;
     int64_t n = opf_spec_numel(&in->spec);
     if (q->scaling == OPF_SCALING_NONE && in->spec.device != OPF_DEVICE_CPU)
-        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no plain cast kernel on %s", fn,
-                         opf_device_name(in->spec.device));
+        return plain_cast(ctx, in, out);
     if (q->scaling == OPF_SCALING_NONE)
         return opf_convert(in->data[OPF_COMP_DATA], in->spec.dtype, out->data[OPF_COMP_DATA],
                            out->spec.dtype, (size_t)n);
+    if ((st = opf_quantize_check_state_device(ctx, fn, q, in->spec.device))) return st;
     const opf_backend_i *be = backend_of(in);
     opf_quantize_kernel k = be ? be->quantize[q->scaling] : NULL;
     if (!k)
@@ -240,6 +258,26 @@ static opf_status check_which(opf_ctx *ctx, const char *fn, const opf_tensor *q,
     return check_components(ctx, fn, "input", q);
 }
 
+/* A device's bf16/f16 output: decoded to fp32 in device scratch, then the
+ * device's cast. */
+static opf_status decode_cast(opf_ctx *ctx, const char *fn, const opf_tensor *q, unsigned which,
+                              opf_tensor *out)
+{
+    const opf_elem_kernels *k = opf_backend_kernels(ctx, fn, out->spec.device, OPF_KERNELS_ELEM);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    opf_spec s = opf_spec_make(out->spec.ndim, out->spec.shape, OPF_F32);
+    s.device = out->spec.device;
+    opf_tensor tmp;
+    void *mem = opf_ctx_scratch_push_on(ctx, s.device, (size_t)opf_spec_numel(&s) * sizeof(float));
+    opf_status st = mem ? opf_tensor_wrap(&s, mem, &tmp)
+                        : opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no device scratch", fn);
+    if (!st) st = decode_f32(ctx, fn, q, which, mem);
+    if (!st) st = k->cast(ctx, &tmp, out);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
 opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf_tensor *out)
 {
     const char *fn = "dequantize";
@@ -255,9 +293,7 @@ opf_status opf_dequantize(opf_ctx *ctx, const opf_tensor *q, unsigned which, opf
                          (long long)opf_spec_numel(o), (long long)n);
     if ((st = check_components(ctx, fn, "output", out))) return st;
     if (o->dtype == OPF_F32) return decode_f32(ctx, fn, q, which, out->data[OPF_COMP_DATA]);
-    if (o->device != OPF_DEVICE_CPU)
-        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: on %s only to f32 (no %s output kernel)",
-                         fn, opf_device_name(o->device), opf_dtype_name(o->dtype));
+    if (o->device != OPF_DEVICE_CPU) return decode_cast(ctx, fn, q, which, out);
     size_t bytes = (size_t)n * sizeof(float);
     if ((st = opf_ctx_workspace_reserve(ctx, bytes))) return st;
     float *tmp = opf_ctx_workspace(ctx, bytes);

@@ -164,6 +164,11 @@ opf_status opf_tensor_update_usage(opf_ctx *ctx, opf_tensor *t, unsigned usage)
                          opf_scaling_name(t->spec.scaling),
                          add == OPF_USAGE_ROWWISE ? "rowwise" : "columnwise",
                          add == OPF_USAGE_ROWWISE ? "columnwise" : "rowwise");
+    if (t->spec.device != OPF_DEVICE_CPU)  /* the derivation below reads the bytes on the host */
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: deriving a %s copy on %s has no kernel; "
+                         "quantize again with both usages", fn,
+                         add == OPF_USAGE_ROWWISE ? "rowwise" : "columnwise",
+                         opf_device_name(t->spec.device));
     opf_spec s = t->spec;
     s.usage = have | add;
     s.flags &= ~(unsigned)OPF_SPEC_SWIZZLED;

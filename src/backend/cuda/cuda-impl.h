@@ -15,6 +15,7 @@
 extern "C" {
 #include "backend/backend-impl.h"
 #include "core/core-impl.h"
+#include "core/device-impl.h"
 #include "backend/scale-math.h"
 }
 
@@ -24,15 +25,7 @@ typedef struct opf_cuda_block {
     size_t size;  /* the size class */
 } opf_cuda_block;
 
-enum { OPF_CUDA_PENDING_MAX = 4096 };  /* delayed-scaling slots between flushes */
-
 typedef struct opf_cuda_algo_entry opf_cuda_algo_entry;
-
-/* A delayed-scaling slot whose amax waits on the device for the next
- * opf_cuda_delayed_flush (history row 0 lives on the host). */
-typedef struct opf_cuda_pending {
-    float *h0;  /* the slot's entry of history row 0 (opf_quantize_state.delayed_amax) */
-} opf_cuda_pending;
 
 typedef struct opf_cuda_state {
     int              device;
@@ -55,11 +48,6 @@ typedef struct opf_cuda_state {
     /* device scratch of the kernels (grows; never shrinks) */
     void            *ws;
     size_t           ws_bytes;
-    /* delayed scaling: one device amax per (state, slot) quantized since the
-     * last flush, max-accumulated by the cast kernels */
-    opf_cuda_pending *pending;
-    int              n_pending;
-    unsigned        *pending_amax;  /* device [OPF_CUDA_PENDING_MAX], amax bits */
     /* GEMM algorithm cache (gemm.cu) */
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;
@@ -68,8 +56,12 @@ typedef struct opf_cuda_state {
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* The state of ctx, or NULL (and an OPF_ERR_STATE message naming fn). */
+/* The state of ctx (held in the context, set by opf_cuda_ctx_init), or NULL
+ * (and an OPF_ERR_STATE message naming fn). */
 opf_cuda_state *opf_cuda_state_of(opf_ctx *ctx, const char *fn);
+/* Waits for ctx's stream, counted in its opf_sync_stats: the one way the
+ * backend makes the host wait (a training step must not reach it). */
+opf_status opf_cuda_stream_sync(opf_ctx *ctx, opf_cuda_state *s, const char *fn);
 /* Device scratch of at least bytes, valid until the next call that asks
  * for more (stream-ordered: earlier kernels may still read the old one, so
  * growing syncs first). */

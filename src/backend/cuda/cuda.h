@@ -4,29 +4,25 @@
  * files include it. A context gets its CUDA state (device, stream, caching
  * device allocator, pinned staging, device workspace, cuBLASLt handle and
  * workspace) from opf_cuda_ctx_init and gives it back with opf_cuda_ctx_free.
- * Every kernel entry below finds that state from the context it is handed.
+ * Every kernel entry below finds that state from the context it is handed:
+ * the context holds it (core's opf_ctx_device_state), set when
+ * opf_ctx_create makes a CUDA context (through core's device runtime table,
+ * src/backend/backend.c) and cleared when the context is finished.
  *
- * Until core holds the state itself, the CUDA side keeps a small table from
- * context to state; a CPU context with CUDA state attached runs these
- * kernels on device memory (tensors with spec.device = OPF_DEVICE_CUDA).
- *
- *     opf_ctx *ctx;                       // a context of the caller
- *     if (opf_cuda_ctx_init(ctx, 0) == OPF_ERR_UNSUPPORTED) ...;  // no GPU
- *     void *p;
- *     opf_cuda_alloc(ctx, bytes, &p);
- *     opf_cuda_copy(ctx, p, host, bytes, OPF_CUDA_H2D);
- *     ...
- *     opf_cuda_free(ctx, p);
- *     opf_cuda_ctx_free(ctx);
+ *     opf_ctx_options o = opf_ctx_options_default();
+ *     o.device = OPF_DEVICE_CUDA;
+ *     opf_ctx_create(&o, &ctx);          // OPF_ERR_UNSUPPORTED without a GPU
+ *     opf_tensor_alloc(ctx, &spec, &t);  // spec.device OPF_DEVICE_CUDA
  *
  * Work is ordered on the context's stream. Copies to the host return when
  * the bytes are there; everything else is asynchronous: opf_cuda_sync waits.
+ * Every wait and every copy between host and device is counted in the
+ * context's opf_sync_stats (opf_ctx_sync_stats).
  *
- * Delayed scaling keeps its amax on the device: the quantize kernels
- * max-accumulate it per (state, slot), and opf_cuda_delayed_flush brings it
- * into row 0 of each state's history on the host. Flush before
- * opf_delayed_state_update, before reading the history and before
- * destroying a state quantized since the last flush. */
+ * Delayed scaling keeps its whole state on the device (src/quant/delayed.c):
+ * the quantize kernels read the slot's scale there and max-accumulate the
+ * amax into the slot's entry of history row 0, in device memory, so a step
+ * needs no flush and no host round trip. */
 #ifndef OPFUSE_BACKEND_CUDA_H
 #define OPFUSE_BACKEND_CUDA_H
 
@@ -44,8 +40,10 @@ extern "C" {
 
 /* ---- runtime (runtime.cu) ------------------------------------------------ */
 
-/* OPF_ERR_UNSUPPORTED with a message when the machine has no usable GPU
- * (or not device_index); OPF_ERR_STATE if ctx already has CUDA state. */
+/* The device runtime's init and fini (opf_ctx_create / the context's end
+ * call them). OPF_ERR_UNSUPPORTED with a message when the machine has no
+ * usable GPU (or not device_index); OPF_ERR_STATE if ctx already has CUDA
+ * state. */
 opf_status opf_cuda_ctx_init(opf_ctx *ctx, int device_index);
 /* Waits for the stream, frees every cached and live block. NULL or a context
  * without CUDA state: no-op. */
@@ -81,10 +79,6 @@ opf_status opf_cuda_copy(opf_ctx *ctx, void *dst, const void *src, size_t bytes,
 opf_status opf_cuda_memset(opf_ctx *ctx, void *dst, int value, size_t bytes);
 /* Waits for everything queued on the context's stream. */
 opf_status opf_cuda_sync(opf_ctx *ctx);
-/* Waits for the stream and max-accumulates the device amaxes of every
- * delayed-scaling slot quantized since the last flush into row 0 of its
- * state's history (numerics.md 3.1); forgets the slots. */
-opf_status opf_cuda_delayed_flush(opf_ctx *ctx);
 
 /* Device tensors come from opf_tensor_alloc on a CUDA context (spec.device
  * OPF_DEVICE_CUDA) and move with opf_tensor_to / opf_tensor_copy (core). */

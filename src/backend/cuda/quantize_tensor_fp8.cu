@@ -4,9 +4,9 @@
  * Current scaling: one pass for the amax (an integer max of |x| bit
  * patterns, NaN ignored), then one fused cast + transpose pass that derives
  * the scale from that amax on every thread (no host round trip). Delayed
- * scaling: the scale comes from the host state by value, and the cast pass
- * computes the amax itself, into the tensor and into the slot's device amax
- * that opf_cuda_delayed_flush brings to the history (runtime.cu).
+ * scaling: the scale is read from the state's device memory, and the cast
+ * pass computes the amax itself, into the tensor and max-accumulated into
+ * the slot's entry of history row 0, also in device memory (no host sync).
  *
  * The cast + transpose pass reads each input tile once (16-byte loads),
  * writes the rowwise bytes straight out and the columnwise bytes through a
@@ -25,17 +25,17 @@ enum {
 };
 
 /* Where the scale comes from: the amax on the device (current scaling) or
- * a value (delayed scaling). */
+ * the delayed state's slot in device memory (delayed scaling). */
 typedef struct scale_src {
     const unsigned *amax_bits;  /* current: the amax as bits; NULL for delayed */
-    float           value;      /* delayed: the scale */
+    const float    *scale;      /* delayed: the slot's scale; NULL: 1 (the amax pass) */
     float           fp8_max, eps;
     bool            pow2;
 } scale_src;
 
 __device__ __forceinline__ float scale_of(const scale_src &src)
 {
-    if (!src.amax_bits) return src.value;
+    if (!src.amax_bits) return src.scale ? *src.scale : 1.0f;
     return opf_dev_scale_from_amax(__uint_as_float(*src.amax_bits), src.fp8_max, src.pow2,
                                    src.eps, FLT_MAX);
 }
@@ -205,7 +205,7 @@ template <typename T>
 static opf_status launch_amax(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t n,
                               unsigned *amax)
 {
-    scale_src none = {NULL, 1.0f, 0.0f, 0.0f, false};
+    scale_src none = {NULL, NULL, 0.0f, 0.0f, false};
     flat_kernel<T, false><<<opf_cuda_grid(s, n / VEC + 1, THREADS), THREADS, 0, s->stream>>>(
         (const T *)x, n, opf_cuda_aligned16(x), none, true, NULL, NULL, amax, NULL);
     OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 amax)");
@@ -240,41 +240,20 @@ static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *x, in
     return OPF_OK;
 }
 
-/* The device amax of a delayed-scaling slot (registered on first use). */
-static opf_status pending_slot(opf_ctx *ctx, opf_cuda_state *s, float *h0, unsigned **out)
-{
-    int i = 0;
-    while (i < s->n_pending && s->pending[i].h0 != h0) i++;
-    if (i == s->n_pending) {
-        if (i == OPF_CUDA_PENDING_MAX)
-            return opf_error(ctx, OPF_ERR_STATE, "quantize (fp8 delayed scaling): %d slots "
-                             "quantized since the last opf_cuda_delayed_flush", i);
-        s->pending[i].h0 = h0;
-        s->n_pending++;
-    }
-    *out = s->pending_amax + i;
-    return OPF_OK;
-}
-
 /* Current scaling with an amax reduction hook: the amax goes to the host,
- * through the hook and back (the hook is host code). */
-static opf_status reduce_amax(opf_ctx *ctx, opf_cuda_state *s, const opf_quantizer *q,
-                              float *amax_dev)
+ * through the hook and back (the hook is host code), by counted copies: a
+ * user's host hook is the one reason this path waits for the device. */
+static opf_status reduce_amax(opf_ctx *ctx, const opf_quantizer *q, float *amax_dev)
 {
     const char *fn = "quantize (fp8 current scaling)";
     float amax = 0.0f;
-    OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(&amax, amax_dev, sizeof amax, cudaMemcpyDeviceToHost,
-                                          s->stream));
-    OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
+    opf_status st = opf_cuda_copy(ctx, &amax, amax_dev, sizeof amax, OPF_CUDA_D2H);
+    if (st) return st;
     float local = amax;
-    opf_status st = q->amax_reduce(q->amax_reduce_user, &amax, 1);
-    if (st != OPF_OK)
+    if ((st = q->amax_reduce(q->amax_reduce_user, &amax, 1)) != OPF_OK)
         return opf_error(ctx, st, "%s: amax reduction failed with %s (local amax %g); nothing "
                          "written", fn, opf_status_str(st), (double)local);
-    OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(amax_dev, &amax, sizeof amax, cudaMemcpyHostToDevice,
-                                          s->stream));
-    OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
-    return OPF_OK;
+    return opf_cuda_copy(ctx, amax_dev, &amax, sizeof amax, OPF_CUDA_H2D);
 }
 
 template <typename T>
@@ -287,17 +266,19 @@ static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quan
     const void *x = in->data[OPF_COMP_DATA];
     unsigned *amax = (unsigned *)out->data[OPF_COMP_AMAX];
     bool e4m3 = q->qdtype == OPF_E4M3;
-    scale_src src = {NULL, 1.0f, opf_fp8_max(q->qdtype), q->amax_epsilon, q->pow2_scales};
+    scale_src src = {NULL, NULL, opf_fp8_max(q->qdtype), q->amax_epsilon, q->pow2_scales};
     OPF_CUDA_TRY(ctx, "quantize (fp8)", cudaMemsetAsync(amax, 0, sizeof(float), s->stream));
     opf_status st;
     if (q->delayed) {
-        src.value = *qs->delayed_scale;
-        unsigned *slot_amax = NULL;
-        if ((st = pending_slot(ctx, s, qs->delayed_amax, &slot_amax))) return st;
-        return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, amax, slot_amax);
+        /* Both in the state's device memory: history row 0 holds amaxes
+         * (>= 0), whose bit patterns order as their values, so the integer
+         * atomicMax of the amax key max-accumulates the float (3.1). */
+        src.scale = qs->delayed_scale;
+        return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, amax,
+                              (unsigned *)qs->delayed_amax);
     }
     if ((st = launch_amax<T>(ctx, s, x, M * K, amax))) return st;
-    if (q->amax_reduce && (st = reduce_amax(ctx, s, q, (float *)amax))) return st;
+    if (q->amax_reduce && (st = reduce_amax(ctx, q, (float *)amax))) return st;
     src.amax_bits = amax;
     return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, NULL, NULL);
 }

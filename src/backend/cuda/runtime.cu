@@ -1,7 +1,6 @@
 /* runtime.cu: the CUDA state of a context: device and stream, a caching
  * device allocator, pinned staging for host copies, the kernels' device
  * scratch, the cuBLASLt handle and workspace, event timers. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,58 +8,43 @@
 #include "backend/cuda/cuda-impl.h"
 
 enum {
-    MAX_CTX = 64,                    /* contexts with CUDA state at once */
     SMALL_CLASS = 512,               /* blocks below 1 MiB round up to this */
     STAGE_BYTES = 8 << 20,           /* each half of the pinned staging buffer */
     LT_WS_BYTES = 32 << 20,          /* cuBLASLt workspace on Hopper (cuda-hopper.md) */
 };
 
-/* ---- context -> state table (until core holds the pointer) --------------- */
-
-static struct { const opf_ctx *ctx; opf_cuda_state *s; } table[MAX_CTX];
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static opf_cuda_state *lookup(const opf_ctx *ctx)
-{
-    opf_cuda_state *s = NULL;
-    pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < MAX_CTX && !s; i++)
-        if (table[i].ctx == ctx) s = table[i].s;
-    pthread_mutex_unlock(&table_lock);
-    return s;
-}
-
-static bool attach(const opf_ctx *ctx, opf_cuda_state *s)
-{
-    bool ok = false;
-    pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < MAX_CTX && !ok; i++)
-        if (!table[i].ctx) {
-            table[i].ctx = ctx;
-            table[i].s = s;
-            ok = true;
-        }
-    pthread_mutex_unlock(&table_lock);
-    return ok;
-}
-
-static void detach(const opf_ctx *ctx)
-{
-    pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < MAX_CTX; i++)
-        if (table[i].ctx == ctx) table[i].ctx = NULL, table[i].s = NULL;
-    pthread_mutex_unlock(&table_lock);
-}
+/* ---- the state in the context ------------------------------------------ */
 
 opf_cuda_state *opf_cuda_state_of(opf_ctx *ctx, const char *fn)
 {
-    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    opf_cuda_state *s = ctx ? (opf_cuda_state *)opf_ctx_device_state(ctx) : NULL;
     if (!s)
-        opf_error(ctx, OPF_ERR_STATE, "%s: the context has no CUDA state (opf_cuda_ctx_init)", fn);
+        opf_error(ctx, OPF_ERR_STATE, "%s: the context has no CUDA state (a CUDA context comes "
+                  "from opf_ctx_create with device OPF_DEVICE_CUDA)", fn);
     return s;
 }
 
-bool opf_cuda_ctx_ready(const opf_ctx *ctx) { return ctx && lookup(ctx); }
+static opf_cuda_state *state_if_any(const opf_ctx *ctx)
+{
+    return ctx ? (opf_cuda_state *)opf_ctx_device_state(ctx) : NULL;
+}
+
+bool opf_cuda_ctx_ready(const opf_ctx *ctx) { return state_if_any(ctx) != NULL; }
+
+/* Every host wait goes through these two, so the context counts it. */
+opf_status opf_cuda_stream_sync(opf_ctx *ctx, opf_cuda_state *s, const char *fn)
+{
+    opf_ctx_count_sync(ctx);
+    OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
+    return OPF_OK;
+}
+
+static opf_status event_sync(opf_ctx *ctx, cudaEvent_t ev, const char *fn)
+{
+    opf_ctx_count_sync(ctx);
+    OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(ev));
+    return OPF_OK;
+}
 
 opf_status opf_cuda_fail(opf_ctx *ctx, cudaError_t e, const char *fn, const char *call)
 {
@@ -111,11 +95,6 @@ static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
     OPF_CUDA_TRY(ctx, fn, cudaMallocHost(&s->pinned, s->pinned_bytes));
     for (int i = 0; i < 2; i++)
         OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->staged[i], cudaEventDisableTiming));
-    size_t pb = OPF_CUDA_PENDING_MAX * sizeof(unsigned);
-    OPF_CUDA_TRY(ctx, fn, cudaMalloc((void **)&s->pending_amax, pb));
-    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(s->pending_amax, 0, pb, s->stream));
-    s->pending = (opf_cuda_pending *)calloc(OPF_CUDA_PENDING_MAX, sizeof *s->pending);
-    if (!s->pending) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
     return OPF_OK;
 }
 
@@ -123,7 +102,7 @@ opf_status opf_cuda_ctx_init(opf_ctx *ctx, int device_index)
 {
     const char *fn = "opf_cuda_ctx_init";
     OPF_CHECK_NULL(ctx, fn, ctx);
-    if (lookup(ctx)) return opf_error(ctx, OPF_ERR_STATE, "%s: the context has CUDA state", fn);
+    if (state_if_any(ctx)) return opf_error(ctx, OPF_ERR_STATE, "%s: the context has CUDA state", fn);
     int n = opf_cuda_device_count();
     if (n == 0)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: no CUDA GPU on this machine (the CPU "
@@ -134,10 +113,8 @@ opf_status opf_cuda_ctx_init(opf_ctx *ctx, int device_index)
     opf_cuda_state *s = (opf_cuda_state *)calloc(1, sizeof *s);
     if (!s) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
     opf_status st = state_create(ctx, device_index, s);
-    if (st == OPF_OK && !attach(ctx, s))
-        st = opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: more than %d contexts with CUDA state", fn,
-                       MAX_CTX);
     if (st) state_destroy(s);
+    else opf_ctx_set_device_state(ctx, s);
     return st;
 }
 
@@ -154,8 +131,6 @@ static void state_destroy(opf_cuda_state *s)
     free(s->free_list);
     free(s->live);
     free(s->algos);
-    free(s->pending);
-    cudaFree(s->pending_amax);
     cudaFree(s->ws);
     cudaFree(s->lt_ws);
     cudaFreeHost(s->pinned);
@@ -168,9 +143,9 @@ static void state_destroy(opf_cuda_state *s)
 
 void opf_cuda_ctx_free(opf_ctx *ctx)
 {
-    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    opf_cuda_state *s = state_if_any(ctx);
     if (!s) return;
-    detach(ctx);
+    opf_ctx_set_device_state(ctx, NULL);
     state_destroy(s);
 }
 
@@ -235,6 +210,7 @@ static opf_status device_malloc(opf_ctx *ctx, opf_cuda_state *s, size_t size, si
     cudaError_t e = cudaMalloc(out, size);
     if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();
+        opf_ctx_count_sync(ctx);
         cudaStreamSynchronize(s->stream);
         empty_cache(s);
         e = cudaMalloc(out, size);
@@ -282,7 +258,7 @@ opf_status opf_cuda_alloc(opf_ctx *ctx, size_t bytes, void **out)
 
 void opf_cuda_free(opf_ctx *ctx, void *ptr)
 {
-    opf_cuda_state *s = ptr && ctx ? lookup(ctx) : NULL;
+    opf_cuda_state *s = ptr ? state_if_any(ctx) : NULL;
     if (!s) return;
     int i = find_block(s->live, s->n_live, ptr, 0);
     if (i < 0) return;  /* not ours: ignore, as free() of a foreign pointer cannot be checked */
@@ -298,21 +274,22 @@ void opf_cuda_free(opf_ctx *ctx, void *ptr)
 
 void opf_cuda_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out)
 {
-    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    opf_cuda_state *s = state_if_any(ctx);
     memset(out, 0, sizeof *out);
     if (s) *out = s->stats;
 }
 
 size_t opf_cuda_cached_bytes(const opf_ctx *ctx)
 {
-    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    opf_cuda_state *s = state_if_any(ctx);
     return s ? s->cached_bytes : 0;
 }
 
 void opf_cuda_empty_cache(opf_ctx *ctx)
 {
-    opf_cuda_state *s = ctx ? lookup(ctx) : NULL;
+    opf_cuda_state *s = state_if_any(ctx);
     if (!s) return;
+    opf_ctx_count_sync(ctx);
     cudaStreamSynchronize(s->stream);
     empty_cache(s);
 }
@@ -321,13 +298,13 @@ opf_status opf_cuda_scratch(opf_ctx *ctx, opf_cuda_state *s, size_t bytes, void 
 {
     const char *fn = "cuda scratch";
     if (bytes > s->ws_bytes) {
-        OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
+        opf_status st = opf_cuda_stream_sync(ctx, s, fn);
+        if (st) return st;
         cudaFree(s->ws);
         s->ws = NULL;
         s->ws_bytes = 0;
         size_t want = size_class(bytes);
-        opf_status st = device_malloc(ctx, s, want, bytes, &s->ws);
-        if (st) return st;
+        if ((st = device_malloc(ctx, s, want, bytes, &s->ws))) return st;
         s->ws_bytes = want;
     }
     *out = s->ws;
@@ -345,7 +322,8 @@ static opf_status copy_h2d(opf_ctx *ctx, opf_cuda_state *s, char *dst, const cha
     for (size_t off = 0, i = 0; off < bytes; off += STAGE_BYTES, i ^= 1) {
         size_t n = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
         char *stage = (char *)s->pinned + i * STAGE_BYTES;
-        OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i]));
+        opf_status st = event_sync(ctx, s->staged[i], fn);
+        if (st) return st;
         memcpy(stage, src + off, n);
         OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst + off, stage, n, cudaMemcpyHostToDevice,
                                               s->stream));
@@ -361,22 +339,23 @@ static opf_status copy_d2h(opf_ctx *ctx, opf_cuda_state *s, char *dst, const cha
     const char *fn = "opf_cuda_copy (device to host)";
     size_t prev_off = 0, prev_n = 0;
     int i = 0;
+    opf_status st;
     for (size_t off = 0; off < bytes; off += STAGE_BYTES, i ^= 1) {
         size_t n = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
         char *stage = (char *)s->pinned + (size_t)i * STAGE_BYTES;
-        OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i]));
+        if ((st = event_sync(ctx, s->staged[i], fn))) return st;
         OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(stage, src + off, n, cudaMemcpyDeviceToHost,
                                               s->stream));
         OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->staged[i], s->stream));
         if (prev_n) {  /* drain the other half while this one is on the bus */
-            OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i ^ 1]));
+            if ((st = event_sync(ctx, s->staged[i ^ 1], fn))) return st;
             memcpy(dst + prev_off, (char *)s->pinned + (size_t)(i ^ 1) * STAGE_BYTES, prev_n);
         }
         prev_off = off;
         prev_n = n;
     }
     if (prev_n) {
-        OPF_CUDA_TRY(ctx, fn, cudaEventSynchronize(s->staged[i ^ 1]));
+        if ((st = event_sync(ctx, s->staged[i ^ 1], fn))) return st;
         memcpy(dst + prev_off, (char *)s->pinned + (size_t)(i ^ 1) * STAGE_BYTES, prev_n);
     }
     return OPF_OK;
@@ -392,8 +371,12 @@ opf_status opf_cuda_copy(opf_ctx *ctx, void *dst, const void *src, size_t bytes,
     OPF_CHECK_NULL(ctx, fn, dst);
     OPF_CHECK_NULL(ctx, fn, src);
     switch (kind) {
-    case OPF_CUDA_H2D: return copy_h2d(ctx, s, (char *)dst, (const char *)src, bytes);
-    case OPF_CUDA_D2H: return copy_d2h(ctx, s, (char *)dst, (const char *)src, bytes);
+    case OPF_CUDA_H2D:
+        opf_ctx_count_copy(ctx, OPF_COPY_H2D, bytes);
+        return copy_h2d(ctx, s, (char *)dst, (const char *)src, bytes);
+    case OPF_CUDA_D2H:
+        opf_ctx_count_copy(ctx, OPF_COPY_D2H, bytes);
+        return copy_d2h(ctx, s, (char *)dst, (const char *)src, bytes);
     case OPF_CUDA_D2D:
         OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s->stream));
         return OPF_OK;
@@ -413,9 +396,7 @@ opf_status opf_cuda_memset(opf_ctx *ctx, void *dst, int value, size_t bytes)
 opf_status opf_cuda_sync(opf_ctx *ctx)
 {
     opf_cuda_state *s = opf_cuda_state_of(ctx, "opf_cuda_sync");
-    if (!s) return OPF_ERR_STATE;
-    OPF_CUDA_TRY(ctx, "opf_cuda_sync", cudaStreamSynchronize(s->stream));
-    return OPF_OK;
+    return s ? opf_cuda_stream_sync(ctx, s, "opf_cuda_sync") : OPF_ERR_STATE;
 }
 
 /* ---- timers -------------------------------------------------------------- */
@@ -469,29 +450,5 @@ opf_status opf_cuda_timer_ms(opf_cuda_timer *t, int i, int j, float *ms)
 {
     OPF_CUDA_TRY(NULL, "opf_cuda_timer_ms", cudaEventSynchronize(t->ev[j]));
     OPF_CUDA_TRY(NULL, "opf_cuda_timer_ms", cudaEventElapsedTime(ms, t->ev[i], t->ev[j]));
-    return OPF_OK;
-}
-
-/* ---- delayed scaling ------------------------------------------------------ */
-
-opf_status opf_cuda_delayed_flush(opf_ctx *ctx)
-{
-    const char *fn = "opf_cuda_delayed_flush";
-    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
-    if (!s) return OPF_ERR_STATE;
-    int n = s->n_pending;
-    if (n == 0) return OPF_OK;
-    float amax[OPF_CUDA_PENDING_MAX];
-    opf_status st = copy_d2h(ctx, s, (char *)amax, (const char *)s->pending_amax,
-                             (size_t)n * sizeof(float));
-    if (st) return st;
-    /* 3.1: row 0 of the history max-accumulates the pre-scale amax. */
-    for (int i = 0; i < n; i++) {
-        float *h0 = s->pending[i].h0;
-        if (amax[i] > *h0) *h0 = amax[i];
-    }
-    s->n_pending = 0;
-    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(s->pending_amax, 0, (size_t)n * sizeof(unsigned),
-                                          s->stream));
     return OPF_OK;
 }

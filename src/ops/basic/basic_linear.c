@@ -232,10 +232,14 @@ opf_status opf_linear_scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor
     opf_status st = opf_spec_layout(s, &L);
     if (st) return opf_error(ctx, st, "linear: %s", opf_last_error(NULL));
     size_t bytes = L.total_bytes + OPF_COMPONENT_ALIGN;
-    unsigned char *p = (unsigned char *)opf_op_scratch(ctx, (int64_t)((bytes + 3) / 4));
+    unsigned char *p = (unsigned char *)opf_op_scratch_on(ctx, s->device, (int64_t)((bytes + 3) / 4));
     if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "linear: no scratch for %zu bytes", bytes);
     uintptr_t a = ((uintptr_t)p + OPF_COMPONENT_ALIGN - 1) & ~(uintptr_t)(OPF_COMPONENT_ALIGN - 1);
-    memset((void *)a, 0, L.total_bytes);
+    opf_tensor all;  /* every component at once, as bytes */
+    opf_spec sb = opf_spec_make(1, (int64_t[]){(int64_t)L.total_bytes}, OPF_U8);
+    sb.device = s->device;
+    opf_tensor_wrap(&sb, (void *)a, &all);
+    if ((st = opf_op_zero(ctx, "linear", &all))) return st;
     return opf_tensor_wrap(s, (void *)a, t);
 }
 

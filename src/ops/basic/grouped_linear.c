@@ -197,7 +197,7 @@ typedef struct gemm_batch {
 
 static opf_status batch_begin(opf_ctx *ctx, gemm_batch **out)
 {
-    *out = (gemm_batch *)opf_op_scratch(ctx, (int64_t)((sizeof(gemm_batch) + 3) / 4));
+    *out = (gemm_batch *)opf_ctx_scratch_push(ctx, sizeof(gemm_batch));  /* host: a list */
     if (!*out) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_linear: no scratch for the GEMM list");
     (*out)->count = 0;
     return OPF_OK;
@@ -379,9 +379,16 @@ static opf_status check_inputs(opf_ctx *ctx, const opf_op *op, const opf_fwd_env
         return opf_error(ctx, OPF_ERR_SHAPE, "grouped_linear \"%s\": split sizes are %s, expected "
                          "plain i64[%d]", name, b, c->groups);
     }
+    /* The one host read of a step on a device (split sizes shape the GEMMs):
+     * an explicit, counted device-to-host copy. */
+    opf_tensor host;
+    opf_spec hs = s->spec;
+    hs.device = OPF_DEVICE_CPU;
+    opf_tensor_wrap(&hs, rows, &host);
+    opf_status st = opf_tensor_copy(ctx, s, &host);
+    if (st) return st;
     int64_t sum = 0;
     for (int g = 0; g < c->groups; g++) {
-        rows[g] = ((const int64_t *)s->data[OPF_COMP_DATA])[g];
         if (rows[g] < 0)
             return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": split size %d is "
                              "%lld", name, g, (long long)rows[g]);

@@ -183,8 +183,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     if (!st) st = opf_act_scratch(ctx, who, n, &work);
     if (!st) st = K->scaled_glu_bwd(ctx, OPF_ACT_SWIGLU, swiglu_params(), x, s, dy, dx, ds, work,
                                     rows, opf_act_cols(&b->x.spec));
-    if (!st) st = opf_convert(ds, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype,
-                              (size_t)rows);
+    if (!st) st = opf_op_store_f32(ctx, ds, grads[1].spec.dtype, NULL, &grads[1]);
     return st ? st : opf_op_store_f32(ctx, dx, b->x.spec.dtype, &b->grad_q, &grads[0]);
 }
 

@@ -90,8 +90,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
     if (!st) st = K->dact_dbias(ctx, (opf_act_kind)b->act, (opf_act_params){(float)b->alpha, 0.0f},
                                 x, dy, p, db, rows, n);
-    if (!st) st = opf_convert(db, OPF_F32, grads[1].data[OPF_COMP_DATA], grads[1].spec.dtype,
-                              (size_t)n);
+    if (!st) st = opf_op_store_f32(ctx, db, grads[1].spec.dtype, NULL, &grads[1]);
     return st ? st : opf_op_store_f32(ctx, p, b->x.spec.dtype, &b->dx_q, &grads[0]);
 }
 

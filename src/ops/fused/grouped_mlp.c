@@ -378,7 +378,7 @@ static opf_status scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
     opf_status st = opf_spec_layout(s, &L);
     if (st) return st;
     size_t bytes = L.total_bytes + OPF_COMPONENT_ALIGN;
-    unsigned char *p = (unsigned char *)opf_op_scratch(ctx, (int64_t)((bytes + 3) / 4));
+    unsigned char *p = (unsigned char *)opf_op_scratch_on(ctx, s->device, (int64_t)((bytes + 3) / 4));
     if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "grouped_mlp: no scratch for %zu bytes", bytes);
     uintptr_t at = ((uintptr_t)p + OPF_COMPONENT_ALIGN - 1) & ~(uintptr_t)(OPF_COMPONENT_ALIGN - 1);
     return opf_tensor_wrap(s, (void *)at, t);
