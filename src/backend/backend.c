@@ -48,6 +48,8 @@ static const opf_backend_i cuda_backend = {
         [OPF_SCALING_BLOCK_2D] = opf_cuda_dequantize_block,
     },
     .gemm = opf_cuda_gemm,
+    .norm = &opf_cuda_norm,
+    .act = &opf_cuda_act,
 };
 #endif
 

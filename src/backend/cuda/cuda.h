@@ -119,6 +119,14 @@ opf_status opf_cuda_gemm(opf_ctx *, const struct opf_gemm_args *);
 /* Drops the cached cuBLASLt algorithm choices (one per shape). */
 void opf_cuda_gemm_clear_cache(opf_ctx *ctx);
 
+/* ---- norm and activation families (norm.cu, act.cu) ---------------------
+ * The kernel tables of backend/norm.h and backend/act.h, bit for bit with
+ * the CPU's. */
+struct opf_norm_kernels;
+struct opf_act_kernels;
+extern const struct opf_norm_kernels opf_cuda_norm;
+extern const struct opf_act_kernels opf_cuda_act;
+
 #ifdef __cplusplus
 }
 #endif
