@@ -6,7 +6,9 @@
  *     rate;
  *   - GEMMs at S^3: bf16, FP8 per-tensor (fast and split accumulation),
  *     FP8 block 1x128 x 128x128 and 1x128 x 1x128 (cuBLASLt), MXFP8
- *     (dequantize + bf16 GEMM), in TFLOP/s.
+ *     (dequantize + bf16 GEMM), in TFLOP/s;
+ *   - LayerNorm forward and backward and RMSNorm forward on bf16
+ *     [8192, 4096], GELU and SwiGLU forward and backward on fp32, in GB/s.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
@@ -243,6 +245,89 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
     return rc;
 }
 
+/* ---- norms and activations: bf16 [8192, 4096] norms, f32 activations
+ * (the act entries take fp32), GB/s = bytes read + written per s ------- */
+enum { NA_ROWS = 8192, NA_H = 4096 };
+
+typedef struct norm_arg {
+    int         bwd;  /* 0 LayerNorm fwd, 1 LayerNorm bwd, 2 RMSNorm fwd */
+    opf_tensor *x, *g, *b, *z, *mu, *rs, *dz, *dx, *dg, *db;
+} norm_arg;
+static opf_status run_norm(opf_ctx *ctx, void *p)
+{
+    norm_arg *a = p;
+    const opf_norm_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->norm;
+    if (a->bwd == 1)
+        return K->layernorm_bwd(ctx, a->dz, a->x, a->mu, a->rs, a->g, false, a->dx, a->dg, a->db);
+    if (a->bwd == 2) return K->rmsnorm_fwd(ctx, a->x, a->g, 1e-5f, false, a->z, a->rs);
+    return K->layernorm_fwd(ctx, a->x, a->g, a->b, 1e-5f, false, a->z, a->mu, a->rs);
+}
+
+typedef struct act_arg {
+    opf_act_kind k;
+    bool         bwd;
+    const float *x, *dy;
+    float       *y;
+    int64_t      cols;
+} act_arg;
+static opf_status run_act(opf_ctx *ctx, void *p)
+{
+    act_arg *a = p;
+    const opf_act_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->act;
+    opf_act_params prm = {1.0f, 0.0f};
+    return a->bwd ? K->bwd(ctx, a->k, prm, a->x, a->dy, a->y, NA_ROWS, a->cols)
+                  : K->fwd(ctx, a->k, prm, a->x, a->y, NA_ROWS, a->cols);
+}
+
+/* Times fn and records name in GB/s for `bytes` moved. */
+static int record_gbs(opf_ctx *ctx, const char *name, bench_fn fn, void *arg, double bytes)
+{
+    double ms;
+    if (time_ms(ctx, fn, arg, &ms)) return 1;
+    char note[32];
+    snprintf(note, sizeof note, "%.3f ms", ms);
+    record(name, "GB/s", bytes / ms * 1e-6, note);
+    return 0;
+}
+
+static int bench_norm_act(opf_ctx *ctx)
+{
+    const int64_t M = NA_ROWS, H = NA_H, n = M * H;
+    opf_tensor t[12];
+    memset(t, 0, sizeof t);
+    opf_spec row = opf_spec_make(1, (int64_t[]){M}, OPF_F32);
+    opf_spec vec = opf_spec_make(1, (int64_t[]){H}, OPF_BF16);
+    opf_spec mat = opf_spec_make(2, (int64_t[]){M, H}, OPF_BF16);
+    if (random_tensor(ctx, M, H, OPF_BF16, &t[0]) || random_tensor(ctx, 1, H, OPF_BF16, &t[1]) ||
+        random_tensor(ctx, M, H, OPF_BF16, &t[2]) || device_tensor(ctx, &mat, &t[3]) ||
+        device_tensor(ctx, &mat, &t[4]) || device_tensor(ctx, &row, &t[5]) ||
+        device_tensor(ctx, &row, &t[6]) || device_tensor(ctx, &vec, &t[7]) ||
+        device_tensor(ctx, &vec, &t[8]) || random_tensor(ctx, M, 2 * H, OPF_F32, &t[9]) ||
+        random_tensor(ctx, M, 2 * H, OPF_F32, &t[10]) || device_tensor(ctx, &t[9].spec, &t[11]))
+        return 1;
+    t[1].spec.ndim = 1, t[1].spec.shape[0] = H;  /* gamma and beta: [H] */
+    printf("norms bf16 [%lld, %lld], activations fp32 (GB/s = bytes read + written per s)\n",
+           (long long)M, (long long)H);
+    norm_arg na = {0, &t[0], &t[1], &t[1], &t[3], &t[5], &t[6], &t[2], &t[4], &t[7], &t[8]};
+    double b2 = 2.0 * (double)n, b4 = 4.0 * (double)n;
+    int rc = record_gbs(ctx, "layernorm_fwd_gbs", run_norm, &na, 2 * b2);
+    na.bwd = 1;
+    rc = rc || record_gbs(ctx, "layernorm_bwd_gbs", run_norm, &na, 3 * b2);
+    na.bwd = 2;
+    rc = rc || record_gbs(ctx, "rmsnorm_fwd_gbs", run_norm, &na, 2 * b2);
+    float *x = t[9].data[0], *dy = t[10].data[0], *y = t[11].data[0];
+    act_arg aa[] = {{OPF_ACT_GELU, false, x, dy, y, H},
+                    {OPF_ACT_GELU, true, x, dy, y, H},
+                    {OPF_ACT_SWIGLU, false, x, dy, y, 2 * H},
+                    {OPF_ACT_SWIGLU, true, x, dy, y, 2 * H}};
+    const char *names[] = {"gelu_fwd_gbs", "gelu_bwd_gbs", "swiglu_fwd_gbs", "swiglu_bwd_gbs"};
+    const double bytes[] = {2 * b4, 3 * b4, 3 * b4, 5 * b4};  /* SwiGLU: x [M, 2H], y [M, H] */
+    for (int i = 0; i < 4 && !rc; i++) rc = record_gbs(ctx, names[i], run_act, &aa[i], bytes[i]);
+    opf_cuda_sync(ctx);
+    for (int i = 0; i < 12; i++) opf_tensor_release(&t[i]);
+    return rc;
+}
+
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
@@ -252,7 +337,7 @@ int opf_bench_cuda(int argc, char **argv)
     int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
     results = out_path ? fopen(out_path, "w") : NULL;
-    rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S);
+    rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S) || bench_norm_act(ctx);
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

@@ -2,7 +2,8 @@
 device copy, torch.compile of each cast (FP8 current scaling with amax and the
 transposed copy; MXFP8 1x32 / 32x1 / 32x32 with E8M0 exponents; FP8 block
 1x128 and 128x128 with pow2 scales and transposed copies), torch.mm (bf16)
-and torch._scaled_mm (FP8 per-tensor, fast and split accumulation).
+and torch._scaled_mm (FP8 per-tensor, fast and split accumulation); LayerNorm,
+RMSNorm, GELU and SwiGLU (eager) against the norm and activation kernels.
 CUDA-event medians after warm-up, random data. Block-scaled and MXFP8 GEMMs
 have no PyTorch peer on Hopper: the table compares them with opfuse's
 per-tensor FP8 GEMM and with torch.mm.
@@ -93,6 +94,49 @@ CASTS = (("fp8_current_row", cast_row, 1), ("fp8_current_rowcol", cast_rowcol, 2
          ("block1d_rowcol", block1d_rowcol, 2), ("block2d_rowcol", block2d_rowcol, 2))
 
 
+NA_ROWS, NA_H = 8192, 4096
+NORM_ACT_ROWS = (("layernorm_fwd_gbs", "F.layer_norm"),
+                 ("layernorm_bwd_gbs", "aten layer_norm bwd"),
+                 ("rmsnorm_fwd_gbs", "F.rms_norm"),
+                 ("gelu_fwd_gbs", "F.gelu tanh fp32"),
+                 ("gelu_bwd_gbs", "aten gelu_backward"),
+                 ("swiglu_fwd_gbs", "silu(a)*b fp32"),
+                 ("swiglu_bwd_gbs", "silu_backward, cat"))
+
+
+def norm_act_peer(dev):
+    """The rows of opfuse's norm and activation benchmark: bf16 [8192, 4096]
+    norms, fp32 activations (SwiGLU input [8192, 8192]), bytes read + written
+    per second as opfuse counts them."""
+    M, H = NA_ROWS, NA_H
+    n, eps, out = M * H, 1e-5, {}
+    x = torch.randn(M, H, device=dev, dtype=torch.bfloat16)
+    dz = torch.randn_like(x)
+    w = torch.randn(H, device=dev, dtype=torch.bfloat16)
+    bias = torch.randn_like(w)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, (H,), w, bias, eps)
+    F = torch.nn.functional
+    for name, fn, nbytes in (
+            ("layernorm_fwd_gbs", lambda: F.layer_norm(x, (H,), w, bias, eps), 4 * n),
+            ("layernorm_bwd_gbs", lambda: torch.ops.aten.native_layer_norm_backward(
+                dz, x, (H,), mean, rstd, w, bias, [True, True, True]), 6 * n),
+            ("rmsnorm_fwd_gbs", lambda: F.rms_norm(x, (H,), w, eps), 4 * n)):
+        out[name] = nbytes / median_ms(fn) * 1e-6
+    del x, dz
+    x = torch.randn(M, 2 * H, device=dev)
+    dy = torch.randn(M, H, device=dev)
+    g, a, b = torch.randn(M, H, device=dev), x[:, :H], x[:, H:]
+    for name, fn, nbytes in (
+            ("gelu_fwd_gbs", lambda: F.gelu(g, approximate="tanh"), 8 * n),
+            ("gelu_bwd_gbs", lambda: torch.ops.aten.gelu_backward(dy, g, approximate="tanh"),
+             12 * n),
+            ("swiglu_fwd_gbs", lambda: F.silu(a) * b, 12 * n),
+            ("swiglu_bwd_gbs", lambda: torch.cat(
+                (torch.ops.aten.silu_backward(dy * b, a), F.silu(a) * dy), 1), 20 * n)):
+        out[name] = nbytes / median_ms(fn) * 1e-6
+    return out
+
+
 def main():
     path = sys.argv[1]
     M, K, S = (int(a) for a in sys.argv[2:5]) if len(sys.argv) >= 5 else (8192, 8192, 8192)
@@ -121,6 +165,9 @@ def main():
                                                 out_dtype=torch.bfloat16, use_fast_accum=fast))
         peer[name] = flop / ms * 1e-9
 
+    del a, b, qa, qb
+    peer.update(norm_act_peer(dev))
+
     ours = {}
     with open(path) as f:
         for line in f:
@@ -139,6 +186,7 @@ def main():
         ("gemm_fp8_split_tflops", "TF/s", "_scaled_mm split"),
     ]
     rows[5:5] = [(n + "_gbs", "GB/s", "torch.compile cast") for n, _, _ in CASTS[2:]]
+    rows += [(n, "GB/s", what) for n, what in NORM_ACT_ROWS]
     for k, unit, what in rows:
         pk = k.replace("delayed", "current")
         o, p = ours.get(k), peer.get(pk)

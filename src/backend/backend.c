@@ -50,6 +50,8 @@ static const opf_backend_i cuda_backend = {
     .gemm = opf_cuda_gemm,
     .grouped_gemm = opf_cuda_grouped_gemm,
     .nn = &opf_cuda_nn,
+    .norm = &opf_cuda_norm,
+    .act = &opf_cuda_act,
 };
 #endif
 

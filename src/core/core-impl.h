@@ -30,8 +30,24 @@ opf_status opf_error(opf_ctx *ctx, opf_status st, const char *fmt, ...) OPF_PRIN
 static inline int64_t opf_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline int64_t opf_round_up(int64_t a, int64_t b) { return opf_ceil_div(a, b) * b; }
 
-static inline uint32_t opf_f32_bits(float f) { union { float f; uint32_t u; } v = {f}; return v.u; }
-static inline float opf_bits_f32(uint32_t u) { union { uint32_t u; float f; } v = {u}; return v.f; }
+/* A function that CUDA kernels call too (nvcc compiles it for both sides);
+ * nothing in C. */
+#ifdef __CUDACC__
+#define OPF_HD __host__ __device__
+#else
+#define OPF_HD
+#endif
+
+static inline OPF_HD uint32_t opf_f32_bits(float f)
+{
+    union { float f; uint32_t u; } v = {f};
+    return v.u;
+}
+static inline OPF_HD float opf_bits_f32(uint32_t u)
+{
+    union { uint32_t u; float f; } v = {u};
+    return v.f;
+}
 
 /* The one hash mixer of the library (guard keys, schema and quantizer
  * hashes): folds v into h. Start from OPF_HASH_SEED. */

@@ -5,18 +5,20 @@
  * depend on no C library, so a loop over them vectorizes (no calls, no
  * data-dependent branches: both paths of a select are computed) and the same
  * code gives the same bits in a scalar loop, a SIMD loop, and a CUDA kernel
- * that mirrors it line by line (NaN results are NaN everywhere; which
- * payload and sign they carry is the hardware's and compiler's choice).
+ * (NaN results are NaN everywhere; which payload and sign they carry is the
+ * hardware's and compiler's choice). The CUDA kernels (cuda/act.cu) include
+ * this header: under nvcc every function is OPF_HD, host and device, so both
+ * devices run this one source.
  *
  * No FMA, by choice: every product and sum rounds on its own, as the rest of
  * the library's kernels do (CMake builds with -ffp-contract=off). Baseline
  * x86-64 has no FMA instruction, where fmaf is a library call that would
  * stop vectorization; without FMA the same bits come out on every target.
- * A CUDA mirror must keep it so: write __fmul_rn / __fadd_rn (never
- * contracted) or build with -fmad=false, and keep IEEE division (no
- * --use_fast_math). Must not be built with -ffast-math, which would fold the
- * (v + magic) - magic rounding step below; assumes round-to-nearest-even and
- * no flush-to-zero, as all fp32 code of the library does.
+ * The CUDA build keeps it so: nvcc compiles with -fmad=false and IEEE
+ * division and square root (no --use_fast_math). Must not be built with
+ * -ffast-math, which would fold the (v + magic) - magic rounding step
+ * below; assumes round-to-nearest-even and no flush-to-zero, as all fp32
+ * code of the library does.
  *
  * Errors against the exact value (double-precision libm as the reference),
  * measured over every finite fp32 input (tests/ops/test_act_math.c with
@@ -55,7 +57,7 @@
  * arm (a clamp), GCC threads jumps into a path of folded constants that may
  * trap; under -ftrapping-math the loop then keeps its branches and only
  * vectorizes with AVX-512 masks. The mask form vectorizes on SSE2 up. */
-static inline float opf_select_f32_impl(bool c, float a, float b)
+static inline OPF_HD float opf_select_f32_impl(bool c, float a, float b)
 {
     const uint32_t m = 0u - (uint32_t)c;
     return opf_bits_f32((opf_f32_bits(a) & m) | (opf_f32_bits(b) & ~m));
@@ -72,7 +74,7 @@ static inline float opf_select_f32_impl(bool c, float a, float b)
  * [-104, 89] first: beyond, the result is 0 or +inf all the same, and k
  * stays in [-150, 128]. A NaN passes the clamps (the comparisons are
  * false) and makes p NaN, whatever garbage its pattern gives k. */
-static inline float opf_expf_impl(float x)
+static inline OPF_HD float opf_expf_impl(float x)
 {
     const float log2e = 0x1.715476p+0f, ln2_hi = 0x1.62e4p-1f, ln2_lo = 0x1.7f7d1cp-20f;
     const float q0 = 0x1.fffffcp-2f, q1 = 0x1.555492p-3f, q2 = 0x1.5558f2p-5f,
@@ -100,7 +102,7 @@ static inline float opf_expf_impl(float x)
  * atanh(1/2) = 0.549 the error grows to 1.4 ulp. For a > 9.1 the fraction
  * falls below half an ulp of 1 and the result is 1 exactly (e^{2a} = +inf
  * gives 2/inf = 0 the same way). a NaN fails a < 0.75 and comes back NaN. */
-static inline float opf_tanhf_impl(float x)
+static inline OPF_HD float opf_tanhf_impl(float x)
 {
     const float p0 = -0x1.55554ap-2f, p1 = 0x1.110db8p-3f, p2 = -0x1.b97d3cp-5f,
                 p3 = 0x1.5f785ap-6f, p4 = -0x1.f5d36cp-8f, p5 = 0x1.c753c8p-10f;
@@ -115,7 +117,7 @@ static inline float opf_tanhf_impl(float x)
 }
 
 /* σ(z) = 1/(1 + e^-z), numerics.md 6.3's formula with the exp above. */
-static inline float opf_sigmoidf_impl(float z) { return 1.0f / (1.0f + opf_expf_impl(-z)); }
+static inline OPF_HD float opf_sigmoidf_impl(float z) { return 1.0f / (1.0f + opf_expf_impl(-z)); }
 
 /* ---- the element functions (numerics.md 6.3) ------------------------------------
  * f and f' of one fp32 value; alpha is the slope of the x·σ(αx) family and
@@ -123,48 +125,48 @@ static inline float opf_sigmoidf_impl(float z) { return 1.0f / (1.0f + opf_expf_
  * equal (+0 for ±0 and NaN in max(v, 0)), and every select as
  * opf_select_f32_impl, so that loops over them vectorize. */
 
-static inline float opf_act_gelu_f(float x, float alpha)
+static inline OPF_HD float opf_act_gelu_f(float x, float alpha)
 {
     return x * (0.5f + 0.5f * opf_tanhf_impl(x * (0.79788456f + 0.03567741f * x * x)));
 }
 
 /* The derivative uses its own tanh argument and constants (not a reuse of
  * f's), as the anchor's kernel does. */
-static inline float opf_act_gelu_df(float x, float alpha)
+static inline OPF_HD float opf_act_gelu_df(float x, float alpha)
 {
     const float t = opf_tanhf_impl(0.79788456f * x * (1.0f + 0.044715f * x * x));
     return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) + 0.5f * (1.0f + t);
 }
 
 /* x·σ(αx): QGELU (α = 1.702), SiLU (α = 1: 1·x == x exactly), ClampedSwiGLU. */
-static inline float opf_act_swish_f(float x, float alpha)
+static inline OPF_HD float opf_act_swish_f(float x, float alpha)
 {
     return x * opf_sigmoidf_impl(alpha * x);
 }
 
 /* αx·σ'(αx) + σ(αx) with σ' = σ(1-σ). */
-static inline float opf_act_swish_df(float x, float alpha)
+static inline OPF_HD float opf_act_swish_df(float x, float alpha)
 {
     const float c = alpha * x, s = opf_sigmoidf_impl(c);
     return c * (s * (1.0f - s)) + s;
 }
 
 /* max(v, 0) as fmaxf(v, 0.0f) gives it. */
-static inline float opf_act_max0(float v) { return opf_select_f32_impl(v > 0.0f, v, 0.0f); }
+static inline OPF_HD float opf_act_max0(float v) { return opf_select_f32_impl(v > 0.0f, v, 0.0f); }
 
-static inline float opf_act_relu_f(float x, float alpha) { return opf_act_max0(x); }
-static inline float opf_act_relu_df(float x, float alpha)
+static inline OPF_HD float opf_act_relu_f(float x, float alpha) { return opf_act_max0(x); }
+static inline OPF_HD float opf_act_relu_df(float x, float alpha)
 {
     return opf_select_f32_impl(x > 0.0f, 1.0f, 0.0f);
 }
-static inline float opf_act_srelu_f(float x, float alpha)
+static inline OPF_HD float opf_act_srelu_f(float x, float alpha)
 {
     return opf_select_f32_impl(x > 0.0f, x * x, 0.0f);
 }
-static inline float opf_act_srelu_df(float x, float alpha) { return opf_act_max0(2.0f * x); }
+static inline OPF_HD float opf_act_srelu_df(float x, float alpha) { return opf_act_max0(2.0f * x); }
 
-static inline float opf_act_sigmoid_f(float x, float alpha) { return opf_sigmoidf_impl(x); }
-static inline float opf_act_sigmoid_df(float x, float alpha)
+static inline OPF_HD float opf_act_sigmoid_f(float x, float alpha) { return opf_sigmoidf_impl(x); }
+static inline OPF_HD float opf_act_sigmoid_df(float x, float alpha)
 {
     const float s = opf_sigmoidf_impl(x);
     return s * (1.0f - s);
@@ -181,7 +183,7 @@ typedef enum opf_act_fn {
     OPF_ACT_FN_COUNT
 } opf_act_fn;
 
-static inline opf_act_fn opf_act_fn_of(opf_act_kind k)
+static inline OPF_HD opf_act_fn opf_act_fn_of(opf_act_kind k)
 {
     switch (k) {
     case OPF_ACT_GELU: case OPF_ACT_GEGLU: return OPF_ACT_FN_GELU;
@@ -195,7 +197,7 @@ static inline opf_act_fn opf_act_fn_of(opf_act_kind k)
 /* f (deriv false) or f' of kind k at one value, for scalar callers (tests,
  * references): the same bits as the loops of cpu/act.c (the gate of a GLU
  * kind is not applied, nor ClampedSwiGLU's clamps). */
-static inline float opf_act_scalar_impl(opf_act_kind k, float x, float alpha, bool deriv)
+static inline OPF_HD float opf_act_scalar_impl(opf_act_kind k, float x, float alpha, bool deriv)
 {
     switch (opf_act_fn_of(k)) {
     case OPF_ACT_FN_GELU: return deriv ? opf_act_gelu_df(x, alpha) : opf_act_gelu_f(x, alpha);
@@ -206,11 +208,11 @@ static inline float opf_act_scalar_impl(opf_act_kind k, float x, float alpha, bo
     default: return deriv ? opf_act_swish_df(x, alpha) : opf_act_swish_f(x, alpha);
     }
 }
-static inline float opf_act_f_impl(opf_act_kind k, float x, float alpha)
+static inline OPF_HD float opf_act_f_impl(opf_act_kind k, float x, float alpha)
 {
     return opf_act_scalar_impl(k, x, alpha, false);
 }
-static inline float opf_act_df_impl(opf_act_kind k, float x, float alpha)
+static inline OPF_HD float opf_act_df_impl(opf_act_kind k, float x, float alpha)
 {
     return opf_act_scalar_impl(k, x, alpha, true);
 }

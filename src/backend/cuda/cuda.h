@@ -140,6 +140,14 @@ void opf_cuda_graph_free(opf_ctx *ctx, opf_cuda_graph *g);
 size_t opf_cuda_graph_num_nodes(const opf_cuda_graph *g);
 opf_status opf_cuda_scratch_reserve(opf_ctx *ctx, size_t bytes);
 
+/* ---- norm and activation families (norm.cu, act.cu) ---------------------
+ * The kernel tables of backend/norm.h and backend/act.h, bit for bit with
+ * the CPU's. */
+struct opf_norm_kernels;
+struct opf_act_kernels;
+extern const struct opf_norm_kernels opf_cuda_norm;
+extern const struct opf_act_kernels opf_cuda_act;
+
 #ifdef __cplusplus
 }
 #endif

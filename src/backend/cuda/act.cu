@@ -1,0 +1,412 @@
+/* act.cu: the activations on the GPU (backend/act.h), bit for bit with
+ * src/backend/cpu/act.c.
+ *
+ * The element functions are act-math.h's own, compiled for the device (the
+ * header's functions are OPF_HD): the same exp, tanh and sigmoid written
+ * with fp32 +, -, *, / and bit operations, the same constants and grouping.
+ * With -fmad=false (CMakeLists.txt) and IEEE division every operation
+ * rounds once as on the CPU. NaN results are NaN on both devices, with
+ * each hardware's own bits.
+ *
+ * Element-wise passes (forward, backward, the GLUs and their scaled form)
+ * are grid-stride loops over 4 floats a thread (16-byte accesses when the
+ * shapes and bases allow). The two entries with ordered sums, dact + dbias
+ * (a column sum over the rows in row order) and the scaled GLU backward (a
+ * row sum left to right), are one kernel each: 32 sums a block; eight warps
+ * compute a tile of the terms (writing dx as they go) into shared memory
+ * while warp 0 adds up the previous tile, one thread per sum in order. */
+#include "backend/cuda/cuda-impl.h"
+extern "C" {
+#include "backend/cpu/act-math.h"
+}
+
+enum {
+    W = 4,                    /* floats per thread access */
+    THREADS = 256,
+    SUM_LANES = 32,           /* sums of a block */
+    SUM_TILE = 64,            /* terms of each sum per tile */
+    SUM_LOADERS = 256,        /* threads computing a tile */
+    SUM_THREADS = SUM_LOADERS + 32,
+    PER_LOADER = SUM_TILE * SUM_LANES / SUM_LOADERS,
+};
+static_assert(SUM_TILE * SUM_LANES % SUM_LOADERS == 0, "whole tiles per loader");
+
+/* A kind of each element-function pair (act-math.h's opf_act_fn): on a
+ * constant kind opf_act_scalar_impl inlines to that pair's f or f'. */
+__host__ __device__ constexpr opf_act_kind kind_of(opf_act_fn fn)
+{
+    return fn == OPF_ACT_FN_GELU      ? OPF_ACT_GELU
+           : fn == OPF_ACT_FN_RELU    ? OPF_ACT_RELU
+           : fn == OPF_ACT_FN_SRELU   ? OPF_ACT_SRELU
+           : fn == OPF_ACT_FN_SIGMOID ? OPF_ACT_GLU
+                                      : OPF_ACT_SILU;
+}
+template <opf_act_fn FN> __device__ __forceinline__ float act_f(float x, float alpha)
+{
+    return opf_act_f_impl(kind_of(FN), x, alpha);
+}
+template <opf_act_fn FN> __device__ __forceinline__ float act_df(float x, float alpha)
+{
+    return opf_act_df_impl(kind_of(FN), x, alpha);
+}
+
+template <int N> __device__ __forceinline__ void load(const float *p, float v[N])
+{
+    if (N == 4) {
+        float4 t = *(const float4 *)p;
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) v[i] = p[i];
+    }
+}
+
+template <int N> __device__ __forceinline__ void store(float *p, const float v[N])
+{
+    if (N == 4) {
+        *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) p[i] = v[i];
+    }
+}
+
+/* ---- plain kinds ----------------------------------------------------------
+ * y = f(x) or dx = f'(x)·dy over n floats, in place allowed: chunks of N,
+ * then the tail of n % N one float a thread. */
+template <opf_act_fn FN, bool BWD, int N>
+__device__ __forceinline__ void plain_chunk(float alpha, const float *x, const float *dy,
+                                            float *y, int64_t i)
+{
+    float v[N], g[N];
+    load<N>(x + i, v);
+    if (BWD) load<N>(dy + i, g);
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        v[k] = BWD ? act_df<FN>(v[k], alpha) * g[k] : act_f<FN>(v[k], alpha);
+    store<N>(y + i, v);
+}
+
+template <opf_act_fn FN, bool BWD>
+__global__ void plain_kernel(float alpha, const float *x, const float *dy, float *y, int64_t n,
+                             bool vec)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nv = vec ? n / W : 0;
+    for (int64_t c = t; c < nv; c += stride) plain_chunk<FN, BWD, W>(alpha, x, dy, y, c * W);
+    for (int64_t i = nv * W + t; i < n; i += stride) plain_chunk<FN, BWD, 1>(alpha, x, dy, y, i);
+}
+
+/* ---- GLU kinds -------------------------------------------------------------
+ * x [rows, 2h] = [a | b]. Forward y = f(a)·b (times s[r] when scaled);
+ * backward with g = dy (·s[r]): da = f'(a)·g·b, db = f(a)·g. ClampedSwiGLU
+ * clamps as act.c does; its selects keep the CPU's NaN cases. */
+typedef struct glu_args {
+    const float *x, *dy, *s;  /* s: the row scales, or NULL */
+    float       *y;           /* y forward, dx backward */
+    int64_t      rows, h;
+    float        alpha, limit;
+} glu_args;
+
+/* fminf(v, hi) / fmaxf(v, lo) for a finite bound, NaN giving the bound (act.c). */
+__device__ __forceinline__ float min_limit(float v, float hi) { return v < hi ? v : hi; }
+__device__ __forceinline__ float max_limit(float v, float lo) { return v > lo ? v : lo; }
+
+template <opf_act_fn FN, bool CLAMP>
+__device__ __forceinline__ float glu_f(float a, float b, float alpha, float L)
+{
+    if (!CLAMP) return act_f<FN>(a, alpha) * b;
+    float ac = min_limit(a, L), bc = min_limit(max_limit(b, -L), L) + 1.0f;
+    return act_f<FN>(ac, alpha) * bc;
+}
+
+/* da and db of one element (g already scaled). */
+template <opf_act_fn FN, bool CLAMP>
+__device__ __forceinline__ float2 glu_df(float a, float b, float g, float alpha, float L)
+{
+    if (!CLAMP) return make_float2(act_df<FN>(a, alpha) * g * b, act_f<FN>(a, alpha) * g);
+    bool b_live = (b >= -L) & (b <= L);
+    float bc = min_limit(max_limit(b, -L), L) + 1.0f;
+    float fa = act_f<FN>(min_limit(a, L), alpha), dfa = act_df<FN>(a, alpha);
+    return make_float2((a <= L ? dfa : 0.0f) * g * bc, b_live ? fa * g : 0.0f);
+}
+
+/* Elements j .. j+N-1 of row r. */
+template <opf_act_fn FN, bool BWD, bool CLAMP, int N>
+__device__ __forceinline__ void glu_chunk(const glu_args &p, int64_t r, int64_t j)
+{
+    const float *xa = p.x + r * 2 * p.h + j, *xb = xa + p.h;
+    float a[N], b[N], o[N];
+    load<N>(xa, a);
+    load<N>(xb, b);
+    if (!BWD) {
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            o[k] = glu_f<FN, CLAMP>(a[k], b[k], p.alpha, p.limit);
+            if (p.s) o[k] = o[k] * p.s[r];
+        }
+        store<N>(p.y + r * p.h + j, o);
+        return;
+    }
+    float g[N], ob[N];
+    load<N>(p.dy + r * p.h + j, g);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        float2 d = glu_df<FN, CLAMP>(a[k], b[k], p.s ? g[k] * p.s[r] : g[k], p.alpha, p.limit);
+        o[k] = d.x, ob[k] = d.y;
+    }
+    store<N>(p.y + r * 2 * p.h + j, o);
+    store<N>(p.y + r * 2 * p.h + p.h + j, ob);
+}
+
+/* vec: h % 4 == 0 and aligned bases, chunks of 4 inside a row; else one
+ * element a thread. */
+template <opf_act_fn FN, bool BWD, bool CLAMP>
+__global__ void glu_kernel(glu_args p, bool vec)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        int64_t hv = p.h / W;
+        for (int64_t c = t; c < p.rows * hv; c += stride)
+            glu_chunk<FN, BWD, CLAMP, W>(p, c / hv, c % hv * W);
+        return;
+    }
+    for (int64_t i = t; i < p.rows * p.h; i += stride)
+        glu_chunk<FN, BWD, CLAMP, 1>(p, i / p.h, i % p.h);
+}
+
+/* ---- ordered sums -----------------------------------------------------------
+ * out[c] = the sum over k = 0 .. K-1, in k order from 0.0f, of term(k, c),
+ * for the 32 sums c of a block. Term::ALONG_K: consecutive threads take
+ * consecutive k (else consecutive c), whichever is contiguous in memory.
+ * term.load(k, c, in) issues the loads of one term, term.finish(k, c, in)
+ * computes it (and writes what the pass outputs besides). */
+template <typename Term>
+__global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t K, int64_t C,
+                                                          float *out)
+{
+    __shared__ float tile[2][SUM_TILE][SUM_LANES + 1];
+    int64_t c0 = (int64_t)blockIdx.x * SUM_LANES;
+    int lane = threadIdx.x % SUM_LANES, t = (int)threadIdx.x - SUM_LANES;
+    float acc = 0.0f;
+    for (int64_t k0 = 0, it = 0; k0 < K; k0 += SUM_TILE, it++) {
+        float(*b)[SUM_LANES + 1] = tile[it & 1];
+        if (t >= 0) {
+            typename Term::in in[PER_LOADER];
+            int kk[PER_LOADER], cc[PER_LOADER];
+#pragma unroll
+            for (int m = 0; m < PER_LOADER; m++) {
+                int e = t + m * SUM_LOADERS;
+                kk[m] = Term::ALONG_K ? e % SUM_TILE : e / SUM_LANES;
+                cc[m] = Term::ALONG_K ? e / SUM_TILE : e % SUM_LANES;
+                if (k0 + kk[m] < K && c0 + cc[m] < C) term.load(k0 + kk[m], c0 + cc[m], in[m]);
+            }
+#pragma unroll
+            for (int m = 0; m < PER_LOADER; m++)
+                if (k0 + kk[m] < K && c0 + cc[m] < C)
+                    b[kk[m]][cc[m]] = term.finish(k0 + kk[m], c0 + cc[m], in[m]);
+        }
+        /* Warp 0 summed tile it - 1 (the buffer written above) before this. */
+        __syncthreads();
+        if (t < 0) {
+            int64_t nk = K - k0 < SUM_TILE ? K - k0 : SUM_TILE;
+            for (int k = 0; k < nk; k++) acc = acc + b[k][lane];
+        }
+    }
+    if (t < 0 && c0 + lane < C) out[c0 + lane] = acc;
+}
+
+/* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
+template <opf_act_fn FN> struct dbias_term {
+    enum { ALONG_K = 0 };
+    struct in { float x, dy; };
+    const float *x, *dy;
+    float       *dx;
+    int64_t      cols;
+    float        alpha;
+    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
+    {
+        v.x = x[r * cols + c];
+        v.dy = dy[r * cols + c];
+    }
+    __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v) const
+    {
+        float d = act_df<FN>(v.x, alpha) * v.dy;
+        dx[r * cols + c] = d;
+        return d;
+    }
+};
+
+/* Scaled GLU backward: k = j, c = row; dx as the GLU backward with
+ * g = fl(dy s[r]), and the term fl(fl(f(a) b) dy) of ds[r]. */
+template <opf_act_fn FN> struct ds_term {
+    enum { ALONG_K = 1 };
+    struct in { float a, b, dy; };
+    const float *x, *dy, *s;
+    float       *dx;
+    int64_t      h;
+    float        alpha;
+    __device__ __forceinline__ void load(int64_t j, int64_t r, in &v) const
+    {
+        v.a = x[r * 2 * h + j];
+        v.b = x[r * 2 * h + h + j];
+        v.dy = dy[r * h + j];
+    }
+    __device__ __forceinline__ float finish(int64_t j, int64_t r, const in &v) const
+    {
+        float g = v.dy * s[r], fa = act_f<FN>(v.a, alpha);
+        float da = act_df<FN>(v.a, alpha) * g;
+        dx[r * 2 * h + j] = da * v.b;
+        dx[r * 2 * h + h + j] = fa * g;
+        float fb = fa * v.b;
+        return fb * v.dy;
+    }
+};
+
+/* ---- host side ----------------------------------------------------------- */
+
+/* Calls L::template run<FN>(args...) for k's element-function pair. */
+template <typename L, typename... A> static opf_status dispatch(opf_act_kind k, A... args)
+{
+    switch (opf_act_fn_of(k)) {
+    case OPF_ACT_FN_GELU: return L::template run<OPF_ACT_FN_GELU>(args...);
+    case OPF_ACT_FN_RELU: return L::template run<OPF_ACT_FN_RELU>(args...);
+    case OPF_ACT_FN_SRELU: return L::template run<OPF_ACT_FN_SRELU>(args...);
+    case OPF_ACT_FN_SIGMOID: return L::template run<OPF_ACT_FN_SIGMOID>(args...);
+    default: return L::template run<OPF_ACT_FN_SWISH>(args...);
+    }
+}
+
+static bool aligned(const void *a, const void *b, const void *c)
+{
+    return opf_cuda_aligned16(a) && (!b || opf_cuda_aligned16(b)) && opf_cuda_aligned16(c);
+}
+
+template <bool BWD> struct plain_launch {
+    template <opf_act_fn FN>
+    static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
+                          const float *x, const float *dy, float *y, int64_t n)
+    {
+        if (n == 0) return OPF_OK;
+        bool vec = aligned(x, dy, y);
+        unsigned grid = opf_cuda_grid(s, (n + W - 1) / W, THREADS);
+        plain_kernel<FN, BWD><<<grid, THREADS, 0, s->stream>>>(alpha, x, dy, y, n, vec);
+        OPF_CUDA_LAUNCHED(ctx, fn);
+        return OPF_OK;
+    }
+};
+
+template <bool BWD> struct glu_launch {
+    template <opf_act_fn FN>
+    static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, glu_args p, bool clamp)
+    {
+        if (p.rows * p.h == 0) return OPF_OK;
+        bool vec = p.h % W == 0 && aligned(p.x, p.dy, p.y);
+        unsigned grid = opf_cuda_grid(s, p.rows * p.h / (vec ? W : 1), THREADS);
+        if constexpr (FN == OPF_ACT_FN_SWISH)  /* ClampedSwiGLU's pair */
+            if (clamp) {
+                glu_kernel<FN, BWD, true><<<grid, THREADS, 0, s->stream>>>(p, vec);
+                OPF_CUDA_LAUNCHED(ctx, fn);
+                return OPF_OK;
+            }
+        glu_kernel<FN, BWD, false><<<grid, THREADS, 0, s->stream>>>(p, vec);
+        OPF_CUDA_LAUNCHED(ctx, fn);
+        return OPF_OK;
+    }
+};
+
+/* The ordered sums over K terms of C sums (none: nothing to launch). */
+template <typename Term>
+static opf_status launch_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
+                              int64_t K, int64_t C, float *out)
+{
+    if (C == 0) return OPF_OK;
+    unsigned grid = (unsigned)((C + SUM_LANES - 1) / SUM_LANES);
+    sum_kernel<Term><<<grid, SUM_THREADS, 0, s->stream>>>(t, K, C, out);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+struct dbias_launch {
+    template <opf_act_fn FN>
+    static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
+                          const float *x, const float *dy, float *dx, float *dbias, int64_t rows,
+                          int64_t cols)
+    {
+        dbias_term<FN> t = {x, dy, dx, cols, alpha};
+        return launch_sums(ctx, s, fn, t, rows, cols, dbias);
+    }
+};
+
+struct ds_launch {
+    template <opf_act_fn FN>
+    static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
+                          const float *x, const float *sc, const float *dy, float *dx, float *ds,
+                          int64_t rows, int64_t h)
+    {
+        ds_term<FN> t = {x, dy, sc, dx, h, alpha};
+        return launch_sums(ctx, s, fn, t, h, rows, ds);
+    }
+};
+
+static opf_status cuda_act_fwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
+                               float *y, int64_t rows, int64_t cols)
+{
+    const char *fn = "activation fwd (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (!opf_act_is_glu(k))
+        return dispatch<plain_launch<false>>(k, ctx, s, fn, p.alpha, x, (const float *)NULL, y,
+                                             rows * cols);
+    glu_args g = {x, NULL, NULL, y, rows, cols / 2, p.alpha, p.limit};
+    return dispatch<glu_launch<false>>(k, ctx, s, fn, g, k == OPF_ACT_CLAMPED_SWIGLU);
+}
+
+static opf_status cuda_act_bwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
+                               const float *dy, float *dx, int64_t rows, int64_t cols)
+{
+    const char *fn = "activation bwd (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (!opf_act_is_glu(k))
+        return dispatch<plain_launch<true>>(k, ctx, s, fn, p.alpha, x, dy, dx, rows * cols);
+    glu_args g = {x, dy, NULL, dx, rows, cols / 2, p.alpha, p.limit};
+    return dispatch<glu_launch<true>>(k, ctx, s, fn, g, k == OPF_ACT_CLAMPED_SWIGLU);
+}
+
+static opf_status cuda_act_dact_dbias(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                      const float *x, const float *dy, float *dx, float *dbias,
+                                      int64_t rows, int64_t cols)
+{
+    const char *fn = "dact_dbias (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    return dispatch<dbias_launch>(k, ctx, s, fn, p.alpha, x, dy, dx, dbias, rows, cols);
+}
+
+static opf_status cuda_scaled_glu_fwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                      const float *x, const float *sc, float *y, int64_t rows,
+                                      int64_t cols)
+{
+    const char *fn = "scaled_glu_fwd (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    glu_args g = {x, NULL, sc, y, rows, cols / 2, p.alpha, p.limit};
+    return dispatch<glu_launch<false>>(k, ctx, s, fn, g, false);
+}
+
+/* work is not needed: dx and ds come out of one pass. */
+static opf_status cuda_scaled_glu_bwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                      const float *x, const float *sc, const float *dy, float *dx,
+                                      float *ds, float *work, int64_t rows, int64_t cols)
+{
+    const char *fn = "scaled_glu_bwd (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    return dispatch<ds_launch>(k, ctx, s, fn, p.alpha, x, sc, dy, dx, ds, rows, cols / 2);
+}
+
+extern "C" const opf_act_kernels opf_cuda_act = {
+    cuda_act_fwd, cuda_act_bwd, cuda_act_dact_dbias, cuda_scaled_glu_fwd, cuda_scaled_glu_bwd,
+};

@@ -1,0 +1,620 @@
+/* norm.cu: LayerNorm, RMSNorm and L2 normalization on the GPU, forward and
+ * backward, and the add + RMSNorm backward (backend/norm.h), bit for bit
+ * with src/backend/cpu/norm.c.
+ *
+ * norm.h fixes every sum as a warp's tree: lane l adds the terms j = l,
+ * l + 32, ... left to right, then the lanes fold in halves. So each row is
+ * one warp. The warp first stages its row (and dz's) in shared memory as
+ * fp32 values already seen in the compute dtype, with 16-byte loads when the
+ * row allows them; the sums then read it lane-strided (no bank conflicts)
+ * and the outputs are written 8 elements a lane, 16 bytes a store. Rows too
+ * long for shared memory are read from global memory on every pass instead
+ * (the same values, the same order).
+ *
+ * The column sums of dgamma and dbeta are a second kernel: lane class l of
+ * a column holds the rows r = l mod 32 in order, as the CPU's; one thread
+ * per (column, class) walks its rows, recomputing y from x, mu and rsigma
+ * (cheaper than storing it), then one thread per column folds the 32
+ * partials in the header's order. No atomics: every bit is fixed.
+ *
+ * Built with -fmad=false (CMakeLists.txt) and IEEE division and square root,
+ * so each operation rounds once as on the CPU. A NaN in a row makes that
+ * row's outputs NaN on both devices; which NaN bits is each hardware's
+ * own (the tests compare NaN with NaN). */
+#include "backend/cuda/cuda-impl.h"
+
+enum {
+    LANES = OPF_NORM_LANES,
+    VEC = 8,                          /* elements per vector access */
+    CACHE_MAX = 96 * 1024,            /* the most shared memory a warp stages */
+    BLOCK_SMEM = 32 * 1024,           /* staged bytes a block aims for */
+    SMEM_DEFAULT = 48 * 1024,         /* above this a kernel must opt in */
+    COL_UNROLL = 8,                   /* rows in flight per thread of a column sum */
+    STAGE_BATCH = 4,                  /* 16-byte loads in flight per lane when staging */
+    SUM_BATCH = 4,                    /* terms in flight per lane of a row sum */
+};
+static_assert(LANES == 32, "a sum's lanes are a warp's");
+
+/* What a row kernel computes. */
+typedef enum norm_mode { LN_FWD, RMS_FWD, L2_FWD, LN_BWD, RMS_BWD, L2_BWD } norm_mode;
+
+__host__ __device__ constexpr bool is_bwd(int m) { return m >= LN_BWD; }
+__host__ __device__ constexpr bool has_gamma(int m) { return m != L2_FWD && m != L2_BWD; }
+
+/* The arguments of one call (one struct for every mode; unused ones NULL). */
+typedef struct norm_args {
+    const void  *x, *dz, *gamma, *beta, *dadd;
+    opf_dtype    xt, dzt, gt, bt, addt;
+    opf_dtype    act, dact;  /* the dtypes x and dz are seen in */
+    void        *out;        /* z, y or dx */
+    opf_dtype    outt;
+    float       *mu, *rs;    /* [rows]: written forward, read backward */
+    int64_t      rows, H;
+    float        rn, eps;    /* fl(1/H) */
+    bool         zc;         /* zero-centred gamma */
+    bool         vec;        /* 16-byte accesses: H % 8 == 0 and aligned bases */
+} norm_args;
+
+/* ---- element access ------------------------------------------------------ */
+
+__device__ __forceinline__ float ld1(const void *p, opf_dtype t, int64_t i)
+{
+    switch (t) {
+    case OPF_BF16: return opf_dev_widen(((const __nv_bfloat16 *)p)[i]);
+    case OPF_F16: return opf_dev_widen(((const __half *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+__device__ __forceinline__ void ld8(const void *p, opf_dtype t, int64_t i, float v[VEC])
+{
+    switch (t) {
+    case OPF_BF16: opf_dev_load8((const __nv_bfloat16 *)p + i, v); break;
+    case OPF_F16: opf_dev_load8((const __half *)p + i, v); break;
+    default: opf_dev_load8((const float *)p + i, v); break;
+    }
+}
+
+/* v rounded to dtype t and widened back (row_in of the CPU: exact for a value
+ * of t already). */
+__device__ __forceinline__ float seen_as(float v, opf_dtype t)
+{
+    switch (t) {
+    case OPF_BF16: return __bfloat162float(__float2bfloat16_rn(v));
+    case OPF_F16: return __half2float(__float2half_rn(v));
+    default: return v;
+    }
+}
+
+__device__ __forceinline__ void st1(void *p, opf_dtype t, int64_t i, float v)
+{
+    switch (t) {
+    case OPF_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
+    case OPF_F16: ((__half *)p)[i] = __float2half_rn(v); break;
+    default: ((float *)p)[i] = v; break;
+    }
+}
+
+/* Stores 8 values, each rounded once to t; 16-byte aligned. */
+__device__ __forceinline__ void st8(void *p, opf_dtype t, int64_t i, const float v[VEC])
+{
+    if (t == OPF_F32) {
+        float *d = (float *)p + i;
+        *(float4 *)d = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4 *)(d + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    uint4 u;
+    uint16_t *h = (uint16_t *)&u;
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        h[k] = t == OPF_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v[k]))
+                             : __half_as_ushort(__float2half_rn(v[k]));
+    *(uint4 *)((uint16_t *)p + i) = u;
+}
+
+/* g_j = gamma_j (+ 1.0f zero-centred). */
+__device__ __forceinline__ float gamma_at(const norm_args &a, int64_t j)
+{
+    float g = ld1(a.gamma, a.gt, j);
+    return a.zc ? g + 1.0f : g;
+}
+
+/* One row of a tensor as the kernel sees it: staged fp32 values in buf, or
+ * (buf NULL) read, widened and rounded from global memory at each use. */
+typedef struct row_view {
+    const float *buf;
+    const void  *g;
+    opf_dtype    t, act;
+    int64_t      off;  /* the row's first element in g */
+
+    __device__ __forceinline__ float at(int64_t j) const
+    {
+        return buf ? buf[j] : seen_as(ld1(g, t, off + j), act);
+    }
+    __device__ __forceinline__ void at8(int64_t j, float v[VEC]) const
+    {
+        if (buf) {
+            float4 p = *(const float4 *)(buf + j), q = *(const float4 *)(buf + j + 4);
+            v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w;
+            v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
+            return;
+        }
+        ld8(g, t, off + j, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v[k] = seen_as(v[k], act);
+    }
+} row_view;
+
+/* Row r of p (dtype t, seen as act) into buf when buf is not NULL: loads in
+ * batches issued before their stores (buf may alias p as far as the
+ * compiler knows, so it would not hoist a load above a store). */
+__device__ __forceinline__ row_view stage(float *buf, const void *p, opf_dtype t, opf_dtype act,
+                                          int64_t r, int64_t H, bool vec, int lane)
+{
+    row_view v = {buf, p, t, act, r * H};
+    if (!buf) return v;
+    if (vec) {
+        int64_t nc = H / VEC;
+        for (int64_t c0 = lane; c0 < nc; c0 += LANES * STAGE_BATCH) {
+            float e[STAGE_BATCH][VEC];
+#pragma unroll
+            for (int u = 0; u < STAGE_BATCH; u++)
+                if (c0 + u * LANES < nc) ld8(p, t, r * H + (c0 + u * LANES) * VEC, e[u]);
+#pragma unroll
+            for (int u = 0; u < STAGE_BATCH; u++) {
+                float *d = buf + (c0 + u * LANES) * VEC;
+                if (c0 + u * LANES >= nc) break;
+#pragma unroll
+                for (int k = 0; k < VEC; k++) e[u][k] = seen_as(e[u][k], act);
+                *(float4 *)d = make_float4(e[u][0], e[u][1], e[u][2], e[u][3]);
+                *(float4 *)(d + 4) = make_float4(e[u][4], e[u][5], e[u][6], e[u][7]);
+            }
+        }
+    } else {
+        for (int64_t j = lane; j < H; j += LANES) buf[j] = seen_as(ld1(p, t, r * H + j), act);
+    }
+    return v;
+}
+
+/* ---- the sums (norm.h) --------------------------------------------------- */
+
+/* The lanes' partials folded in halves (lane i += lane i + off), then lane
+ * 0's total on every lane. */
+__device__ __forceinline__ float fold(float v)
+{
+    for (int off = LANES / 2; off; off >>= 1) v = v + __shfl_down_sync(0xFFFFFFFFu, v, off);
+    return __shfl_sync(0xFFFFFFFFu, v, 0);
+}
+
+/* Two sums over the row in one pass, each this lane's terms left to right
+ * then the fold. SUM_BATCH terms are computed (their loads in flight
+ * together) before they are added in order. */
+template <typename F>
+__device__ __forceinline__ float2 row_sum2(int64_t H, int lane, F terms)
+{
+    float p = 0.0f, q = 0.0f;
+    int64_t j = lane;
+    for (; j + (SUM_BATCH - 1) * LANES < H; j += SUM_BATCH * LANES) {
+        float2 t[SUM_BATCH];
+#pragma unroll
+        for (int u = 0; u < SUM_BATCH; u++) t[u] = terms(j + u * LANES);
+#pragma unroll
+        for (int u = 0; u < SUM_BATCH; u++) {
+            p = p + t[u].x;
+            q = q + t[u].y;
+        }
+    }
+    for (; j < H; j += LANES) {
+        float2 t = terms(j);
+        p = p + t.x;
+        q = q + t.y;
+    }
+    return make_float2(fold(p), fold(q));
+}
+
+/* S(term(j)) over the row. */
+template <typename F> __device__ __forceinline__ float row_sum(int64_t H, int lane, F term)
+{
+    return row_sum2(H, lane, [&](int64_t j) { return make_float2(term(j), 0.0f); }).x;
+}
+
+/* ---- the outputs of a row -------------------------------------------------
+ * f(x, d, g, b, add) of each element: x and d from the views, g, b and add
+ * loaded only where the mode uses them. */
+template <int M, typename F>
+__device__ __forceinline__ void row_out(const norm_args &a, const row_view &xv,
+                                        const row_view &dv, int64_t r, int lane, F f)
+{
+    const bool B = M == LN_FWD, ADD = M == RMS_BWD && a.dadd;
+    int64_t H = a.H, o = r * H;
+    if (a.vec) {
+        for (int64_t c = lane; c < H / VEC; c += LANES) {
+            int64_t j = c * VEC;
+            float x[VEC], d[VEC] = {0}, g[VEC] = {0}, b[VEC] = {0}, ad[VEC] = {0}, z[VEC];
+            xv.at8(j, x);
+            if (is_bwd(M)) dv.at8(j, d);
+            if (has_gamma(M)) {
+                ld8(a.gamma, a.gt, j, g);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) g[k] = a.zc ? g[k] + 1.0f : g[k];
+            }
+            if (B) ld8(a.beta, a.bt, j, b);
+            if (ADD) ld8(a.dadd, a.addt, o + j, ad);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) z[k] = f(x[k], d[k], g[k], b[k], ad[k]);
+            st8(a.out, a.outt, o + j, z);
+        }
+        return;
+    }
+    for (int64_t j = lane; j < H; j += LANES) {
+        float d = is_bwd(M) ? dv.at(j) : 0.0f, g = has_gamma(M) ? gamma_at(a, j) : 0.0f;
+        float b = B ? ld1(a.beta, a.bt, j) : 0.0f, ad = ADD ? ld1(a.dadd, a.addt, o + j) : 0.0f;
+        st1(a.out, a.outt, o + j, f(xv.at(j), d, g, b, ad));
+    }
+}
+
+/* ---- one row of each mode ------------------------------------------------ */
+
+/* Forward LayerNorm / RMSNorm: mu and m2 as norm.h, then z. */
+template <int M>
+__device__ __forceinline__ void fwd_row(const norm_args &a, const row_view &xv, int64_t r,
+                                        int lane)
+{
+    int64_t H = a.H;
+    float rn = a.rn;
+    float mu = row_sum(H, lane, [&](int64_t j) { return xv.at(j); }) * rn;
+    float m2 = row_sum(H, lane, [&](int64_t j) {
+        float d = xv.at(j) - mu;
+        return d * d;
+    });
+    float var = rn * m2;
+    float rs = M == LN_FWD ? 1.0f / sqrtf(var + a.eps) : 1.0f / sqrtf(var + mu * mu + a.eps);
+    if (lane == 0) {
+        if (M == LN_FWD) a.mu[r] = mu;
+        a.rs[r] = rs;
+    }
+    if (M == LN_FWD)
+        row_out<M>(a, xv, xv, r, lane, [&](float x, float, float g, float b, float) {
+            float y = rs * (x - mu);
+            float gy = g * y;
+            return gy + b;
+        });
+    else
+        row_out<M>(a, xv, xv, r, lane, [&](float x, float, float g, float, float) {
+            float y = rs * x;
+            return g * y;
+        });
+}
+
+__device__ __forceinline__ void l2_fwd_row(const norm_args &a, const row_view &xv, int64_t r,
+                                           int lane)
+{
+    float s = row_sum(a.H, lane, [&](int64_t j) {
+        float x = xv.at(j);
+        return x * x;
+    });
+    float rv = 1.0f / sqrtf(s + a.eps);
+    if (lane == 0) a.rs[r] = rv;
+    row_out<L2_FWD>(a, xv, xv, r, lane,
+                    [&](float x, float, float, float, float) { return x * rv; });
+}
+
+__device__ __forceinline__ void ln_bwd_row(const norm_args &a, const row_view &xv,
+                                           const row_view &dv, int64_t r, int lane)
+{
+    float mu = a.mu[r], rs = a.rs[r], rn = a.rn;
+    float2 s = row_sum2(a.H, lane, [&](int64_t j) {
+        float y = rs * (xv.at(j) - mu);
+        float e = gamma_at(a, j) * dv.at(j);
+        return make_float2(e, e * y);
+    });
+    float av = s.x * rn, c = s.y * rn;
+    row_out<LN_BWD>(a, xv, dv, r, lane, [&](float x, float dz, float g, float, float) {
+        float y = rs * (x - mu);
+        float e = g * dz;
+        float cy = c * y;
+        float t = cy + av;
+        return rs * (e - t);
+    });
+}
+
+__device__ __forceinline__ void rms_bwd_row(const norm_args &a, const row_view &xv,
+                                            const row_view &dv, int64_t r, int lane)
+{
+    float rs = a.rs[r];
+    float c = row_sum(a.H, lane, [&](int64_t j) {
+        float y = rs * xv.at(j);
+        float e = gamma_at(a, j) * dv.at(j);
+        return e * y;
+    }) * a.rn;
+    bool add = a.dadd != NULL;
+    row_out<RMS_BWD>(a, xv, dv, r, lane, [&](float x, float dz, float g, float, float ad) {
+        float y = rs * x;
+        float e = g * dz;
+        float cy = c * y;
+        float dx = rs * (e - cy);
+        return add ? dx + ad : dx;
+    });
+}
+
+__device__ __forceinline__ void l2_bwd_row(const norm_args &a, const row_view &xv,
+                                           const row_view &dv, int64_t r, int lane)
+{
+    float rv = a.rs[r];
+    float c = row_sum(a.H, lane, [&](int64_t j) {
+        float y = xv.at(j) * rv;
+        return dv.at(j) * y;
+    });
+    row_out<L2_BWD>(a, xv, dv, r, lane, [&](float x, float dy, float, float, float) {
+        float y = x * rv;
+        float cy = c * y;
+        return rv * (dy - cy);
+    });
+}
+
+/* One warp per row (grid-stride over rows); each warp stages its rows in
+ * its slice of the dynamic shared memory when `cached`. */
+template <int M> __global__ void row_kernel(norm_args a, bool cached)
+{
+    extern __shared__ __align__(16) float smem[];
+    const int nb = is_bwd(M) ? 2 : 1, warps = blockDim.x / LANES;
+    int w = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+    float *buf = cached ? smem + (int64_t)w * nb * a.H : NULL;
+    for (int64_t r = (int64_t)blockIdx.x * warps + w; r < a.rows; r += (int64_t)gridDim.x * warps) {
+        row_view xv = stage(buf, a.x, a.xt, a.act, r, a.H, a.vec, lane);
+        row_view dv = xv;
+        if constexpr (is_bwd(M))
+            dv = stage(buf ? buf + a.H : NULL, a.dz, a.dzt, a.dact, r, a.H, a.vec, lane);
+        __syncwarp();
+        if constexpr (M == LN_FWD || M == RMS_FWD) fwd_row<M>(a, xv, r, lane);
+        else if constexpr (M == L2_FWD) l2_fwd_row(a, xv, r, lane);
+        else if constexpr (M == LN_BWD) ln_bwd_row(a, xv, dv, r, lane);
+        else if constexpr (M == RMS_BWD) rms_bwd_row(a, xv, dv, r, lane);
+        else l2_bwd_row(a, xv, dv, r, lane);
+        __syncwarp();  /* the row is read before the next one overwrites it */
+    }
+}
+
+/* ---- dgamma / dbeta ------------------------------------------------------
+ * Block (32 columns, 32 lane classes): thread (c, l) sums the rows r = l,
+ * l + 32, ... of column c in order; thread (c, 0) then folds the classes. */
+template <bool LN>
+__global__ void __launch_bounds__(LANES *LANES)
+col_kernel(norm_args a, void *dg, opf_dtype dgt, void *db, opf_dtype dbt)
+{
+    __shared__ float pg[LANES][LANES + 1], pb[LANES][LANES + 1];
+    int cc = threadIdx.x, l = threadIdx.y;
+    int64_t c = (int64_t)blockIdx.x * LANES + cc, H = a.H;
+    float ag = 0.0f, ab = 0.0f;
+    if (c < H) {
+#pragma unroll COL_UNROLL
+        for (int64_t r = l; r < a.rows; r += LANES) {
+            float x = seen_as(ld1(a.x, a.xt, r * H + c), a.act);
+            float dz = seen_as(ld1(a.dz, a.dzt, r * H + c), a.act);
+            float rs = a.rs[r];
+            float y = LN ? rs * (x - a.mu[r]) : rs * x;
+            ag = ag + dz * y;
+            if (LN) ab = ab + dz;
+        }
+    }
+    pg[l][cc] = ag;
+    pb[l][cc] = ab;
+    __syncthreads();
+    if (l != 0 || c >= H) return;
+    for (int off = LANES / 2; off; off >>= 1)
+        for (int i = 0; i < off; i++) {
+            pg[i][cc] = pg[i][cc] + pg[i + off][cc];
+            pb[i][cc] = pb[i][cc] + pb[i + off][cc];
+        }
+    st1(dg, dgt, c, pg[0][cc]);
+    if (db) st1(db, dbt, c, pb[0][cc]);
+}
+
+/* ---- host side ----------------------------------------------------------- */
+
+static bool plain_dtype(opf_dtype t) { return t == OPF_F32 || t == OPF_BF16 || t == OPF_F16; }
+
+/* OPF_ERR_DTYPE naming the entry and the tensor when t is not f32/bf16/f16. */
+static opf_status check_dtype(opf_ctx *ctx, const char *fn, const char *what, const opf_tensor *t)
+{
+    if (!t || plain_dtype(t->spec.dtype)) return OPF_OK;
+    return opf_error(ctx, OPF_ERR_DTYPE, "%s: %s is %s, expected f32/bf16/f16", fn, what,
+                     opf_dtype_name(t->spec.dtype));
+}
+
+static const void *data_of(const opf_tensor *t) { return t ? t->data[0] : NULL; }
+static opf_dtype dtype_of(const opf_tensor *t) { return t ? t->spec.dtype : OPF_F32; }
+
+/* The arguments common to every mode: x's rows of H, the compute dtype act,
+ * the output, and whether every given tensor allows 16-byte accesses. */
+static norm_args args_of(const opf_tensor *x, int64_t H, opf_dtype act, opf_tensor *out)
+{
+    norm_args a = {};
+    a.x = x->data[0];
+    a.xt = x->spec.dtype;
+    a.act = a.dact = act;
+    a.out = out->data[0];
+    a.outt = out->spec.dtype;
+    a.H = H;
+    a.rows = H ? opf_spec_numel(&x->spec) / H : 0;
+    a.rn = H ? 1.0f / (float)H : 0.0f;
+    return a;
+}
+
+/* args_of for LayerNorm / RMSNorm: H and the compute dtype are gamma's. */
+static norm_args gamma_args(const opf_tensor *x, const opf_tensor *gamma, bool zero_centered,
+                            opf_tensor *out)
+{
+    norm_args a = args_of(x, gamma->spec.shape[0], gamma->spec.dtype, out);
+    a.gamma = gamma->data[0], a.gt = gamma->spec.dtype, a.zc = zero_centered;
+    return a;
+}
+
+static bool vec_ok(const norm_args &a)
+{
+    const void *ps[] = {a.x, a.dz, a.gamma, a.beta, a.dadd, a.out};
+    bool ok = a.H % VEC == 0;
+    for (const void *p : ps) ok = ok && (!p || opf_cuda_aligned16(p));
+    return ok;
+}
+
+/* Launches the row kernel of mode M over a's rows: warps per block so that a
+ * block stages about BLOCK_SMEM bytes, or no staging for rows over
+ * CACHE_MAX. */
+template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, norm_args a,
+                                               const char *fn)
+{
+    if (a.rows == 0) return OPF_OK;
+    a.vec = vec_ok(a);
+    size_t per_warp = (size_t)(is_bwd(M) ? 2 : 1) * (size_t)a.H * sizeof(float);
+    bool cached = per_warp <= CACHE_MAX;
+    int warps = per_warp * 4 <= BLOCK_SMEM ? 4 : per_warp * 2 <= BLOCK_SMEM ? 2 : 1;
+    size_t smem = cached ? per_warp * warps : 0;
+    if (smem > SMEM_DEFAULT)
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(row_kernel<M>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem));
+    /* The staging is what bounds the warps per SM: ask for all of the
+     * shared memory (a hint; once, it is the same for every call). */
+    static bool carveout_set;
+    if (!carveout_set) {
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(row_kernel<M>,
+                                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   (int)cudaSharedmemCarveoutMaxShared));
+        carveout_set = true;
+    }
+    int64_t want = (a.rows + warps - 1) / warps, cap = (int64_t)s->sm_count * 32;
+    unsigned grid = (unsigned)(want < cap ? want : cap);
+    row_kernel<M><<<grid, warps * LANES, smem, s->stream>>>(a, cached);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* dgamma (and dbeta unless NULL) from the rows of a (x, dz seen as a.act). */
+template <bool LN>
+static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &a,
+                              opf_tensor *dgamma, opf_tensor *dbeta, const char *fn)
+{
+    if (a.H == 0) return OPF_OK;
+    unsigned grid = (unsigned)((a.H + LANES - 1) / LANES);
+    col_kernel<LN><<<grid, dim3(LANES, LANES), 0, s->stream>>>(
+        a, dgamma->data[0], dgamma->spec.dtype, dbeta ? dbeta->data[0] : NULL, dtype_of(dbeta));
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* The state and the dtype checks of an entry; NULL tensors are skipped. */
+static opf_cuda_state *begin(opf_ctx *ctx, const char *fn, opf_status *st,
+                             const opf_tensor *t0, const opf_tensor *t1, const opf_tensor *t2,
+                             const opf_tensor *t3, const opf_tensor *t4)
+{
+    const opf_tensor *ts[] = {t0, t1, t2, t3, t4};
+    static const char *names[] = {"input", "gradient", "gamma", "second input", "output"};
+    for (int i = 0; i < 5; i++)
+        if ((*st = check_dtype(ctx, fn, names[i], ts[i]))) return NULL;
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    *st = s ? OPF_OK : OPF_ERR_STATE;
+    return s;
+}
+
+static opf_status cuda_layernorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                     const opf_tensor *beta, float eps, bool zero_centered,
+                                     opf_tensor *z, opf_tensor *mu, opf_tensor *rsigma)
+{
+    const char *fn = "layernorm_fwd (cuda)";
+    opf_status st;
+    opf_cuda_state *s = begin(ctx, fn, &st, x, NULL, gamma, beta, z);
+    if (!s) return st;
+    norm_args a = gamma_args(x, gamma, zero_centered, z);
+    a.beta = beta->data[0], a.bt = beta->spec.dtype;
+    a.mu = (float *)mu->data[0], a.rs = (float *)rsigma->data[0], a.eps = eps;
+    return launch_rows<LN_FWD>(ctx, s, a, fn);
+}
+
+static opf_status cuda_rmsnorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                   float eps, bool zero_centered, opf_tensor *z,
+                                   opf_tensor *rsigma)
+{
+    const char *fn = "rmsnorm_fwd (cuda)";
+    opf_status st;
+    opf_cuda_state *s = begin(ctx, fn, &st, x, NULL, gamma, NULL, z);
+    if (!s) return st;
+    norm_args a = gamma_args(x, gamma, zero_centered, z);
+    a.rs = (float *)rsigma->data[0], a.eps = eps;
+    return launch_rows<RMS_FWD>(ctx, s, a, fn);
+}
+
+/* The arguments of a LayerNorm / RMSNorm backward (mu NULL for RMSNorm). */
+static norm_args bwd_args(const opf_tensor *dz, const opf_tensor *x, const opf_tensor *mu,
+                          const opf_tensor *rsigma, const opf_tensor *gamma, bool zero_centered,
+                          opf_tensor *dx)
+{
+    norm_args a = gamma_args(x, gamma, zero_centered, dx);
+    a.dz = dz->data[0], a.dzt = dz->spec.dtype;
+    a.mu = mu ? (float *)mu->data[0] : NULL, a.rs = (float *)rsigma->data[0];
+    return a;
+}
+
+static opf_status cuda_layernorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf_tensor *x,
+                                     const opf_tensor *mu, const opf_tensor *rsigma,
+                                     const opf_tensor *gamma, bool zero_centered, opf_tensor *dx,
+                                     opf_tensor *dgamma, opf_tensor *dbeta)
+{
+    const char *fn = "layernorm_bwd (cuda)";
+    opf_status st;
+    opf_cuda_state *s = begin(ctx, fn, &st, x, dz, gamma, NULL, dx);
+    if (!s) return st;
+    norm_args a = bwd_args(dz, x, mu, rsigma, gamma, zero_centered, dx);
+    if ((st = launch_rows<LN_BWD>(ctx, s, a, fn))) return st;
+    return launch_cols<true>(ctx, s, a, dgamma, dbeta, fn);
+}
+
+static opf_status cuda_rmsnorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf_tensor *x,
+                                   const opf_tensor *rsigma, const opf_tensor *gamma,
+                                   bool zero_centered, const opf_tensor *dadd, opf_tensor *dx,
+                                   opf_tensor *dgamma)
+{
+    const char *fn = "rmsnorm_bwd (cuda)";
+    opf_status st;
+    opf_cuda_state *s = begin(ctx, fn, &st, x, dz, gamma, dadd, dx);
+    if (!s) return st;
+    norm_args a = bwd_args(dz, x, NULL, rsigma, gamma, zero_centered, dx);
+    a.dadd = data_of(dadd), a.addt = dtype_of(dadd);
+    if ((st = launch_rows<RMS_BWD>(ctx, s, a, fn))) return st;
+    return launch_cols<false>(ctx, s, a, dgamma, NULL, fn);
+}
+
+static int64_t last_dim(const opf_tensor *t) { return t->spec.shape[t->spec.ndim - 1]; }
+
+/* L2: x is seen as the output's dtype (y forward, dx backward). */
+static opf_status cuda_l2norm_fwd(opf_ctx *ctx, const opf_tensor *x, float eps, opf_tensor *y,
+                                  opf_tensor *rnorm)
+{
+    const char *fn = "l2norm_fwd (cuda)";
+    opf_status st;
+    opf_cuda_state *s = begin(ctx, fn, &st, x, NULL, NULL, NULL, y);
+    if (!s) return st;
+    norm_args a = args_of(x, last_dim(x), y->spec.dtype, y);
+    a.rs = (float *)rnorm->data[0], a.eps = eps;
+    return launch_rows<L2_FWD>(ctx, s, a, fn);
+}
+
+/* dy is read unrounded (seen as f32). */
+static opf_status cuda_l2norm_bwd(opf_ctx *ctx, const opf_tensor *dy, const opf_tensor *x,
+                                  const opf_tensor *rnorm, opf_tensor *dx)
+{
+    const char *fn = "l2norm_bwd (cuda)";
+    opf_status st;
+    opf_cuda_state *s = begin(ctx, fn, &st, x, dy, NULL, NULL, dx);
+    if (!s) return st;
+    norm_args a = args_of(x, last_dim(x), dx->spec.dtype, dx);
+    a.dz = dy->data[0], a.dzt = dy->spec.dtype, a.dact = OPF_F32;
+    a.rs = (float *)rnorm->data[0];
+    return launch_rows<L2_BWD>(ctx, s, a, fn);
+}
+
+extern "C" const opf_norm_kernels opf_cuda_norm = {
+    cuda_layernorm_fwd, cuda_layernorm_bwd, cuda_rmsnorm_fwd,
+    cuda_rmsnorm_bwd,   cuda_l2norm_fwd,    cuda_l2norm_bwd,
+};

@@ -1,0 +1,206 @@
+/* test_cuda_act.c: the GPU activation kernels (backend/act.h) against the
+ * CPU reference, byte for byte: forward and backward of every kind (the
+ * plain ones, the GLUs and ClampedSwiGLU), in place, dact + dbias, and the
+ * scaled GLU forward and backward (ds included). Shapes cut the 4-float
+ * vectors and the 32-sum tiles of the ordered sums; a shifted base leaves
+ * the vector path; rows run from none to thousands. Data spread over six
+ * decades with zeros, -0, subnormals, huge values and, in half of the
+ * cases, inf and NaN. NaN compares equal to NaN (each device's NaN bits
+ * are its own); every other value must have the CPU's bits. Every mismatch
+ * is printed (the first few of each array). */
+#ifndef OPF_HAVE_CUDA
+#include <stdio.h>
+int main(void)
+{
+    printf("SKIP: built without CUDA (OPF_CUDA=OFF)\n");
+    return 77;
+}
+#else
+#include "cuda_test.h"
+
+static const char *const KIND_NAMES[OPF_ACT_COUNT] = {
+    "gelu", "qgelu", "relu", "srelu", "silu", "glu", "geglu", "qgeglu", "reglu", "sreglu",
+    "swiglu", "clamped_swiglu"};
+
+static const opf_act_kernels *cpu(void) { return opf_backend_get(OPF_DEVICE_CPU)->act; }
+static const opf_act_kernels *gpu(void) { return opf_backend_get(OPF_DEVICE_CUDA)->act; }
+
+static opf_act_params params_of(opf_act_kind k)
+{
+    opf_act_params p = {1.0f, 0.0f};
+    if (k == OPF_ACT_QGELU || k == OPF_ACT_QGEGLU || k == OPF_ACT_CLAMPED_SWIGLU) p.alpha = 1.702f;
+    if (k == OPF_ACT_CLAMPED_SWIGLU) p.limit = 7.0f;
+    return p;
+}
+
+/* n floats on the device at `shift` floats past an allocation (shift 1
+ * leaves the 16-byte path); *base is what to free. */
+static float *dev_floats(opf_ctx *ctx, const float *h, int64_t n, int shift, void **base)
+{
+    *base = NULL;
+    CHECK_OK(ctx, opf_cuda_alloc(ctx, (size_t)(n + shift + 1) * sizeof(float), base));
+    float *d = (float *)*base + shift;
+    if (h && n) CHECK_OK(ctx, opf_cuda_copy(ctx, d, h, (size_t)n * sizeof(float), OPF_CUDA_H2D));
+    return d;
+}
+
+/* ref (CPU) against the device's n floats d: same bits or both NaN. */
+static void compare(opf_ctx *ctx, const char *what, const char *name, const float *ref,
+                    const float *d, int64_t n, int64_t cols)
+{
+    float *got = malloc((size_t)(n ? n : 1) * sizeof *got);
+    if (n) CHECK_OK(ctx, opf_cuda_copy(ctx, got, d, (size_t)n * sizeof(float), OPF_CUDA_D2H));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t rb, gb;
+        memcpy(&rb, &ref[i], 4);
+        memcpy(&gb, &got[i], 4);
+        if (rb == gb || (isnan(ref[i]) && isnan(got[i]))) continue;
+        if (bad++ < 6)
+            fprintf(stderr,
+                    "  %s: %s[%lld] (row %lld, col %lld): cpu %.9g (0x%08x) gpu %.9g (0x%08x)\n",
+                    what, name, (long long)i, (long long)(i / cols), (long long)(i % cols),
+                    (double)ref[i], rb, (double)got[i], gb);
+    }
+    CHECK(bad == 0, "%s: %s: %lld of %lld values differ", what, name, (long long)bad, (long long)n);
+    free(got);
+}
+
+typedef struct acase {
+    opf_act_kind kind;
+    int64_t      rows, cols;
+    int          shift;    /* floats past the allocation of every device array */
+    bool         special;  /* inf and NaN in the data */
+    float        scale;
+} acase;
+
+/* Host and device copies of the arrays of one case. */
+typedef struct abufs {
+    float *x, *dy, *s, *y, *dx, *db, *ds, *work;        /* host (CPU results in y..ds) */
+    float *dX, *dDY, *dS, *dY, *dDX, *dDB, *dDS;        /* device */
+    void  *base[7];
+} abufs;
+
+static float *host_random(int64_t n, float scale, int every, bool special)
+{
+    float *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    cuda_test_fill(v, n, scale, every, special);
+    return v;
+}
+
+static void alloc_case(opf_ctx *ctx, const acase *c, abufs *b)
+{
+    bool glu = opf_act_is_glu(c->kind);
+    int64_t n = c->rows * c->cols, ny = glu ? n / 2 : n;
+    b->x = host_random(n, c->scale, 9, c->special);
+    b->dy = host_random(ny, 1.0f, 13, c->special);
+    b->s = host_random(c->rows, 1.0f, 0, false);
+    b->y = malloc((size_t)(n + 1) * sizeof(float));
+    b->dx = malloc((size_t)(n + 1) * sizeof(float));
+    b->db = malloc((size_t)(c->cols + 1) * sizeof(float));
+    b->ds = malloc((size_t)(c->rows + 1) * sizeof(float));
+    b->work = malloc((size_t)(n + 1) * sizeof(float));
+    b->dX = dev_floats(ctx, b->x, n, c->shift, &b->base[0]);
+    b->dDY = dev_floats(ctx, b->dy, ny, c->shift, &b->base[1]);
+    b->dS = dev_floats(ctx, b->s, c->rows, c->shift, &b->base[2]);
+    b->dY = dev_floats(ctx, NULL, n, c->shift, &b->base[3]);
+    b->dDX = dev_floats(ctx, NULL, n, c->shift, &b->base[4]);
+    b->dDB = dev_floats(ctx, NULL, c->cols, c->shift, &b->base[5]);
+    b->dDS = dev_floats(ctx, NULL, c->rows, c->shift, &b->base[6]);
+}
+
+static void free_case(opf_ctx *ctx, abufs *b)
+{
+    for (int i = 0; i < 7; i++) opf_cuda_free(ctx, b->base[i]);
+    free(b->x), free(b->dy), free(b->s), free(b->y), free(b->dx), free(b->db), free(b->ds);
+    free(b->work);
+}
+
+/* Plain kinds: forward (out of place, then in place over a copy of x),
+ * backward (in place over dy) and dact + dbias. */
+static void run_plain(opf_ctx *ctx, const acase *c, abufs *b, const char *w)
+{
+    opf_act_kind k = c->kind;
+    opf_act_params p = params_of(k);
+    int64_t R = c->rows, C = c->cols, n = R * C;
+    size_t bytes = (size_t)n * sizeof(float);
+    CHECK_OK(ctx, cpu()->fwd(ctx, k, p, b->x, b->y, R, C));
+    CHECK_OK(ctx, gpu()->fwd(ctx, k, p, b->dX, b->dY, R, C));
+    compare(ctx, w, "y", b->y, b->dY, n, C);
+    if (n) CHECK_OK(ctx, opf_cuda_copy(ctx, b->dY, b->dX, bytes, OPF_CUDA_D2D));
+    CHECK_OK(ctx, gpu()->fwd(ctx, k, p, b->dY, b->dY, R, C));
+    compare(ctx, w, "y (in place)", b->y, b->dY, n, C);
+    CHECK_OK(ctx, cpu()->bwd(ctx, k, p, b->x, b->dy, b->dx, R, C));
+    if (n) CHECK_OK(ctx, opf_cuda_copy(ctx, b->dDX, b->dDY, bytes, OPF_CUDA_D2D));
+    CHECK_OK(ctx, gpu()->bwd(ctx, k, p, b->dX, b->dDX, b->dDX, R, C));
+    compare(ctx, w, "dx (in place over dy)", b->dx, b->dDX, n, C);
+    CHECK_OK(ctx, cpu()->dact_dbias(ctx, k, p, b->x, b->dy, b->dx, b->db, R, C));
+    CHECK_OK(ctx, gpu()->dact_dbias(ctx, k, p, b->dX, b->dDY, b->dDX, b->dDB, R, C));
+    compare(ctx, w, "dact_dbias dx", b->dx, b->dDX, n, C);
+    compare(ctx, w, "dbias", b->db, b->dDB, C, C);
+}
+
+/* GLU kinds: forward, backward and, but for ClampedSwiGLU, the scaled pair. */
+static void run_glu(opf_ctx *ctx, const acase *c, abufs *b, const char *w)
+{
+    opf_act_kind k = c->kind;
+    opf_act_params p = params_of(k);
+    int64_t R = c->rows, C = c->cols, n = R * C, h = C / 2;
+    CHECK_OK(ctx, cpu()->fwd(ctx, k, p, b->x, b->y, R, C));
+    CHECK_OK(ctx, gpu()->fwd(ctx, k, p, b->dX, b->dY, R, C));
+    compare(ctx, w, "y", b->y, b->dY, R * h, h);
+    CHECK_OK(ctx, cpu()->bwd(ctx, k, p, b->x, b->dy, b->dx, R, C));
+    CHECK_OK(ctx, gpu()->bwd(ctx, k, p, b->dX, b->dDY, b->dDX, R, C));
+    compare(ctx, w, "dx", b->dx, b->dDX, n, C);
+    if (k == OPF_ACT_CLAMPED_SWIGLU) return;
+    CHECK_OK(ctx, cpu()->scaled_glu_fwd(ctx, k, p, b->x, b->s, b->y, R, C));
+    CHECK_OK(ctx, gpu()->scaled_glu_fwd(ctx, k, p, b->dX, b->dS, b->dY, R, C));
+    compare(ctx, w, "scaled y", b->y, b->dY, R * h, h);
+    CHECK_OK(ctx, cpu()->scaled_glu_bwd(ctx, k, p, b->x, b->s, b->dy, b->dx, b->ds, b->work, R, C));
+    CHECK_OK(ctx, gpu()->scaled_glu_bwd(ctx, k, p, b->dX, b->dS, b->dDY, b->dDX, b->dDS, NULL, R,
+                                        C));
+    compare(ctx, w, "scaled dx", b->dx, b->dDX, n, C);
+    compare(ctx, w, "ds", b->ds, b->dDS, R, 1);
+}
+
+static void run_case(opf_ctx *ctx, const acase *c)
+{
+    char w[160];
+    snprintf(w, sizeof w, "%s [%lld, %lld] shift %d scale %g%s", KIND_NAMES[c->kind],
+             (long long)c->rows, (long long)c->cols, c->shift, (double)c->scale,
+             c->special ? " (inf/nan)" : "");
+    abufs b;
+    memset(&b, 0, sizeof b);
+    alloc_case(ctx, c, &b);
+    if (opf_act_is_glu(c->kind)) run_glu(ctx, c, &b, w);
+    else run_plain(ctx, c, &b, w);
+    free_case(ctx, &b);
+}
+
+/* [rows, cols], cols even for the GLUs: h = cols / 2 below, at and past the
+ * vector width, not a multiple of 4; rows none, one, past 32 and the 64-term
+ * tiles of the ordered sums, not a multiple of them. */
+static const int64_t shapes[][2] = {
+    {0, 8}, {1, 2}, {2, 2}, {5, 6}, {3, 10}, {7, 66}, {33, 128}, {130, 1000}, {1000, 72},
+    {4099, 34}, {64, 4096}, {3, 8194},
+};
+enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    opf_ctx *ctx = cuda_test_ctx();
+    int count = 0;
+    for (int k = 0; k < OPF_ACT_COUNT; k++)
+        for (int si = 0; si < N_SHAPES; si++)
+            for (int shift = 0; shift < 2; shift++, count++) {
+                bool special = (count / 2 + si) % 2 == 0;
+                acase c = {(opf_act_kind)k, shapes[si][0], shapes[si][1], shift, special,
+                           si % 3 == 1 ? 10.0f : 1.0f};
+                run_case(ctx, &c);
+            }
+    printf("  %d cases\n", count);
+    cuda_test_done(ctx);
+    TEST_DONE();
+}
+#endif
