@@ -40,12 +40,16 @@ static const opf_backend_i cuda_backend = {
         [OPF_SCALING_MXFP8]    = opf_cuda_quantize_mxfp8,
         [OPF_SCALING_BLOCK_1D] = opf_cuda_quantize_block,
         [OPF_SCALING_BLOCK_2D] = opf_cuda_quantize_block,
+        [OPF_SCALING_NVFP4_1D] = opf_cuda_quantize_nvfp4,
+        [OPF_SCALING_NVFP4_2D] = opf_cuda_quantize_nvfp4,
     },
     .dequantize = {
         [OPF_SCALING_TENSOR]   = opf_cuda_dequantize_tensor_fp8,
         [OPF_SCALING_MXFP8]    = opf_cuda_dequantize_mxfp8,
         [OPF_SCALING_BLOCK_1D] = opf_cuda_dequantize_block,
         [OPF_SCALING_BLOCK_2D] = opf_cuda_dequantize_block,
+        [OPF_SCALING_NVFP4_1D] = opf_cuda_dequantize_nvfp4,
+        [OPF_SCALING_NVFP4_2D] = opf_cuda_dequantize_nvfp4,
     },
     .gemm = opf_cuda_gemm,
 };
