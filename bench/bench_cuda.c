@@ -1,12 +1,13 @@
 /* bench_cuda.c: `opfuse bench cuda`: the GPU kernels timed with CUDA events
  * (median of REPS after WARMUP), random data:
  *   - a device-to-device copy of the quantizer's input bytes (the ceiling);
- *   - quantize of a bf16 [M, K] tensor (FP8 per-tensor, MXFP8, FP8 block),
- *     in bytes read + written per second and as a fraction of the copy's
- *     rate;
+ *   - quantize of a bf16 [M, K] tensor (FP8 per-tensor, MXFP8, FP8 block,
+ *     NVFP4 1x16 with and without the Hadamard transform, 16x16), in bytes
+ *     read + written (data, not scales) per second and as a fraction of the
+ *     copy's rate;
  *   - GEMMs at S^3: bf16, FP8 per-tensor (fast and split accumulation),
- *     FP8 block 1x128 x 128x128 and 1x128 x 1x128 (cuBLASLt), MXFP8
- *     (dequantize + bf16 GEMM), in TFLOP/s;
+ *     FP8 block 1x128 x 128x128 and 1x128 x 1x128 (cuBLASLt), MXFP8 and
+ *     NVFP4 (dequantize + bf16 GEMM), in TFLOP/s;
  *   - LayerNorm forward and backward and RMSNorm forward on bf16
  *     [8192, 4096], GELU and SwiGLU forward and backward on fp32, in GB/s.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
@@ -126,21 +127,26 @@ typedef struct qbench {
     opf_scaling scaling;
     unsigned    usage;
     bool        delayed, mx2d;
+    bool        rht;  /* NVFP4: the Hadamard transform on the columnwise copy */
 } qbench;
 
 #define ROW OPF_USAGE_ROWWISE
 #define ROWCOL (OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE)
 static const qbench qcases[] = {
-    {"fp8_current_row", OPF_SCALING_TENSOR, ROW, false, false},
-    {"fp8_current_rowcol", OPF_SCALING_TENSOR, ROWCOL, false, false},
-    {"fp8_delayed_row", OPF_SCALING_TENSOR, ROW, true, false},
-    {"fp8_delayed_rowcol", OPF_SCALING_TENSOR, ROWCOL, true, false},
-    {"mxfp8_row", OPF_SCALING_MXFP8, ROW, false, false},
-    {"mxfp8_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, false},
-    {"mxfp8_2d_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, true},
-    {"block1d_row", OPF_SCALING_BLOCK_1D, ROW, false, false},
-    {"block1d_rowcol", OPF_SCALING_BLOCK_1D, ROWCOL, false, false},
-    {"block2d_rowcol", OPF_SCALING_BLOCK_2D, ROWCOL, false, false},
+    {"fp8_current_row", OPF_SCALING_TENSOR, ROW, false, false, false},
+    {"fp8_current_rowcol", OPF_SCALING_TENSOR, ROWCOL, false, false, false},
+    {"fp8_delayed_row", OPF_SCALING_TENSOR, ROW, true, false, false},
+    {"fp8_delayed_rowcol", OPF_SCALING_TENSOR, ROWCOL, true, false, false},
+    {"mxfp8_row", OPF_SCALING_MXFP8, ROW, false, false, false},
+    {"mxfp8_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, false, false},
+    {"mxfp8_2d_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, true, false},
+    {"block1d_row", OPF_SCALING_BLOCK_1D, ROW, false, false, false},
+    {"block1d_rowcol", OPF_SCALING_BLOCK_1D, ROWCOL, false, false, false},
+    {"block2d_rowcol", OPF_SCALING_BLOCK_2D, ROWCOL, false, false, false},
+    {"nvfp4_row", OPF_SCALING_NVFP4_1D, ROW, false, false, false},
+    {"nvfp4_rowcol", OPF_SCALING_NVFP4_1D, ROWCOL, false, false, false},
+    {"nvfp4_rht_rowcol", OPF_SCALING_NVFP4_1D, ROWCOL, false, false, true},
+    {"nvfp4_2d_rowcol", OPF_SCALING_NVFP4_2D, ROWCOL, false, false, false},
 };
 #undef ROW
 #undef ROWCOL
@@ -156,7 +162,7 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
     double copy_ms;
     if (time_ms(ctx, run_copy, &ca, &copy_ms)) return 1;
     double copy_gbs = 2.0 * (double)in_bytes / copy_ms * 1e-6;
-    printf("bf16 [%lld, %lld] -> FP8 (GB/s = bytes read + written per s)\n",
+    printf("bf16 [%lld, %lld] -> FP8 / FP4 (GB/s = bytes read + written per s)\n",
            (long long)M, (long long)K);
     record("copy_gbs", "GB/s", copy_gbs, "device copy of the input bytes");
     opf_delayed_state *ds = NULL;
@@ -165,7 +171,9 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
     int rc = 0;
     for (size_t i = 0; i < sizeof qcases / sizeof qcases[0] && !rc; i++) {
         opf_quantizer q = opf_quantizer_default();
-        q.scaling = cases[i].scaling, q.qdtype = OPF_E4M3, q.usage = cases[i].usage;
+        bool fp4 = cases[i].scaling == OPF_SCALING_NVFP4_1D || cases[i].scaling == OPF_SCALING_NVFP4_2D;
+        q.scaling = cases[i].scaling, q.qdtype = fp4 ? OPF_E2M1 : OPF_E4M3, q.usage = cases[i].usage;
+        q.rht = cases[i].rht;
         q.delayed = cases[i].delayed ? ds : NULL;
         q.mxfp8_2d = cases[i].mx2d;
         q.pow2_scales = cases[i].scaling == OPF_SCALING_BLOCK_1D ||
@@ -177,7 +185,7 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
         double ms;
         rc = time_ms(ctx, run_quant, &qa, &ms);
         int copies = q.usage == OPF_USAGE_ROWWISE ? 1 : 2;
-        double gbs = (double)in_bytes * (1.0 + copies / 2.0) / ms * 1e-6;
+        double gbs = ((double)in_bytes + copies * (double)(M * K) * (fp4 ? 0.5 : 1.0)) / ms * 1e-6;
         char note[64];
         snprintf(note, sizeof note, "%.3f ms, %.0f%% of copy", ms, 100.0 * gbs / copy_gbs);
         char name[64];
@@ -201,15 +209,17 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
     opf_spec ds = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
     if (device_tensor(ctx, &ds, &d)) return 1;
     /* A and B in each format, rowwise copies: per-tensor, block 2D, block
-     * 1D, MXFP8 (index 0 is the bf16 tensor itself). */
-    static const opf_scaling fmts[] = {OPF_SCALING_NONE, OPF_SCALING_TENSOR, OPF_SCALING_BLOCK_2D,
-                                       OPF_SCALING_BLOCK_1D, OPF_SCALING_MXFP8};
+     * 1D, MXFP8, NVFP4 (index 0 is the bf16 tensor itself). */
+    static const opf_scaling fmts[] = {OPF_SCALING_NONE,     OPF_SCALING_TENSOR,
+                                       OPF_SCALING_BLOCK_2D, OPF_SCALING_BLOCK_1D,
+                                       OPF_SCALING_MXFP8,    OPF_SCALING_NVFP4_1D};
     enum { NF = sizeof fmts / sizeof fmts[0] };
     opf_tensor qa[NF], qb[NF];
     qa[0] = a, qb[0] = b;
     for (int f = 1; f < NF; f++) {
         opf_quantizer q = opf_quantizer_default();
-        q.scaling = fmts[f], q.qdtype = OPF_E4M3, q.usage = OPF_USAGE_ROWWISE;
+        q.scaling = fmts[f], q.usage = OPF_USAGE_ROWWISE;
+        q.qdtype = fmts[f] == OPF_SCALING_NVFP4_1D ? OPF_E2M1 : OPF_E4M3;
         q.pow2_scales = f == 2 || f == 3;
         opf_spec qs;
         if (opf_quantizer_spec(&q, &a.spec, &qs) || device_tensor(ctx, &qs, &qa[f]) ||
@@ -225,6 +235,7 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
         {"gemm_block_1x2_tflops", 2, 3, true},   /* A (weight) 128x128, B 1x128 */
         {"gemm_block_1x1_tflops", 3, 3, true},
         {"gemm_mxfp8_tflops", 4, 4, true},       /* dequantize + bf16 GEMM */
+        {"gemm_nvfp4_tflops", 5, 5, true},       /* dequantize + bf16 GEMM */
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {

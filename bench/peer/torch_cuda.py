@@ -1,10 +1,12 @@
 """PyTorch peer of `opfuse bench cuda`, on the same GPU in the same run: a
 device copy, torch.compile of each cast (FP8 current scaling with amax and the
 transposed copy; MXFP8 1x32 / 32x1 / 32x32 with E8M0 exponents; FP8 block
-1x128 and 128x128 with pow2 scales and transposed copies), torch.mm (bf16)
+1x128 and 128x128 with pow2 scales and transposed copies; NVFP4 1x16 with the
+global scale, e4m3 block scales and packed e2m1 codes, with and without the
+16-point Hadamard transform of the transposed copy, and 16x16), torch.mm (bf16)
 and torch._scaled_mm (FP8 per-tensor, fast and split accumulation); LayerNorm,
 RMSNorm, GELU and SwiGLU (eager) against the norm and activation kernels.
-CUDA-event medians after warm-up, random data. Block-scaled and MXFP8 GEMMs
+CUDA-event medians after warm-up, random data. Block-scaled, MXFP8 and NVFP4 GEMMs
 have no PyTorch peer on Hopper: the table compares them with opfuse's
 per-tensor FP8 GEMM and with torch.mm.
 Reads opfuse's "name value" file and prints the comparison table last.
@@ -88,10 +90,77 @@ def block2d_rowcol(x):
     return q, q.t().contiguous(), s
 
 
+def fp4_codes(v):
+    """e2m1 codes of fp32 v (|v| <= 6 after scaling), nearest with ties to
+    even, sign in bit 3, packed two a byte along the last dim."""
+    a = v.abs()
+    c = ((a > 0.25).to(torch.uint8) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5)
+         + (a >= 3.5) + (a > 5)) | ((v < 0).to(torch.uint8) << 3)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def nv_cast(xb, dim, s_enc):
+    """Blocks of xb along dim: e4m3 scale of amax * S_enc / 6, codes of
+    x * S_enc / scale."""
+    amax = xb.abs().amax(dim, keepdim=True)
+    sf = (amax * (s_enc / 6.0)).clamp(max=448.0).to(F8)
+    return xb * (s_enc / sf.float().clamp(min=2.0 ** -9)), sf
+
+
+def nvfp4_row(x):
+    M, K = x.shape
+    xf = x.float()
+    v, sf = nv_cast(xf.view(M, K // 16, 16), 2, 2688.0 / xf.abs().amax())
+    return fp4_codes(v.view(M, K)), sf
+
+
+def rht_matrix(dev):
+    """diag(s) H16 / 4 with the sign mask 0xD7E8."""
+    i = torch.arange(16, device=dev)
+    pc = torch.zeros(16, 16, dtype=torch.int64, device=dev)
+    a = i[:, None] & i[None, :]
+    for b in range(4):
+        pc += (a >> b) & 1
+    h = 1.0 - 2.0 * (pc % 2).float()
+    s = 1.0 - 2.0 * ((0xD7E8 >> i) & 1).float()
+    return s[:, None] * h / 4.0
+
+
+def nvfp4_col(x, rot):
+    M, K = x.shape
+    xt = x.float().t().reshape(K, M // 16, 16)
+    if rot is not None:
+        xt = (xt @ rot).to(torch.bfloat16).float()
+    v, sf = nv_cast(xt, 2, 2688.0 / xt.abs().amax())
+    return fp4_codes(v.reshape(K, M)), sf
+
+
+def nvfp4_rowcol(x):
+    return nvfp4_row(x), nvfp4_col(x, None)
+
+
+RHT = None
+
+
+def nvfp4_rht_rowcol(x):
+    return nvfp4_row(x), nvfp4_col(x, RHT)
+
+
+def nvfp4_2d_rowcol(x):
+    M, K = x.shape
+    xf = x.float()
+    v, sf = nv_cast(xf.view(M // 16, 16, K // 16, 16), (1, 3), 2688.0 / xf.abs().amax())
+    q = fp4_codes(v.reshape(M, K))
+    return q, fp4_codes(v.reshape(M, K).t()), sf
+
+
 CASTS = (("fp8_current_row", cast_row, 1), ("fp8_current_rowcol", cast_rowcol, 2),
          ("mxfp8_row", mxfp8_row, 1), ("mxfp8_rowcol", mxfp8_rowcol, 2),
          ("mxfp8_2d_rowcol", mxfp8_2d_rowcol, 2), ("block1d_row", block1d_row, 1),
          ("block1d_rowcol", block1d_rowcol, 2), ("block2d_rowcol", block2d_rowcol, 2))
+# NVFP4: half a byte per element and copy
+FP4_CASTS = (("nvfp4_row", nvfp4_row, 1), ("nvfp4_rowcol", nvfp4_rowcol, 2),
+             ("nvfp4_rht_rowcol", nvfp4_rht_rowcol, 2), ("nvfp4_2d_rowcol", nvfp4_2d_rowcol, 2))
 
 
 NA_ROWS, NA_H = 8192, 4096
@@ -148,10 +217,13 @@ def main():
     in_bytes = x.numel() * 2
     ms = median_ms(lambda: y.copy_(x))
     peer["copy_gbs"] = 2 * in_bytes / ms * 1e-6
-    for name, fn, copies in CASTS:
-        c = torch.compile(fn)
-        ms = median_ms(lambda: c(x))
-        peer[name + "_gbs"] = in_bytes * (1 + copies / 2) / ms * 1e-6
+    global RHT
+    RHT = rht_matrix(dev)
+    for casts, per_copy in ((CASTS, 1 / 2), (FP4_CASTS, 1 / 4)):
+        for name, fn, copies in casts:
+            c = torch.compile(fn)
+            ms = median_ms(lambda: c(x))
+            peer[name + "_gbs"] = in_bytes * (1 + copies * per_copy) / ms * 1e-6
     del x, y
     a = torch.randn(S, S, device=dev, dtype=torch.bfloat16)
     b = torch.randn(S, S, device=dev, dtype=torch.bfloat16)
@@ -185,7 +257,7 @@ def main():
         ("gemm_fp8_fast_tflops", "TF/s", "_scaled_mm fast"),
         ("gemm_fp8_split_tflops", "TF/s", "_scaled_mm split"),
     ]
-    rows[5:5] = [(n + "_gbs", "GB/s", "torch.compile cast") for n, _, _ in CASTS[2:]]
+    rows[5:5] = [(n + "_gbs", "GB/s", "torch.compile cast") for n, _, _ in CASTS[2:] + FP4_CASTS]
     rows += [(n, "GB/s", what) for n, what in NORM_ACT_ROWS]
     for k, unit, what in rows:
         pk = k.replace("delayed", "current")
@@ -196,7 +268,8 @@ def main():
     fp8, bf16 = ours.get("gemm_fp8_split_tflops"), peer.get("gemm_bf16_tflops")
     for k, base, what in (("gemm_block_1x2_tflops", fp8, "x our FP8 per-tensor split"),
                           ("gemm_block_1x1_tflops", fp8, "x our FP8 per-tensor split"),
-                          ("gemm_mxfp8_tflops", bf16, "x torch.mm speed (time ratio = 1/x)")):
+                          ("gemm_mxfp8_tflops", bf16, "x torch.mm speed (time ratio = 1/x)"),
+                          ("gemm_nvfp4_tflops", bf16, "x torch.mm speed (time ratio = 1/x)")):
         o = ours.get(k)
         r = f"{o / base:6.2f}" if o and base else "     -"
         print(f"{k + ' (TF/s)':34s} {o or 0:9.1f} {base or 0:9.1f} {r}  {what}")

@@ -15,6 +15,7 @@
 
 #include "core/core-impl.h"
 #include "opfuse/dtype.h"
+#include "opfuse/quant.h"
 
 /* Largest finite value of an FP8 element dtype: 448 (e4m3), 57344 (e5m2);
  * 0 for any other dtype. */
@@ -68,5 +69,11 @@ void opf_transpose_bytes(const uint8_t *src, int64_t lds, uint8_t *dst, int64_t 
  * may be the same tile. */
 void opf_rht16_cols(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t w,
                     uint16_t sign_mask);
+
+/* The checks of an NVFP4 quantize entry (fn names it in messages) that the
+ * dispatcher does not make: input dtype and size, 2D tiles with a rotated
+ * columnwise copy, missing output components (cpu/quantize_nvfp4.c). */
+opf_status opf_nvfp4_check(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                           const opf_tensor *out, const opf_layout *L, const char *fn);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "backend/backend-impl.h"
 #include "backend/cuda/cuda.h"
+#include "quant/quant-impl.h"
 #include "test.h"
 
 /* The context every GPU test runs on; exits 77 when the machine has no GPU. */
@@ -52,6 +53,9 @@ static inline uint32_t cuda_test_u32(void)
 
 /* Uniform in [-1, 1). */
 static inline float cuda_test_unit(void) { return (float)cuda_test_u32() / 2147483648.0f - 1.0f; }
+
+/* The kernel table of a device (both are built here). */
+static inline const opf_backend_i *cuda_test_table(opf_device dev) { return opf_backend_get(dev); }
 
 /* The edge values of numerics.md: zeros, -0, subnormals, huge and tiny
  * values, values at and past the FP8 limits; inf and NaN when `special`. */
@@ -107,6 +111,82 @@ static inline double cuda_test_rel_err(const float *a, const float *b, int64_t n
         den += (double)b[i] * (double)b[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Whether two host tensors of one spec hold the same bytes; prints the
+ * first differing byte of every component that differs. */
+static inline bool cuda_test_same_bytes(const opf_tensor *want, const opf_tensor *got,
+                                        const char *what)
+{
+    static const char *const names[OPF_COMP_COUNT] = {
+        "data", "scale_inv", "columnwise data", "columnwise scale_inv", "amax", "columnwise amax"};
+    opf_layout L;
+    if (!opf_spec_equal(&want->spec, &got->spec) || opf_spec_layout(&want->spec, &L)) return false;
+    bool same = true;
+    for (int c = 0; c < OPF_COMP_COUNT; c++) {
+        const uint8_t *a = want->data[c], *b = got->data[c];
+        size_t n = L.comp[c].present ? L.comp[c].nbytes : 0, i = 0, bad = 0;
+        for (size_t k = 0; k < n; k++) bad += a[k] != b[k];
+        if (!bad) continue;
+        while (a[i] == b[i]) i++;
+        printf("    %s: %s: %zu of %zu bytes differ, first at byte %zu of [%lld, %lld]: cpu 0x%02x "
+               "gpu 0x%02x\n", what, names[c], bad, n, i, (long long)L.comp[c].rows,
+               (long long)L.comp[c].cols, a[i], b[i]);
+        same = false;
+    }
+    return same;
+}
+
+/* Dequantizes copy `which` on both devices and compares the fp32 bytes. */
+static inline void cuda_test_check_dequantize(opf_ctx *ctx, const opf_tensor *hq,
+                                              const opf_tensor *dq, unsigned which,
+                                              const char *what)
+{
+    int64_t n = opf_spec_numel(&hq->spec);
+    float *ref = malloc((size_t)(n ? n : 1) * sizeof *ref), *got = malloc((size_t)(n ? n : 1) * sizeof *got);
+    void *dev = NULL;
+    opf_scaling sc = hq->spec.scaling;
+    CHECK_OK(ctx, cuda_test_table(OPF_DEVICE_CPU)->dequantize[sc](ctx, hq, which, ref));
+    CHECK_OK(ctx, opf_cuda_alloc(ctx, (size_t)n * sizeof(float), &dev));
+    CHECK_OK(ctx, cuda_test_table(OPF_DEVICE_CUDA)->dequantize[sc](ctx, dq, which, dev));
+    CHECK_OK(ctx, opf_cuda_copy(ctx, got, dev, (size_t)n * sizeof(float), OPF_CUDA_D2H));
+    int64_t i = 0;
+    while (i < n && !memcmp(ref + i, got + i, sizeof(float))) i++;
+    CHECK(i == n, "dequantize %s (%s copy) differs at %lld: cpu %a gpu %a", what,
+          which == OPF_USAGE_ROWWISE ? "rowwise" : "columnwise", (long long)i,
+          i < n ? (double)ref[i] : 0.0, i < n ? (double)got[i] : 0.0);
+    opf_cuda_free(ctx, dev);
+    free(ref);
+    free(got);
+}
+
+/* Quantizes x (host, the f32 values of the input) with q on the CPU
+ * (opf_quantize_alloc, at the context's RNG position) and with q_gpu
+ * through the CUDA table at the same position, compares every byte and
+ * both dequantized copies; returns whether the bytes agree. */
+static inline bool cuda_test_check_quantize(opf_ctx *ctx, const opf_quantizer *q,
+                                            const opf_quantizer *q_gpu, const opf_spec *in_spec,
+                                            const float *x, const char *what)
+{
+    opf_tensor hin, hq, din, dq, got;
+    opf_quantize_state qs = {0};
+    opf_ctx_get_rng(ctx, &qs.rng_seed, &qs.rng_offset);
+    opf_quantize_state_delayed(q_gpu, &qs);
+    CHECK_OK(ctx, cuda_test_host_tensor(ctx, in_spec, x, &hin));
+    CHECK_OK(ctx, opf_quantize_alloc(ctx, q, &hin, &hq));
+    CHECK_OK(ctx, cuda_test_upload(ctx, &hin, &din));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &hq.spec, &dq));
+    CHECK_OK(ctx, cuda_test_table(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q_gpu, &din, &dq, &qs));
+    CHECK_OK(ctx, cuda_test_download(ctx, &dq, &got));
+    bool same = cuda_test_same_bytes(&hq, &got, what);
+    CHECK(same, "quantize %s differs from the CPU", what);
+    if (q->usage & OPF_USAGE_ROWWISE)
+        cuda_test_check_dequantize(ctx, &hq, &dq, OPF_USAGE_ROWWISE, what);
+    if (q->usage & OPF_USAGE_COLUMNWISE)
+        cuda_test_check_dequantize(ctx, &hq, &dq, OPF_USAGE_COLUMNWISE, what);
+    opf_tensor *ts[] = {&hin, &hq, &got, &din, &dq};
+    for (int i = 0; i < 5; i++) opf_tensor_release(ts[i]);
+    return same;
 }
 
 #endif

@@ -12,7 +12,6 @@ int main(void)
 }
 #else
 #include "cuda_test.h"
-#include "quant/quant-impl.h"
 
 static const opf_dtype in_dtypes[] = {OPF_F32, OPF_BF16, OPF_F16};
 static const opf_dtype q_dtypes[] = {OPF_E4M3, OPF_E5M2};
@@ -24,52 +23,6 @@ static const struct { int nd; int64_t s[3]; } shapes[] = {
     {2, {1000, 1024}}, {2, {48, 1000}},
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
-
-/* The kernel table of a device (both are built here). */
-static const opf_backend_i *table(opf_device dev) { return opf_backend_get(dev); }
-
-/* Dequantizes copy `which` on both devices and compares the fp32 bytes. */
-static void check_dequantize(opf_ctx *ctx, const opf_tensor *hq, const opf_tensor *dq,
-                             unsigned which, const char *what)
-{
-    int64_t n = opf_spec_numel(&hq->spec);
-    float *ref = malloc((size_t)n * sizeof *ref), *got = malloc((size_t)n * sizeof *got);
-    void *dev = NULL;
-    opf_scaling sc = hq->spec.scaling;
-    CHECK_OK(ctx, table(OPF_DEVICE_CPU)->dequantize[sc](ctx, hq, which, ref));
-    CHECK_OK(ctx, opf_cuda_alloc(ctx, (size_t)n * sizeof(float), &dev));
-    CHECK_OK(ctx, table(OPF_DEVICE_CUDA)->dequantize[sc](ctx, dq, which, dev));
-    CHECK_OK(ctx, opf_cuda_copy(ctx, got, dev, (size_t)n * sizeof(float), OPF_CUDA_D2H));
-    CHECK(!memcmp(ref, got, (size_t)n * sizeof(float)), "dequantize %s (%s copy) differs", what,
-          which == OPF_USAGE_ROWWISE ? "rowwise" : "columnwise");
-    opf_cuda_free(ctx, dev);
-    free(ref);
-    free(got);
-}
-
-/* Quantizes x (host, f32 values of the input) with q on both devices and
- * compares every byte; returns the GPU result on the host in *got. */
-static void check_case(opf_ctx *ctx, const opf_quantizer *q, const opf_quantizer *q_gpu,
-                       const opf_spec *in_spec, const float *x, const char *what)
-{
-    opf_tensor hin, hq, din, dq, got;
-    CHECK_OK(ctx, cuda_test_host_tensor(ctx, in_spec, x, &hin));
-    CHECK_OK(ctx, opf_quantize_alloc(ctx, q, &hin, &hq));
-    CHECK_OK(ctx, cuda_test_upload(ctx, &hin, &din));
-    CHECK_OK(ctx, cuda_test_alloc(ctx, &hq.spec, &dq));
-    opf_quantize_state qs = {0};
-    opf_quantize_state_delayed(q_gpu, &qs);
-    CHECK_OK(ctx, table(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q_gpu, &din, &dq, &qs));
-    CHECK_OK(ctx, cuda_test_download(ctx, &dq, &got));
-    CHECK(opf_test_same_bytes(&hq, &got), "quantize %s differs from the CPU", what);
-    if (q->usage & OPF_USAGE_ROWWISE) check_dequantize(ctx, &hq, &dq, OPF_USAGE_ROWWISE, what);
-    if (q->usage & OPF_USAGE_COLUMNWISE) check_dequantize(ctx, &hq, &dq, OPF_USAGE_COLUMNWISE, what);
-    opf_tensor_release(&hin);
-    opf_tensor_release(&hq);
-    opf_tensor_release(&got);
-    opf_tensor_release(&din);
-    opf_tensor_release(&dq);
-}
 
 static opf_quantizer fp8_quantizer(opf_dtype qd, unsigned usage)
 {
@@ -100,7 +53,7 @@ static void test_current(opf_ctx *ctx)
                     opf_spec_str(&sp, ss, sizeof ss);
                     snprintf(what, sizeof what, "current %s -> %s usage %u%s", ss,
                              opf_dtype_name(q.qdtype), q.usage, special ? " (inf/nan)" : "");
-                    check_case(ctx, &q, &q, &sp, x, what);
+                    cuda_test_check_quantize(ctx, &q, &q, &sp, x, what);
                     free(x);
                 }
 }
@@ -121,7 +74,7 @@ static void test_current_reduce(opf_ctx *ctx)
     cuda_test_fill(x, 96 * 160, 0.01f, 0, false);
     opf_quantizer q = fp8_quantizer(OPF_E4M3, OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE);
     q.amax_reduce = reduce_to_at_least_100;
-    check_case(ctx, &q, &q, &sp, x, "current scaling with amax reduction");
+    cuda_test_check_quantize(ctx, &q, &q, &sp, x, "current scaling with amax reduction");
 }
 
 /* Delayed scaling: ten steps with the CPU and the GPU on states of their
@@ -150,7 +103,7 @@ static void test_delayed(opf_ctx *ctx)
             qc.slot = qg.slot = step % 2;
             char what[96];
             snprintf(what, sizeof what, "delayed %s step %d", opf_dtype_name(in_dtypes[di]), step);
-            check_case(ctx, &qc, &qg, &sp, x, what);
+            cuda_test_check_quantize(ctx, &qc, &qg, &sp, x, what);
             free(x);
             CHECK_OK(cpu, opf_delayed_state_update(cpu, sc, NULL, NULL));
             CHECK_OK(ctx, opf_delayed_state_update(ctx, sg, NULL, NULL));
@@ -193,7 +146,7 @@ static void sweep(opf_ctx *ctx, const opf_quantizer *base, const shape_case *sh,
                     opf_spec_str(&sp, ss, sizeof ss);
                     snprintf(what, sizeof what, "%s %s -> %s usage %u%s", mode, ss,
                              opf_dtype_name(q.qdtype), q.usage, special ? " (inf/nan)" : "");
-                    check_case(ctx, &q, &q, &sp, x, what);
+                    cuda_test_check_quantize(ctx, &q, &q, &sp, x, what);
                     free(x);
                 }
     printf("  %s: %d cases\n", mode, count);

@@ -395,27 +395,28 @@ static void nvfp4_group_pass(const nvfp4_src *s, const nvfp4_pass *p)
 
 /* ---- entry points ------------------------------------------------------- */
 
-/* What the dispatcher does not already guarantee. opf_spec_layout has checked
- * that M and K are multiples of 16, so every block and tile is whole. */
-static opf_status nvfp4_check(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
-                              const opf_tensor *out, const opf_layout *L)
+/* What the dispatcher does not already guarantee (the CUDA entry checks the
+ * same). opf_spec_layout has checked that M and K are multiples of 16, so
+ * every block and tile is whole. */
+opf_status opf_nvfp4_check(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                           const opf_tensor *out, const opf_layout *L, const char *fn)
 {
     opf_dtype dt = in->spec.dtype;
     if (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16)
-        return opf_error(ctx, OPF_ERR_DTYPE, "%s: input dtype %s, want f32/bf16/f16", kFn,
+        return opf_error(ctx, OPF_ERR_DTYPE, "%s: input dtype %s, want f32/bf16/f16", fn,
                          opf_dtype_name(dt));
     if (opf_spec_numel(&in->spec) != L->m * L->k)
         return opf_error(ctx, OPF_ERR_SHAPE, "%s: input has %lld elements, output %lld x %lld",
-                         kFn, (long long)opf_spec_numel(&in->spec), (long long)L->m,
+                         fn, (long long)opf_spec_numel(&in->spec), (long long)L->m,
                          (long long)L->k);
     if (q->rht && out->spec.scaling == OPF_SCALING_NVFP4_2D &&
         (out->spec.usage & OPF_USAGE_COLUMNWISE))
         return opf_error(ctx, OPF_ERR_UNSUPPORTED,
                          "%s: the Hadamard transform cannot apply to 2D (16x16) tiles, whose "
-                         "columnwise copy is the transpose of the rowwise one", kFn);
+                         "columnwise copy is the transpose of the rowwise one", fn);
     for (int c = 0; c < OPF_COMP_COUNT; c++)
         if (L->comp[c].present && !out->data[c])
-            return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: output component %d is NULL", kFn, c);
+            return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: output component %d is NULL", fn, c);
     return OPF_OK;
 }
 
@@ -474,7 +475,7 @@ opf_status opf_cpu_quantize_nvfp4(opf_ctx *ctx, const opf_quantizer *q, const op
     opf_layout L;
     opf_status st = opf_spec_layout(&out->spec, &L);
     if (st != OPF_OK) return nvfp4_layout_error(ctx, st, kFn);
-    if ((st = nvfp4_check(ctx, q, in, out, &L)) != OPF_OK) return st;
+    if ((st = opf_nvfp4_check(ctx, q, in, out, &L, kFn)) != OPF_OK) return st;
     bool row = out->spec.usage & OPF_USAGE_ROWWISE, col = out->spec.usage & OPF_USAGE_COLUMNWISE;
     bool is2d = out->spec.scaling == OPF_SCALING_NVFP4_2D;
     nvfp4_src s = {in->data[OPF_COMP_DATA], in->spec.dtype, L.m, L.k, q->rht && col,

@@ -148,6 +148,15 @@ struct opf_act_kernels;
 extern const struct opf_norm_kernels opf_cuda_norm;
 extern const struct opf_act_kernels opf_cuda_act;
 
+/* ---- nvfp4 (quantize_nvfp4.cu) -------------------------------------------- */
+opf_status opf_cuda_quantize_nvfp4(opf_ctx *, const opf_quantizer *, const opf_tensor *,
+                                   opf_tensor *, const struct opf_quantize_state *);
+opf_status opf_cuda_dequantize_nvfp4(opf_ctx *, const opf_tensor *, unsigned, float *);
+/* The GEMM's operand: copy `which` as stored ([rows, cols], the columnwise
+ * copy transposed) into bf16 out[rows*cols], fp4 * its e4m3 block scale
+ * (exact in bf16); the global scale S_dec is left out (it goes into alpha). */
+opf_status opf_cuda_dequantize_nvfp4_bf16(opf_ctx *, const opf_tensor *, unsigned, void *out);
+
 #ifdef __cplusplus
 }
 #endif

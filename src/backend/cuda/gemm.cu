@@ -18,19 +18,24 @@
  *                      the quantizer's scale layouts are the ones cuBLASLt
  *                      reads; always split accumulation (5.3, 5.4); 2D x 2D
  *                      refused, as cuBLASLt and the CPU GEMM do
- *   MXFP8              no cuBLASLt algorithm on Hopper: each operand's copy is
- *                      dequantized to bf16 (exact: an e4m3/e5m2 value times a
- *                      power of two) into scratch, then the bf16 GEMM. A fused
- *                      kernel applying the 1x32 scales between wgmma steps
- *                      (one FP8 wgmma is K = 32) would save the two passes
- *                      (13% of the time at 8192^3) and run at the FP8 rate.
+ *   MXFP8, NVFP4       no cuBLASLt algorithm on Hopper: each operand's copy is
+ *                      decoded to bf16 into scratch, exactly (an e4m3/e5m2
+ *                      value times a power of two; an e2m1 value times its
+ *                      e4m3 block scale), then the bf16 GEMM. MXFP8 copies
+ *                      decode to the operand's own layout; NVFP4 copies are
+ *                      stored [idx, K] whichever copy, so the GEMM on them is
+ *                      TN, and their global scales enter alpha on the device
+ *                      (alpha' = fl(fl(fl(alpha amax_A) amax_B) / (6*448)^2),
+ *                      as the CPU: pointer mode DEVICE). A fused kernel
+ *                      applying the block scales between wgmma steps (one FP8
+ *                      wgmma is K = 32) would save the decode passes (13% of
+ *                      the time at 8192^3) and run at the FP8 rate.
  * Epilogue: D = alpha * acc + beta * D_old (accumulate), plus bias[n] (the
  * BIAS epilogue, in D's dtype). Pairs cuBLASLt cannot write (plain f32 into
  * bf16/f16, bf16 into f16...) go through an fp32 D in scratch and a
  * conversion. An FP8 D is the per-tensor quantize kernel run on an fp32
  * result, as on the CPU (cuBLASLt's own FP8 output with D_SCALE/AMAX_D
- * would save that pass: not done yet). NVFP4 is not here yet:
- * OPF_ERR_UNSUPPORTED.
+ * would save that pass: not done yet).
  *
  * The algorithm for a shape comes from cublasLtMatmulAlgoGetHeuristic once
  * and is cached in the context's CUDA state. */
@@ -46,6 +51,7 @@ typedef struct algo_key {
     cublasLtEpilogue_t epi;
     int              fast_accum, beta_nonzero;
     int32_t          mode_a, mode_b;  /* cuBLASLt scale modes */
+    int              dev_scalars;     /* alpha and beta in device memory */
 } algo_key;
 
 struct opf_cuda_algo_entry {
@@ -143,6 +149,7 @@ typedef struct lt_call {
     const void *bias;
     cudaDataType_t tbias;
     bool        fast_accum;
+    const float *dev_ab;     /* NULL, or alpha and beta on the device (NVFP4) */
 } lt_call;
 
 static algo_key key_of(const lt_call *c, cublasLtEpilogue_t epi)
@@ -155,6 +162,7 @@ static algo_key key_of(const lt_call *c, cublasLtEpilogue_t epi)
     k.opa = c->a.op, k.opb = c->b.op, k.epi = epi;
     k.fast_accum = c->fast_accum, k.beta_nonzero = c->beta != 0.0f;
     k.mode_a = c->a.mode, k.mode_b = c->b.mode;
+    k.dev_scalars = c->dev_ab != NULL;
     return k;
 }
 
@@ -212,6 +220,10 @@ static opf_status descs_make(opf_ctx *ctx, const lt_call *c, cublasLtEpilogue_t 
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, c->a.mode);
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, c->b.mode);
     }
+    if (c->dev_ab) {
+        cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+        SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_POINTER_MODE, pm);
+    }
     if (c->bias) {
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
         SET_ATTR(ctx, x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c->bias);
@@ -259,8 +271,10 @@ static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
     const cublasLtMatmulAlgo_t *algo = NULL;
     if (st == OPF_OK) st = pick_algo(ctx, s, &x, &k, &algo);
     if (st == OPF_OK) {
-        cublasStatus_t e = cublasLtMatmul(s->lt, x.op, &c->alpha, c->a.p, x.a, c->b.p, x.b,
-                                          &c->beta, c->d, x.d, c->d, x.d, algo, s->lt_ws,
+        const float *alpha = c->dev_ab ? c->dev_ab : &c->alpha;
+        const float *beta = c->dev_ab ? c->dev_ab + 1 : &c->beta;
+        cublasStatus_t e = cublasLtMatmul(s->lt, x.op, alpha, c->a.p, x.a, c->b.p, x.b,
+                                          beta, c->d, x.d, c->d, x.d, algo, s->lt_ws,
                                           s->lt_ws_bytes, s->stream);
         if (e != CUBLAS_STATUS_SUCCESS) st = opf_cublas_fail(ctx, e, "gemm", "cublasLtMatmul");
     }
@@ -273,9 +287,6 @@ static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
 static opf_status check_formats(opf_ctx *ctx, const opf_gemm_args *g)
 {
     opf_scaling sc = g->a->spec.scaling;
-    if (sc == OPF_SCALING_NVFP4_1D || sc == OPF_SCALING_NVFP4_2D)
-        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm (cuda): %s operands are not supported "
-                         "on the GPU yet", opf_scaling_name(sc));
     if (sc == OPF_SCALING_BLOCK_2D && g->b->spec.scaling == OPF_SCALING_BLOCK_2D)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm (cuda): A and B are both %s (128x128 "
                          "tiles); cuBLASLt has no 2D x 2D block GEMM, quantize one operand in 1D "
@@ -300,20 +311,32 @@ static opf_status quantize_d(opf_ctx *ctx, const opf_gemm_args *g, float *y)
     return opf_cuda_quantize_tensor_fp8(ctx, g->opts->out_quantizer, &in, &out, &g->out_state);
 }
 
+static bool is_nvfp4(const opf_tensor *t)
+{
+    return t->spec.scaling == OPF_SCALING_NVFP4_1D || t->spec.scaling == OPF_SCALING_NVFP4_2D;
+}
+
+/* Operands cuBLASLt cannot multiply on Hopper: decoded to bf16 first. */
+static bool decoded(const opf_tensor *t)
+{
+    return t->spec.scaling == OPF_SCALING_MXFP8 || is_nvfp4(t);
+}
+
 /* Whether cuBLASLt writes D's dtype straight from these operands: plain
- * operands only into their own dtype or fp32 (f32 into f32 only). */
+ * operands (decoded ones are bf16) only into their own dtype or fp32 (f32
+ * into f32 only). */
 static bool direct_output(const opf_gemm_args *g)
 {
-    opf_dtype in = g->a->spec.dtype, out = g->d->spec.dtype;
+    opf_dtype in = decoded(g->a) ? OPF_BF16 : g->a->spec.dtype, out = g->d->spec.dtype;
     if (g->opts->out_quantizer) return false;
-    if (g->a->spec.scaling != OPF_SCALING_NONE) return true;
+    if (g->a->spec.scaling != OPF_SCALING_NONE && !decoded(g->a)) return true;
     return in == out || (out == OPF_F32 && in != OPF_F32);
 }
 
 /* Runs cuBLASLt into D, or into the fp32 y (then D_old goes in first and
  * the result is converted back, or quantized for an FP8 D). */
 static opf_status gemm_into(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args *g, bool direct,
-                            float *y, void *bias_buf)
+                            const float *dev_ab, float *y, void *bias_buf)
 {
     const opf_gemm_options *o = g->opts;
     opf_dtype dt = direct ? g->d->spec.dtype : OPF_F32;
@@ -327,6 +350,7 @@ static opf_status gemm_into(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args
     c.m = g->n, c.n = g->m, c.k = g->k;
     c.alpha = o->alpha;
     c.beta = o->accumulate ? o->beta : 0.0f;
+    c.dev_ab = dev_ab;
     /* block scaling always accumulates split (5.4) */
     c.fast_accum = !o->split_accumulator && c.a.mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     opf_status st;
@@ -348,19 +372,54 @@ static opf_status gemm_into(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args
 
 static size_t pad256(size_t n) { return (n + 255) / 256 * 256; }
 
-/* The spec of an MXFP8 operand decoded: bf16 of its logical shape (the
- * data comes from mxfp8_decode). */
-static void mxfp8_plain(const opf_tensor *t, opf_tensor *out)
+/* Copy `rowwise` of t (the slot's idx x K operand) decoded to bf16 at buf,
+ * as the plain tensor *out: MXFP8 in t's logical layout, NVFP4 as stored,
+ * [idx, K]. */
+static opf_status decode_operand(opf_ctx *ctx, const opf_tensor *t, bool rowwise, int64_t idx,
+                                 int64_t K, void *buf, opf_tensor *out)
 {
+    unsigned which = rowwise ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE;
+    int64_t stored[2] = {idx, K};
     memset(out, 0, sizeof *out);
-    out->spec = opf_spec_make(t->spec.ndim, t->spec.shape, OPF_BF16);
+    out->spec = is_nvfp4(t) ? opf_spec_make(2, stored, OPF_BF16)
+                            : opf_spec_make(t->spec.ndim, t->spec.shape, OPF_BF16);
     out->spec.device = OPF_DEVICE_CUDA;
+    out->data[OPF_COMP_DATA] = buf;
+    return is_nvfp4(t) ? opf_cuda_dequantize_nvfp4_bf16(ctx, t, which, buf)
+                       : opf_cuda_dequantize_mxfp8_bf16(ctx, t, which, buf);
 }
 
-static opf_status mxfp8_decode(opf_ctx *ctx, const opf_tensor *t, bool rowwise, opf_tensor *out)
+/* ab = {fl(fl(fl(alpha * amax_a) * amax_b) * fl32(1/7225344)), beta}: the
+ * NVFP4 alpha of numerics.md 5.3 from the copies' amaxes, on the device. */
+__global__ void nvfp4_alpha_kernel(const float *amax_a, const float *amax_b, float alpha,
+                                   float beta, float *ab)
 {
-    return opf_cuda_dequantize_mxfp8_bf16(ctx, t, rowwise ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE,
-                                          out->data[OPF_COMP_DATA]);
+    ab[0] = __fmul_rn(__fmul_rn(__fmul_rn(alpha, *amax_a), *amax_b), __uint_as_float(0x34149B93u));
+    ab[1] = beta;
+}
+
+/* MXFP8 / NVFP4: both operands decoded into scratch (a_bytes, then B) and
+ * g re-pointed at them; NVFP4 also gets its device alpha at *dev_ab. */
+static opf_status decode_operands(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args *g_in,
+                                  opf_gemm_args *g, opf_tensor *pa, opf_tensor *pb, char *scratch,
+                                  size_t a_bytes, size_t b_bytes, float **dev_ab)
+{
+    bool a_row = g_in->layout == OPF_GEMM_TN, b_row = g_in->layout != OPF_GEMM_NT;  /* 5.1 */
+    opf_status st;
+    if ((st = decode_operand(ctx, g_in->a, a_row, g_in->n, g_in->k, scratch, pa)) ||
+        (st = decode_operand(ctx, g_in->b, b_row, g_in->m, g_in->k, scratch + a_bytes, pb)))
+        return st;
+    g->a = pa, g->b = pb;
+    if (!is_nvfp4(g_in->a)) return OPF_OK;
+    g->layout = OPF_GEMM_TN;
+    *dev_ab = (float *)(scratch + a_bytes + b_bytes);
+    const opf_gemm_options *o = g_in->opts;
+    nvfp4_alpha_kernel<<<1, 1, 0, s->stream>>>(
+        (const float *)g_in->a->data[a_row ? OPF_COMP_AMAX : OPF_COMP_COL_AMAX],
+        (const float *)g_in->b->data[b_row ? OPF_COMP_AMAX : OPF_COMP_COL_AMAX], o->alpha,
+        o->accumulate ? o->beta : 0.0f, *dev_ab);
+    OPF_CUDA_LAUNCHED(ctx, "gemm (nvfp4 alpha)");
+    return OPF_OK;
 }
 
 extern "C" opf_status opf_cuda_gemm(opf_ctx *ctx, const opf_gemm_args *g_in)
@@ -369,37 +428,31 @@ extern "C" opf_status opf_cuda_gemm(opf_ctx *ctx, const opf_gemm_args *g_in)
     if (!s) return OPF_ERR_STATE;
     opf_status st = check_formats(ctx, g_in);
     if (st) return st;
-    /* scratch: the bf16 operands of an MXFP8 GEMM, an fp32 D when cuBLASLt
-     * cannot write D itself, then the bias */
-    bool mx = g_in->a->spec.scaling == OPF_SCALING_MXFP8;
-    size_t a_bytes = mx ? pad256((size_t)(g_in->n * g_in->k) * 2) : 0;
-    size_t b_bytes = mx ? pad256((size_t)(g_in->m * g_in->k) * 2) : 0;
+    /* scratch: the bf16 operands of an MXFP8 / NVFP4 GEMM and NVFP4's alpha,
+     * an fp32 D when cuBLASLt cannot write D itself, then the bias */
+    bool dq = decoded(g_in->a);
+    size_t a_bytes = dq ? pad256((size_t)(g_in->n * g_in->k) * 2) : 0;
+    size_t b_bytes = dq ? pad256((size_t)(g_in->m * g_in->k) * 2) : 0;
+    size_t ab_bytes = dq ? 256 : 0;
     opf_gemm_args gm = *g_in;
     const opf_gemm_args *g = &gm;
-    opf_tensor pa, pb;
-    if (mx) {
-        mxfp8_plain(g_in->a, &pa);
-        mxfp8_plain(g_in->b, &pb);
-        gm.a = &pa, gm.b = &pb;
-    }
     bool direct = direct_output(g), fp8_out = g->opts->out_quantizer != NULL;
     size_t y_pad = direct ? 0 : pad256((size_t)(g->m * g->n) * sizeof(float));
     void *scratch = NULL;
-    if ((st = opf_cuda_scratch(ctx, s, a_bytes + b_bytes + y_pad + (size_t)g->n * sizeof(float) + 256,
-                               &scratch)))
+    if ((st = opf_cuda_scratch(ctx, s, a_bytes + b_bytes + ab_bytes + y_pad +
+                                       (size_t)g->n * sizeof(float) + 256, &scratch)))
         return st;
-    bool a_row = g->layout == OPF_GEMM_TN, b_row = g->layout != OPF_GEMM_NT;  /* 5.1 */
-    if (mx) {
-        pa.data[OPF_COMP_DATA] = scratch;
-        pb.data[OPF_COMP_DATA] = (char *)scratch + a_bytes;
-        if ((st = mxfp8_decode(ctx, g_in->a, a_row, &pa)) ||
-            (st = mxfp8_decode(ctx, g_in->b, b_row, &pb)))
+    opf_tensor pa, pb;
+    float *dev_ab = NULL;
+    if (dq) {
+        if ((st = decode_operands(ctx, s, g_in, &gm, &pa, &pb, (char *)scratch, a_bytes, b_bytes,
+                                  &dev_ab)))
             return st;
-        scratch = (char *)scratch + a_bytes + b_bytes;
+        scratch = (char *)scratch + a_bytes + b_bytes + ab_bytes;
     }
     float *y = (float *)scratch;
     if (g->m != 0 && g->n != 0 &&
-        (st = gemm_into(ctx, s, g, direct, y, (char *)scratch + y_pad)))
+        (st = gemm_into(ctx, s, g, direct, dev_ab, y, (char *)scratch + y_pad)))
         return st;
     return fp8_out ? quantize_d(ctx, g, y) : OPF_OK;
 }
