@@ -2,7 +2,9 @@
 device copy, torch.compile of each cast (FP8 current scaling with amax and the
 transposed copy; MXFP8 1x32 / 32x1 / 32x32 with E8M0 exponents; FP8 block
 1x128 and 128x128 with pow2 scales and transposed copies), torch.mm (bf16)
-and torch._scaled_mm (FP8 per-tensor, fast and split accumulation).
+and torch._scaled_mm (FP8 per-tensor, fast and split accumulation), the
+transposed copy x.t().contiguous() of a bf16 tensor, and a fused AdamW step
+(torch.optim.AdamW(fused=True)) over 100 tensors of 1M fp32 parameters.
 CUDA-event medians after warm-up, random data. Block-scaled and MXFP8 GEMMs
 have no PyTorch peer on Hopper: the table compares them with opfuse's
 per-tensor FP8 GEMM and with torch.mm.
@@ -107,6 +109,23 @@ CASTS = (("fp8_current_row", cast_row, 1), ("fp8_current_rowcol", cast_rowcol, 2
          ("block1d_rowcol", block1d_rowcol, 2), ("block2d_rowcol", block2d_rowcol, 2))
 
 
+def elem_peers(peer, M, K, dev):
+    """The transposed copy and the fused AdamW step; AdamW's GB/s counts the
+    28 bytes a parameter moves (gradient, weight, moments read; weight and
+    moments written), as opfuse's row does."""
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    ms = median_ms(lambda: x.t().contiguous())
+    peer["cast_transpose_bf16_gbs"] = 4.0 * M * K / ms * 1e-6
+    del x
+    n_t, n = 100, 1000000
+    params = [torch.full((n,), 0.0115, device=dev, requires_grad=True) for _ in range(n_t)]
+    for p in params:
+        p.grad = torch.full_like(p, 0.0115)
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
+    ms = median_ms(opt.step)
+    peer["adamw_100m_gbs"] = 28.0 * n_t * n / ms * 1e-6
+
+
 def main():
     path = sys.argv[1]
     M, K, S = (int(a) for a in sys.argv[2:5]) if len(sys.argv) >= 5 else (8192, 8192, 8192)
@@ -135,6 +154,9 @@ def main():
                                                 out_dtype=torch.bfloat16, use_fast_accum=fast))
         peer[name] = flop / ms * 1e-9
 
+    del a, b, qa, qb
+    elem_peers(peer, M, K, dev)
+
     ours = {}
     with open(path) as f:
         for line in f:
@@ -151,6 +173,8 @@ def main():
         ("gemm_bf16_tflops", "TF/s", "torch.mm"),
         ("gemm_fp8_fast_tflops", "TF/s", "_scaled_mm fast"),
         ("gemm_fp8_split_tflops", "TF/s", "_scaled_mm split"),
+        ("cast_transpose_bf16_gbs", "GB/s", "x.t().contiguous()"),
+        ("adamw_100m_gbs", "GB/s", "AdamW(fused=True)"),
     ]
     rows[5:5] = [(n + "_gbs", "GB/s", "torch.compile cast") for n, _, _ in CASTS[2:]]
     for k, unit, what in rows:

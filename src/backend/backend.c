@@ -48,6 +48,9 @@ static const opf_backend_i cuda_backend = {
         [OPF_SCALING_BLOCK_2D] = opf_cuda_dequantize_block,
     },
     .gemm = opf_cuda_gemm,
+    .scale = &opf_cuda_scale,
+    .elem = &opf_cuda_elem,
+    .optim = &opf_cuda_optim,
 };
 #endif
 

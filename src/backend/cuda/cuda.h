@@ -119,6 +119,16 @@ opf_status opf_cuda_gemm(opf_ctx *, const struct opf_gemm_args *);
 /* Drops the cached cuBLASLt algorithm choices (one per shape). */
 void opf_cuda_gemm_clear_cache(opf_ctx *ctx);
 
+/* ---- element-wise, optimizer and scale families (elem.cu, optim.cu,
+ * scale.cu): the CPU contracts of backend/elem.h, optim.h and scale.h, on
+ * device memory, bit for bit. */
+struct opf_elem_kernels;
+struct opf_optim_kernels;
+struct opf_scale_kernels;
+extern const struct opf_elem_kernels opf_cuda_elem;
+extern const struct opf_optim_kernels opf_cuda_optim;
+extern const struct opf_scale_kernels opf_cuda_scale;
+
 #ifdef __cplusplus
 }
 #endif
