@@ -50,20 +50,27 @@ typedef struct step_params {
  * the same with x86's NaN bits (x86). With no NaN among the results no
  * operation met or made one (each propagates NaN into w, m or v), so the
  * two agree; a NaN result is computed again the x86 way. */
-struct fast_ops {
-    static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
-    static __device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
-    static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
-    static __device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
-    static __device__ __forceinline__ float sqrt(float a) { return __fsqrt_rn(a); }
+template <bool X86> struct ops {
+    static __device__ __forceinline__ float add(float a, float b)
+    {
+        return X86 ? opf_dev_add(a, b) : __fadd_rn(a, b);
+    }
+    static __device__ __forceinline__ float sub(float a, float b)
+    {
+        return X86 ? opf_dev_sub(a, b) : __fsub_rn(a, b);
+    }
+    static __device__ __forceinline__ float mul(float a, float b)
+    {
+        return X86 ? opf_dev_mul(a, b) : __fmul_rn(a, b);
+    }
+    static __device__ __forceinline__ float div(float a, float b)
+    {
+        return X86 ? opf_dev_div(a, b) : __fdiv_rn(a, b);
+    }
+    static __device__ __forceinline__ float sqrt(float a) { return X86 ? opf_dev_sqrt(a) : __fsqrt_rn(a); }
 };
-struct x86_ops {
-    static __device__ __forceinline__ float add(float a, float b) { return opf_dev_add(a, b); }
-    static __device__ __forceinline__ float sub(float a, float b) { return opf_dev_sub(a, b); }
-    static __device__ __forceinline__ float mul(float a, float b) { return opf_dev_mul(a, b); }
-    static __device__ __forceinline__ float div(float a, float b) { return opf_dev_div(a, b); }
-    static __device__ __forceinline__ float sqrt(float a) { return opf_dev_sqrt(a); }
-};
+typedef ops<false> fast_ops;
+typedef ops<true> x86_ops;
 
 /* The CPU's sgd_run for one element (has_m: with momentum). */
 template <class O>
