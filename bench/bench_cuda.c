@@ -9,7 +9,10 @@
  *     FP8 block 1x128 x 128x128 and 1x128 x 1x128 (cuBLASLt), MXFP8 and
  *     NVFP4 (dequantize + bf16 GEMM), in TFLOP/s;
  *   - LayerNorm forward and backward and RMSNorm forward on bf16
- *     [8192, 4096], GELU and SwiGLU forward and backward on fp32, in GB/s.
+ *     [8192, 4096], GELU and SwiGLU forward and backward on fp32, in GB/s;
+ *   - cast + transpose of a bf16 [M, K] tensor (the elem family's entry) and
+ *     an AdamW step over 100 tensors of 1M fp32 parameters (fp32 gradients,
+ *     master weights, moments and parameter copies), in GB/s.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
@@ -339,6 +342,66 @@ static int bench_norm_act(opf_ctx *ctx)
     return rc;
 }
 
+typedef struct ct_arg { const opf_tensor *x; opf_tensor *yt; } ct_arg;
+static opf_status run_cast_transpose(opf_ctx *ctx, void *p)
+{
+    ct_arg *a = p;
+    return opf_backend_get(OPF_DEVICE_CUDA)->elem->cast_transpose(ctx, a->x, NULL, a->yt);
+}
+
+enum { ADAMW_TENSORS = 100, ADAMW_N = 1000000 };
+typedef struct adamw_arg { opf_optim_tensor t[ADAMW_TENSORS]; int64_t step; } adamw_arg;
+static opf_status run_adamw(opf_ctx *ctx, void *p)
+{
+    adamw_arg *a = p;
+    return opf_backend_get(OPF_DEVICE_CUDA)->optim->adamw(ctx, a->t, ADAMW_TENSORS, 1e-3f, 0.9f,
+                                                           0.999f, 1e-8f, 0.01f, ++a->step);
+}
+
+/* AdamW's GB/s counts the 28 bytes a parameter must move (gradient, weight
+ * and moments read; weight and moments written), as for the PyTorch peer;
+ * opfuse also writes the parameter copy (32 bytes). */
+static int bench_adamw(opf_ctx *ctx)
+{
+    static adamw_arg a;
+    void *mem[ADAMW_TENSORS][5] = {{0}};
+    size_t bytes = (size_t)ADAMW_N * sizeof(float);
+    int rc = 0;
+    for (int k = 0; k < ADAMW_TENSORS && !rc; k++) {
+        for (int b = 0; b < 5 && !rc; b++)
+            rc = opf_cuda_alloc(ctx, bytes, &mem[k][b]) || opf_cuda_memset(ctx, mem[k][b], b < 2 ? 0x3C : 0, bytes);
+        a.t[k] = (opf_optim_tensor){.grad = mem[k][0], .grad_dtype = OPF_F32, .master = mem[k][1],
+                                    .m = mem[k][2], .v = mem[k][3], .param = mem[k][4],
+                                    .param_dtype = OPF_F32, .n = ADAMW_N};
+    }
+    double ms = 0;
+    if (!rc) rc = time_ms(ctx, run_adamw, &a, &ms);
+    char note[64];
+    snprintf(note, sizeof note, "%.3f ms, %d x %d fp32", ms, ADAMW_TENSORS, ADAMW_N);
+    if (!rc) record("adamw_100m_gbs", "GB/s", 28.0 * ADAMW_TENSORS * ADAMW_N / ms * 1e-6, note);
+    opf_cuda_sync(ctx);
+    for (int k = 0; k < ADAMW_TENSORS; k++)
+        for (int b = 0; b < 5; b++) opf_cuda_free(ctx, mem[k][b]);
+    return rc;
+}
+
+static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
+{
+    opf_tensor x, yt;
+    opf_spec ts = opf_spec_make(2, (int64_t[]){K, M}, OPF_BF16);
+    if (random_tensor(ctx, M, K, OPF_BF16, &x) || device_tensor(ctx, &ts, &yt)) return 1;
+    printf("element-wise and optimizer (GB/s = bytes read + written per s)\n");
+    ct_arg ca = {&x, &yt};
+    double ms;
+    int rc = time_ms(ctx, run_cast_transpose, &ca, &ms);
+    char note[32];
+    snprintf(note, sizeof note, "%.3f ms", ms);
+    if (!rc) record("cast_transpose_bf16_gbs", "GB/s", 4.0 * (double)(M * K) / ms * 1e-6, note);
+    opf_tensor_release(&x);
+    opf_tensor_release(&yt);
+    return rc || bench_adamw(ctx);
+}
+
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
@@ -348,7 +411,8 @@ int opf_bench_cuda(int argc, char **argv)
     int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
     results = out_path ? fopen(out_path, "w") : NULL;
-    rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S) || bench_norm_act(ctx);
+    rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S) || bench_norm_act(ctx) ||
+         bench_elem(ctx, M, K);
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

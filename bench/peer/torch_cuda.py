@@ -5,7 +5,9 @@ transposed copy; MXFP8 1x32 / 32x1 / 32x32 with E8M0 exponents; FP8 block
 global scale, e4m3 block scales and packed e2m1 codes, with and without the
 16-point Hadamard transform of the transposed copy, and 16x16), torch.mm (bf16)
 and torch._scaled_mm (FP8 per-tensor, fast and split accumulation); LayerNorm,
-RMSNorm, GELU and SwiGLU (eager) against the norm and activation kernels.
+RMSNorm, GELU and SwiGLU (eager) against the norm and activation kernels;
+the transposed copy x.t().contiguous() of a bf16 tensor, a fused AdamW step
+(torch.optim.AdamW(fused=True)) over 100 tensors of 1M fp32 parameters.
 CUDA-event medians after warm-up, random data. Block-scaled, MXFP8 and NVFP4 GEMMs
 have no PyTorch peer on Hopper: the table compares them with opfuse's
 per-tensor FP8 GEMM and with torch.mm.
@@ -206,6 +208,23 @@ def norm_act_peer(dev):
     return out
 
 
+def elem_peers(peer, M, K, dev):
+    """The transposed copy and the fused AdamW step; AdamW's GB/s counts the
+    28 bytes a parameter moves (gradient, weight, moments read; weight and
+    moments written), as opfuse's row does."""
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    ms = median_ms(lambda: x.t().contiguous())
+    peer["cast_transpose_bf16_gbs"] = 4.0 * M * K / ms * 1e-6
+    del x
+    n_t, n = 100, 1000000
+    params = [torch.full((n,), 0.0115, device=dev, requires_grad=True) for _ in range(n_t)]
+    for p in params:
+        p.grad = torch.full_like(p, 0.0115)
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
+    ms = median_ms(opt.step)
+    peer["adamw_100m_gbs"] = 28.0 * n_t * n / ms * 1e-6
+
+
 def main():
     path = sys.argv[1]
     M, K, S = (int(a) for a in sys.argv[2:5]) if len(sys.argv) >= 5 else (8192, 8192, 8192)
@@ -239,6 +258,7 @@ def main():
 
     del a, b, qa, qb
     peer.update(norm_act_peer(dev))
+    elem_peers(peer, M, K, dev)
 
     ours = {}
     with open(path) as f:
@@ -256,6 +276,8 @@ def main():
         ("gemm_bf16_tflops", "TF/s", "torch.mm"),
         ("gemm_fp8_fast_tflops", "TF/s", "_scaled_mm fast"),
         ("gemm_fp8_split_tflops", "TF/s", "_scaled_mm split"),
+        ("cast_transpose_bf16_gbs", "GB/s", "x.t().contiguous()"),
+        ("adamw_100m_gbs", "GB/s", "AdamW(fused=True)"),
     ]
     rows[5:5] = [(n + "_gbs", "GB/s", "torch.compile cast") for n, _, _ in CASTS[2:] + FP4_CASTS]
     rows += [(n, "GB/s", what) for n, what in NORM_ACT_ROWS]

@@ -56,6 +56,9 @@ static const opf_backend_i cuda_backend = {
     .nn = &opf_cuda_nn,
     .norm = &opf_cuda_norm,
     .act = &opf_cuda_act,
+    .scale = &opf_cuda_scale,
+    .elem = &opf_cuda_elem,
+    .optim = &opf_cuda_optim,
 };
 #endif
 

@@ -4,6 +4,8 @@
 #ifndef OPFUSE_CUDA_IMPL_H
 #define OPFUSE_CUDA_IMPL_H
 
+#include <string.h>
+
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -306,6 +308,153 @@ __device__ __forceinline__ uint4 opf_dev_philox_at(uint64_t seed, uint64_t ctr, 
 {
     return opf_dev_philox(make_uint4((uint32_t)ctr, (uint32_t)(ctr >> 32), stream, 0u),
                           make_uint2((uint32_t)seed, (uint32_t)(seed >> 32)));
+}
+
+
+/* ---- celem: the CPU's bits for plain dtypes and NaNs (elem, optim) --------
+ * The CPU reference converts with the codecs of src/core/codec-impl.h and
+ * computes with x86 SSE/AVX arithmetic; these give the same bits where the
+ * GPU's own would differ: f16 NaN payloads kept both ways (the hardware
+ * canonicalizes), bf16 NaN as sign | 0x7FC0, and NaN results as x86 makes
+ * them (below). */
+
+/* x86's NaN of a NaN result r = a op b: the first NaN operand, quieted; with
+ * no NaN operand (inf - inf, 0 * inf, 0 / 0) the "indefinite" 0xFFC00000.
+ * The GPU gives 0x7FFFFFFF for all. Operands in the CPU source's order (when
+ * both are NaN the CPU compiler's operand order decides: equal NaNs agree). */
+__device__ __forceinline__ float opf_dev_x86_nan(float r, float a, float b)
+{
+    if (!isnan(r)) return r;
+    if (isnan(a)) return __uint_as_float(__float_as_uint(a) | 0x00400000u);
+    if (isnan(b)) return __uint_as_float(__float_as_uint(b) | 0x00400000u);
+    return __uint_as_float(0xFFC00000u);
+}
+/* One IEEE fp32 operation each, never contracted into an FMA (the CPU
+ * builds with -ffp-contract=off), NaNs as x86's. */
+__device__ __forceinline__ float opf_dev_add(float a, float b)
+{
+    return opf_dev_x86_nan(__fadd_rn(a, b), a, b);
+}
+__device__ __forceinline__ float opf_dev_sub(float a, float b)
+{
+    return opf_dev_x86_nan(__fsub_rn(a, b), a, b);
+}
+__device__ __forceinline__ float opf_dev_mul(float a, float b)
+{
+    return opf_dev_x86_nan(__fmul_rn(a, b), a, b);
+}
+__device__ __forceinline__ float opf_dev_div(float a, float b)
+{
+    return opf_dev_x86_nan(__fdiv_rn(a, b), a, b);
+}
+__device__ __forceinline__ float opf_dev_sqrt(float a)
+{
+    return opf_dev_x86_nan(__fsqrt_rn(a), a, a);
+}
+
+/* The storage of a plain f32/bf16/f16 element. */
+template <opf_dtype D> struct opf_dev_plain { typedef uint16_t store; };
+template <> struct opf_dev_plain<OPF_F32> { typedef float store; };
+
+/* Exact widening, as opf_cpu_load_f32 (f16 NaN payloads kept unquieted). */
+template <opf_dtype D>
+__host__ __device__ __forceinline__ float opf_dev_to_f32(typename opf_dev_plain<D>::store v)
+{
+    float f;
+    if (D == OPF_F32) {
+        memcpy(&f, &v, 4);
+        return f;
+    }
+    uint16_t h16;
+    memcpy(&h16, &v, 2);
+    uint32_t h = h16, b = h << 16;
+    if (D == OPF_F16) {
+        if ((h & 0x7C00u) != 0x7C00u || !(h & 0x3FFu)) {
+            __half_raw r;
+            r.x = (unsigned short)h;
+            return __half2float(__half(r));
+        }
+        b = (h & 0x8000u) << 16 | 0x7F800000u | (h & 0x3FFu) << 13;
+    }
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* fp32 -> D with RNE, as opf_cpu_store_f32: bf16 NaN -> sign | 0x7FC0, f16
+ * NaN keeps the top payload bits (1 if they are 0). */
+template <opf_dtype D>
+__host__ __device__ __forceinline__ typename opf_dev_plain<D>::store opf_dev_from_f32(float x)
+{
+    typename opf_dev_plain<D>::store out;
+    if (D == OPF_F32) {
+        memcpy(&out, &x, 4);
+        return out;
+    }
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t a = u & 0x7FFFFFFFu, s16 = (u >> 16) & 0x8000u, pl = (a & 0x7FFFFFu) >> 13;
+    uint16_t h;
+    if (D == OPF_BF16) {
+        __nv_bfloat16 b = __float2bfloat16_rn(x);
+        memcpy(&h, &b, 2);
+        h = a > 0x7F800000u ? (uint16_t)(s16 | 0x7FC0u) : h;
+    } else {
+        __half f = __float2half_rn(x);
+        memcpy(&h, &f, 2);
+        h = a > 0x7F800000u ? (uint16_t)(s16 | 0x7C00u | (pl ? pl : 1u)) : h;
+    }
+    memcpy(&out, &h, 2);
+    return out;
+}
+
+/* 8 elements of a plain array at p as fp32: 16-byte loads when vec (p
+ * 16-byte aligned, all 8 exist), else the n that exist (zeros after). */
+template <opf_dtype D>
+__device__ __forceinline__ void opf_dev_load8_as(const void *p, bool vec, int n, float v[8])
+{
+    typedef typename opf_dev_plain<D>::store S;
+    const S *x = (const S *)p;
+    if (vec) {
+        __align__(16) S e[8];
+        *(uint4 *)e = *(const uint4 *)x;
+        if (sizeof(S) == 4) *(uint4 *)(e + 4) = *(const uint4 *)(x + 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = opf_dev_to_f32<D>(e[i]);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = i < n ? opf_dev_to_f32<D>(x[i]) : 0.0f;
+}
+
+/* The inverse: 8 (vec) or the first n values rounded into p. */
+template <opf_dtype D>
+__device__ __forceinline__ void opf_dev_store8_as(void *p, bool vec, int n, const float v[8])
+{
+    typedef typename opf_dev_plain<D>::store S;
+    S *y = (S *)p;
+    __align__(16) S e[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) e[i] = opf_dev_from_f32<D>(v[i]);
+    if (vec) {
+        *(uint4 *)y = *(const uint4 *)e;
+        if (sizeof(S) == 4) *(uint4 *)(y + 4) = *(const uint4 *)(e + 4);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)  /* constant indices: e stays in registers */
+        if (i < n) y[i] = e[i];
+}
+
+/* A dtype as a type, to hand a run-time f32/bf16/f16 dtype to templates:
+ *     opf_dev_with_dtype(dt, [&](auto d) { return run<decltype(d)::value>(...); }); */
+template <opf_dtype D> struct opf_dev_dtype { static constexpr opf_dtype value = D; };
+template <class F> static inline opf_status opf_dev_with_dtype(opf_dtype dt, F f)
+{
+    switch (dt) {
+    case OPF_F32: return f(opf_dev_dtype<OPF_F32>());
+    case OPF_BF16: return f(opf_dev_dtype<OPF_BF16>());
+    default: return f(opf_dev_dtype<OPF_F16>());
+    }
 }
 
 #endif

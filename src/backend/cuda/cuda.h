@@ -157,6 +157,16 @@ opf_status opf_cuda_dequantize_nvfp4(opf_ctx *, const opf_tensor *, unsigned, fl
  * (exact in bf16); the global scale S_dec is left out (it goes into alpha). */
 opf_status opf_cuda_dequantize_nvfp4_bf16(opf_ctx *, const opf_tensor *, unsigned, void *out);
 
+/* ---- element-wise, optimizer and scale families (elem.cu, optim.cu,
+ * scale.cu): the CPU contracts of backend/elem.h, optim.h and scale.h, on
+ * device memory, bit for bit. */
+struct opf_elem_kernels;
+struct opf_optim_kernels;
+struct opf_scale_kernels;
+extern const struct opf_elem_kernels opf_cuda_elem;
+extern const struct opf_optim_kernels opf_cuda_optim;
+extern const struct opf_scale_kernels opf_cuda_scale;
+
 #ifdef __cplusplus
 }
 #endif

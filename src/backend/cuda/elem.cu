@@ -1,0 +1,539 @@
+/* elem.cu: the element-wise family on the GPU (backend/elem.h), bit for bit
+ * with src/backend/cpu/elem.c: bias and dbias, constant scale, add,
+ * dropout, cast and cast+transpose, fill and copy.
+ *
+ * Every element-wise entry is one grid-stride pass over 8-element chunks:
+ * 16-byte accesses where every pointer allows them, element accesses
+ * otherwise and at the tail. The arithmetic is the CPU's, one fp32 operation
+ * at a time with its NaN bits (opf_dev_add and friends, cuda-impl.h); the
+ * conversions are its codecs' (opf_dev_to_f32 / opf_dev_from_f32).
+ *
+ * dbias keeps the CPU's order: each column is summed in row order by one
+ * thread. The block's other warps stage the next tile of rows in shared
+ * memory while the summing warp works through the current one, so the
+ * memory traffic runs in parallel although every sum is sequential. */
+#include "backend/cuda/cuda-impl.h"
+
+enum {
+    THREADS = 256,
+    VEC = 8,           /* elements per chunk */
+    DB_COLS = 32,      /* dbias: columns per block, one lane each */
+    DB_ROWS = 256,     /* dbias: rows per staged tile */
+    TR = 64,           /* cast+transpose tile edge */
+};
+
+static int64_t numel(const opf_tensor *t) { return opf_spec_numel(&t->spec); }
+static const void *cdata(const opf_tensor *t) { return t->data[OPF_COMP_DATA]; }
+static void *data(opf_tensor *t) { return t->data[OPF_COMP_DATA]; }
+static bool al16(const void *p) { return opf_cuda_aligned16(p); }
+
+/* body(i0, w, vec) for every chunk of 8 elements from i0 (w of them exist;
+ * vec: all 8 exist and the pointers allow 16-byte accesses). */
+template <class F> __device__ __forceinline__ void each_chunk(int64_t n, bool vec, F body)
+{
+    int64_t nc = (n + VEC - 1) / VEC, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < nc; c += stride) {
+        int64_t i0 = c * VEC;
+        int w = n - i0 < VEC ? (int)(n - i0) : VEC;
+        body(i0, w, vec && w == VEC);
+    }
+}
+
+template <opf_dtype D> __device__ __forceinline__ const void *at(const void *p, int64_t i)
+{
+    return (const typename opf_dev_plain<D>::store *)p + i;
+}
+template <opf_dtype D> __device__ __forceinline__ void *at(void *p, int64_t i)
+{
+    return (typename opf_dev_plain<D>::store *)p + i;
+}
+
+/* ---- bias, scale, add ----------------------------------------------------- */
+
+/* vec also says n % 8 == 0: a chunk then lies in one row, its bias whole. */
+template <opf_dtype DX, opf_dtype DB, opf_dtype DY>
+__global__ void bias_add_kernel(const void *x, const void *bias, int64_t total, int64_t n,
+                                bool vec, void *y)
+{
+    each_chunk(total, vec, [&](int64_t i0, int w, bool v8) {
+        float u[VEC], b[VEC];
+        opf_dev_load8_as<DX>(at<DX>(x, i0), v8, w, u);
+        if (v8) {
+            opf_dev_load8_as<DB>(at<DB>(bias, i0 % n), true, VEC, b);
+        } else {
+            const typename opf_dev_plain<DB>::store *bs = (const typename opf_dev_plain<DB>::store *)bias;
+#pragma unroll
+            for (int k = 0; k < VEC; k++) b[k] = k < w ? opf_dev_to_f32<DB>(bs[(i0 + k) % n]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u[k] = opf_dev_add(u[k], b[k]);
+        opf_dev_store8_as<DY>(at<DY>(y, i0), v8, w, u);
+    });
+}
+
+template <opf_dtype DX, opf_dtype DY>
+__global__ void scale_kernel(const void *x, float s, int64_t n, bool vec, void *y)
+{
+    each_chunk(n, vec, [&](int64_t i0, int w, bool v8) {
+        float u[VEC];
+        opf_dev_load8_as<DX>(at<DX>(x, i0), v8, w, u);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u[k] = opf_dev_mul(s, u[k]);
+        opf_dev_store8_as<DY>(at<DY>(y, i0), v8, w, u);
+    });
+}
+
+/* out may be a (each element is read before it is written, by one thread). */
+template <opf_dtype DA, opf_dtype DB, opf_dtype DO>
+__global__ void add_kernel(const void *a, const void *b, int64_t n, bool vec, void *out)
+{
+    each_chunk(n, vec, [&](int64_t i0, int w, bool v8) {
+        float u[VEC], v[VEC];
+        opf_dev_load8_as<DA>(at<DA>(a, i0), v8, w, u);
+        opf_dev_load8_as<DB>(at<DB>(b, i0), v8, w, v);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u[k] = opf_dev_add(u[k], v[k]);
+        opf_dev_store8_as<DO>(at<DO>(out, i0), v8, w, u);
+    });
+}
+
+template <opf_dtype DX, opf_dtype DY>
+__global__ void cast_kernel(const void *x, int64_t n, bool vec, void *y)
+{
+    each_chunk(n, vec, [&](int64_t i0, int w, bool v8) {
+        float u[VEC];
+        opf_dev_load8_as<DX>(at<DX>(x, i0), v8, w, u);
+        opf_dev_store8_as<DY>(at<DY>(y, i0), v8, w, u);
+    });
+}
+
+/* ---- dbias -----------------------------------------------------------------
+ * Block b sums columns [32b, 32b + 32) of dy [rows, n]: every thread loads
+ * DB_ROWS / 8 rows of the next tile into registers while warp 0 adds the
+ * staged tile, row by row, into one accumulator per lane. */
+template <opf_dtype D, opf_dtype DO>
+__global__ void __launch_bounds__(THREADS)
+dbias_kernel(const void *dy, int64_t rows, int64_t n, void *db)
+{
+    enum { PER = DB_ROWS / (THREADS / 32) };
+    __shared__ float tile[DB_ROWS][DB_COLS + 1];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int64_t j = (int64_t)blockIdx.x * DB_COLS + lane, ntiles = (rows + DB_ROWS - 1) / DB_ROWS;
+    typedef typename opf_dev_plain<D>::store S;
+    const S *src = (const S *)dy;
+    float reg[PER], acc = 0.0f;
+    auto load = [&](int64_t t) {
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int64_t r = t * DB_ROWS + wid + (THREADS / 32) * k;
+            reg[k] = j < n && r < rows ? opf_dev_to_f32<D>(src[r * n + j]) : 0.0f;
+        }
+    };
+    load(0);
+    for (int64_t t = 0; t < ntiles; t++) {
+        __syncthreads();  /* warp 0 is done with the previous tile */
+#pragma unroll
+        for (int k = 0; k < PER; k++) tile[wid + (THREADS / 32) * k][lane] = reg[k];
+        __syncthreads();
+        if (t + 1 < ntiles) load(t + 1);
+        if (wid == 0) {
+            int h = rows - t * DB_ROWS < DB_ROWS ? (int)(rows - t * DB_ROWS) : DB_ROWS;
+            for (int r = 0; r < h; r++) acc = opf_dev_add(acc, tile[r][lane]);
+        }
+    }
+    if (wid == 0 && j < n) ((typename opf_dev_plain<DO>::store *)db)[j] = opf_dev_from_f32<DO>(acc);
+}
+
+/* ---- Philox draws: dropout, uniform fill -------------------------------------
+ * A chunk of 8 from i0 (a multiple of 8) takes the 8 words of counters
+ * offset + i0/4 and offset + i0/4 + 1 (elem.h). */
+__device__ __forceinline__ void philox8(uint64_t seed, uint64_t offset, uint32_t stream,
+                                        int64_t i0, uint32_t r[8])
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint4 q = opf_dev_philox_at(seed, offset + (uint64_t)(i0 / 4 + h), stream);
+        r[4 * h] = q.x, r[4 * h + 1] = q.y, r[4 * h + 2] = q.z, r[4 * h + 3] = q.w;
+    }
+}
+
+/* 8 mask bytes at m (8-byte aligned when vec). */
+__device__ __forceinline__ void store_mask8(uint8_t *m, bool vec, int w, const uint8_t b[8])
+{
+    if (vec) {
+        *(uint2 *)m = *(const uint2 *)b;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; k++)
+        if (k < w) m[k] = b[k];
+}
+
+template <opf_dtype DX, opf_dtype DY>
+__global__ void dropout_fwd_kernel(const void *x, int64_t n, bool vec, uint32_t thr, float s,
+                                   uint64_t seed, uint64_t offset, void *y, uint8_t *mask)
+{
+    each_chunk(n, vec, [&](int64_t i0, int w, bool v8) {
+        uint32_t r[VEC];
+        __align__(8) uint8_t keep[VEC];
+        float u[VEC];
+        philox8(seed, offset, 0u, i0, r);
+        opf_dev_load8_as<DX>(at<DX>(x, i0), v8, w, u);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            keep[k] = r[k] >= thr;
+            u[k] = opf_dev_mul(u[k], keep[k] ? s : 0.0f);
+        }
+        store_mask8(mask + i0, v8, w, keep);
+        opf_dev_store8_as<DY>(at<DY>(y, i0), v8, w, u);
+    });
+}
+
+template <opf_dtype DX, opf_dtype DY>
+__global__ void dropout_bwd_kernel(const void *dy, const uint8_t *mask, int64_t n, bool vec,
+                                   float s, void *dx)
+{
+    each_chunk(n, vec, [&](int64_t i0, int w, bool v8) {
+        __align__(8) uint8_t keep[VEC] = {0};
+        float u[VEC];
+        if (v8) *(uint2 *)keep = *(const uint2 *)(mask + i0);
+        else
+#pragma unroll
+            for (int k = 0; k < VEC; k++) keep[k] = k < w ? mask[i0 + k] : 0;
+        opf_dev_load8_as<DX>(at<DX>(dy, i0), v8, w, u);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u[k] = opf_dev_mul(u[k], keep[k] ? s : 0.0f);
+        opf_dev_store8_as<DY>(at<DY>(dx, i0), v8, w, u);
+    });
+}
+
+/* u = (word >> 8) * 2^-24, v = fl32(bound * (2u - 1)) in double (elem.h). */
+template <opf_dtype D>
+__global__ void fill_uniform_kernel(int64_t n, bool vec, uint64_t seed, uint64_t offset,
+                                    uint32_t stream, double bound, void *t)
+{
+    each_chunk(n, vec, [&](int64_t i0, int w, bool v8) {
+        uint32_t r[VEC];
+        float v[VEC];
+        philox8(seed, offset, stream, i0, r);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            double u = __dmul_rn((double)(r[k] >> 8), 1.0 / 16777216.0);
+            v[k] = __double2float_rn(__dmul_rn(bound, __dsub_rn(__dmul_rn(2.0, u), 1.0)));
+        }
+        opf_dev_store8_as<D>(at<D>(t, i0), v8, w, v);
+    });
+}
+
+/* nbytes of the 16-byte pattern (a whole number of elements) from dst. */
+__global__ void fill_kernel(uint8_t *dst, int64_t nbytes, bool vec, uint4 pat)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t nv = vec ? nbytes / 16 : 0;
+    for (int64_t c = i; c < nv; c += stride) ((uint4 *)dst)[c] = pat;
+    const uint8_t *p = (const uint8_t *)&pat;
+    for (int64_t b = nv * 16 + i; b < nbytes; b += stride) dst[b] = p[b % 16];
+}
+
+/* ---- cast + transpose ---------------------------------------------------------
+ * One TR x TR tile of x [R, C] per block: rows read 8 elements a thread
+ * (16-byte loads), held as fp32 in shared memory, written to y_t [C, R] 8
+ * elements a thread down the tile's columns (neighbouring lanes read
+ * neighbouring columns: no bank conflicts). y, when given, gets the rowwise
+ * copy from the same loads. VEC_IO: R and C multiples of 8, aligned bases. */
+template <opf_dtype DX, opf_dtype DO, bool VEC_IO>
+__global__ void __launch_bounds__(THREADS)
+cast_transpose_kernel(const void *x, int64_t R, int64_t C, void *y, void *yt)
+{
+    __shared__ float tile[TR][TR + 1];
+    int64_t tc = (C + TR - 1) / TR;  /* one grid dimension: rows or columns may be many */
+    int64_t r0 = (int64_t)blockIdx.x / tc * TR, c0 = (int64_t)blockIdx.x % tc * TR;
+    for (int k = threadIdx.x; k < TR * TR / VEC; k += THREADS) {
+        int r = k / (TR / VEC), c = k % (TR / VEC) * VEC;
+        int64_t gr = r0 + r, gc = c0 + c;
+        int w = gr >= R || gc >= C ? 0 : C - gc < VEC ? (int)(C - gc) : VEC;
+        float v[VEC];
+        opf_dev_load8_as<DX>(at<DX>(x, gr * C + gc), VEC_IO && w == VEC, w, v);
+        if (y && w) opf_dev_store8_as<DO>(at<DO>(y, gr * C + gc), VEC_IO && w == VEC, w, v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) tile[r][c + i] = v[i];
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < TR * TR / VEC; k += THREADS) {
+        int c = k % TR, g = k / TR * VEC;
+        int64_t gc = c0 + c, gr = r0 + g;
+        int w = gc >= C || gr >= R ? 0 : R - gr < VEC ? (int)(R - gr) : VEC;
+        float v[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = tile[g + i][c];
+        if (w) opf_dev_store8_as<DO>(at<DO>(yt, gc * R + gr), VEC_IO && w == VEC, w, v);
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------ */
+
+#define STATE_OR_FAIL(s, ctx, fn)                   \
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn); \
+    if (!s) return OPF_ERR_STATE
+
+static unsigned grid_of(const opf_cuda_state *s, int64_t n)
+{
+    return opf_cuda_grid(s, (n + VEC - 1) / VEC, THREADS);
+}
+
+static opf_status launched(opf_ctx *ctx, const char *fn)
+{
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+static opf_status cuda_copy_bytes(opf_ctx *ctx, const void *src, void *dst, size_t nbytes)
+{
+    const char *fn = "copy";
+    STATE_OR_FAIL(s, ctx, fn);
+    if (src != dst && nbytes)
+        OPF_CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s->stream));
+    return OPF_OK;
+}
+
+static opf_status cuda_bias_add(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *bias,
+                                opf_tensor *y)
+{
+    const char *fn = "bias_add";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(bias), total = numel(x);
+    if (n == 0 || total == 0) return OPF_OK;
+    bool vec = n % VEC == 0 && al16(cdata(x)) && al16(cdata(bias)) && al16(data(y));
+    const void *xs = cdata(x), *bs = cdata(bias);
+    void *ys = data(y);
+    return opf_dev_with_dtype(x->spec.dtype, [&](auto dx) {
+        return opf_dev_with_dtype(bias->spec.dtype, [&](auto db) {
+            return opf_dev_with_dtype(y->spec.dtype, [&](auto dyt) {
+                bias_add_kernel<decltype(dx)::value, decltype(db)::value, decltype(dyt)::value>
+                    <<<grid_of(s, total), THREADS, 0, s->stream>>>(xs, bs, total, n, vec, ys);
+                return launched(ctx, fn);
+            });
+        });
+    });
+}
+
+static opf_status cuda_dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
+{
+    const char *fn = "dbias";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
+    if (n == 0) return OPF_OK;
+    const void *src = cdata(dy);
+    void *out = data(db);
+    unsigned grid = (unsigned)((n + DB_COLS - 1) / DB_COLS);
+    return opf_dev_with_dtype(dy->spec.dtype, [&](auto d) {
+        return opf_dev_with_dtype(db->spec.dtype, [&](auto dout) {
+            dbias_kernel<decltype(d)::value, decltype(dout)::value>
+                <<<grid, THREADS, 0, s->stream>>>(src, rows, n, out);
+            return launched(ctx, fn);
+        });
+    });
+}
+
+static opf_status cuda_scale(opf_ctx *ctx, const opf_tensor *x, float sc, opf_tensor *y)
+{
+    const char *fn = "scale";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(x);
+    if (n == 0) return OPF_OK;
+    bool vec = al16(cdata(x)) && al16(data(y));
+    const void *xs = cdata(x);
+    void *ys = data(y);
+    return opf_dev_with_dtype(x->spec.dtype, [&](auto dx) {
+        return opf_dev_with_dtype(y->spec.dtype, [&](auto dyt) {
+            scale_kernel<decltype(dx)::value, decltype(dyt)::value>
+                <<<grid_of(s, n), THREADS, 0, s->stream>>>(xs, sc, n, vec, ys);
+            return launched(ctx, fn);
+        });
+    });
+}
+
+static opf_status cuda_add(opf_ctx *ctx, const opf_tensor *a, const opf_tensor *b, opf_tensor *out)
+{
+    const char *fn = "add";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(out);
+    if (n == 0) return OPF_OK;
+    const void *as = cdata(a), *bs = cdata(b);
+    void *os = data(out);
+    bool vec = al16(as) && al16(bs) && al16(os);
+    return opf_dev_with_dtype(a->spec.dtype, [&](auto da) {
+        return opf_dev_with_dtype(b->spec.dtype, [&](auto db) {
+            return opf_dev_with_dtype(out->spec.dtype, [&](auto dout) {
+                add_kernel<decltype(da)::value, decltype(db)::value, decltype(dout)::value>
+                    <<<grid_of(s, n), THREADS, 0, s->stream>>>(as, bs, n, vec, os);
+                return launched(ctx, fn);
+            });
+        });
+    });
+}
+
+/* The CPU's keep threshold and scale (elem.h), computed on the host as it does. */
+static float dropout_scale(double p) { return (float)(1.0 / (1.0 - p)); }
+
+static opf_status cuda_dropout_fwd(opf_ctx *ctx, const opf_tensor *x, double p, uint64_t seed,
+                                   uint64_t offset, opf_tensor *y, opf_tensor *mask)
+{
+    const char *fn = "dropout_fwd";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(x);
+    if (n == 0) return OPF_OK;
+    const uint32_t thr = (uint32_t)(p * 4294967296.0);
+    const float sc = dropout_scale(p);
+    const void *xs = cdata(x);
+    void *ys = data(y);
+    uint8_t *m = (uint8_t *)data(mask);
+    bool vec = al16(xs) && al16(ys) && ((uintptr_t)m & 7u) == 0;
+    return opf_dev_with_dtype(x->spec.dtype, [&](auto dx) {
+        return opf_dev_with_dtype(y->spec.dtype, [&](auto dyt) {
+            dropout_fwd_kernel<decltype(dx)::value, decltype(dyt)::value>
+                <<<grid_of(s, n), THREADS, 0, s->stream>>>(xs, n, vec, thr, sc, seed, offset, ys, m);
+            return launched(ctx, fn);
+        });
+    });
+}
+
+static opf_status cuda_dropout_bwd(opf_ctx *ctx, const opf_tensor *dy, const opf_tensor *mask,
+                                   double p, opf_tensor *dx)
+{
+    const char *fn = "dropout_bwd";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(dy);
+    if (n == 0) return OPF_OK;
+    const float sc = dropout_scale(p);
+    const void *src = cdata(dy);
+    const uint8_t *m = (const uint8_t *)cdata(mask);
+    void *out = data(dx);
+    bool vec = al16(src) && al16(out) && ((uintptr_t)m & 7u) == 0;
+    return opf_dev_with_dtype(dy->spec.dtype, [&](auto din) {
+        return opf_dev_with_dtype(dx->spec.dtype, [&](auto dout) {
+            dropout_bwd_kernel<decltype(din)::value, decltype(dout)::value>
+                <<<grid_of(s, n), THREADS, 0, s->stream>>>(src, m, n, vec, sc, out);
+            return launched(ctx, fn);
+        });
+    });
+}
+
+static opf_status cuda_cast(opf_ctx *ctx, const opf_tensor *x, opf_tensor *y)
+{
+    const char *fn = "cast";
+    int64_t n = numel(x);
+    if (x->spec.dtype == y->spec.dtype)  /* the bits as they are (NaN payloads too) */
+        return cuda_copy_bytes(ctx, cdata(x), data(y), opf_dtype_nbytes(x->spec.dtype, (size_t)n));
+    STATE_OR_FAIL(s, ctx, fn);
+    if (n == 0) return OPF_OK;
+    const void *xs = cdata(x);
+    void *ys = data(y);
+    bool vec = al16(xs) && al16(ys);
+    return opf_dev_with_dtype(x->spec.dtype, [&](auto dx) {
+        return opf_dev_with_dtype(y->spec.dtype, [&](auto dyt) {
+            cast_kernel<decltype(dx)::value, decltype(dyt)::value>
+                <<<grid_of(s, n), THREADS, 0, s->stream>>>(xs, n, vec, ys);
+            return launched(ctx, fn);
+        });
+    });
+}
+
+/* y rides along with the transpose when it has y_t's dtype and x's does
+ * not; otherwise it is a cast of its own (equal dtypes copy the bits, NaN
+ * payloads too, where a round trip through fp32 would not keep bf16's). */
+static opf_status cuda_cast_transpose(opf_ctx *ctx, const opf_tensor *x, opf_tensor *y,
+                                      opf_tensor *y_t)
+{
+    const char *fn = "cast_transpose";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t R, C;
+    opf_shape_2d(&x->spec, &R, &C);
+    bool fuse_y = y && y->spec.dtype == y_t->spec.dtype && y->spec.dtype != x->spec.dtype;
+    opf_status st = y && !fuse_y ? cuda_cast(ctx, x, y) : OPF_OK;
+    if (st || R == 0 || C == 0) return st;
+    const void *xs = cdata(x);
+    void *ys = fuse_y ? data(y) : NULL, *ts = data(y_t);
+    bool vec = R % VEC == 0 && C % VEC == 0 && al16(xs) && al16(ts) && (!ys || al16(ys));
+    unsigned grid = (unsigned)(((C + TR - 1) / TR) * ((R + TR - 1) / TR));
+    return opf_dev_with_dtype(x->spec.dtype, [&](auto dx) {
+        return opf_dev_with_dtype(y_t->spec.dtype, [&](auto dout) {
+            constexpr opf_dtype DX = decltype(dx)::value, DO = decltype(dout)::value;
+            if (vec)
+                cast_transpose_kernel<DX, DO, true><<<grid, THREADS, 0, s->stream>>>(xs, R, C, ys, ts);
+            else
+                cast_transpose_kernel<DX, DO, false><<<grid, THREADS, 0, s->stream>>>(xs, R, C, ys, ts);
+            return launched(ctx, fn);
+        });
+    });
+}
+
+/* The element's bytes, as the CPU's fill makes them; false for a dtype that
+ * takes zero bytes only. */
+static bool fill_element(opf_dtype dt, double value, uint8_t one[8])
+{
+    float f = (float)value;
+    union { float f; uint16_t h; uint8_t u8; int32_t i32; int64_t i64; } u;
+    switch (dt) {
+    case OPF_F32: u.f = f; break;
+    case OPF_BF16: u.h = opf_dev_from_f32<OPF_BF16>(f); break;
+    case OPF_F16: u.h = opf_dev_from_f32<OPF_F16>(f); break;
+    case OPF_U8: u.u8 = (uint8_t)value; break;
+    case OPF_I32: u.i32 = (int32_t)value; break;
+    case OPF_I64: u.i64 = (int64_t)value; break;
+    default: return false;
+    }
+    memcpy(one, &u, 8);
+    return true;
+}
+
+static opf_status cuda_fill(opf_ctx *ctx, double value, opf_tensor *t)
+{
+    const char *fn = "fill";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(t);
+    size_t es = opf_dtype_nbytes(t->spec.dtype, 1), nbytes = opf_dtype_nbytes(t->spec.dtype, (size_t)n);
+    if (n == 0) return OPF_OK;
+    uint8_t one[8], pat[16];
+    bool nonzero = false;
+    if (fill_element(t->spec.dtype, value, one))
+        for (size_t i = 0; i < 16; i++) nonzero |= (pat[i] = one[i % es]) != 0;
+    if (!nonzero) {
+        OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(data(t), 0, nbytes, s->stream));
+        return OPF_OK;
+    }
+    uint4 p4;
+    memcpy(&p4, pat, 16);
+    fill_kernel<<<opf_cuda_grid(s, (int64_t)nbytes / 16 + 1, THREADS), THREADS, 0, s->stream>>>(
+        (uint8_t *)data(t), (int64_t)nbytes, al16(data(t)), p4);
+    return launched(ctx, fn);
+}
+
+static opf_status cuda_fill_uniform(opf_ctx *ctx, uint64_t seed, uint64_t offset, uint32_t stream,
+                                    double bound, opf_tensor *t)
+{
+    const char *fn = "fill_uniform";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(t);
+    if (n == 0) return OPF_OK;
+    void *ts = data(t);
+    return opf_dev_with_dtype(t->spec.dtype, [&](auto d) {
+        fill_uniform_kernel<decltype(d)::value><<<grid_of(s, n), THREADS, 0, s->stream>>>(
+            n, al16(ts), seed, offset, stream, bound, ts);
+        return launched(ctx, fn);
+    });
+}
+
+extern "C" const opf_elem_kernels opf_cuda_elem = {
+    /* .bias_add = */ cuda_bias_add,
+    /* .dbias = */ cuda_dbias,
+    /* .scale = */ cuda_scale,
+    /* .add = */ cuda_add,
+    /* .dropout_fwd = */ cuda_dropout_fwd,
+    /* .dropout_bwd = */ cuda_dropout_bwd,
+    /* .cast = */ cuda_cast,
+    /* .cast_transpose = */ cuda_cast_transpose,
+    /* .fill = */ cuda_fill,
+    /* .fill_uniform = */ cuda_fill_uniform,
+    /* .copy = */ cuda_copy_bytes,
+};

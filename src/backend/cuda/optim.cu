@@ -1,0 +1,240 @@
+/* optim.cu: SGD and AdamW over many tensors on the GPU (backend/optim.h),
+ * bit for bit with src/backend/cpu/optim.c.
+ *
+ * Multi-tensor launches: up to BATCH tensors' descriptors travel in the
+ * kernel's parameters (copied at launch: nothing for the caller to keep
+ * alive, no device table to allocate), with the prefix sums of their chunk
+ * counts; each block takes chunks in a grid-stride loop and finds its
+ * tensor by binary search, so one launch spreads every tensor of the batch
+ * over all SMs whatever their sizes.
+ *
+ * The per-element operations are the CPU's, in its order, one IEEE fp32
+ * operation at a time (no FMA contraction), with x86's NaN bits where a NaN
+ * comes out (opf_dev_add and friends, cuda-impl.h). The AdamW bias
+ * corrections are computed on the host with the same powf as the CPU and
+ * passed in. */
+#include <math.h>
+
+#include "backend/cuda/cuda-impl.h"
+
+enum {
+    THREADS = 256,
+    VEC = 8,                    /* elements per thread and chunk */
+    CHUNK = THREADS * VEC,      /* elements per block and chunk */
+    BATCH = 48,                 /* tensors per launch: the parameters stay under 4 KiB */
+};
+
+/* One tensor of a launch: its arrays and dtypes. vec: every array 16-byte
+ * aligned (16-byte accesses for whole 8-element runs). */
+typedef struct desc {
+    const void *grad;
+    float      *master, *m, *v;
+    void       *param;
+    int64_t     n;
+    uint8_t     grad_dtype, param_dtype, vec;
+} desc;
+
+typedef struct batch {
+    desc    t[BATCH];
+    int64_t first[BATCH + 1];  /* first[k]: the first chunk of tensor k; first[count]: all */
+    int     count;
+} batch;
+
+typedef struct step_params {
+    bool  adamw;
+    float lr, momentum, weight_decay;
+    float beta1, beta2, eps, bc1, bc2;
+} step_params;
+
+/* The arithmetic of the step, two ways: plain IEEE operations (fast), and
+ * the same with x86's NaN bits (x86). With no NaN among the results no
+ * operation met or made one (each propagates NaN into w, m or v), so the
+ * two agree; a NaN result is computed again the x86 way. */
+template <bool X86> struct ops {
+    static __device__ __forceinline__ float add(float a, float b)
+    {
+        return X86 ? opf_dev_add(a, b) : __fadd_rn(a, b);
+    }
+    static __device__ __forceinline__ float sub(float a, float b)
+    {
+        return X86 ? opf_dev_sub(a, b) : __fsub_rn(a, b);
+    }
+    static __device__ __forceinline__ float mul(float a, float b)
+    {
+        return X86 ? opf_dev_mul(a, b) : __fmul_rn(a, b);
+    }
+    static __device__ __forceinline__ float div(float a, float b)
+    {
+        return X86 ? opf_dev_div(a, b) : __fdiv_rn(a, b);
+    }
+    static __device__ __forceinline__ float sqrt(float a) { return X86 ? opf_dev_sqrt(a) : __fsqrt_rn(a); }
+};
+typedef ops<false> fast_ops;
+typedef ops<true> x86_ops;
+
+/* The CPU's sgd_run for one element (has_m: with momentum). */
+template <class O>
+__device__ __forceinline__ void sgd_math(const step_params &p, float g, float &w, bool has_m, float &m)
+{
+    float d = O::add(g, O::mul(p.weight_decay, w));
+    if (has_m) d = m = O::add(O::mul(p.momentum, m), d);
+    w = O::sub(w, O::mul(p.lr, d));
+}
+
+/* The CPU's adamw_run for one element. */
+template <class O>
+__device__ __forceinline__ void adamw_math(const step_params &p, float g, float &w, float &m, float &v)
+{
+    float omb1 = __fsub_rn(1.0f, p.beta1), omb2 = __fsub_rn(1.0f, p.beta2);
+    m = O::add(O::mul(p.beta1, m), O::mul(omb1, g));
+    v = O::add(O::mul(p.beta2, v), O::mul(O::mul(omb2, g), g));
+    float mh = O::div(m, p.bc1), vh = O::div(v, p.bc2);
+    float upd = O::add(O::div(mh, O::add(O::sqrt(vh), p.eps)), O::mul(p.weight_decay, w));
+    w = O::sub(w, O::mul(p.lr, upd));
+}
+
+/* One element, fast unless a NaN comes out. */
+__device__ __forceinline__ void step1(const step_params &p, float g, float &w, bool has_m, float &m,
+                                      float &v)
+{
+    float w1 = w, m1 = m, v1 = v;
+    if (p.adamw) adamw_math<fast_ops>(p, g, w1, m1, v1);
+    else sgd_math<fast_ops>(p, g, w1, has_m, m1);
+    if (__builtin_expect(isnan(w1) | isnan(m1) | isnan(v1), 0)) {
+        w1 = w, m1 = m, v1 = v;
+        if (p.adamw) adamw_math<x86_ops>(p, g, w1, m1, v1);
+        else sgd_math<x86_ops>(p, g, w1, has_m, m1);
+    }
+    w = w1, m = m1, v = v1;
+}
+
+/* Elements [i0, i0 + w) of one tensor, w <= 8; vec: w == 8 and aligned. */
+template <opf_dtype DG, opf_dtype DP>
+__device__ __forceinline__ void step8(const step_params &p, const desc &t, int64_t i0, int w,
+                                      bool vec)
+{
+    typedef typename opf_dev_plain<DG>::store SG;
+    typedef typename opf_dev_plain<DP>::store SP;
+    float g[VEC], wv[VEC], mv[VEC] = {0}, vv[VEC] = {0};
+    opf_dev_load8_as<DG>((const SG *)t.grad + i0, vec, w, g);
+    opf_dev_load8_as<OPF_F32>(t.master + i0, vec, w, wv);
+    if (t.m) opf_dev_load8_as<OPF_F32>(t.m + i0, vec, w, mv);
+    if (t.v) opf_dev_load8_as<OPF_F32>(t.v + i0, vec, w, vv);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) step1(p, g[k], wv[k], t.m != NULL, mv[k], vv[k]);
+    opf_dev_store8_as<OPF_F32>(t.master + i0, vec, w, wv);
+    if (t.m) opf_dev_store8_as<OPF_F32>(t.m + i0, vec, w, mv);
+    if (t.v) opf_dev_store8_as<OPF_F32>(t.v + i0, vec, w, vv);
+    opf_dev_store8_as<DP>((SP *)t.param + i0, vec, w, wv);
+}
+
+template <opf_dtype DG>
+__device__ __forceinline__ void step8_param(const step_params &p, const desc &t, int64_t i0, int w,
+                                            bool vec)
+{
+    switch (t.param_dtype) {
+    case OPF_F32: step8<DG, OPF_F32>(p, t, i0, w, vec); break;
+    case OPF_BF16: step8<DG, OPF_BF16>(p, t, i0, w, vec); break;
+    default: step8<DG, OPF_F16>(p, t, i0, w, vec); break;
+    }
+}
+
+/* The tensor holding chunk c: the last k with first[k] <= c. */
+__device__ __forceinline__ int tensor_of(const batch &b, int64_t c)
+{
+    int lo = 0, hi = b.count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (b.first[mid] <= c) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+__global__ void __launch_bounds__(THREADS) step_kernel(const __grid_constant__ batch b, step_params p)
+{
+    for (int64_t c = blockIdx.x; c < b.first[b.count]; c += gridDim.x) {
+        int k = tensor_of(b, c);
+        const desc &t = b.t[k];
+        int64_t i0 = (c - b.first[k]) * CHUNK + threadIdx.x * VEC;
+        if (i0 >= t.n) continue;
+        int w = t.n - i0 < VEC ? (int)(t.n - i0) : VEC;
+        bool vec = t.vec && w == VEC;
+        switch (t.grad_dtype) {
+        case OPF_F32: step8_param<OPF_F32>(p, t, i0, w, vec); break;
+        case OPF_BF16: step8_param<OPF_BF16>(p, t, i0, w, vec); break;
+        default: step8_param<OPF_F16>(p, t, i0, w, vec); break;
+        }
+    }
+}
+
+/* ---- host side ----------------------------------------------------------- */
+
+static bool all_aligned(const opf_optim_tensor &t)
+{
+    return opf_cuda_aligned16(t.grad) && opf_cuda_aligned16(t.master) &&
+           (!t.m || opf_cuda_aligned16(t.m)) && (!t.v || opf_cuda_aligned16(t.v)) &&
+           opf_cuda_aligned16(t.param);
+}
+
+/* One launch for up to BATCH tensors from t (empty ones skipped). */
+static opf_status launch_batch(opf_ctx *ctx, opf_cuda_state *s, const char *fn,
+                               const step_params &p, const opf_optim_tensor *t, int count)
+{
+    batch b;
+    b.count = 0;
+    b.first[0] = 0;
+    for (int k = 0; k < count; k++) {
+        if (t[k].n <= 0) continue;
+        desc &d = b.t[b.count];
+        d.grad = t[k].grad, d.master = t[k].master, d.m = t[k].m, d.v = t[k].v;
+        d.param = t[k].param, d.n = t[k].n;
+        d.grad_dtype = (uint8_t)t[k].grad_dtype, d.param_dtype = (uint8_t)t[k].param_dtype;
+        d.vec = all_aligned(t[k]);
+        b.first[b.count + 1] = b.first[b.count] + opf_ceil_div(t[k].n, CHUNK);
+        b.count++;
+    }
+    if (b.count == 0) return OPF_OK;
+    int64_t chunks = b.first[b.count], cap = (int64_t)s->sm_count * (2048 / THREADS);
+    unsigned grid = (unsigned)(chunks < cap ? chunks : cap);
+    step_kernel<<<grid, THREADS, 0, s->stream>>>(b, p);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+static opf_status step_all(opf_ctx *ctx, const char *fn, const step_params &p,
+                           const opf_optim_tensor *t, int count)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    for (int k = 0; k < count; k += BATCH) {
+        opf_status st = launch_batch(ctx, s, fn, p, t + k, count - k < BATCH ? count - k : BATCH);
+        if (st) return st;
+    }
+    return OPF_OK;
+}
+
+static opf_status cuda_sgd(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
+                           float momentum, float weight_decay)
+{
+    step_params p = {};
+    p.lr = lr, p.momentum = momentum, p.weight_decay = weight_decay;
+    return step_all(ctx, "sgd", p, t, count);
+}
+
+/* The bias corrections as the CPU computes them (optim.c), on the host. */
+static opf_status cuda_adamw(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
+                             float beta1, float beta2, float eps, float weight_decay, int64_t step)
+{
+    step_params p = {};
+    p.adamw = true, p.lr = lr, p.weight_decay = weight_decay;
+    p.beta1 = beta1, p.beta2 = beta2, p.eps = eps;
+    p.bc1 = 1.0f - powf(beta1, (float)step);
+    p.bc2 = 1.0f - powf(beta2, (float)step);
+    return step_all(ctx, "adamw", p, t, count);
+}
+
+extern "C" const opf_optim_kernels opf_cuda_optim = {
+    /* .sgd = */ cuda_sgd,
+    /* .adamw = */ cuda_adamw,
+};
