@@ -7,6 +7,7 @@
 #include "backend/backend-impl.h"
 #include "backend/scale-math.h"
 #include "core/core-impl.h"
+#include "core/size-impl.h"
 #include "opfuse/quant.h"
 
 struct opf_delayed_state {
@@ -50,9 +51,9 @@ static opf_status check_create(opf_ctx *ctx, opf_format format, float margin, in
                          history_len);
     if (n_slots < 1)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %d slots < 1", fn, n_slots);
-    if (!isfinite(margin))
-        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: margin %g is not finite", fn,
-                         (double)margin);
+    if (!(fabsf(margin) <= OPF_MAX_MARGIN))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: margin %g outside -%d..%d", fn,
+                         (double)margin, OPF_MAX_MARGIN, OPF_MAX_MARGIN);
     return OPF_OK;
 }
 
@@ -65,8 +66,12 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
     *out = NULL;
     /* One block: the struct, then scale, history and the reduce scratch. */
     size_t head = (sizeof(opf_delayed_state) + 63) / 64 * 64;
-    size_t nfl = (size_t)n_slots * ((size_t)history_len + 2);
-    size_t bytes = head + nfl * sizeof(float);
+    size_t nfl = 0, bytes = 0;
+    if (!opf_mul_size((size_t)n_slots, (size_t)history_len + 2, &nfl) ||
+        !opf_mul_size(nfl, sizeof(float), &bytes) || !opf_add_size(head, bytes, &bytes))
+        return opf_error(ctx, OPF_ERR_SHAPE,
+                         "opf_delayed_state_create: %d slots x %d history rows need more than "
+                         "%lld bytes", n_slots, history_len, (long long)OPF_MAX_BYTES);
     char *mem = opf_ctx_alloc(ctx, bytes);
     if (!mem)
         return opf_error(ctx, OPF_ERR_NO_MEMORY,
