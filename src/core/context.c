@@ -200,6 +200,7 @@ static void cache_drain(opf_ctx *ctx)
 void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
 {
     if (bytes > (size_t)OPF_MAX_BYTES) return NULL;  /* the size classes would wrap */
+    if (ctx->fail_countdown && --ctx->fail_countdown == 0) return NULL;
     size_t cls_bytes = bytes;
     int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
     void *p = NULL;
@@ -218,6 +219,9 @@ void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
     if (ctx->stats.bytes_live > ctx->stats.bytes_peak) ctx->stats.bytes_peak = ctx->stats.bytes_live;
     return p;
 }
+
+void opf_ctx_fail_alloc(opf_ctx *ctx, uint64_t nth) { ctx->fail_countdown = nth; }
+bool opf_ctx_fail_alloc_pending(const opf_ctx *ctx) { return ctx->fail_countdown != 0; }
 
 void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
 {
