@@ -3,6 +3,9 @@
 #   make demo     build and train a small GPT on the CPU (opfuse train; no Python, no PyPI)
 #   make test     also set up the Python venv (requirements.txt, from PyPI), run
 #                 the suite, then the same suite under AddressSanitizer + UBSan
+#   make test-clang build with clang into build-clang/ (Release, CPU only) and
+#                 run the C tests there (the Python oracles, train and install
+#                 runs stay with make test)
 #   make bench    run every CPU benchmark (results: bench/RESULTS.md); installs
 #                 PyTorch into .venv first, a large download (TORCH=0 skips it)
 #   make install  install the library, headers, opfuse.pc and the CMake package
@@ -14,6 +17,7 @@
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST  ?= ctest --output-on-failure -j $(JOBS)
 LABELS_EXCLUDE ?= ^(gpu|mpi|long)$$
+CLANG_LABELS_EXCLUDE ?= ^(gpu|mpi|long|oracle|train|install|setup)$$
 PREFIX ?= /usr/local
 TORCH  ?= 1
 V      ?= 0
@@ -22,8 +26,8 @@ PYEXT  ?= OFF
 
 # The targets share build/ and apt's lock: one at a time.
 .NOTPARALLEL:
-.PHONY: all setup setup-test setup-bench build build-san test test-normal test-san \
-        demo bench install fuzz clean
+.PHONY: all setup setup-test setup-bench build build-san build-clang test test-normal \
+        test-san test-clang demo bench install fuzz clean
 
 # $(call quietly,LOG,COMMAND): COMMAND's output goes to LOG and is shown, its
 # errors first, only when it fails; with V=1 it all goes to the terminal.
@@ -58,6 +62,16 @@ build-san: setup
 	@echo "make: building build-san/ (Debug, AddressSanitizer + UBSan)"
 	@$(call cmake_build,build-san,-DCMAKE_BUILD_TYPE=Debug -DOPF_SANITIZE=ON)
 
+# A second compiler catches what one accepts silently (feature-test macros,
+# warnings of its own); CPU only, no sanitizer, to keep CI short.
+build-clang: setup
+	@command -v clang >/dev/null || { echo "make: build-clang needs clang (apt-get install clang)" >&2; exit 1; }
+	@echo "make: building build-clang/ (Release, clang, CPU only)"
+	@$(call cmake_build,build-clang,-DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Release -DOPF_CUDA=OFF)
+
+test-clang: build-clang
+	@cd build-clang && $(CTEST) -LE '$(CLANG_LABELS_EXCLUDE)'
+
 test-normal: PYEXT = ON
 test-normal: setup-test build
 	@cd build && $(CTEST) -LE '$(LABELS_EXCLUDE)'
@@ -81,4 +95,4 @@ fuzz: setup
 	@./fuzz/run.sh 300
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-clang

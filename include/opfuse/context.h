@@ -38,6 +38,9 @@ typedef struct opf_allocator {
 /* Warnings (never errors) go here; the default prints to stderr. */
 typedef void (*opf_warn_fn)(void *user, const char *msg);
 
+/* The most threads a context may ask for (opf_ctx_options.num_threads). */
+#define OPF_MAX_THREADS 1024
+
 typedef struct opf_ctx_options {
     opf_device     device;         /* OPF_DEVICE_CPU */
     int            device_index;   /* 0 */
@@ -47,7 +50,8 @@ typedef struct opf_ctx_options {
                                       the request needs */
     uint64_t       seed;           /* Philox key; 0 */
     uint64_t       offset;         /* Philox counter start; 0 */
-    int            num_threads;    /* OpenMP threads for element-wise kernels; 0 = default */
+    int            num_threads;    /* OpenMP threads for element-wise kernels; 0 = default,
+                                    * at most OPF_MAX_THREADS */
     opf_allocator  allocator;      /* zeroed = aligned malloc */
     opf_warn_fn    warn;           /* NULL = stderr */
     void          *warn_user;
@@ -123,7 +127,8 @@ OPF_API void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, .
  * must not be NULL. */
 OPF_API void opf_ctx_alloc_reset_peak(opf_ctx *ctx);
 
-/* Raw allocation through the context's allocator (counted). */
+/* Raw allocation through the context's allocator (counted). NULL when out
+ * of memory or bytes > OPF_MAX_BYTES (opfuse/tensor.h). */
 OPF_API void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes);
 OPF_API void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes);
 

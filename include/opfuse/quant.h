@@ -150,7 +150,7 @@ typedef struct opf_recipe {
     opf_recipe_kind kind;
     opf_format      format;           /* E4M3 or HYBRID (FP8 kinds), E2M1 (NVFP4) */
     /* delayed scaling */
-    float           margin;           /* 0 */
+    float           margin;           /* 0; |margin| <= OPF_MAX_MARGIN (scaled max = fp8 max * 2^-margin) */
     int             amax_history_len; /* 1024 */
     opf_amax_algo   amax_algo;        /* max */
     bool            reduce_amax;      /* true */
@@ -189,11 +189,17 @@ OPF_API opf_status opf_recipe_quantizer(const opf_recipe *r, const opf_quantizer
 
 /* ---- delayed scaling state (3.1) ------------------------------------------ */
 
+/* The largest delayed-scaling |margin|: past it fp8 max * 2^-margin leaves
+ * the normal floats and the scale collapses toward 0 (or grows to inf). */
+#define OPF_MAX_MARGIN 64
+
 /* n_slots slots, each with scale (init 1) and an amax history of L rows
  * (init 0). `backward` picks the direction's format under HYBRID. The arrays
  * live in the memory of ctx's device (a CUDA context: device memory, where
  * the quantize kernels and the update use them with no host round trip); a
- * state quantizes tensors of that device only. */
+ * state quantizes tensors of that device only. |margin| <= OPF_MAX_MARGIN;
+ * n_slots x (history_len + 2) floats must stay within OPF_MAX_BYTES (else
+ * OPF_ERR_SHAPE). */
 OPF_API opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margin,
                                             int history_len, opf_amax_algo algo, bool backward,
                                             int n_slots, opf_delayed_state **out);

@@ -33,7 +33,15 @@
 extern "C" {
 #endif
 
+/* Bounds of every spec, checked by opf_spec_layout (OPF_ERR_SHAPE naming the
+ * dims) and by every entry that takes a spec: at most OPF_MAX_DIMS dims,
+ * OPF_MAX_NUMEL elements, and OPF_MAX_BYTES bytes of storage (padding
+ * included). The counts are far above any memory, so every product of them
+ * the library forms fits in int64_t. opf_ctx_alloc refuses more than
+ * OPF_MAX_BYTES too. */
 #define OPF_MAX_DIMS 8
+#define OPF_MAX_NUMEL ((int64_t)1 << 48)
+#define OPF_MAX_BYTES ((int64_t)1 << 50)
 /* Every component inside a buffer starts at a multiple of this. */
 #define OPF_COMPONENT_ALIGN 256
 
@@ -107,11 +115,14 @@ typedef struct opf_layout {
 
 /* A plain spec on the CPU with the given shape and dtype (no quantization). */
 OPF_API opf_spec opf_spec_make(int ndim, const int64_t *shape, opf_dtype dtype);
-/* Number of logical elements (1 for ndim 0). */
+/* Number of logical elements (1 for ndim 0); -1 for a spec outside the
+ * bounds above (ndim outside 0..OPF_MAX_DIMS, a negative dim, more than
+ * OPF_MAX_NUMEL elements). */
 OPF_API int64_t opf_spec_numel(const opf_spec *spec);
 /* True when two specs describe the same layout (all fields compared). */
 OPF_API bool opf_spec_equal(const opf_spec *a, const opf_spec *b);
-/* Writes "bf16[256,1024] mxfp8(e4m3,row+col)" into buf (always terminated). */
+/* Writes "bf16[256,1024] mxfp8(e4m3,row+col)" into buf (always terminated);
+ * a spec with ndim outside 0..OPF_MAX_DIMS prints as "bf16[ndim 9]". */
 OPF_API void opf_spec_str(const opf_spec *spec, char *buf, size_t size);
 /* Human name of a scaling mode ("mxfp8"). */
 OPF_API const char *opf_scaling_name(opf_scaling s);

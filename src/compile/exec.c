@@ -3,6 +3,8 @@
  * *_impl the eager fuser calls, on baked args, with inputs bound by a few
  * pointer writes per call. Nothing is allocated here (eager nodes aside:
  * they run the eager runner, which allocates, and copy into the arena). */
+/* clock_gettime and CLOCK_MONOTONIC are POSIX, not C17. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -49,7 +49,18 @@ struct opf_ctx {
      * allocated (destroyed set) until the last of them is released. */
     int64_t         live_buffers;
     bool            destroyed;
+    /* allocation-failure injection (tests): opf_ctx_alloc calls left before
+     * the one that fails; 0 = off */
+    uint64_t        fail_countdown;
 };
+
+/* Test API (not exported): the nth call of opf_ctx_alloc from now (1 = the
+ * next) returns NULL as if out of memory, once; 0 turns it off. Drives the
+ * allocation-failure sweeps over every public entry (tests/core/test_oom.c). */
+void opf_ctx_fail_alloc(opf_ctx *ctx, uint64_t nth);
+/* Whether the injected failure is still ahead (the call made fewer
+ * allocations than nth). */
+bool opf_ctx_fail_alloc_pending(const opf_ctx *ctx);
 
 /* Frees what is left of a destroyed context once no buffer refers to it. */
 void opf_ctx_finish(opf_ctx *ctx);

@@ -6,6 +6,7 @@
 #include "core/context-impl.h"
 #include "core/core-impl.h"
 #include "core/device-impl.h"
+#include "core/size-impl.h"
 
 static void *default_alloc(void *user, size_t bytes, size_t align)
 {
@@ -68,9 +69,10 @@ opf_status opf_ctx_create(const opf_ctx_options *opts, opf_ctx **out)
         return opf_error(NULL, OPF_ERR_UNSUPPORTED,
                          "opf_ctx_create: device %s is not built into this library (the CPU "
                          "device is)", opf_device_name(o.device));
-    if (o.num_threads < 0)
-        return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_ctx_create: num_threads %d < 0",
-                         o.num_threads);
+    if (o.num_threads < 0 || o.num_threads > OPF_MAX_THREADS)
+        return opf_error(NULL, OPF_ERR_INVALID_ARG,
+                         "opf_ctx_create: num_threads %d outside 0..%d", o.num_threads,
+                         OPF_MAX_THREADS);
     if ((o.allocator.alloc == NULL) != (o.allocator.free == NULL))
         return opf_error(NULL, OPF_ERR_INVALID_ARG,
                          "opf_ctx_create: allocator needs both alloc and free");
@@ -219,6 +221,8 @@ static void cache_drain(opf_ctx *ctx)
 
 void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
 {
+    if (bytes > (size_t)OPF_MAX_BYTES) return NULL;  /* the size classes would wrap */
+    if (ctx->fail_countdown && --ctx->fail_countdown == 0) return NULL;
     size_t cls_bytes = bytes;
     int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
     void *p = NULL;
@@ -238,6 +242,9 @@ void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
     return p;
 }
 
+void opf_ctx_fail_alloc(opf_ctx *ctx, uint64_t nth) { ctx->fail_countdown = nth; }
+bool opf_ctx_fail_alloc_pending(const opf_ctx *ctx) { return ctx->fail_countdown != 0; }
+
 void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
 {
     if (!ptr) return;
@@ -256,9 +263,10 @@ void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
 
 void *opf_ctx_calloc(opf_ctx *ctx, size_t n, size_t size)
 {
-    if (size && n > SIZE_MAX / size) return NULL;
-    void *p = opf_ctx_alloc(ctx, n * size);
-    if (p) memset(p, 0, n * size);
+    size_t bytes;
+    if (!opf_mul_size(n, size, &bytes)) return NULL;
+    void *p = opf_ctx_alloc(ctx, bytes);
+    if (p) memset(p, 0, bytes);
     return p;
 }
 

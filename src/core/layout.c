@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/core-impl.h"
+#include "core/size-impl.h"
 
 static const char *const scaling_names[] = {
     [OPF_SCALING_NONE] = "none",         [OPF_SCALING_TENSOR] = "fp8",
@@ -31,9 +32,8 @@ opf_spec opf_spec_make(int ndim, const int64_t *shape, opf_dtype dtype)
 
 int64_t opf_spec_numel(const opf_spec *spec)
 {
-    int64_t n = 1;
-    for (int i = 0; i < spec->ndim; i++) n *= spec->shape[i];
-    return n;
+    int64_t n;
+    return opf_numel_checked(spec->ndim, spec->shape, &n) ? n : -1;
 }
 
 void opf_shape_2d(const opf_spec *s, int64_t *m, int64_t *k)
@@ -59,6 +59,10 @@ void opf_spec_str(const opf_spec *spec, char *buf, size_t size)
 {
     if (!size) return;
     int n = snprintf(buf, size, "%s[", opf_dtype_name(spec->dtype));
+    if (spec->ndim < 0 || spec->ndim > OPF_MAX_DIMS) {
+        if (n > 0 && (size_t)n < size) snprintf(buf + n, size - n, "ndim %d]", spec->ndim);
+        return;
+    }
     for (int i = 0; i < spec->ndim && n > 0 && (size_t)n < size; i++)
         n += snprintf(buf + n, size - n, "%s%lld", i ? "," : "", (long long)spec->shape[i]);
     if (n > 0 && (size_t)n < size) n += snprintf(buf + n, size - n, "]");
@@ -87,14 +91,17 @@ static const format_rule format_rules[OPF_SCALING_COUNT] = {
     [OPF_SCALING_NVFP4_2D] = {OPF_E2M1, OPF_E2M1, 16},
 };
 
+/* A component too large for OPF_MAX_BYTES gets nbytes SIZE_MAX, which
+ * opf_spec_layout's checked sum refuses. */
 static void set_comp(opf_layout *L, opf_component c, opf_dtype dt, int64_t rows, int64_t cols)
 {
     opf_component_desc *d = &L->comp[c];
+    size_t n;
     d->present = true;
     d->dtype = dt;
     d->rows = rows;
     d->cols = cols;
-    d->nbytes = opf_dtype_nbytes(dt, (size_t)(rows * cols));
+    d->nbytes = opf_mul_size((size_t)rows, (size_t)cols, &n) ? opf_dtype_nbytes(dt, n) : SIZE_MAX;
 }
 
 static opf_status check_spec(const opf_spec *s, int64_t m, int64_t k)
@@ -107,6 +114,13 @@ static opf_status check_spec(const opf_spec *s, int64_t m, int64_t k)
         if (s->shape[i] < 0)
             return opf_error(NULL, OPF_ERR_SHAPE, "%s: dim %d is %lld", fn, i,
                              (long long)s->shape[i]);
+    int64_t numel;
+    if (!opf_numel_checked(s->ndim, s->shape, &numel)) {
+        char str[160];
+        opf_spec_str(s, str, sizeof str);
+        return opf_error(NULL, OPF_ERR_SHAPE, "%s: %s has more than %lld elements", fn, str,
+                         (long long)OPF_MAX_NUMEL);
+    }
     if ((unsigned)s->device >= OPF_DEVICE_COUNT)
         return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: device %d", fn, (int)s->device);
     if ((unsigned)s->dtype >= OPF_DTYPE_COUNT)
@@ -203,8 +217,8 @@ opf_status opf_spec_layout(const opf_spec *spec, opf_layout *out)
 {
     OPF_CHECK_NULL(NULL, "opf_spec_layout", spec);
     OPF_CHECK_NULL(NULL, "opf_spec_layout", out);
-    int64_t m = 0, k = 0;
-    if (spec->ndim >= 0 && spec->ndim <= OPF_MAX_DIMS) opf_shape_2d(spec, &m, &k);
+    int64_t m = 0, k = 0, numel;
+    if (opf_numel_checked(spec->ndim, spec->shape, &numel)) opf_shape_2d(spec, &m, &k);
     opf_status st = check_spec(spec, m, k);
     if (st) return st;
     opf_layout L;
@@ -219,8 +233,14 @@ opf_status opf_spec_layout(const opf_spec *spec, opf_layout *out)
     for (int c = 0; c < OPF_COMP_COUNT; c++) {
         if (!L.comp[c].present) continue;
         L.comp[c].offset = off;
-        off += (L.comp[c].nbytes + OPF_COMPONENT_ALIGN - 1) / OPF_COMPONENT_ALIGN *
-               OPF_COMPONENT_ALIGN;
+        size_t padded;
+        if (!opf_add_size(L.comp[c].nbytes, OPF_COMPONENT_ALIGN - 1, &padded) ||
+            !opf_add_size(off, padded / OPF_COMPONENT_ALIGN * OPF_COMPONENT_ALIGN, &off)) {
+            char str[160];
+            opf_spec_str(spec, str, sizeof str);
+            return opf_error(NULL, OPF_ERR_SHAPE, "opf_spec_layout: %s needs more than %lld bytes",
+                             str, (long long)OPF_MAX_BYTES);
+        }
     }
     L.total_bytes = off;
     *out = L;

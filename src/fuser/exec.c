@@ -1,5 +1,6 @@
 /* exec.c: eager forward and backward of a seq: plan cache, neighbour
  * quantizers, channel routing, early stop, delayed-scaling updates. */
+#include <stdio.h>
 #include <string.h>
 
 #include "fuser/walk-impl.h"
@@ -216,6 +217,7 @@ opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call
     if (extra_out) opf_walk_extra_out(&w, extra_out);
     if (call->requires_grad) {
         seq->pending = first_req < seq->n;
+        seq->y_spec = y->spec;
         opf_seq_update_delayed(seq, false);
     }
     if (!seq->pending) release_pending(seq);
@@ -232,10 +234,14 @@ opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor
         return opf_error(seq->ctx, OPF_ERR_STATE,
                          "%s: no forward awaits a backward (run opf_seq_forward with requires_grad "
                          "first; each forward allows one backward)", fn);
+    char what[96];  /* the output dy belongs to: the last op's */
+    snprintf(what, sizeof what, "dy of \"%s\"", seq->n ? opf_op_name(seq->ops[seq->n - 1]) : "");
+    opf_status st = opf_grad_check(seq->ctx, fn, what, dy, &seq->y_spec);
+    if (st) return st;
     opf_walker w = {.seq = seq, .vt = &eager_walk, .first_req = seq->first_req,
                     .kwargs = seq->rc_kw, .chan = seq->chan, .chan_grad = seq->chan_grad};
     opf_tensor d;
-    opf_status st = opf_walk_backward(&w, dy, dextra_out, &d, dextra_in);
+    st = opf_walk_backward(&w, dy, dextra_out, &d, dextra_in);
     if (st) {
         release_pending(seq);
         return st;

@@ -63,6 +63,7 @@ struct opf_seq {
     opf_tensor *chan;                         /* [n][OPF_OP_MAX_EXTRA] extra outputs of the forward */
     opf_tensor *chan_grad;                    /* [n][OPF_OP_MAX_EXTRA] gradients flowing back */
     bool        pending;                      /* a forward awaits its backward */
+    opf_spec    y_spec;                       /* its main output: what dy must match */
     int         first_req;
     /* plan cache */
     bool            planned;                  /* the groups point at a valid slot */

@@ -107,6 +107,7 @@ static opf_status device_slot(opf_ctx *ctx, slot *s, bool need_m, bool need_v)
 opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
                             const opf_optim_options *opts, opf_optim **out)
 {
+    OPF_CHECK_NULL(NULL, "opf_optim_create", ctx);
     OPF_CHECK_NULL(ctx, "opf_optim_create", seq);
     OPF_CHECK_NULL(ctx, "opf_optim_create", out);
     opf_optim_options o = opts ? *opts : opf_optim_options_default();

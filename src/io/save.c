@@ -98,18 +98,16 @@ static mode_t target_mode(const char *path)
     return stat(path, &sb) == 0 ? (sb.st_mode & 07777) : 0644;
 }
 
-static int sync_dir(opf_ctx *ctx, const char *path)
+/* dir: room for path and its terminator (the temporary name's buffer: once
+ * the file is renamed nothing may fail for want of memory). */
+static int sync_dir(const char *path, char *dir)
 {
-    size_t bytes = strlen(path) + 1;
-    char *dir = opf_ctx_alloc(ctx, bytes);
-    if (!dir) return ENOMEM;
-    memcpy(dir, path, bytes);
+    memcpy(dir, path, strlen(path) + 1);
     char *slash = strrchr(dir, '/');
     const char *d = !slash ? "." : slash == dir ? "/" : (*slash = '\0', dir);
     int fd = open(d, O_RDONLY | O_DIRECTORY), err = 0;
     if (fd < 0 || fsync(fd)) err = errno;
     if (fd >= 0) close(fd);
-    opf_ctx_free(ctx, dir, bytes);
     return err;
 }
 
@@ -141,9 +139,9 @@ static opf_status write_atomic(opf_ctx *ctx, const char *path, const char *hdr, 
         opf_ctx_free(ctx, tmp, n + 12);
         return io_error(ctx, what, path, err);
     }
+    err = sync_dir(path, tmp);
     opf_ctx_free(ctx, tmp, n + 12);
-    if ((err = sync_dir(ctx, path))) return io_error(ctx, "cannot sync the directory of", path, err);
-    return OPF_OK;
+    return err ? io_error(ctx, "cannot sync the directory of", path, err) : OPF_OK;
 }
 
 opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const char *path)

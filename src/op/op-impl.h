@@ -113,6 +113,12 @@ opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_b
 /* p->grad (+)= g: the first gradient is converted in, later ones summed in
  * fp32; sets has_grad. */
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g);
+/* The gradient g (named `what`) a caller hands to a backward of fn: not
+ * NULL, with data, f32/bf16/f16, and when want is not NULL the shape and
+ * device of the output it is the gradient of. Checked before anything runs,
+ * so that a refused backward changes nothing and can be retried. */
+opf_status opf_grad_check(opf_ctx *ctx, const char *fn, const char *what, const opf_tensor *g,
+                          const opf_spec *want);
 
 /* ---- schemas (schema.c, value_schemas.c) ---- */
 

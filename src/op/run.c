@@ -1,6 +1,7 @@
 /* run.c: eager execution of one op through its class, shared by the fuser
  * and by anyone running a single op. Allocation happens here, from the
  * fakes' specs, never inside *_impl. */
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/elem.h"
@@ -116,6 +117,26 @@ opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
     return st;
 }
 
+opf_status opf_grad_check(opf_ctx *ctx, const char *fn, const char *what, const opf_tensor *g,
+                          const opf_spec *want)
+{
+    if (!g) return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
+    if (!g->data[0] && !g->data[OPF_COMP_COL_DATA])
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s has no data", fn, what);
+    opf_dtype dt = g->spec.dtype;
+    if (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16)
+        return opf_error(ctx, OPF_ERR_DTYPE, "%s: %s: gradient dtype %s, expected f32/bf16/f16",
+                         fn, what, opf_dtype_name(dt));
+    bool same = !want || (g->spec.ndim == want->ndim && g->spec.device == want->device);
+    for (int i = 0; want && same && i < want->ndim; i++) same = g->spec.shape[i] == want->shape[i];
+    if (same) return OPF_OK;
+    char got[160], out[160];
+    opf_spec_str(&g->spec, got, sizeof got);
+    opf_spec_str(want, out, sizeof out);
+    return opf_error(ctx, OPF_ERR_SHAPE, "%s: %s is %s on %s, the output was %s on %s", fn, what,
+                     got, opf_device_name(g->spec.device), out, opf_device_name(want->device));
+}
+
 opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                  void *bargs, opf_spec *gs, int *n_grads)
 {
@@ -150,8 +171,10 @@ opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
     opf_ctx *ctx = env->ctx;
     int n_ctx = opf_op_num_basic(op), n_params = opf_op_num_params(op), n;
     opf_spec gs[OPF_OP_MAX_GRADS];
-    opf_status st = opf_op_trace_backward(op, octx, env, op->bwd_args, gs, &n);
-    if (st) return st;
+    char fn[112];
+    snprintf(fn, sizeof fn, "%s \"%s\"", op->cls->name, op->name);
+    opf_status st = opf_grad_check(ctx, fn, "dy", env->dy, NULL);
+    if (st || (st = opf_op_trace_backward(op, octx, env, op->bwd_args, gs, &n))) return st;
     bool pass = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
     if (pass) gs[0].ndim = OPF_SPEC_NONE_NDIM;
     opf_tensor g[OPF_OP_MAX_GRADS];

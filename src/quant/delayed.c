@@ -13,6 +13,7 @@
 #include "backend/backend-impl.h"
 #include "backend/scale-math.h"
 #include "core/core-impl.h"
+#include "core/size-impl.h"
 #include "opfuse/tensor.h"
 #include "opfuse/quant.h"
 
@@ -71,9 +72,9 @@ static opf_status check_create(opf_ctx *ctx, opf_format format, float margin, in
                          history_len);
     if (n_slots < 1)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %d slots < 1", fn, n_slots);
-    if (!isfinite(margin))
-        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: margin %g is not finite", fn,
-                         (double)margin);
+    if (!(fabsf(margin) <= OPF_MAX_MARGIN))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: margin %g outside -%d..%d", fn,
+                         (double)margin, OPF_MAX_MARGIN, OPF_MAX_MARGIN);
     return OPF_OK;
 }
 
@@ -88,8 +89,13 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
      * reduce scratch; a device holds those in its own memory. */
     bool on_device = opf_ctx_device(ctx) != OPF_DEVICE_CPU;
     size_t head = (sizeof(opf_delayed_state) + 63) / 64 * 64;
-    size_t nfl = (size_t)n_slots * ((size_t)history_len + 2);
-    size_t bytes = head + (on_device ? 0 : nfl * sizeof(float));
+    size_t nfl = 0, bytes = 0;
+    if (!opf_mul_size((size_t)n_slots, (size_t)history_len + 2, &nfl) ||
+        !opf_mul_size(nfl, sizeof(float), &bytes) ||
+        !opf_add_size(head, on_device ? 0 : bytes, &bytes))
+        return opf_error(ctx, OPF_ERR_SHAPE,
+                         "opf_delayed_state_create: %d slots x %d history rows need more than "
+                         "%lld bytes", n_slots, history_len, (long long)OPF_MAX_BYTES);
     char *mem = opf_ctx_alloc(ctx, bytes);
     if (!mem)
         return opf_error(ctx, OPF_ERR_NO_MEMORY,

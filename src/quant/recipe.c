@@ -105,9 +105,9 @@ opf_status opf_recipe_validate(const opf_recipe *r)
         if ((unsigned)r->amax_algo >= OPF_AMAX_ALGO_COUNT)
             return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: amax_algo %d", fn, name,
                              (int)r->amax_algo);
-        if (!isfinite(r->margin))
-            return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: margin %g is not finite", fn, name,
-                             (double)r->margin);
+        if (!(fabsf(r->margin) <= OPF_MAX_MARGIN))
+            return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: margin %g outside -%d..%d", fn,
+                             name, (double)r->margin, OPF_MAX_MARGIN, OPF_MAX_MARGIN);
     }
     if (!(r->amax_epsilon >= 0.0f))
         return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: amax_epsilon %g must be >= 0", fn,
