@@ -1,7 +1,8 @@
 /* grouped_mlp.c: GroupedMLP (te-ops.md 6, the anchor's
  * GroupedMLP_CuTeGEMMGLU), a joint fused op over GroupedLinear (FC1) +
- * ScaledSwiGLU + GroupedLinear (FC2), the expert MLP of a mixture of
- * experts. The same object runs in the forward and the backward plan.
+ * a scaled activation + GroupedLinear (FC2), the expert MLP of a mixture of
+ * experts: ScaledSwiGLU or ScaledClampedQGeGLU (GroupedMLP_CuTeGEMMGLU) or
+ * the unary ScaledSReLU (GroupedMLP_CuTeGEMMUnary). The same object runs in the forward and the backward plan.
  *
  * It runs its parts' own kernels in sequence (one implementation of the
  * math): forward FC1 -> GLU -> FC2, backward FC2 -> GLU -> FC1, through each
@@ -34,9 +35,13 @@
  * plan does not). The first part that does run computes its dx into the
  * intermediate and drops it, as the unfused plan drops it.
  *
- * Extra inputs, in order: FC1's split sizes, the GLU's per-row scales,
- * FC2's split sizes (the caller passes the same split tensor twice).
+ * Extra inputs, in order: FC1's split sizes, the activation's per-row
+ * scales, FC2's split sizes (the caller passes the same split tensor
+ * twice), and with FC2's scale_bias its scales (the routing probabilities
+ * again). Token buffers padded past the split sizes pass through: each
+ * grouped linear leaves the padding rows zero.
  * Conditions: opf_grouped_mlp_decline_reason (grouped_mlp.h). */
+#include "backend/act.h"
 #include "ops/fused/grouped_mlp.h"
 #include "ops/ops-impl.h"
 
@@ -44,20 +49,24 @@ enum { GM_PARTS = 3 };
 
 /* ---- conditions ---------------------------------------------------------------- */
 
-static const char *const part_class[GM_PARTS] = {"grouped_linear", "scaled_swiglu", "grouped_linear"};
-
 const char *opf_grouped_mlp_decline_reason(opf_op *const *ops, int n, const opf_recipe *r)
 {
-    if (!ops || n < GM_PARTS) return "needs three ops: grouped_linear, scaled_swiglu, grouped_linear";
-    for (int k = 0; k < GM_PARTS; k++) {
+    if (!ops || n < GM_PARTS)
+        return "needs three ops: grouped_linear, a scaled activation, grouped_linear";
+    for (int k = 0; k < GM_PARTS; k++)
         if (!ops[k] || opf_op_is_fused(ops[k])) return "an op is missing or already fused";
-        if (strcmp(opf_op_class_of(ops[k])->name, part_class[k]))
-            return "the ops are not grouped_linear + scaled_swiglu + grouped_linear";
-    }
+    int act = opf_scaled_act_kind_of(ops[1]);
+    if (strcmp(opf_op_class_of(ops[0])->name, "grouped_linear") || act < 0 ||
+        strcmp(opf_op_class_of(ops[2])->name, "grouped_linear"))
+        return "the ops are not grouped_linear + scaled_swiglu, scaled_srelu or "
+               "scaled_clamped_qgeglu + grouped_linear";
     const opf_grouped_linear_config *f1 = opf_op_config_const(ops[0]), *f2 = opf_op_config_const(ops[2]);
     if (f1->groups != f2->groups) return "FC1 and FC2 have different group counts";
-    if (f1->out_features != 2 * f2->in_features)
+    if (act != OPF_ACT_SRELU && f1->out_features != 2 * f2->in_features)
         return "FC1's out_features is not twice FC2's in_features (the GLU halves FC1's output)";
+    if (act == OPF_ACT_SRELU && f1->out_features != f2->in_features)
+        return "FC1's out_features is not FC2's in_features (scaled_srelu keeps the width)";
+    if (f1->scale_bias) return "FC1 scales its bias by the routing probabilities (only FC2 may)";
     const int64_t dims[] = {f1->in_features, f1->out_features, f2->in_features, f2->out_features};
     for (int i = 0; i < (int)(sizeof dims / sizeof dims[0]); i++)
         if (dims[i] % OPF_GROUPED_MLP_ALIGN) return "a feature count is not a multiple of 32";
@@ -224,7 +233,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
                          .prev_grad_q = k ? grad_q_of(opf_op_basic(op, k - 1)) : env->prev_grad_q,
                          .next_input_q = k + 1 < GM_PARTS ? input_q_of(opf_op_basic(op, k + 1))
                                                           : env->next_input_q};
-        for (int j = 0; j < c->n_extra_in; j++) e.extra_in[j] = env->extra_in[slot++];
+        for (int j = 0; j < opf_op_num_extra_in(p); j++) e.extra_in[j] = env->extra_in[slot++];
         memset(p->fwd_args, 0, c->fwd_schema->size);
         opf_status st = c->resolve_fwd(p, &e, p->fwd_args);
         if (st) return st;
@@ -310,7 +319,7 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
         opf_op *p = opf_op_basic(op, k);
         b->cls[k] = opf_op_class_of(p);
         b->n_params[k] = opf_op_num_params(p);
-        b->n_extra[k] = b->cls[k]->n_extra_in;
+        b->n_extra[k] = opf_op_num_extra_in(p);
         b->part[k] = NULL;
         if (b->first == GM_PARTS && octx[k].requires_grad) b->first = k;
     }
