@@ -126,6 +126,11 @@ OPF_BUILTIN_FUSED_OPS(OPF_DECLARE_CLASS)
  * (scaled_act.c), or -1 for any other op. */
 int opf_scaled_act_kind_of(const opf_op *op);
 
+/* The kwargs a fused grouped MLP hands its scaled activation: the op runs
+ * inside the fused path, so its activation_recompute_in_mlp needs no
+ * warning of its own (the fused op decides and warns). */
+extern const int opf_scaled_act_in_mlp;
+
 /* The fusion function of each built-in fused op, defined in its file. */
 #define OPF_BUILTIN_FUSION_FNS(X)                                              \
     X(JOINT, grouped_mlp)                                                      \

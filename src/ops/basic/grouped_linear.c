@@ -108,6 +108,8 @@ OPF_SCHEMA(grouped_bwd_schema, grouped_bwd, grouped_bwd_fields);
 
 /* aux slots of the forward, saved slots, attrs */
 enum { AUX_XPACK, AUX_WPACK, AUX_XDEC, AUX_ROWS };
+
+bool opf_grouped_linear_aux_is_input(int i) { return i == AUX_XPACK || i == AUX_XDEC; }
 enum { SV_ROWS, SV_WPACK, SV_X, SV_PROBS, SV_COUNT };
 enum { AT_ACT_DTYPE, AT_WGRAD, AT_QUANTIZED, AT_ROWS, AT_OVERRIDE };
 

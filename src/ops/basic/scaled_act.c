@@ -54,6 +54,22 @@ OPF_SCHEMA(sact_bwd_schema, sact_bwd, sact_bwd_fields);
 
 static const opf_scaled_act_config default_config = {.limit = 7.0, .alpha = 1.702};
 
+const int opf_scaled_act_in_mlp = 1;
+
+/* activation_recompute_in_mlp asks the fused grouped MLP for something a
+ * lone activation cannot do: say so once (eagerly and while compiling). */
+static void warn_recompute(opf_op *op, const opf_fwd_env *env)
+{
+    const opf_scaled_act_config *c = opf_op_config(op);
+    if (!c->activation_recompute_in_mlp || env->kwargs == &opf_scaled_act_in_mlp) return;
+    char key[96];
+    snprintf(key, sizeof key, "activation_recompute_in_mlp:%s", opf_op_name(op));
+    opf_ctx_warn_once(env->ctx, key, "%s \"%s\": activation_recompute_in_mlp is set but the op "
+                      "runs outside a fused grouped MLP (not grouped_linear + it + grouped_linear "
+                      "under the fusion's conditions, or fusions off); it is not recomputed",
+                      opf_op_class_of(op)->name, opf_op_name(op));
+}
+
 int opf_scaled_act_kind_of(const opf_op *op)
 {
     const opf_op_class *c = opf_op_class_of(op);
@@ -126,6 +142,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     opf_status st = check_x(env->ctx, op, env->x);
     if (!st) st = check_scales(env->ctx, op, env->extra_in[0], opf_act_rows(&env->x->spec));
     if (st) return st;
+    warn_recompute(op, env);
     a->x = *env->x;
     a->scales = *env->extra_in[0];
     a->next_q = opf_q_or_none(env->next_input_q);
