@@ -98,7 +98,7 @@ static const opf_constant_scale_config scale_cfg = {0.75};
 static const opf_reshape_config reshape_cfg = {2, {ROWS * 2, COLS / 2}};
 static const opf_clamped_swiglu_config clamp_cfg = {1.5, 1.702};  /* a limit the inputs cross */
 static const opf_dropout_config drop_cfg = {0.25};
-static const opf_grouped_linear_config grouped_cfg = {2, COLS, HID, true, OPF_F32};
+static const opf_grouped_linear_config grouped_cfg = {2, COLS, HID, true, OPF_F32, false};
 static const opf_inplace_config in_place_cfg = {true};
 static const opf_quantize_config quant_fb_cfg = {true, true};
 

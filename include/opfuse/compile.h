@@ -32,7 +32,15 @@
  *    the grad flags and the value fields of the kwargs form the key of a
  *    graph. Tensor kwargs (quantized ones included) are graph inputs: their
  *    data may change on every call. opf_compiled keeps a bounded cache of
- *    graphs by key and recompiles on a miss.
+ *    graphs by key and recompiles on a miss. Guards compare values: a
+ *    graph replays only when every one of these equals what it was
+ *    compiled for, field by field; the 64-bit key only finds candidates, so
+ *    two calls whose keys collide get two graphs, never each other's.
+ *    Float kwargs (OPF_FIELD_FLOAT, OPF_FIELD_F32) are guarded by their
+ *    bits: every distinct value compiles its own graph (up to
+ *    max_variants), 0.0 and -0.0 are different values, a NaN matches only
+ *    the same NaN bits, and 1e-9 apart is apart. A float that changes every
+ *    step (a schedule) belongs in a tensor kwarg, whose data is an input.
  *  - Dynamic leading dimension: with max_leading > 0, one graph runs any
  *    leading size of x in [1, max_leading] (traced at the maximum, sizes
  *    patched per call; the fakes re-check each new size once).

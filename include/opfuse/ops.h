@@ -22,8 +22,11 @@ extern "C" {
 /* "identity", "quantize", "add_extra_input", "make_extra_output" and the
  * activations "gelu", "qgelu", "relu", "srelu", "silu", "glu", "geglu",
  * "qgeglu", "reglu", "sreglu", "swiglu" take no config (NULL).
- * "scaled_swiglu" (no config) takes extra input 0: per-row scales f32 [rows];
- * y = swiglu(x) * scales[row]. */
+ * The scaled activations of a mixture-of-experts MLP, "scaled_swiglu",
+ * "scaled_srelu" and "scaled_clamped_qgeglu", take extra input 0: per-row
+ * scales (the routing probabilities) f32/bf16/f16, one per row of x;
+ * y = act(x) * scales[row]. Their config, an opf_scaled_act_config, may be
+ * NULL (the defaults below). */
 
 typedef struct opf_reshape_config {
     int     ndim;
@@ -68,6 +71,16 @@ typedef struct opf_clamped_swiglu_config {     /* "clamped_swiglu" */
     double alpha;                              /* 1.702 */
 } opf_clamped_swiglu_config;
 
+typedef struct opf_scaled_act_config {         /* "scaled_swiglu", "scaled_srelu", "scaled_clamped_qgeglu" */
+    /* Asks the fused grouped MLP to keep only its inputs and recompute the
+     * activation in backward (the anchor's activation_recompute_in_mlp).
+     * Honoured for scaled_srelu inside a fused grouped_mlp; elsewhere the op
+     * runs normally and the context warns once (docs/fusions.md). */
+    bool   activation_recompute_in_mlp;   /* false */
+    double limit;                          /* scaled_clamped_qgeglu: 7 (> 0) */
+    double alpha;                          /* scaled_clamped_qgeglu: 1.702 */
+} opf_scaled_act_config;
+
 typedef struct opf_inplace_config {            /* "add_extra_input", "make_extra_output" */
     bool in_place;
 } opf_inplace_config;
@@ -85,11 +98,18 @@ typedef struct opf_dropout_kwargs {
     bool training;
 } opf_dropout_kwargs;
 
-typedef struct opf_grouped_linear_config {     /* "grouped_linear": extra input 0 = split sizes (i64 [G]) */
+/* "grouped_linear": extra input 0 = split sizes (i64 [G]); their sum may be
+ * less than x's rows (a fixed-capacity token buffer): the padding rows past
+ * it are never read, and y's and dx's padding rows are zero. With
+ * scale_bias, extra input 1 = per-row scales (the routing probabilities,
+ * f32/bf16/f16, one per row of x): row r of group g adds scales[r] * bias_g
+ * instead of bias_g, and the scales get a gradient. */
+typedef struct opf_grouped_linear_config {
     int       groups;
     int64_t   in_features, out_features;
     bool      bias;
     opf_dtype dtype;
+    bool      scale_bias;  /* needs bias */
 } opf_grouped_linear_config;
 
 #ifdef __cplusplus

@@ -112,6 +112,7 @@ static int pack_config(const char *name, PyObject *cfg, void *buf)
         INT_FIELD(c, out_features);
         BOOL_FIELD(c, bias);
         INT_FIELD(c, dtype);
+        BOOL_FIELD(c, scale_bias);
     } else {
         opf_raise_msg(OPF_ERR_UNSUPPORTED, "op class \"%s\": no Python config mapping; pass None",
                       name);

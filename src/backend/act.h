@@ -63,13 +63,15 @@ typedef struct opf_act_kernels {
      * row order, from 0 (dbias [cols]). Quantizing dx is the caller's. */
     opf_status (*dact_dbias)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                              const float *dy, float *dx, float *dbias, int64_t rows, int64_t cols);
-    /* A GLU kind with a scale per row (s [rows]), not ClampedSwiGLU:
-     * y[r, j] = fl(fl(f(a) b) s[r]). */
+    /* Any kind with a scale per row (s [rows]), the output of fwd times s:
+     * y[r, j] = fl(fl(f(a) b) s[r]) for a GLU kind (ClampedSwiGLU: f(a') b'),
+     * fl(f(x) s[r]) for a plain kind (y [rows, cols]). */
     opf_status (*scaled_glu_fwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                  const float *s, float *y, int64_t rows, int64_t cols);
-    /* Its backward, with g = fl(dy s[r]): dx = [f'(a) g b | f(a) g] and
-     * ds[r] = the sum over j, left to right, of fl(fl(f(a) b) dy). work:
-     * rows·cols floats of scratch. */
+    /* Its backward, with g = fl(dy s[r]): dx = bwd's dx for the gradient g
+     * and ds[r] = the sum over j, left to right, of fl(u dy) with u the
+     * unscaled output (fl(f(a) b), or f(x)). work: 2·rows·h floats of
+     * scratch, h the output's last dim. */
     opf_status (*scaled_glu_bwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                  const float *s, const float *dy, float *dx, float *ds, float *work,
                                  int64_t rows, int64_t cols);

@@ -1,12 +1,22 @@
-/* cache.c: the guard key of a call and opf_compiled, a bounded cache of
- * graphs by key over one seq. The key covers what a graph bakes in: the
- * input specs (without the leading size under max_leading), the recipe and
- * with it every quantizer, the grad flags, and the kwargs' value fields.
- * Tensor kwargs enter by spec only: their data is a graph input. */
+/* cache.c: the guard of a call and opf_compiled, a bounded cache of graphs
+ * over one seq. The guard covers what a graph bakes in: the input specs
+ * (without the leading size under max_leading), the recipe and with it
+ * every quantizer, the grad flags, and the kwargs' value fields. Tensor
+ * kwargs enter by spec only: their data is a graph input.
+ *
+ * Guards compare values: the 64-bit key only finds candidates, and a graph
+ * replays only when opf_graph_matches finds every hashed value equal to the
+ * one it was compiled for, so a key collision compiles a second graph
+ * beside the first. Float kwargs compare by their bits (opf_schema_equal),
+ * the policy compile.h states. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "compile/compile-impl.h"
+
+static uint64_t (*key_hook)(uint64_t);
+
+void opf_graph_key_test_hook(uint64_t (*fn)(uint64_t key)) { key_hook = fn; }
 
 static uint64_t mix_recipe(uint64_t h, const opf_recipe *r)
 {
@@ -33,16 +43,49 @@ uint64_t opf_graph_key(const opf_seq *seq, const opf_spec *x, const opf_seq_call
         /* a class without a kwargs schema runs eagerly; its kwargs are its own business */
         if (ks) h = opf_hash_mix(h, opf_schema_hash(ks, call->kwargs[i]));
     }
-    return h;
+    return key_hook ? key_hook(h) : h;
 }
 
-uint64_t opf_graph_kwargs_hash(const opf_seq *seq, const opf_seq_call *call)
+/* ---- guards by value ------------------------------------------------------------ */
+
+/* a as the key sees it against b as the graph keeps it: equal, the leading
+ * size aside when it follows x (lead: the graph's traced size). */
+static bool spec_matches(const opf_spec *a, const opf_spec *b, bool follows_x, int64_t lead)
 {
-    uint64_t h = 0;
-    for (int i = 0; call->kwargs && i < seq->n; i++)
-        if (call->kwargs[i] && seq->ops[i]->cls->kwargs_schema)
-            h = h * 31 + opf_schema_hash(seq->ops[i]->cls->kwargs_schema, call->kwargs[i]);
-    return h;
+    if (!follows_x) return opf_spec_equal(a, b);
+    opf_spec s = *a;
+    s.shape[0] = lead;
+    return b->ndim >= 1 && b->shape[0] == lead && opf_spec_equal(&s, b);
+}
+
+bool opf_graph_kwargs_match(const opf_graph *g, const opf_seq_call *call)
+{
+    if (g->n_ops != g->seq->n) return false;
+    for (int i = 0; i < g->n_ops; i++) {
+        const void *kw = call->kwargs ? call->kwargs[i] : NULL;
+        const opf_schema *ks = g->seq->ops[i]->cls->kwargs_schema;
+        if ((kw != NULL) != g->kw_given[i]) return false;
+        if (kw && ks && !opf_schema_equal(ks, kw, g->kwargs[i])) return false;
+    }
+    return true;
+}
+
+bool opf_graph_matches(const opf_graph *g, const opf_spec *x, const opf_seq_call *call,
+                       const opf_compile_options *opts)
+{
+    bool dyn = opts->max_leading > 0 && x->ndim >= 1;
+    int64_t lead = g->x_spec.ndim >= 1 ? g->x_spec.shape[0] : -1;
+    if (opts->max_leading != g->opts.max_leading || !spec_matches(x, &g->x_spec, dyn, lead) ||
+        !opf_recipe_same(call->recipe, g->has_recipe ? &g->recipe : NULL) ||
+        call->requires_grad != g->call.requires_grad ||
+        call->input_requires_grad != g->call.input_requires_grad || call->n_extra_in != g->n_pub_in)
+        return false;
+    for (int i = 0; call->extra_in && i < call->n_extra_in; i++) {
+        const opf_spec *s = &call->extra_in[i].spec;
+        if (!spec_matches(s, &g->extra_in_spec[i], dyn && s->ndim >= 1 && s->shape[0] == x->shape[0], lead))
+            return false;
+    }
+    return opf_graph_kwargs_match(g, call);
 }
 
 /* ---- opf_compiled ------------------------------------------------------------ */
@@ -119,9 +162,10 @@ opf_status opf_compiled_forward(opf_compiled *c, const opf_tensor *x, const opf_
     for (int i = 0; i < c->n && !g; i++) {
         if (c->graphs[i]->key != key) continue;
         if (c->graphs[i]->epoch != c->seq->epoch) {
-            drop(c, i);  /* stale: compiled again below */
-            break;
+            drop(c, i--);  /* stale for good: compiled again below if it was this call's */
+            continue;
         }
+        if (!opf_graph_matches(c->graphs[i], &x->spec, call, &c->opts)) continue;  /* a collision */
         g = c->graphs[i];
         c->used[i] = ++c->tick;
     }

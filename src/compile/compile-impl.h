@@ -165,6 +165,7 @@ struct opf_graph {
     int             n_ops;         /* seq->n when traced: the size of the per-op arrays below
                                       (the seq may have changed since: a stale graph) */
     void          **kwargs;        /* [n_ops] traced kwargs copies (tensor fields tagged) */
+    bool           *kw_given;      /* [n_ops] the call gave op i kwargs (value guard, cache.c) */
     /* the IR */
     opf_gval       *vals;
     int             n_vals, cap_vals;
@@ -200,7 +201,6 @@ struct opf_graph {
     bool            profile;
     opf_tensor     *held;          /* [n_vals]: references to bound inputs until backward */
     opf_tensor     *dzero;         /* [n_pub_out]: zero gradients for missing dextra_out */
-    uint64_t        kw_hash;       /* value fields of the compiled kwargs */
     /* device graphs (replay.c): x on the context's device puts the arena
      * there, stages the inputs in it, and replays captured segments */
     bool            on_device;
@@ -243,7 +243,15 @@ opf_device opf_graph_device(const opf_graph *g);
 /* cache.c */
 uint64_t opf_graph_key(const opf_seq *seq, const opf_spec *x, const opf_seq_call *call,
                        const opf_compile_options *opts);
-/* The kwargs' value fields (what an explicit graph checks per call). */
-uint64_t opf_graph_kwargs_hash(const opf_seq *seq, const opf_seq_call *call);
+/* Whether a call is one g was compiled for, by value: what the key hashes,
+ * compared field by field with what the graph keeps (a key only narrows
+ * the search; two calls may share one). */
+bool opf_graph_matches(const opf_graph *g, const opf_spec *x, const opf_seq_call *call,
+                       const opf_compile_options *opts);
+/* The kwargs part of it (what an explicit graph checks per call). */
+bool opf_graph_kwargs_match(const opf_graph *g, const opf_seq_call *call);
+/* Tests only: fn replaces every key by fn(key) (NULL: off), to force
+ * collisions. Not thread-safe. */
+void opf_graph_key_test_hook(uint64_t (*fn)(uint64_t key));
 
 #endif

@@ -234,7 +234,6 @@ opf_status opf_compile(opf_seq *seq, const opf_spec *x, const opf_seq_call *call
         if (!g->held || !g->dzero) st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "%s: out of memory", fn);
     }
     if (!st) g->key = opf_graph_key(seq, x, call, &o);
-    if (!st) g->kw_hash = opf_graph_kwargs_hash(seq, call);
     if (st) {
         opf_graph_destroy(g);
         return st;
@@ -420,7 +419,7 @@ static opf_status check_call(opf_graph *g, const opf_tensor *x, const opf_seq_ca
     if (call->n_extra_in != g->n_pub_in || (call->n_extra_in && !call->extra_in))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %d extra inputs given, the graph takes %d", fn,
                          call->n_extra_in, g->n_pub_in);
-    if (opf_graph_kwargs_hash(g->seq, call) != g->kw_hash)
+    if (!opf_graph_kwargs_match(g, call))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the kwargs' values differ from the compiled "
                          "ones", fn);
     if (g->lead0 > 0) {

@@ -571,9 +571,11 @@ static opf_status trace_kwargs(opf_graph *g, const opf_seq_call *call)
 {
     opf_seq *seq = g->seq;
     g->kwargs = calloc((size_t)seq->n, sizeof *g->kwargs);
-    if (!g->kwargs) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
+    g->kw_given = calloc((size_t)seq->n + 1, sizeof *g->kw_given);
+    if (!g->kwargs || !g->kw_given) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
     for (int i = 0; call->kwargs && i < seq->n; i++) {
         const opf_schema *ks = seq->ops[i]->cls->kwargs_schema;
+        g->kw_given[i] = call->kwargs[i] != NULL;
         if (!call->kwargs[i] || !ks) continue;  /* eager nodes read the caller's */
         g->kwargs[i] = calloc(1, ks->size);
         if (!g->kwargs[i]) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
@@ -706,7 +708,9 @@ void opf_graph_free_ir(opf_graph *g)
     /* n_ops, not seq->n: a stale graph's seq may have grown or shrunk since */
     for (int i = 0; g->kwargs && i < g->n_ops; i++) free(g->kwargs[i]);
     free(g->kwargs);
+    free(g->kw_given);
     g->kwargs = NULL;
+    g->kw_given = NULL;
     for (int i = 0; g->octx && i < g->n_ops; i++) opf_op_ctx_clear(&g->octx[i]);
     for (int i = 0; g->octx_traced && i < g->n_ops; i++) opf_op_ctx_clear(&g->octx_traced[i]);
     free(g->octx), free(g->octx_traced), free(g->fwd_eager);

@@ -23,7 +23,7 @@ int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call)
         const opf_op *op = seq->ops[i];
         for (int p = 0; p < op->n_params; p++)
             if (op->params[p].requires_grad) return i;
-        for (int j = 0; j < op->cls->n_extra_in; j++)
+        for (int j = 0; j < op->n_extra_in; j++)
             if (seq->in_src[i * OPF_OP_MAX_EXTRA + j].op < 0) return i;  /* public input: may need grad */
     }
     return seq->n;

@@ -109,7 +109,7 @@ opf_status opf_seq_check_recompute(opf_seq *seq)
         opf_group *gr = &seq->groups[g];
         gr->rc = seq->rc_of[gr->first];
         for (int i = gr->first; gr->rc >= 0 && i < gr->first + gr->count; i++)
-            for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++)
+            for (int j = 0; j < seq->ops[i]->n_extra_in; j++)
                 if (seq->in_src[i * OPF_OP_MAX_EXTRA + j].op < 0)
                     return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "seq: op \"%s\" in recompute span "
                                      "%d reads public extra input %d; a span's re-run can read only "

@@ -154,7 +154,7 @@ opf_status opf_seq_append_linear(opf_seq *seq, int64_t in_features, int64_t out_
 static int find_producer(const opf_seq *seq, int first, int end, const char *name, int *slot)
 {
     for (int i = first; i < end; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++)
+        for (int j = 0; j < seq->ops[i]->n_extra_out; j++)
             if (!strcmp(seq->ops[i]->extra_out[j].name, name)) {
                 *slot = j;
                 return i;
@@ -167,7 +167,7 @@ static int find_producer(const opf_seq *seq, int first, int end, const char *nam
 static opf_status resolve_channels(opf_seq *seq, int first, int end)
 {
     for (int i = first; i < end; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
+        for (int j = 0; j < seq->ops[i]->n_extra_out; j++) {
             const char *nm = seq->ops[i]->extra_out[j].name;
             int slot;
             if (nm[0] && find_producer(seq, first, i + 1, nm, &slot) != i)
@@ -178,7 +178,7 @@ static opf_status resolve_channels(opf_seq *seq, int first, int end)
             seq->out_pub[i * OPF_OP_MAX_EXTRA + j] = pub ? seq->n_pub_out++ : -1;
         }
     for (int i = first; i < end; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++) {
+        for (int j = 0; j < seq->ops[i]->n_extra_in; j++) {
             const char *nm = seq->ops[i]->extra_in[j].name;
             opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
             if (!nm[0]) {

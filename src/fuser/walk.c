@@ -69,7 +69,7 @@ static opf_status forward_entry(opf_walker *w, const opf_plan_entry *e, opf_tens
     env.x = cur;
     int slot = 0;
     for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++) env.extra_in[slot++] = extra_source(w, i, j, first);
+        for (int j = 0; j < seq->ops[i]->n_extra_in; j++) env.extra_in[slot++] = extra_source(w, i, j, first);
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
     memset(outs, 0, sizeof outs);
     opf_status st = w->vt->forward(w, e, &env, outs);
@@ -78,7 +78,7 @@ static opf_status forward_entry(opf_walker *w, const opf_plan_entry *e, opf_tens
     *cur = outs[0];
     slot = 0;
     for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
+        for (int j = 0; j < seq->ops[i]->n_extra_out; j++) {
             opf_tensor *c = &w->chan[i * OPF_OP_MAX_EXTRA + j];
             opf_tensor_release(c);
             *c = outs[1 + slot++];
@@ -141,7 +141,7 @@ void opf_walk_extra_out(const opf_walker *w, opf_tensor *extra_out)
 {
     const opf_seq *seq = w->seq;
     for (int i = 0; i < seq->n; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out; j++) {
+        for (int j = 0; j < seq->ops[i]->n_extra_out; j++) {
             int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
             if (pub >= 0) opf_tensor_retain(&w->chan[i * OPF_OP_MAX_EXTRA + j], &extra_out[pub]);
         }
@@ -157,7 +157,7 @@ static opf_status route_dextra_in(opf_walker *w, int first, int last, opf_tensor
     opf_status st = OPF_OK;
     int slot = 0;
     for (int i = first; i <= last; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_in; j++, slot++) {
+        for (int j = 0; j < seq->ops[i]->n_extra_in; j++, slot++) {
             const opf_src *s = &seq->in_src[i * OPF_OP_MAX_EXTRA + j];
             if (s->op < 0) {
                 if (dextra_in && !st) opf_tensor_retain(&dxi[slot], &dextra_in[s->pub]);
@@ -182,7 +182,7 @@ static opf_status backward_entry(opf_walker *w, const opf_plan_entry *e, const o
     opf_status st = OPF_OK;
     int slot = 0;
     for (int i = first; i <= last && !st; i++)
-        for (int j = 0; j < seq->ops[i]->cls->n_extra_out && !st; j++, slot++) {
+        for (int j = 0; j < seq->ops[i]->n_extra_out && !st; j++, slot++) {
             opf_tensor *cg = &w->chan_grad[i * OPF_OP_MAX_EXTRA + j];
             int pub = seq->out_pub[i * OPF_OP_MAX_EXTRA + j];
             if (pub >= 0 && dextra_out) st = w->vt->add_grad(w, cg, &dextra_out[pub]);

@@ -111,7 +111,7 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
 /* Built-in fused op classes (src/ops/fused/, one file each) and basic ops
  * that only fused paths need. */
 #define OPF_BUILTIN_FUSED_OPS(X)                                               \
-    X(scaled_swiglu)                                                           \
+    X(scaled_swiglu) X(scaled_srelu) X(scaled_clamped_qgeglu)                  \
     X(forward_linear_bias_activation) X(forward_linear_bias_add)               \
     X(forward_linear_bias) X(forward_linear_add)                               \
     X(forward_linear_scale_add) X(backward_linear_add) X(backward_linear_scale) \
@@ -121,6 +121,15 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
 OPF_BUILTIN_OPS(OPF_DECLARE_CLASS)
 OPF_BUILTIN_FUSED_OPS(OPF_DECLARE_CLASS)
 #undef OPF_DECLARE_CLASS
+
+/* The opf_act_kind (backend/act.h) of a scaled activation op
+ * (scaled_act.c), or -1 for any other op. */
+int opf_scaled_act_kind_of(const opf_op *op);
+
+/* The kwargs a fused grouped MLP hands its scaled activation: the op runs
+ * inside the fused path, so its activation_recompute_in_mlp needs no
+ * warning of its own (the fused op decides and warns). */
+extern const int opf_scaled_act_in_mlp;
 
 /* The fusion function of each built-in fused op, defined in its file. */
 #define OPF_BUILTIN_FUSION_FNS(X)                                              \

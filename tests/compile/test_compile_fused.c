@@ -94,7 +94,7 @@ static opf_op *mk(opf_ctx *ctx, char c, const scen *sc, opf_dtype dt, int i)
     opf_inplace_config in_place = {true}, not_in_place = {false};
     opf_quantize_config qbwd = {.forward = false, .backward = true};
     opf_norm_config norm = {H, 1e-5, false, dt};
-    opf_grouped_linear_config fc1 = {2, H, 2 * H, true, dt}, fc2 = {2, H, H, true, dt};
+    opf_grouped_linear_config fc1 = {2, H, 2 * H, true, dt, false}, fc2 = {2, H, H, true, dt, false};
     static const char *const cls[128] = {
         ['L'] = "basic_linear", ['B'] = "bias", ['G'] = "gelu", ['R'] = "relu", ['S'] = "constant_scale",
         ['A'] = "add_extra_input", ['a'] = "add_extra_input", ['M'] = "make_extra_output",

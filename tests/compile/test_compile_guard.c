@@ -5,12 +5,16 @@
  *    eager bit for bit (also a seq with a callback step);
  *  - a quantized tensor kwarg that changes every call causes no recompile,
  *    a value kwarg recompiles once per new value, the cache limit warns;
+ *  - guards by value: with every key forced to collide (a test hook),
+ *    calls differing in a kwarg value, the recipe or the shape never replay
+ *    each other's graph; float kwargs are guarded by their bits;
  *  - one graph compiled for max_leading runs five batch sizes with no
  *    recompilation, and refuses a batch above the maximum;
  *  - delayed scaling: scales, amax histories and parameters after 10 SGD
  *    steps are identical to eager.
  * Eager and compiled run on two contexts of the same seed (identical
  * parameters), with fresh random inputs. */
+#include "compile/compile-impl.h"
 #include "compile_util.h"
 
 /* ---- helpers -------------------------------------------------------------------- */
@@ -327,6 +331,87 @@ out:
     cu_pair_close(&p);
 }
 
+/* ---- 5b. guards by value ----------------------------------------------------------------- */
+
+/* The kwargs seq on both contexts and a cache of up to 8 graphs over b's. */
+static bool kw_pair(cu_pair *p, int64_t h, int64_t f, opf_compiled **c)
+{
+    if (!pair_ctx(p, NULL)) return false;
+    p->a = cu_ln_mlp(p->ca, OPF_F32, h, f, "t2_add_kw", "user");
+    p->b = cu_ln_mlp(p->cb, OPF_F32, h, f, "t2_add_kw", "user");
+    opf_compile_options o = opf_compile_options_default();
+    o.max_variants = 8;
+    CHECK_OK(p->cb, opf_compiled_create(p->b, &o, c));
+    return true;
+}
+
+static uint64_t one_key(uint64_t key)
+{
+    (void)key;
+    return 42;  /* every call collides */
+}
+
+/* With every key forced equal, calls that differ in a value kwarg or the
+ * input shape still get their own graphs (each compared with eager), a
+ * repeat of each replays its own, and a new recipe is not given an old
+ * graph. */
+static void test_collision(void)
+{
+    const int64_t h = 64, f = 128;
+    cu_pair p;
+    opf_compiled *c = NULL;
+    if (!kw_pair(&p, h, f, &c)) return;
+    opf_graph_key_test_hook(one_key);
+    const struct { double alpha; int64_t m; } calls[] = {{3.0, 32}, {5.0, 32}, {3.0, 64}, {5.0, 64}};
+    enum { NC = sizeof calls / sizeof calls[0] };
+    for (int round = 0; c && round < 2; round++)
+        for (int i = 0; i < NC; i++) {
+            char tag[96];
+            snprintf(tag, sizeof tag, "collision round %d call %d", round, i);
+            kw_step(&p, c, NULL, calls[i].alpha, calls[i].m, h, f, tag);
+        }
+    CHECK(c && opf_compiled_num_graphs(c) == NC && opf_compiled_recompiles(c) == NC - 1,
+          "colliding keys: %d graphs, %d recompiles; want %d and %d", opf_compiled_num_graphs(c),
+          opf_compiled_recompiles(c), NC, NC - 1);
+    opf_recipe cur = opf_recipe_default(OPF_RECIPE_CURRENT);  /* another recipe, the same key */
+    if (c) kw_step(&p, c, &cur, 3.0, 32, h, f, "collision, current scaling");
+    opf_graph_key_test_hook(NULL);
+    opf_compiled_destroy(c);
+    cu_pair_close(&p);
+}
+
+/* The float-kwarg policy of compile.h: by bits. -0.0 is not 0.0, values
+ * 1e-9 apart are apart, and a repeated value (NaN bits included) replays;
+ * an explicit graph refuses a call whose float differs only in its bits. */
+static void test_float_policy(void)
+{
+    const int64_t m = 32, h = 64, f = 128;
+    cu_pair p;
+    opf_compiled *c = NULL;
+    if (!kw_pair(&p, h, f, &c)) return;
+    const double vals[] = {0.0, -0.0, 0.5, 0.5 + 1e-9, 0.0, -0.0, 0.5};
+    const int want[] = {0, 1, 2, 3, 3, 3, 3};  /* recompiles after each call */
+    for (int i = 0; c && i < (int)(sizeof vals / sizeof vals[0]); i++) {
+        kw_step(&p, c, NULL, vals[i], m, h, f, "float policy");
+        CHECK(opf_compiled_recompiles(c) == want[i], "float kwarg %g (call %d): %d recompiles, want %d",
+              vals[i], i, opf_compiled_recompiles(c), want[i]);
+    }
+    kw_args kw = {.t = fp8_kwarg(p.cb, m, f), .alpha = -0.0};
+    const void *kwv[16] = {0};
+    kwv[3] = &kw;
+    opf_seq_call call = opf_seq_call_default();
+    call.kwargs = kwv;
+    opf_graph *g = NULL;
+    CHECK_OK(p.cb, opf_compile(p.b, &(opf_spec){.ndim = 2, .shape = {m, h}, .dtype = OPF_F32}, &call, NULL, &g));
+    kw.alpha = 0.0;
+    opf_tensor x = cu_rand2(p.cb, m, h, OPF_F32, 1.0f), y;
+    if (g) CHECK_FAILS(p.cb, opf_graph_forward(g, &x, &call, &y, NULL), OPF_ERR_INVALID_ARG, "kwargs");
+    opf_graph_destroy(g);
+    opf_tensor_release(&x), opf_tensor_release(&kw.t);
+    opf_compiled_destroy(c);
+    cu_pair_close(&p);
+}
+
 /* ---- 6. dynamic leading dimension -------------------------------------------------- */
 
 static void dyn_step(cu_pair *p, opf_compiled *c, opf_graph *g, const opf_seq_call *call, int64_t bs,
@@ -488,6 +573,8 @@ int main(void)
 
     test_kwargs(OPF_RECIPE_NONE);
     test_kwargs(OPF_RECIPE_CURRENT);
+    test_collision();
+    test_float_policy();
 
     const struct { opf_recipe_kind k; opf_dtype dt; } dyn[] = {
         {OPF_RECIPE_NONE, OPF_F32}, {OPF_RECIPE_CURRENT, OPF_F32},

@@ -51,7 +51,7 @@ static opf_clamped_swiglu_config clamp_cfg = {7.0, 1.702};
 static opf_inplace_config inplace_cfg = {true};
 static opf_quantize_config quant_cfg = {true, true};
 static opf_dropout_config drop_cfg = {0.25};
-static opf_grouped_linear_config grouped_cfg = {2, H, H, true, OPF_F32};
+static opf_grouped_linear_config grouped_cfg = {2, H, H, true, OPF_F32, false};
 
 static const op_row rows[] = {
     {"identity", "identity", NULL, H, H, EX_NONE, KW_NONE},
@@ -84,6 +84,8 @@ static const op_row rows[] = {
     {"dropout(eval)", "dropout", &drop_cfg, H, H, EX_NONE, KW_EVAL},
     {"grouped_linear", "grouped_linear", &grouped_cfg, H, H, EX_SPLITS, KW_NONE},
     {"scaled_swiglu", "scaled_swiglu", NULL, 2 * H, H, EX_SCALES, KW_NONE},
+    {"scaled_srelu", "scaled_srelu", NULL, H, H, EX_SCALES, KW_NONE},
+    {"scaled_clamped_qgeglu", "scaled_clamped_qgeglu", NULL, 2 * H, H, EX_SCALES, KW_NONE},
 };
 enum { NROWS = sizeof rows / sizeof rows[0] };
 

@@ -1097,7 +1097,7 @@ static void test_gm_errors(opf_ctx *ctx)
     opf_spec ss = opf_spec_make(1, (int64_t[]){2}, OPF_I64);
     opf_tensor split2;
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &ss, &split2));
-    ((int64_t *)split2.data[0])[0] = 16, ((int64_t *)split2.data[0])[1] = 16;
+    ((int64_t *)split2.data[0])[0] = 16, ((int64_t *)split2.data[0])[1] = 64;
     opf_tensor e1[3] = {in.split, bad_scales, in.split}, e2[3] = {in.split, in.scales, split2};
     opf_tensor y;
     call.extra_in = e1;
@@ -1105,7 +1105,7 @@ static void test_gm_errors(opf_ctx *ctx)
                 "\"glu\"", "expected 64");
     call.extra_in = e2;
     CHECK_FAILS(ctx, opf_seq_forward(a, &in.x, &call, &y, NULL), OPF_ERR_SHAPE, "grouped_linear",
-                "\"fc2\"", "sum to 32");
+                "\"fc2\"", "sum to 80");
     call.extra_in = in.extra;
     run_out o = {0};
     CHECK_OK(ctx, run_seq(ctx, a, &in.x, &in.dy, NULL, 3, in.extra, NULL, NULL, NULL, &o));

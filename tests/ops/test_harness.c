@@ -26,7 +26,7 @@ static opf_constant_scale_config scale_cfg = {0.75};
 static opf_reshape_config reshape_cfg = {2, {ROWS * 2, COLS / 2}};  /* keeps 32-multiples */
 static opf_clamped_swiglu_config clamp_cfg = {7.0, 1.702};
 static opf_dropout_config drop_cfg = {0.25};
-static opf_grouped_linear_config grouped_cfg = {2, COLS, 32, true, OPF_F32};
+static opf_grouped_linear_config grouped_cfg = {2, COLS, 32, true, OPF_F32, false};
 
 static const op_row rows[] = {
     {"identity", NULL, COLS, true},          {"reshape", &reshape_cfg, COLS, true},
@@ -42,6 +42,7 @@ static const op_row rows[] = {
     {"add_extra_input", NULL, COLS, true},   {"make_extra_output", NULL, COLS, true},
     {"quantize", NULL, COLS, true},          {"dropout", &drop_cfg, COLS, false},
     {"grouped_linear", &grouped_cfg, COLS, true}, {"scaled_swiglu", NULL, COLS, true},
+    {"scaled_srelu", NULL, COLS, false},     {"scaled_clamped_qgeglu", NULL, COLS, false},
 };
 enum { NROWS = sizeof rows / sizeof rows[0] };
 
@@ -198,7 +199,7 @@ static void run_row(opf_ctx *ctx, const op_row *row, opf_dtype dt, opf_recipe_ki
                        .next_input_q = (!own_recipe && rk != OPF_RECIPE_NONE) ? &nq : NULL};
     if (cls->n_extra_in)
         env.extra_in[0] = !strcmp(row->cls, "grouped_linear") ? &splits
-                        : !strcmp(row->cls, "scaled_swiglu") ? &scales : &extra;
+                        : !strncmp(row->cls, "scaled_", 7) ? &scales : &extra;
     opf_op_ctx octx;
     memset(&octx, 0, sizeof octx);
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA];

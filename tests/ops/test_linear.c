@@ -788,7 +788,7 @@ static const int64_t gsplit[G] = {32, 0, 64};
 
 static opf_op *new_grouped(const char *name, opf_dtype dt, bool bias, const opf_recipe *r)
 {
-    opf_grouped_linear_config c = {G, GIN, GOUT, bias, dt};
+    opf_grouped_linear_config c = {G, GIN, GOUT, bias, dt, false};
     opf_op *op = NULL;
     CHECK_OK(ctx, opf_op_create(ctx, "grouped_linear", &c, name, &op));
     if (op && r) CHECK_OK(ctx, opf_op_reset_recipe(ctx, op, r));
@@ -975,11 +975,11 @@ static void test_grouped_recast(void)
 static void test_grouped_errors(void)
 {
     opf_op *op = NULL;
-    opf_grouped_linear_config bad = {33, 16, 16, true, OPF_BF16};
+    opf_grouped_linear_config bad = {33, 16, 16, true, OPF_BF16, false};
     CHECK_FAILS(ctx, opf_op_create(ctx, "grouped_linear", &bad, "gb", &op), OPF_ERR_INVALID_ARG,
                 "gb", "33 groups with bias", "66 parameters", "1..64");
     CHECK(!op, "no op after a bad config");
-    bad = (opf_grouped_linear_config){65, 16, 16, false, OPF_BF16};
+    bad = (opf_grouped_linear_config){65, 16, 16, false, OPF_BF16, false};
     CHECK_FAILS(ctx, opf_op_create(ctx, "grouped_linear", &bad, "gb", &op), OPF_ERR_INVALID_ARG,
                 "gb", "65 groups", "65 parameters", "1..64");
     CHECK(!op, "no op after a bad config");
@@ -991,7 +991,7 @@ static void test_grouped_errors(void)
     CHECK(why && strstr(why, "split sizes"), "grouped_linear gives a reason to run eagerly");
     int64_t xs[2] = {GROWS, GIN}, wsz[2] = {GROWS, GIN + 1};
     opf_tensor x = rand_tensor(2, xs, OPF_BF16, 1), xw = rand_tensor(2, wsz, OPF_BF16, 1);
-    int64_t wrong[G] = {32, 0, 63}, neg[G] = {100, -4, 0};
+    int64_t wrong[G] = {32, 0, 65}, neg[G] = {100, -4, 0};
     opf_tensor sw = split_tensor(wrong, G), sn = split_tensor(neg, G), s2 = split_tensor(gsplit, 2),
                sok = split_tensor(gsplit, G), sf, y, dx, dsp;
     opf_spec fs = opf_spec_make(1, (int64_t[]){G}, OPF_F32);
@@ -1000,7 +1000,7 @@ static void test_grouped_errors(void)
     opf_op_ctx oc = {0};
     memset(&y, 0, sizeof y);
     opf_fwd_env env = {.ctx = ctx, .x = &x, .extra_in = {&sw}, .requires_grad = true};
-    CHECK_FAILS(ctx, opf_op_forward(op, &env, &oc, &y), OPF_ERR_SHAPE, "moe", "sum to 95", "96 rows");
+    CHECK_FAILS(ctx, opf_op_forward(op, &env, &oc, &y), OPF_ERR_SHAPE, "moe", "sum to 97", "only 96 rows");
     env.extra_in[0] = &sn;
     CHECK_FAILS(ctx, opf_op_forward(op, &env, &oc, &y), OPF_ERR_INVALID_ARG, "moe", "split size 1", "-4");
     env.extra_in[0] = &s2;
@@ -1084,7 +1084,7 @@ static void test_grouped_many(void)
     static const int64_t split[NG] = {16, 0, 32, 16, 48, 16, 0, 32, 16, 16, 64, 32};
     int64_t rows = 0;
     for (int g = 0; g < NG; g++) rows += split[g];
-    opf_grouped_linear_config c = {NG, MI, MO, true, OPF_F32};
+    opf_grouped_linear_config c = {NG, MI, MO, true, OPF_F32, false};
     opf_op *op = NULL;
     CHECK_OK(ctx, opf_op_create(ctx, "grouped_linear", &c, "experts12", &op));
     if (!op) return;

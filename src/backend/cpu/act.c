@@ -164,18 +164,44 @@ static opf_status act_dact_dbias(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
     return OPF_OK;
 }
 
+/* The unscaled output of one row (h values into u) and the gradient of
+ * its input for the incoming gradient g (dx, one input row), through the
+ * loops of kind k: a GLU kind's f(a)·b, ClampedSwiGLU's own, or a plain
+ * kind's f(x) with h = cols. */
+static void row_fwd(opf_act_kind k, opf_act_params p, const float *x, float *u, int64_t h)
+{
+    if (!opf_act_is_glu(k)) loops(k)->plain_fwd(p.alpha, x, u, h);
+    else if (k == OPF_ACT_CLAMPED_SWIGLU) clamped_swiglu_fwd(p, x, u, 1, h);
+    else loops(k)->glu_fwd(p, x, u, 1, h);
+}
+
+static void row_bwd(opf_act_kind k, opf_act_params p, const float *x, const float *g, float *dx,
+                    int64_t h)
+{
+    if (!opf_act_is_glu(k)) loops(k)->plain_bwd(p.alpha, x, g, dx, h);
+    else if (k == OPF_ACT_CLAMPED_SWIGLU) clamped_swiglu_bwd(p, x, g, dx, 1, h);
+    else loops(k)->glu_bwd(p, x, g, dx, 1, h);
+}
+
 /* Per row: f(a) from the plain loop, then the products in the order
  * (f(a) b) s. The plain loop's own parallel region is nested here, so it
- * runs on the row's thread. */
+ * runs on the row's thread. Other kinds: the row's unscaled output, times s. */
 static opf_status scaled_glu_fwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                  const float *s, float *y, int64_t rows, int64_t cols)
 {
-    const int64_t h = cols / 2, n = rows * cols;
+    const bool glu = opf_act_is_glu(k), plain_f = glu && k != OPF_ACT_CLAMPED_SWIGLU;
+    const int64_t h = glu ? cols / 2 : cols, n = rows * cols;
     void (*f)(float, const float *, float *, int64_t) = loops(k)->plain_fwd;
     #pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < rows; i++) {
-        const float *xa = x + i * 2 * h, *xb = xa + h;
+        const float *xa = x + i * cols, *xb = xa + h;
         float *yr = y + i * h;
+        if (!plain_f) {
+            row_fwd(k, p, xa, yr, h);
+            #pragma omp simd
+            for (int64_t j = 0; j < h; j++) yr[j] = yr[j] * s[i];
+            continue;
+        }
         f(p.alpha, xa, yr, h);
         #pragma omp simd
         for (int64_t j = 0; j < h; j++) yr[j] = yr[j] * xb[j] * s[i];
@@ -204,17 +230,33 @@ static float scaled_glu_row_bwd(const act_loops *L, float alpha, const float *xa
     return ds;
 }
 
+/* The same for a plain kind or ClampedSwiGLU: u is the unscaled output. */
+static float scaled_row_bwd(opf_act_kind k, opf_act_params p, const float *x, const float *dy,
+                            float s, int64_t h, float *dx, float *u, float *g)
+{
+    #pragma omp simd
+    for (int64_t j = 0; j < h; j++) g[j] = dy[j] * s;
+    row_fwd(k, p, x, u, h);
+    row_bwd(k, p, x, g, dx, h);
+    float ds = 0.0f;
+    for (int64_t j = 0; j < h; j++) ds += u[j] * dy[j];
+    return ds;
+}
+
 static opf_status scaled_glu_bwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                  const float *s, const float *dy, float *dx, float *ds, float *work,
                                  int64_t rows, int64_t cols)
 {
-    const int64_t h = cols / 2, n = rows * cols;
+    const bool glu = opf_act_is_glu(k), plain_f = glu && k != OPF_ACT_CLAMPED_SWIGLU;
+    const int64_t h = glu ? cols / 2 : cols, n = rows * cols;
     const act_loops *L = loops(k);
     float *fa = work, *g = work + rows * h;
     #pragma omp parallel for schedule(static) if (n > 32768)
     for (int64_t i = 0; i < rows; i++)
-        ds[i] = scaled_glu_row_bwd(L, p.alpha, x + i * 2 * h, dy + i * h, s[i], h, dx + i * 2 * h,
-                                   fa + i * h, g + i * h);
+        ds[i] = plain_f ? scaled_glu_row_bwd(L, p.alpha, x + i * cols, dy + i * h, s[i], h,
+                                             dx + i * cols, fa + i * h, g + i * h)
+                        : scaled_row_bwd(k, p, x + i * cols, dy + i * h, s[i], h, dx + i * cols,
+                                         fa + i * h, g + i * h);
     return OPF_OK;
 }
 

@@ -1,5 +1,5 @@
 /* elem.c: the CPU reference kernels of the element-wise family (elem.h):
- * bias and dbias, constant scale, add, dropout, cast and cast+transpose,
+ * bias and dbias (plain and scaled per row), constant scale, add, dropout, cast and cast+transpose,
  * fill and copy.
  *
  * Element-wise kernels walk their tensors in blocks of ELEM_BLOCK elements:
@@ -85,6 +85,55 @@ static opf_status dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
             for (int64_t j = 0; j < w; j++) acc[j] += v[j];
         }
         opf_cpu_store_f32(acc, db->spec.dtype, out, j0, w);
+    });
+    return OPF_OK;
+}
+
+/* Rows wider than ELEM_BLOCK go block by block; s[r] is read once per row. */
+static opf_status scaled_bias_add(opf_ctx *ctx, const opf_tensor *acc, const opf_tensor *s,
+                                  const opf_tensor *bias, opf_tensor *y)
+{
+    int64_t n = numel(bias), rows = n ? numel(acc) / n : 0;
+    ELEM_FOR(rows * n > PAR_MIN, r, rows, {
+        float v[ELEM_BLOCK], b[ELEM_BLOCK], sr;
+        opf_cpu_load_f32(cdata(s), s->spec.dtype, r, 1, &sr);
+        for (int64_t j0 = 0; j0 < n; j0 += ELEM_BLOCK) {
+            int64_t w = min64(ELEM_BLOCK, n - j0);
+            opf_cpu_load_f32(cdata(acc), acc->spec.dtype, r * n + j0, w, v);
+            opf_cpu_load_f32(cdata(bias), bias->spec.dtype, j0, w, b);
+            for (int64_t j = 0; j < w; j++) v[j] = v[j] + sr * b[j];
+            opf_cpu_store_f32(v, y->spec.dtype, data(y), r * n + j0, w);
+        }
+    });
+    return OPF_OK;
+}
+
+/* Two passes, each exact under any split: db by column items as dbias,
+ * ds one row per iteration. */
+static opf_status scaled_dbias(opf_ctx *ctx, const opf_tensor *dy, const opf_tensor *s,
+                               const opf_tensor *bias, opf_tensor *db, opf_tensor *ds)
+{
+    int64_t n = numel(db), rows = n ? numel(dy) / n : 0, items = (n + DBIAS_COLS - 1) / DBIAS_COLS;
+    ELEM_FOR(rows * n > PAR_MIN, it, items, {
+        int64_t j0 = it * DBIAS_COLS, w = min64(DBIAS_COLS, n - j0);
+        float acc[DBIAS_COLS], v[DBIAS_COLS], sr;
+        for (int64_t j = 0; j < w; j++) acc[j] = 0.0f;
+        for (int64_t r = 0; r < rows; r++) {
+            opf_cpu_load_f32(cdata(dy), dy->spec.dtype, r * n + j0, w, v);
+            opf_cpu_load_f32(cdata(s), s->spec.dtype, r, 1, &sr);
+            for (int64_t j = 0; j < w; j++) acc[j] += v[j] * sr;
+        }
+        opf_cpu_store_f32(acc, db->spec.dtype, data(db), j0, w);
+    });
+    ELEM_FOR(rows * n > PAR_MIN, r, rows, {
+        float v[ELEM_BLOCK], b[ELEM_BLOCK], sum = 0.0f;
+        for (int64_t j0 = 0; j0 < n; j0 += ELEM_BLOCK) {
+            int64_t w = min64(ELEM_BLOCK, n - j0);
+            opf_cpu_load_f32(cdata(dy), dy->spec.dtype, r * n + j0, w, v);
+            opf_cpu_load_f32(cdata(bias), bias->spec.dtype, j0, w, b);
+            for (int64_t j = 0; j < w; j++) sum += v[j] * b[j];
+        }
+        opf_cpu_store_f32(&sum, ds->spec.dtype, data(ds), r, 1);
     });
     return OPF_OK;
 }
@@ -271,6 +320,8 @@ static opf_status fill_uniform(opf_ctx *ctx, uint64_t seed, uint64_t offset, uin
 const opf_elem_kernels opf_cpu_elem = {
     .bias_add = bias_add,
     .dbias = dbias,
+    .scaled_bias_add = scaled_bias_add,
+    .scaled_dbias = scaled_dbias,
     .scale = scale,
     .add = add,
     .dropout_fwd = dropout_fwd,

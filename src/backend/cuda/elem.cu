@@ -144,6 +144,69 @@ dbias_kernel(const void *dy, int64_t rows, int64_t n, void *db)
     if (wid == 0 && j < n) ((typename opf_dev_plain<DO>::store *)db)[j] = opf_dev_from_f32<DO>(acc);
 }
 
+/* ---- scaled bias (GroupedLinear's scale_bias) ---------------------------
+ * Rare and small next to the GEMMs around it: element loads of any dtype
+ * through one switch, no vector path. */
+__device__ __forceinline__ float ld_any(const void *p, opf_dtype d, int64_t i)
+{
+    switch (d) {
+    case OPF_F32: return opf_dev_to_f32<OPF_F32>(((const float *)p)[i]);
+    case OPF_BF16: return opf_dev_to_f32<OPF_BF16>(((const uint16_t *)p)[i]);
+    default: return opf_dev_to_f32<OPF_F16>(((const uint16_t *)p)[i]);
+    }
+}
+__device__ __forceinline__ void st_any(void *p, opf_dtype d, int64_t i, float v)
+{
+    switch (d) {
+    case OPF_F32: ((float *)p)[i] = opf_dev_from_f32<OPF_F32>(v); break;
+    case OPF_BF16: ((uint16_t *)p)[i] = opf_dev_from_f32<OPF_BF16>(v); break;
+    default: ((uint16_t *)p)[i] = opf_dev_from_f32<OPF_F16>(v); break;
+    }
+}
+
+typedef struct sbias_args {
+    const void *acc, *s, *bias;
+    void       *y;
+    opf_dtype   acc_t, s_t, bias_t, y_t;
+    int64_t     rows, n;
+} sbias_args;
+
+/* y[r, j] = acc[r, j] + fl(s[r] * bias[j]) (the CPU's order). */
+__global__ void scaled_bias_add_kernel(sbias_args a)
+{
+    int64_t total = a.rows * a.n, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        int64_t r = i / a.n, j = i % a.n;
+        float v = opf_dev_add(ld_any(a.acc, a.acc_t, i),
+                              opf_dev_mul(ld_any(a.s, a.s_t, r), ld_any(a.bias, a.bias_t, j)));
+        st_any(a.y, a.y_t, i, v);
+    }
+}
+
+/* db[j] = sum over r in row order of fl(dy[r, j] * s[r]): one thread per
+ * column (consecutive columns: coalesced rows). */
+__global__ void scaled_db_kernel(sbias_args a)
+{
+    int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= a.n) return;
+    float acc = 0.0f;
+    for (int64_t r = 0; r < a.rows; r++)
+        acc = opf_dev_add(acc, opf_dev_mul(ld_any(a.acc, a.acc_t, r * a.n + j), ld_any(a.s, a.s_t, r)));
+    st_any(a.y, a.y_t, j, acc);
+}
+
+/* ds[r] = sum over j left to right of fl(dy[r, j] * bias[j]): one thread per
+ * row (a.y is ds here, a.acc is dy). */
+__global__ void scaled_ds_kernel(sbias_args a)
+{
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= a.rows) return;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < a.n; j++)
+        sum = opf_dev_add(sum, opf_dev_mul(ld_any(a.acc, a.acc_t, r * a.n + j), ld_any(a.bias, a.bias_t, j)));
+    st_any(a.y, a.y_t, r, sum);
+}
+
 /* ---- Philox draws: dropout, uniform fill -------------------------------------
  * A chunk of 8 from i0 (a multiple of 8) takes the 8 words of counters
  * offset + i0/4 and offset + i0/4 + 1 (elem.h). */
@@ -333,6 +396,36 @@ static opf_status cuda_dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
             return launched(ctx, fn);
         });
     });
+}
+
+static opf_status cuda_scaled_bias_add(opf_ctx *ctx, const opf_tensor *acc, const opf_tensor *sc,
+                                       const opf_tensor *bias, opf_tensor *y)
+{
+    const char *fn = "scaled_bias_add";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(bias), rows = n ? numel(acc) / n : 0;
+    if (!n || !rows) return OPF_OK;
+    sbias_args a = {cdata(acc), cdata(sc), cdata(bias), data(y), acc->spec.dtype, sc->spec.dtype,
+                    bias->spec.dtype, y->spec.dtype, rows, n};
+    scaled_bias_add_kernel<<<opf_cuda_grid(s, rows * n, THREADS), THREADS, 0, s->stream>>>(a);
+    return launched(ctx, fn);
+}
+
+static opf_status cuda_scaled_dbias(opf_ctx *ctx, const opf_tensor *dy, const opf_tensor *sc,
+                                    const opf_tensor *bias, opf_tensor *db, opf_tensor *ds)
+{
+    const char *fn = "scaled_dbias";
+    STATE_OR_FAIL(s, ctx, fn);
+    int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
+    if (!n) return OPF_OK;
+    sbias_args a = {cdata(dy), cdata(sc), cdata(bias), data(db), dy->spec.dtype, sc->spec.dtype,
+                    bias->spec.dtype, db->spec.dtype, rows, n};
+    scaled_db_kernel<<<(unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, s->stream>>>(a);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    if (!rows) return OPF_OK;
+    a.y = data(ds), a.y_t = ds->spec.dtype;
+    scaled_ds_kernel<<<(unsigned)((rows + THREADS - 1) / THREADS), THREADS, 0, s->stream>>>(a);
+    return launched(ctx, fn);
 }
 
 static opf_status cuda_scale(opf_ctx *ctx, const opf_tensor *x, float sc, opf_tensor *y)
@@ -525,15 +618,17 @@ static opf_status cuda_fill_uniform(opf_ctx *ctx, uint64_t seed, uint64_t offset
 }
 
 extern "C" const opf_elem_kernels opf_cuda_elem = {
-    /* .bias_add = */ cuda_bias_add,
-    /* .dbias = */ cuda_dbias,
-    /* .scale = */ cuda_scale,
-    /* .add = */ cuda_add,
-    /* .dropout_fwd = */ cuda_dropout_fwd,
-    /* .dropout_bwd = */ cuda_dropout_bwd,
-    /* .cast = */ cuda_cast,
-    /* .cast_transpose = */ cuda_cast_transpose,
-    /* .fill = */ cuda_fill,
-    /* .fill_uniform = */ cuda_fill_uniform,
-    /* .copy = */ cuda_copy_bytes,
+    .bias_add = cuda_bias_add,
+    .dbias = cuda_dbias,
+    .scaled_bias_add = cuda_scaled_bias_add,
+    .scaled_dbias = cuda_scaled_dbias,
+    .scale = cuda_scale,
+    .add = cuda_add,
+    .dropout_fwd = cuda_dropout_fwd,
+    .dropout_bwd = cuda_dropout_bwd,
+    .cast = cuda_cast,
+    .cast_transpose = cuda_cast_transpose,
+    .fill = cuda_fill,
+    .fill_uniform = cuda_fill_uniform,
+    .copy = cuda_copy_bytes,
 };

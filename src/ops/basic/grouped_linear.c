@@ -1,11 +1,19 @@
 /* grouped_linear.c: G independent linears over consecutive row groups of one
  * input (the anchor's GroupedLinear, te-ops.md 5). Extra input 0 holds the
  * split sizes, a plain i64 [G] tensor that sums to the rows of x (its 2D
- * view); group g computes y_g = x_g W_g^T (+ b_g) on its rows with the
+ * view) or less (padding rows past the sum: never read, zero in y and dx);
+ * group g computes y_g = x_g W_g^T (+ b_g) on its rows with the
  * BasicLinear data flow of docs/numerics.md 5.2 and the quantizers of GEMM g
  * of the op's recipe state: fprop gemm(W_g, x_g, TN), dgrad gemm(W_g, dy_g,
  * NN), wgrad gemm(x_g, dy_g, NT). db_g is the fp32 column sum of the plain
  * dy_g (5.5). The split sizes get no gradient.
+ *
+ * scale_bias (the anchor's, for an MoE FC2): extra input 1 holds per-row
+ * scales s (routing probabilities); row r adds fl(s_r b_g) in place of b_g:
+ * the GEMM writes fp32, then y = fl(acc + fl(s_r b_gj)) rounds once (the
+ * elem table's scaled_bias_add). Backward: db_gj = sum over the group's rows
+ * of fl(dy_rj s_r) and ds_r = sum over j of fl(dy_rj b_gj) (scaled_dbias);
+ * padding rows get ds 0.
  *
  * Like the anchor's split-quantize path, the split sizes are read on the
  * host in resolve_fwd and become values of the args. That, and the
@@ -50,6 +58,7 @@
 typedef struct grouped_fwd {
     opf_tensor    x;              /* [..., in]: plain, or quantized (decoded into aux[2]) */
     opf_tensor    w0, b0;         /* group 0's weight and bias (absent without): every group's specs */
+    opf_tensor    probs;          /* scale_bias: the per-row scales (absent without) */
     opf_param    *params;         /* the op's weight0..G-1, then bias0..G-1 */
     opf_quantizer x_q, w_q;       /* group 0's; under delayed scaling group g uses slot + 3g */
     int64_t       rows[GL_MAX];   /* split sizes */
@@ -64,7 +73,7 @@ typedef struct grouped_fwd {
 #define GL_ROWS(st) GL_R8(st, 0), GL_R8(st, 8), GL_R8(st, 16), GL_R8(st, 24), GL_R8(st, 32), \
                     GL_R8(st, 40), GL_R8(st, 48), GL_R8(st, 56)
 #define GL_W(st) OPF_F_TENSOR(st, w0), OPF_F(st, b0, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL), \
-                 OPF_F(st, params, OPF_FIELD_REF, 0)
+                 OPF_F(st, probs, OPF_FIELD_TENSOR, OPF_FIELD_OPTIONAL), OPF_F(st, params, OPF_FIELD_REF, 0)
 _Static_assert(GL_MAX == 64, "the schema tables list 64 groups");
 
 static const opf_field grouped_fwd_fields[] = {
@@ -79,6 +88,7 @@ typedef struct grouped_bwd {
     opf_tensor    x;              /* saved: plain x, or the pack of quantized x_g; absent without wgrad */
     opf_tensor    wpack;          /* saved pack of quantized W_g; absent: the plain parameters */
     opf_tensor    w0, b0;         /* group 0's weight and bias: gradient specs */
+    opf_tensor    probs;          /* scale_bias: the saved per-row scales */
     opf_param    *params;         /* the op's parameters: plain operands */
     opf_quantizer x_q, w_q, dy_q; /* group 0's (pack layouts; dy quantization) */
     int64_t       rows[GL_MAX];
@@ -98,7 +108,9 @@ OPF_SCHEMA(grouped_bwd_schema, grouped_bwd, grouped_bwd_fields);
 
 /* aux slots of the forward, saved slots, attrs */
 enum { AUX_XPACK, AUX_WPACK, AUX_XDEC, AUX_ROWS };
-enum { SV_ROWS, SV_WPACK, SV_X, SV_COUNT };
+
+bool opf_grouped_linear_aux_is_input(int i) { return i == AUX_XPACK || i == AUX_XDEC; }
+enum { SV_ROWS, SV_WPACK, SV_X, SV_PROBS, SV_COUNT };
 enum { AT_ACT_DTYPE, AT_WGRAD, AT_QUANTIZED, AT_ROWS, AT_OVERRIDE };
 
 static bool is_float_plain(opf_dtype d) { return d == OPF_F32 || d == OPF_BF16 || d == OPF_F16; }
@@ -185,6 +197,35 @@ static opf_tensor row_view(const opf_tensor *t, int64_t off, int64_t m)
     return v;
 }
 
+/* Elements [off, off + m) of a plain tensor, as a 1D view. */
+static opf_tensor vec_view(const opf_tensor *t, int64_t off, int64_t m)
+{
+    opf_spec s = opf_spec_make(1, &m, t->spec.dtype);
+    s.device = t->spec.device;
+    opf_tensor v;
+    opf_tensor_wrap(&s, (unsigned char *)t->data[OPF_COMP_DATA] +
+                            opf_dtype_nbytes(t->spec.dtype, (size_t)off), &v);
+    return v;
+}
+
+static int64_t split_sum(const int64_t *rows, int G)
+{
+    int64_t m = 0;
+    for (int g = 0; g < G; g++) m += rows[g];
+    return m;
+}
+
+/* Zero the padding rows past the split sizes (of a 2D-viewed t). */
+static opf_status zero_padding(opf_ctx *ctx, const opf_elem_kernels *k, const int64_t *rows, int G,
+                               opf_tensor *t)
+{
+    int64_t M, K, used = split_sum(rows, G);
+    opf_shape_2d(&t->spec, &M, &K);
+    if (used >= M) return OPF_OK;
+    opf_tensor pad = row_view(t, used, M - used);
+    return k->fill(ctx, 0.0, &pad);
+}
+
 /* The GEMMs of one grouped call (backend-impl.h's grouped_gemm), in
  * scratch: each entry holds copies of its operands, so views made per group
  * may go out of scope before the call. */
@@ -250,7 +291,11 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     if (!is_float_plain(c->dtype))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": dtype %s, expected "
                          "f32, bf16 or f16", name, opf_dtype_name(c->dtype));
+    if (c->scale_bias && !c->bias)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": scale_bias scales the "
+                         "bias, which this op has not (bias false)", name);
     op->n_gemms = c->groups;  /* one fprop/dgrad/wgrad set per group */
+    op->n_extra_in = c->scale_bias ? 2 : 1;  /* the scales: a second extra input */
     opf_spec ws = opf_spec_make(2, (int64_t[]){c->out_features, c->in_features}, c->dtype);
     opf_spec bs = opf_spec_make(1, &c->out_features, c->dtype);
     char pn[32];
@@ -303,13 +348,15 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
 }
 
 /* Group g: quantize x_g and W_g into the packs (under a recipe), then
- * append the fprop GEMM into y's rows. */
+ * append the fprop GEMM into y's rows (into acc's, without the bias, under
+ * scale_bias). */
 static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const opf_tensor *x,
                                 int64_t off, const pack_plan *px, const pack_plan *pw,
                                 opf_tensor *aux, opf_tensor *y, gemm_batch *bt)
 {
     int G = (int)a->groups;
     opf_tensor xg = row_view(x, off, a->rows[g]), yg = row_view(y, off, a->rows[g]), xq, wq;
+    bool plain_bias = a->bias && !a->probs.data[OPF_COMP_DATA];
     const opf_tensor *xo = &xg, *wo = &a->params[g].value;
     opf_status st;
     if (is_q(&a->x_q)) {
@@ -319,7 +366,22 @@ static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const
             return st;
         xo = &xq, wo = &wq;
     }
-    return batch_add(ctx, bt, wo, xo, OPF_GEMM_TN, a->bias ? &a->params[G + g].value : NULL, &yg);
+    return batch_add(ctx, bt, wo, xo, OPF_GEMM_TN, plain_bias ? &a->params[G + g].value : NULL, &yg);
+}
+
+/* scale_bias after the GEMMs: y's rows = acc's + fl(s_r b_g), group by group. */
+static opf_status scaled_bias_fwd(opf_ctx *ctx, const grouped_fwd *a, const opf_elem_kernels *k,
+                                  const opf_tensor *acc, opf_tensor *y)
+{
+    int64_t off = 0;
+    opf_status st = OPF_OK;
+    for (int g = 0; g < a->groups && !st; off += a->rows[g], g++) {
+        if (!a->rows[g]) continue;
+        opf_tensor ag = row_view(acc, off, a->rows[g]), yg = row_view(y, off, a->rows[g]);
+        opf_tensor sg = vec_view(&a->probs, off, a->rows[g]);
+        st = k->scaled_bias_add(ctx, &ag, &sg, &a->params[a->groups + g].value, &yg);
+    }
+    return st;
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
@@ -347,12 +409,23 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
         if ((st = plan_pack(&a->x_q, xs, G, &px)) || (st = plan_pack(&a->w_q, ws, G, &pw)))
             return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
     }
+    const opf_elem_kernels *k = opf_op_elem(ctx, "grouped_linear", &outs[0]);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    bool scaled = a->probs.data[OPF_COMP_DATA] != NULL;
+    opf_tensor acc = outs[0];
+    if (scaled) {  /* the GEMMs write fp32; the scaled bias rounds once */
+        opf_spec s = opf_spec_make(outs[0].spec.ndim, outs[0].spec.shape, OPF_F32);
+        s.device = outs[0].spec.device;
+        if ((st = opf_linear_scratch_tensor(ctx, &s, &acc))) return st;
+    }
     gemm_batch *bt;
     if ((st = batch_begin(ctx, &bt))) return st;
     int64_t off = 0;
     for (int g = 0; g < G && !st; off += a->rows[g], g++)
-        if (a->rows[g]) st = forward_group(ctx, a, g, x, off, &px, &pw, aux, &outs[0], bt);
-    return st ? st : batch_run(ctx, bt);
+        if (a->rows[g]) st = forward_group(ctx, a, g, x, off, &px, &pw, aux, &acc, bt);
+    if (!st) st = batch_run(ctx, bt);
+    if (!st && scaled) st = scaled_bias_fwd(ctx, a, k, &acc, &outs[0]);
+    return st ? st : zero_padding(ctx, k, a->rows, G, &outs[0]);
 }
 
 /* x, split sizes, dtypes: every check that needs no recipe state. */
@@ -394,9 +467,21 @@ static opf_status check_inputs(opf_ctx *ctx, const opf_op *op, const opf_fwd_env
                              "%lld", name, g, (long long)rows[g]);
         sum += rows[g];
     }
-    if (sum != M)
+    if (sum > M)
         return opf_error(ctx, OPF_ERR_SHAPE, "grouped_linear \"%s\": split sizes sum to %lld, the "
-                         "input has %lld rows", name, (long long)sum, (long long)M);
+                         "input has only %lld rows", name, (long long)sum, (long long)M);
+    const opf_tensor *p = c->scale_bias ? env->extra_in[1] : NULL;
+    if (c->scale_bias && (!p || !p->data[OPF_COMP_DATA]))
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear \"%s\": extra input 1 (the "
+                         "scale_bias scales) is missing", name);
+    if (p && (p->spec.scaling != OPF_SCALING_NONE || !is_float_plain(p->spec.dtype) ||
+              opf_spec_numel(&p->spec) != M)) {
+        char b[160];
+        opf_spec_str(&p->spec, b, sizeof b);
+        return opf_error(ctx, OPF_ERR_SHAPE, "grouped_linear \"%s\": scale_bias scales are %s, "
+                         "expected %lld plain f32/bf16/f16 values (one per row)", name, b,
+                         (long long)M);
+    }
     if (env->recipe && env->recipe->kind == OPF_RECIPE_NVFP4 &&
         (x->spec.dtype == OPF_F16 || c->dtype == OPF_F16))
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "grouped_linear \"%s\": nvfp4 GEMMs cannot "
@@ -452,6 +537,8 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     a->w0 = a->params[0].value;
     if (c->bias) a->b0 = a->params[c->groups].value;
     else memset(&a->b0, 0, sizeof a->b0);
+    if (c->scale_bias) a->probs = *env->extra_in[1];
+    else memset(&a->probs, 0, sizeof a->probs);
     for (int i = 0; i < c->groups; i++)
         a->wgrad |= env->requires_grad && opf_op_param(op, i)->requires_grad;
     for (int g = 0; g < c->groups; g++) a->rows[g] = rows[g];
@@ -483,6 +570,7 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                               : a->x.spec.scaling != OPF_SCALING_NONE ? &aux[AUX_XDEC] : &a->x;
         opf_tensor_retain(x, &octx->saved[SV_X]);
     }
+    if (a->probs.data[OPF_COMP_DATA]) opf_tensor_retain(&a->probs, &octx->saved[SV_PROBS]);
     octx->n_saved = SV_COUNT;
     octx->attrs[AT_ACT_DTYPE] = act_dtype(a);
     octx->attrs[AT_WGRAD] = a->wgrad;
@@ -502,10 +590,12 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
     grads[0] = opf_spec_make(b->dy.spec.ndim, b->dy.spec.shape, (opf_dtype)b->act_dtype);
     grads[0].shape[grads[0].ndim - 1] = K;
     grads[0].device = b->dy.spec.device;
+    int P = b->bias ? 2 * G : G;
     for (int g = 0; g < G; g++) {
         if (b->wgrad) grads[1 + g] = b->w0.spec;
         if (b->bias) grads[1 + G + g] = b->b0.spec;
     }
+    if (b->probs.data[OPF_COMP_DATA]) grads[1 + P + 1] = b->probs.spec;  /* after the split sizes' */
     if (!is_q(&b->dy_q)) return OPF_OK;
     opf_spec ds[GL_MAX];
     x_specs(b->rows, G, b->w0.spec.shape[0], b->dy.spec.dtype, ds);
@@ -542,6 +632,18 @@ static opf_status decoded(opf_ctx *ctx, const grouped_bwd *b, const opf_tensor *
     return st ? st : opf_dequantize(ctx, q, OPF_USAGE_ROWWISE, out);
 }
 
+/* Group g's dbias: the column sum of dy_g, or under scale_bias the scaled
+ * sums and the scales' gradient on the group's rows. */
+static opf_status group_dbias(opf_ctx *ctx, const grouped_bwd *b, int g, const opf_tensor *dyg,
+                              int64_t off, opf_tensor *grads, const opf_elem_kernels *k)
+{
+    int G = (int)b->groups;
+    if (!b->probs.data[OPF_COMP_DATA]) return k->dbias(ctx, dyg, &grads[1 + G + g]);
+    opf_tensor sg = vec_view(&b->probs, off, b->rows[g]);
+    opf_tensor dsg = vec_view(&grads[1 + 2 * G + 1], off, b->rows[g]);
+    return k->scaled_dbias(ctx, dyg, &sg, &b->params[G + g].value, &grads[1 + G + g], &dsg);
+}
+
 /* Group g of the backward: dbias, dy_g (quantized under a recipe without
  * an override), and the dgrad (into dx's rows) and wgrad GEMMs appended to
  * bt. The W_g / x_g operands are the saved packs (decoded under the
@@ -551,12 +653,11 @@ static opf_status backward_group(opf_ctx *ctx, const grouped_bwd *b, int g, cons
                                  int64_t off, const pack_plan *px, const pack_plan *pw,
                                  opf_tensor *grads, const opf_elem_kernels *k, gemm_batch *bt)
 {
-    int G = (int)b->groups;
     bool packed = is_q(&b->w_q), wgrad = b->wgrad, decode = b->ovr != OPF_BACKWARD_NONE;
     opf_tensor dyg = row_view(dy, off, b->rows[g]), dxg = row_view(&grads[0], off, b->rows[g]);
     opf_tensor dyq, wq, xq, xg, wd, xd;
     const opf_tensor *dyo = &dyg, *wo = &b->params[g].value, *xo = &xg;
-    opf_status st = b->bias ? k->dbias(ctx, &dyg, &grads[1 + G + g]) : OPF_OK;
+    opf_status st = b->bias ? group_dbias(ctx, b, g, &dyg, off, grads, k) : OPF_OK;
     if (st) return st;
     if (is_q(&b->dy_q)) {
         opf_quantizer q = group_q(&b->dy_q, g, 2);
@@ -608,7 +709,14 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
         else if (b->wgrad) st = k->fill(ctx, 0.0, &grads[1 + g]);  /* an empty group */
         if (!st && !b->rows[g] && b->bias) st = k->fill(ctx, 0.0, &grads[1 + G + g]);
     }
-    return st ? st : batch_run(ctx, bt);
+    if (!st) st = batch_run(ctx, bt);
+    if (!st) st = zero_padding(ctx, k, b->rows, G, &grads[0]);
+    if (!st && b->probs.data[OPF_COMP_DATA]) {  /* padding rows' scales: gradient 0 */
+        opf_tensor ds = vec_view(&grads[1 + 2 * G + 1], split_sum(b->rows, G),
+                                 opf_spec_numel(&b->probs.spec) - split_sum(b->rows, G));
+        st = k->fill(ctx, 0.0, &ds);
+    }
+    return st;
 }
 
 static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env, void *bargs)
@@ -634,6 +742,7 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     b->params = opf_op_param(op, 0);
     b->w0 = b->params[0].value;
     if (c->bias) b->b0 = b->params[c->groups].value;
+    if (c->scale_bias) b->probs = octx->saved[SV_PROBS];
     b->groups = c->groups;
     b->ovr = ovr;
     b->bias = c->bias;

@@ -124,6 +124,11 @@ opf_status opf_linear_init_weight(opf_ctx *ctx, opf_tensor *w, int64_t fan_in, c
 /* A tensor of spec s in scratch memory (opf_op_scratch), zeroed. */
 opf_status opf_linear_scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t);
 
+/* Whether grouped_linear's forward aux slot i holds only copies of its
+ * input (the packed quantized x_g, the decoded x), which a recompute may
+ * drop and rebuild from the input (grouped_linear.c). */
+bool opf_grouped_linear_aux_is_input(int i);
+
 /* The env basic op k of a fused op would get for its own part: its kwargs
  * (env->kwargs of a fused op is the array of the covered ops' kwargs), no
  * extra inputs, and no next-op quantizer (the fused op quantizes its own

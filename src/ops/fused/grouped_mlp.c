@@ -1,7 +1,8 @@
 /* grouped_mlp.c: GroupedMLP (te-ops.md 6, the anchor's
  * GroupedMLP_CuTeGEMMGLU), a joint fused op over GroupedLinear (FC1) +
- * ScaledSwiGLU + GroupedLinear (FC2), the expert MLP of a mixture of
- * experts. The same object runs in the forward and the backward plan.
+ * a scaled activation + GroupedLinear (FC2), the expert MLP of a mixture of
+ * experts: ScaledSwiGLU or ScaledClampedQGeGLU (GroupedMLP_CuTeGEMMGLU) or
+ * the unary ScaledSReLU (GroupedMLP_CuTeGEMMUnary). The same object runs in the forward and the backward plan.
  *
  * It runs its parts' own kernels in sequence (one implementation of the
  * math): forward FC1 -> GLU -> FC2, backward FC2 -> GLU -> FC1, through each
@@ -34,9 +35,14 @@
  * plan does not). The first part that does run computes its dx into the
  * intermediate and drops it, as the unfused plan drops it.
  *
- * Extra inputs, in order: FC1's split sizes, the GLU's per-row scales,
- * FC2's split sizes (the caller passes the same split tensor twice).
+ * Extra inputs, in order: FC1's split sizes, the activation's per-row
+ * scales, FC2's split sizes (the caller passes the same split tensor
+ * twice), and with FC2's scale_bias its scales (the routing probabilities
+ * again). Token buffers padded past the split sizes pass through: each
+ * grouped linear leaves the padding rows zero.
  * Conditions: opf_grouped_mlp_decline_reason (grouped_mlp.h). */
+#include "backend/act.h"
+#include "ops/basic/linear-impl.h"
 #include "ops/fused/grouped_mlp.h"
 #include "ops/ops-impl.h"
 
@@ -44,20 +50,24 @@ enum { GM_PARTS = 3 };
 
 /* ---- conditions ---------------------------------------------------------------- */
 
-static const char *const part_class[GM_PARTS] = {"grouped_linear", "scaled_swiglu", "grouped_linear"};
-
 const char *opf_grouped_mlp_decline_reason(opf_op *const *ops, int n, const opf_recipe *r)
 {
-    if (!ops || n < GM_PARTS) return "needs three ops: grouped_linear, scaled_swiglu, grouped_linear";
-    for (int k = 0; k < GM_PARTS; k++) {
+    if (!ops || n < GM_PARTS)
+        return "needs three ops: grouped_linear, a scaled activation, grouped_linear";
+    for (int k = 0; k < GM_PARTS; k++)
         if (!ops[k] || opf_op_is_fused(ops[k])) return "an op is missing or already fused";
-        if (strcmp(opf_op_class_of(ops[k])->name, part_class[k]))
-            return "the ops are not grouped_linear + scaled_swiglu + grouped_linear";
-    }
+    int act = opf_scaled_act_kind_of(ops[1]);
+    if (strcmp(opf_op_class_of(ops[0])->name, "grouped_linear") || act < 0 ||
+        strcmp(opf_op_class_of(ops[2])->name, "grouped_linear"))
+        return "the ops are not grouped_linear + scaled_swiglu, scaled_srelu or "
+               "scaled_clamped_qgeglu + grouped_linear";
     const opf_grouped_linear_config *f1 = opf_op_config_const(ops[0]), *f2 = opf_op_config_const(ops[2]);
     if (f1->groups != f2->groups) return "FC1 and FC2 have different group counts";
-    if (f1->out_features != 2 * f2->in_features)
+    if (act != OPF_ACT_SRELU && f1->out_features != 2 * f2->in_features)
         return "FC1's out_features is not twice FC2's in_features (the GLU halves FC1's output)";
+    if (act == OPF_ACT_SRELU && f1->out_features != f2->in_features)
+        return "FC1's out_features is not FC2's in_features (scaled_srelu keeps the width)";
+    if (f1->scale_bias) return "FC1 scales its bias by the routing probabilities (only FC2 may)";
     const int64_t dims[] = {f1->in_features, f1->out_features, f2->in_features, f2->out_features};
     for (int i = 0; i < (int)(sizeof dims / sizeof dims[0]); i++)
         if (dims[i] % OPF_GROUPED_MLP_ALIGN) return "a feature count is not a multiple of 32";
@@ -74,12 +84,13 @@ typedef struct gm_fwd {
     void               *part[GM_PARTS];    /* each part's resolved forward args (its op's buffer) */
     const opf_op_class *cls[GM_PARTS];
     int64_t             first_grad;        /* parts before it run no backward (GM_PARTS: none runs) */
+    int64_t             recompute;         /* activation_recompute_in_mlp honoured (see below) */
 } gm_fwd;
 #define GM_REF(st, m) OPF_F(st, m, OPF_FIELD_REF, 0)
 static const opf_field gm_fwd_fields[] = {
     OPF_F_TENSOR_Q(gm_fwd, x), GM_REF(gm_fwd, part[0]), GM_REF(gm_fwd, part[1]),
     GM_REF(gm_fwd, part[2]),   GM_REF(gm_fwd, cls[0]),  GM_REF(gm_fwd, cls[1]),
-    GM_REF(gm_fwd, cls[2]),    OPF_F_INT(gm_fwd, first_grad)};
+    GM_REF(gm_fwd, cls[2]),    OPF_F_INT(gm_fwd, first_grad), OPF_F_INT(gm_fwd, recompute)};
 OPF_SCHEMA(gm_fwd_schema, gm_fwd, gm_fwd_fields);
 
 typedef struct gm_bwd {
@@ -88,13 +99,16 @@ typedef struct gm_bwd {
     const opf_op_class *cls[GM_PARTS];
     int64_t             n_params[GM_PARTS], n_extra[GM_PARTS];
     int64_t             first;             /* the first part whose backward runs */
+    const gm_fwd       *fwd;               /* recompute: the forward's args (the op's buffer) */
+    opf_op             *ops[GM_PARTS];     /* recompute: the parts */
 } gm_bwd;
 static const opf_field gm_bwd_fields[] = {
     OPF_F_TENSOR_Q(gm_bwd, dy),         GM_REF(gm_bwd, part[0]),     GM_REF(gm_bwd, part[1]),
     GM_REF(gm_bwd, part[2]),            GM_REF(gm_bwd, cls[0]),      GM_REF(gm_bwd, cls[1]),
     GM_REF(gm_bwd, cls[2]),             OPF_F_INT(gm_bwd, n_params[0]), OPF_F_INT(gm_bwd, n_params[1]),
     OPF_F_INT(gm_bwd, n_params[2]),     OPF_F_INT(gm_bwd, n_extra[0]), OPF_F_INT(gm_bwd, n_extra[1]),
-    OPF_F_INT(gm_bwd, n_extra[2]),      OPF_F_INT(gm_bwd, first)};
+    OPF_F_INT(gm_bwd, n_extra[2]),      OPF_F_INT(gm_bwd, first),    GM_REF(gm_bwd, fwd),
+    GM_REF(gm_bwd, ops[0]),             GM_REF(gm_bwd, ops[1]),      GM_REF(gm_bwd, ops[2])};
 OPF_SCHEMA(gm_bwd_schema, gm_bwd, gm_bwd_fields);
 
 static void none_specs(opf_spec *s, int n)
@@ -132,28 +146,34 @@ static opf_status part_fail(opf_ctx *ctx, const opf_op *op, opf_status st)
 
 /* ---- the forward arena ---------------------------------------------------------- */
 
+/* Two arenas: aux[0] lives as long as a saved view of it, aux[1] (only
+ * with recompute) holds the activation's output and FC2's copies of it,
+ * which no context keeps: the backward rebuilds them. */
+enum { GM_KEPT, GM_TRANSIENT, GM_ARENAS };
 typedef struct gm_layout {
     opf_spec out[GM_PARTS];                   /* each part's main output */
     opf_spec aux[GM_PARTS][OPF_OP_MAX_AUX];
     size_t   out_off[GM_PARTS - 1];           /* the intermediates */
     size_t   aux_off[GM_PARTS][OPF_OP_MAX_AUX];
-    size_t   total;
+    int      out_at[GM_PARTS - 1], aux_at[GM_PARTS][OPF_OP_MAX_AUX];  /* GM_KEPT or GM_TRANSIENT */
+    size_t   total[GM_ARENAS];
 } gm_layout;
 
-static opf_status take(const opf_spec *s, size_t *off, size_t *total)
+static opf_status take(const opf_spec *s, int at, int *where, size_t *off, size_t *total)
 {
     opf_layout L;
     opf_status st = opf_spec_layout(s, &L);
     if (st) return st;
-    *off = *total;
-    *total += (size_t)opf_round_up((int64_t)L.total_bytes, OPF_COMPONENT_ALIGN);
+    *where = at;
+    *off = total[at];
+    total[at] += (size_t)opf_round_up((int64_t)L.total_bytes, OPF_COMPONENT_ALIGN);
     return OPF_OK;
 }
 
-/* Every part's fake, and where its intermediates and aux go in the arena. */
+/* Every part's fake, and where its intermediates and aux go in the arenas. */
 static opf_status plan_fwd(const gm_fwd *a, gm_layout *L)
 {
-    L->total = 0;
+    L->total[GM_KEPT] = L->total[GM_TRANSIENT] = 0;
     for (int k = 0; k < GM_PARTS; k++) {
         opf_spec outs[1 + OPF_OP_MAX_EXTRA];
         none_specs(outs, 1 + OPF_OP_MAX_EXTRA);
@@ -161,19 +181,24 @@ static opf_status plan_fwd(const gm_fwd *a, gm_layout *L)
         opf_status st = a->cls[k]->forward_fake(a->part[k], outs, L->aux[k]);
         if (st) return st;
         L->out[k] = outs[0];
-        if (k < GM_PARTS - 1 && (st = take(&outs[0], &L->out_off[k], &L->total))) return st;
-        for (int i = 0; i < OPF_OP_MAX_AUX; i++)
-            if (L->aux[k][i].ndim >= 0 && (st = take(&L->aux[k][i], &L->aux_off[k][i], &L->total)))
+        int at = a->recompute && k == 1 ? GM_TRANSIENT : GM_KEPT;
+        if (k < GM_PARTS - 1 && (st = take(&outs[0], at, &L->out_at[k], &L->out_off[k], L->total)))
+            return st;
+        for (int i = 0; i < OPF_OP_MAX_AUX; i++) {
+            at = a->recompute && k == 2 && opf_grouped_linear_aux_is_input(i) ? GM_TRANSIENT : GM_KEPT;
+            if (L->aux[k][i].ndim >= 0 &&
+                (st = take(&L->aux[k][i], at, &L->aux_at[k][i], &L->aux_off[k][i], L->total)))
                 return st;
+        }
     }
     return OPF_OK;
 }
 
-static opf_tensor arena_view(const opf_tensor *arena, const opf_spec *s, size_t off)
+static opf_tensor arena_view(const opf_tensor *arenas, int at, const opf_spec *s, size_t off)
 {
     opf_tensor t;
-    opf_tensor_wrap(s, (unsigned char *)arena->data[OPF_COMP_DATA] + off, &t);
-    t.buf = arena->buf;  /* a saved view keeps the arena alive */
+    opf_tensor_wrap(s, (unsigned char *)arenas[at].data[OPF_COMP_DATA] + off, &t);
+    t.buf = arenas[at].buf;  /* a saved view keeps its arena alive */
     return t;
 }
 
@@ -185,24 +210,47 @@ typedef struct gm_call {
     opf_tensor aux[OPF_OP_MAX_AUX];
 } gm_call;
 
-static opf_status part_call_fwd(const gm_fwd *a, const gm_layout *L, int k, const opf_tensor *arena,
+static opf_status part_call_fwd(const gm_fwd *a, const gm_layout *L, int k, const opf_tensor *arenas,
                                 const opf_tensor *y, gm_call *c)
 {
     memcpy(c->args, a->part[k], a->cls[k]->fwd_schema->size);
     memset(c->outs, 0, sizeof c->outs);
     memset(c->aux, 0, sizeof c->aux);
     for (int i = 0; i < OPF_OP_MAX_AUX; i++)
-        if (L->aux[k][i].ndim >= 0) c->aux[i] = arena_view(arena, &L->aux[k][i], L->aux_off[k][i]);
-    c->outs[0] = k < GM_PARTS - 1 ? arena_view(arena, &L->out[k], L->out_off[k]) : *y;
+        if (L->aux[k][i].ndim >= 0)
+            c->aux[i] = arena_view(arenas, L->aux_at[k][i], &L->aux[k][i], L->aux_off[k][i]);
+    c->outs[0] = k < GM_PARTS - 1 ? arena_view(arenas, L->out_at[k], &L->out[k], L->out_off[k]) : *y;
     if (k == 0) return OPF_OK;
     opf_tensor *x = field_tensor(a->cls[k]->fwd_schema, c->args, "x");
     if (!x) return opf_error(NULL, OPF_ERR_INVALID_ARG, "grouped_mlp: %s has no input field \"x\"",
                              a->cls[k]->name);
-    *x = arena_view(arena, &L->out[k - 1], L->out_off[k - 1]);
+    *x = arena_view(arenas, L->out_at[k - 1], &L->out[k - 1], L->out_off[k - 1]);
     return OPF_OK;
 }
 
 /* ---- forward ---------------------------------------------------------------------- */
+
+/* activation_recompute_in_mlp (the activation's config): honoured for
+ * scaled_srelu (the anchor's GroupedMLP_CuTeGEMMUnary) when the activation
+ * runs its backward (and so keeps its input), and not under delayed scaling, whose re-run quantization would
+ * record amaxes the forward already recorded; anywhere else the context
+ * warns once and the MLP runs without it. */
+static bool honour_recompute(opf_op *op, const opf_fwd_env *env, int first)
+{
+    opf_op *act = opf_op_basic(op, 1);
+    const opf_scaled_act_config *c = opf_op_config_const(act);
+    if (!c->activation_recompute_in_mlp) return false;
+    const char *why = opf_scaled_act_kind_of(act) != OPF_ACT_SRELU ? "it is honoured for scaled_srelu only"
+                    : env->recipe && env->recipe->kind == OPF_RECIPE_DELAYED
+                        ? "delayed scaling's amax history cannot see a re-run quantization" : NULL;
+    if (!why) return env->requires_grad && first <= 1;  /* the activation keeps its input */
+    char key[96];
+    snprintf(key, sizeof key, "activation_recompute_in_mlp:%s", opf_op_name(act));
+    opf_ctx_warn_once(env->ctx, key, "%s \"%s\": activation_recompute_in_mlp is set but the fused "
+                      "grouped MLP does not recompute it: %s", opf_op_class_of(act)->name,
+                      opf_op_name(act), why);
+    return false;
+}
 
 static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
 {
@@ -224,7 +272,8 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
                          .prev_grad_q = k ? grad_q_of(opf_op_basic(op, k - 1)) : env->prev_grad_q,
                          .next_input_q = k + 1 < GM_PARTS ? input_q_of(opf_op_basic(op, k + 1))
                                                           : env->next_input_q};
-        for (int j = 0; j < c->n_extra_in; j++) e.extra_in[j] = env->extra_in[slot++];
+        for (int j = 0; j < opf_op_num_extra_in(p); j++) e.extra_in[j] = env->extra_in[slot++];
+        if (k == 1) e.kwargs = &opf_scaled_act_in_mlp;  /* no warning of its own */
         memset(p->fwd_args, 0, c->fwd_schema->size);
         opf_status st = c->resolve_fwd(p, &e, p->fwd_args);
         if (st) return st;
@@ -242,6 +291,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     }
     a->x = *env->x;
     a->first_grad = first;
+    a->recompute = honour_recompute(op, env, first);
     return OPF_OK;
 }
 
@@ -250,9 +300,11 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     gm_layout L;
     opf_status st = plan_fwd(args, &L);
     if (st) return st;
-    int64_t bytes = L.total ? (int64_t)L.total : 1;
     outs[0] = L.out[GM_PARTS - 1];
-    aux[0] = opf_spec_make(1, &bytes, OPF_U8);
+    for (int at = 0; at < GM_ARENAS; at++) {
+        int64_t bytes = L.total[at] ? (int64_t)L.total[at] : 1;
+        if (at == GM_KEPT || L.total[at]) aux[at] = opf_spec_make(1, &bytes, OPF_U8);
+    }
     return OPF_OK;
 }
 
@@ -263,12 +315,23 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     gm_call c;
     opf_status st = plan_fwd(a, &L);
     for (int k = 0; k < GM_PARTS && !st; k++) {
-        if ((st = part_call_fwd(a, &L, k, &aux[0], &outs[0], &c))) break;
+        if ((st = part_call_fwd(a, &L, k, aux, &outs[0], &c))) break;
         size_t mark = opf_ctx_scratch_mark(ctx);
         st = a->cls[k]->forward_impl(ctx, c.args, c.outs, c.aux);
         opf_ctx_scratch_pop(ctx, mark);
     }
     return st;
+}
+
+/* Recompute: what a part kept of the transient arena is dropped (the
+ * backward rebuilds it), so the arena dies with the forward. */
+static void drop_transient(opf_op_ctx *octx, const opf_tensor *transient)
+{
+    for (int i = 0; transient->buf && i < octx->n_saved; i++)
+        if (octx->saved[i].buf == transient->buf) {
+            opf_tensor_release(&octx->saved[i]);
+            memset(&octx->saved[i], 0, sizeof octx->saved[i]);
+        }
 }
 
 /* Each part that runs backward keeps in its own context what its backward
@@ -285,10 +348,11 @@ static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
         opf_op *p = opf_op_basic(op, k);
         octx[k].requires_grad = k >= a->first_grad;
         if (!octx[k].requires_grad) continue;
-        if ((st = part_call_fwd(a, &L, k, &aux[0], &outs[0], &c))) break;
+        if ((st = part_call_fwd(a, &L, k, aux, &outs[0], &c))) break;
         if (k) octx[k].prev_grad_q = opf_q_or_none(grad_q_of(opf_op_basic(op, k - 1)));
         if (a->cls[k]->setup_context) {
             st = a->cls[k]->setup_context(p, &octx[k], c.args, c.outs, c.aux);
+            if (!st && a->recompute) drop_transient(&octx[k], &aux[GM_TRANSIENT]);
             continue;
         }
         for (int i = 0; i < OPF_OP_MAX_AUX; i++)  /* the default: keep the aux outputs */
@@ -306,12 +370,14 @@ static opf_status resolve_bwd(opf_op *op, const opf_op_ctx *octx, const opf_bwd_
     opf_tensor mid[GM_PARTS - 1];
     const opf_tensor *dy = env->dy;
     b->first = GM_PARTS;
+    b->fwd = op->fwd_args;
     for (int k = 0; k < GM_PARTS; k++) {
         opf_op *p = opf_op_basic(op, k);
         b->cls[k] = opf_op_class_of(p);
         b->n_params[k] = opf_op_num_params(p);
-        b->n_extra[k] = b->cls[k]->n_extra_in;
+        b->n_extra[k] = opf_op_num_extra_in(p);
         b->part[k] = NULL;
+        b->ops[k] = p;
         if (b->first == GM_PARTS && octx[k].requires_grad) b->first = k;
     }
     for (int k = GM_PARTS - 1; k >= b->first; k--) {
@@ -386,10 +452,11 @@ static opf_status scratch_tensor(opf_ctx *ctx, const opf_spec *s, opf_tensor *t)
 
 /* Part k's backward: dy from the part after it, dx into the intermediate
  * (or the fused dx), parameter and extra-input gradients into the fused list. */
-static opf_status part_bwd(opf_ctx *ctx, const gm_bwd *b, int k, opf_tensor *mid, opf_tensor *grads)
+static opf_status part_bwd(opf_ctx *ctx, const gm_bwd *b, int k, const void *pargs, opf_tensor *mid,
+                           opf_tensor *grads)
 {
     _Alignas(16) unsigned char args[OPF_OP_ARGS_MAX];
-    memcpy(args, b->part[k], b->cls[k]->bwd_schema->size);
+    memcpy(args, pargs, b->cls[k]->bwd_schema->size);
     if (k < GM_PARTS - 1) {
         opf_tensor *dy = field_tensor(b->cls[k]->bwd_schema, args, "dy");
         if (!dy) return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_mlp: %s has no gradient "
@@ -408,10 +475,59 @@ static opf_status part_bwd(opf_ctx *ctx, const gm_bwd *b, int k, opf_tensor *mid
     return st;
 }
 
+/* Recompute: the activation's output and FC2's forward again, in scratch,
+ * from what the forward kept (the activation's input and scales, FC2's
+ * parameters and scales), then FC2's context and backward args as its
+ * forward made them: the same bits as the dropped ones. */
+static opf_status recompute_fc2(opf_ctx *ctx, const gm_bwd *b, void *fc2_bargs)
+{
+    const gm_fwd *a = b->fwd;
+    gm_layout L;
+    opf_tensor arenas[GM_ARENAS], y;
+    gm_call c;
+    opf_status st = plan_fwd(a, &L);
+    for (int at = 0; at < GM_ARENAS && !st; at++) {
+        int64_t n = L.total[at] ? (int64_t)L.total[at] : 1;
+        opf_spec s = opf_spec_make(1, &n, OPF_U8);
+        st = scratch_tensor(ctx, &s, &arenas[at]);
+    }
+    if (!st) st = scratch_tensor(ctx, &L.out[2], &y);
+    if (st) return st;
+    memcpy(c.args, a->part[1], a->cls[1]->fwd_schema->size);
+    memset(c.aux, 0, sizeof c.aux);
+    opf_tensor *x = field_tensor(a->cls[1]->fwd_schema, c.args, "x");
+    const opf_tensor *kept = field_tensor(b->cls[1]->bwd_schema, b->part[1], "x");
+    if (!x || !kept) return opf_error(ctx, OPF_ERR_STATE, "grouped_mlp: recompute finds no input of %s",
+                                      a->cls[1]->name);
+    *x = *kept;  /* the activation's input as its context keeps it */
+    c.outs[0] = arena_view(arenas, L.out_at[1], &L.out[1], L.out_off[1]);
+    if ((st = a->cls[1]->forward_impl(ctx, c.args, c.outs, c.aux)) ||
+        (st = part_call_fwd(a, &L, 2, arenas, &y, &c)) ||
+        (st = a->cls[2]->forward_impl(ctx, c.args, c.outs, c.aux)))
+        return st;
+    opf_op_ctx tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.requires_grad = true;
+    tmp.prev_grad_q = opf_q_or_none(grad_q_of(b->ops[1]));
+    opf_bwd_env e = {.ctx = ctx, .dy = &b->dy, .prev_grad_q = grad_q_of(b->ops[1])};
+    st = a->cls[2]->setup_context(b->ops[2], &tmp, c.args, c.outs, c.aux);
+    memset(fc2_bargs, 0, b->cls[2]->bwd_schema->size);
+    if (!st) st = b->cls[2]->resolve_bwd(b->ops[2], &tmp, &e, fc2_bargs);
+    for (int i = 0; i < tmp.n_saved; i++) opf_tensor_release(&tmp.saved[i]);  /* scratch views */
+    return st;
+}
+
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const gm_bwd *b = bargs;
     opf_tensor mid[GM_PARTS - 1];  /* mid[k]: the gradient of part k's output */
+    _Alignas(16) unsigned char fc2_args[OPF_OP_ARGS_MAX];
+    const void *pargs[GM_PARTS] = {b->part[0], b->part[1], b->part[2]};
+    if (b->fwd->recompute && b->first < GM_PARTS) {
+        opf_status st = recompute_fc2(ctx, b, fc2_args);
+        if (st) return st;
+        pargs[2] = fc2_args;
+    }
     for (int k = b->first > 1 ? (int)b->first : 1; k < GM_PARTS; k++) {
         opf_spec g[OPF_OP_MAX_GRADS];
         none_specs(g, OPF_OP_MAX_GRADS);
@@ -420,7 +536,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
         if (st) return st;
     }
     for (int k = GM_PARTS - 1; k >= b->first; k--) {
-        opf_status st = part_bwd(ctx, b, k, mid, grads);
+        opf_status st = part_bwd(ctx, b, k, pargs[k], mid, grads);
         if (st) return st;
     }
     return OPF_OK;

@@ -13,9 +13,11 @@
 
 /* NULL when ops[0..3) (of n available) can become one grouped_mlp under
  * recipe r (NULL: no quantization), else a static sentence saying why not:
- * the ops must be grouped_linear (FC1) + scaled_swiglu + grouped_linear
- * (FC2), none already fused, with equal group counts, FC1 out_features ==
- * 2 x FC2 in_features, every feature count a multiple of
+ * the ops must be grouped_linear (FC1) + a scaled activation (scaled_swiglu,
+ * scaled_clamped_qgeglu or scaled_srelu) + grouped_linear (FC2), none
+ * already fused, with equal group counts, FC1 out_features == 2 x FC2
+ * in_features (== for scaled_srelu), no scale_bias on FC1, every feature
+ * count a multiple of
  * OPF_GROUPED_MLP_ALIGN, and not an MXFP8 recipe whose backward format is
  * not E4M3 (HYBRID). ops may be NULL when n is 0. */
 const char *opf_grouped_mlp_decline_reason(opf_op *const *ops, int n, const opf_recipe *r);
