@@ -34,6 +34,14 @@ static void none_specs(opf_spec *s, int n)
     for (int i = 0; i < n; i++) s[i].ndim = OPF_SPEC_NONE_NDIM;
 }
 
+/* Fakes describe shapes and formats; the device is the call's: every
+ * present spec lives where the op's input (x forward, dy backward) lives. */
+static void on_device(opf_spec *s, int n, opf_device dev)
+{
+    for (int i = 0; i < n; i++)
+        if (s[i].ndim >= 0) s[i].device = dev;
+}
+
 opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, opf_spec *out_s,
                                 opf_spec *aux_s)
 {
@@ -51,6 +59,9 @@ opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, 
     none_specs(aux_s, OPF_OP_MAX_AUX);
     if (c->forward_fake && (st = c->forward_fake(args, out_s, aux_s)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
+    opf_device dev = env->x ? env->x->spec.device : opf_ctx_device(ctx);
+    on_device(out_s, 1 + OPF_OP_MAX_EXTRA, dev);
+    on_device(aux_s, OPF_OP_MAX_AUX, dev);
     return c->after_fake ? c->after_fake(op, env, args, out_s, aux_s) : OPF_OK;
 }
 
@@ -161,6 +172,7 @@ opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_b
     none_specs(gs, n);
     if (c->backward_fake && (st = c->backward_fake(bargs, gs)))
         return opf_error(ctx, st, "%s: %s", op->name, opf_last_error(NULL));
+    on_device(gs, n, env->dy ? env->dy->spec.device : opf_ctx_device(ctx));
     *n_grads = n;
     return OPF_OK;
 }
