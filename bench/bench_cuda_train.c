@@ -105,22 +105,6 @@ static opf_status rand_device(opf_ctx *ctx, int64_t rows, int64_t cols, float sc
     return st;
 }
 
-/* Every parameter's value and grad moved to the device. */
-static opf_status params_to_device(opf_ctx *ctx, opf_seq *seq)
-{
-    for (int i = 0; i < opf_seq_len(seq); i++)
-        for (int k = 0; k < opf_op_num_params(opf_seq_at(seq, i)); k++) {
-            opf_param *p = opf_op_param(opf_seq_at(seq, i), k);
-            opf_tensor v, g;
-            opf_status st = opf_tensor_to(ctx, &p->value, OPF_DEVICE_CUDA, &v);
-            if (!st && (st = opf_tensor_to(ctx, &p->grad, OPF_DEVICE_CUDA, &g))) opf_tensor_release(&v);
-            if (st) return st;
-            opf_tensor_release(&p->value), opf_tensor_release(&p->grad);
-            p->value = v, p->grad = g;
-        }
-    return OPF_OK;
-}
-
 static opf_status ln_mlp(opf_ctx *ctx, int64_t h, opf_seq **out)
 {
     opf_seq *seq = NULL;
@@ -133,7 +117,6 @@ static opf_status ln_mlp(opf_ctx *ctx, int64_t h, opf_seq **out)
     if (!st) st = opf_op_create(ctx, "gelu", NULL, "gelu", &act);
     if (!st) st = opf_seq_append(seq, act);
     if (!st) st = opf_seq_append_linear(seq, 4 * h, h, true, OPF_BF16, "fc2");
-    if (!st) st = params_to_device(ctx, seq);
     *out = seq;
     return st;
 }
@@ -254,8 +237,7 @@ static void bench_linear(opf_ctx *ctx, int64_t S)
         double ms = 0, gms = 0;
         opf_status st = opf_seq_create(ctx, &seq);
         if (!st) st = opf_seq_append_linear(seq, S, S, false, OPF_BF16, "fc");
-        if (!st) st = params_to_device(ctx, seq);
-        if (!st) st = train_open(ctx, seq, recipes[r].kind, S, S, &t);
+            if (!st) st = train_open(ctx, seq, recipes[r].kind, S, S, &t);
         if (!st) st = time_ms(&(timed){ctx, train_step, &t}, &ms);
         snprintf(name, sizeof name, "linear_%s_ms", recipes[r].name);
         if (st) failed(ctx, name);

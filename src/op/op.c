@@ -200,8 +200,10 @@ int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec 
     opf_param *p = &op->params[op->n_params];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
-    opf_status st = opf_tensor_alloc(ctx, spec, &p->value);
-    if (!st) st = opf_tensor_alloc(ctx, spec, &p->grad);
+    opf_spec on = *spec;  /* parameters live on the context's device */
+    on.device = opf_ctx_device(ctx);
+    opf_status st = opf_tensor_alloc(ctx, &on, &p->value);
+    if (!st) st = opf_tensor_alloc(ctx, &on, &p->grad);
     if (st) {
         opf_tensor_release(&p->value);
         return -(int)st;

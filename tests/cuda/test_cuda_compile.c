@@ -132,9 +132,9 @@ static void same(const char *tag, const char *what, opf_ctx *ca, const opf_tenso
 
 /* ---- parameters -------------------------------------------------------------------- */
 
-/* Moves value and grad of every parameter to the device (the weights keep
- * their seeded init; 1-D parameters get the same random values on both
- * sides, so biases and norm weights are not trivial). */
+/* Parameters live on the context's device from their creation; 1-D ones
+ * (biases, norm weights) get the same random values on both sides, so they
+ * are not trivial. */
 static void params_to_device(opf_ctx *ctx, opf_seq *seq, uint64_t seed)
 {
     uint64_t keep = rng;
@@ -142,18 +142,18 @@ static void params_to_device(opf_ctx *ctx, opf_seq *seq, uint64_t seed)
     for (int i = 0; i < opf_seq_len(seq); i++)
         for (int k = 0; k < opf_op_num_params(opf_seq_at(seq, i)); k++) {
             opf_param *p = opf_op_param(opf_seq_at(seq, i), k);
+            CHECK(p->value.spec.device == OPF_DEVICE_CUDA, "parameter %s on the device", p->name);
             if (p->value.spec.ndim == 1) {
                 int64_t n = opf_spec_numel(&p->value.spec);
                 float *v = malloc(sizeof *v * (size_t)n);
+                opf_tensor h;
                 for (int64_t j = 0; j < n; j++) v[j] = 0.5f * rand_unit();
-                CHECK_OK(ctx, opf_convert(v, OPF_F32, p->value.data[0], p->value.spec.dtype, (size_t)n));
+                CHECK_OK(ctx, opf_tensor_to(ctx, &p->value, OPF_DEVICE_CPU, &h));
+                CHECK_OK(ctx, opf_convert(v, OPF_F32, h.data[0], h.spec.dtype, (size_t)n));
+                CHECK_OK(ctx, opf_tensor_copy(ctx, &h, &p->value));
+                opf_tensor_release(&h);
                 free(v);
             }
-            opf_tensor v, g;
-            CHECK_OK(ctx, opf_tensor_to(ctx, &p->value, OPF_DEVICE_CUDA, &v));
-            CHECK_OK(ctx, opf_tensor_to(ctx, &p->grad, OPF_DEVICE_CUDA, &g));
-            opf_tensor_release(&p->value), opf_tensor_release(&p->grad);
-            p->value = v, p->grad = g;
             p->has_grad = false;
         }
     rng = keep;
@@ -193,7 +193,8 @@ static void compare_grads(const char *tag, opf_ctx *ca, opf_seq *a, opf_ctx *cb,
     }
 }
 
-/* Delayed-scaling scales and amax histories of every op (host arrays). */
+/* Delayed-scaling scales and amax histories of every op, read to the host
+ * (the arrays live on the device). */
 static void compare_delayed(const char *tag, opf_seq *a, opf_seq *b)
 {
     for (int i = 0; i < opf_seq_len(a); i++) {
@@ -202,12 +203,14 @@ static void compare_delayed(const char *tag, opf_seq *a, opf_seq *b)
         for (int bwd = 0; bwd < 2; bwd++) {
             opf_delayed_state *da = opf_recipe_state_delayed(ra, bwd), *db = opf_recipe_state_delayed(rb, bwd);
             if (!da || !db) continue;
-            int ns = opf_delayed_state_slots(da), L = opf_delayed_state_history_len(da);
-            bool eq = memcmp(opf_delayed_state_scale(da), opf_delayed_state_scale(db), sizeof(float) * (size_t)ns) == 0 &&
-                      memcmp(opf_delayed_state_history(da), opf_delayed_state_history(db),
-                             sizeof(float) * (size_t)(ns * L)) == 0;
-            CHECK(eq, "%s: %s's %s delayed-scaling state differs", tag, opf_op_name(opf_seq_at(a, i)),
-                  bwd ? "backward" : "forward");
+            size_t n = (size_t)opf_delayed_state_slots(da) * (size_t)(1 + opf_delayed_state_history_len(da));
+            float *va = calloc(n, sizeof *va), *vb = calloc(n, sizeof *vb);
+            size_t ns = (size_t)opf_delayed_state_slots(da);
+            CHECK_OK(NULL, opf_delayed_state_read(NULL, da, va, va + ns));
+            CHECK_OK(NULL, opf_delayed_state_read(NULL, db, vb, vb + ns));
+            CHECK(memcmp(va, vb, n * sizeof *va) == 0, "%s: %s's %s delayed-scaling state differs",
+                  tag, opf_op_name(opf_seq_at(a, i)), bwd ? "backward" : "forward");
+            free(va), free(vb);
         }
     }
 }

@@ -261,9 +261,9 @@ static opf_status pick_algo(opf_ctx *ctx, opf_cuda_state *s, const lt_descs *x, 
     return OPF_OK;
 }
 
-static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
+static opf_status run_lt_epi(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c,
+                             cublasLtEpilogue_t epi)
 {
-    cublasLtEpilogue_t epi = c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     lt_descs x;
     memset(&x, 0, sizeof x);
     opf_status st = descs_make(ctx, c, epi, &x);
@@ -280,6 +280,31 @@ static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
     }
     descs_destroy(&x);
     return st;
+}
+
+/* d[r, j] += bias[j] in fp32 over a column-major [ld = m] x n cuBLASLt D. */
+__global__ void add_bias_f32_kernel(float *d, const float *bias, int64_t m, int64_t n)
+{
+    int64_t total = m * n, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
+        d[i] = __fadd_rn(d[i], bias[i % m]);
+}
+
+/* cuBLASLt takes no fp32 bias in the epilogue of FP8 operands with an fp32
+ * D (it wants bf16, which would round the bias): there the GEMM runs without
+ * the epilogue and the same fp32 add follows. */
+static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
+{
+    if (!c->bias) return run_lt_epi(ctx, s, c, CUBLASLT_EPILOGUE_DEFAULT);
+    opf_status st = run_lt_epi(ctx, s, c, CUBLASLT_EPILOGUE_BIAS);
+    if (st != OPF_ERR_UNSUPPORTED || c->td != CUDA_R_32F) return st;
+    lt_call plain = *c;
+    plain.bias = NULL;
+    if ((st = run_lt_epi(ctx, s, &plain, CUBLASLT_EPILOGUE_DEFAULT))) return st;
+    add_bias_f32_kernel<<<opf_cuda_grid(s, c->m * c->n, 256), 256, 0, s->stream>>>(
+        (float *)c->d, (const float *)c->bias, c->m, c->n);
+    OPF_CUDA_LAUNCHED(ctx, "gemm (bias after the GEMM)");
+    return OPF_OK;
 }
 
 /* ---- the entry ----------------------------------------------------------- */

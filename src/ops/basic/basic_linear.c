@@ -156,6 +156,7 @@ static opf_status init(opf_ctx *ctx, opf_op *op)
     opf_status st = opf_linear_init_weight(ctx, &p->value, c->in_features, who);
     if (!st && c->accumulate_into_main_grad) {
         opf_spec g = opf_spec_make(2, shape, OPF_F32);
+        g.device = p->value.spec.device;
         if (!(st = opf_tensor_alloc(ctx, &g, &p->main_grad)))
             st = opf_op_elem(ctx, who, &p->main_grad)->fill(ctx, 0.0, &p->main_grad);
     }
