@@ -70,11 +70,11 @@ def test_opcheck_forward_and_backward(recipe):
     m, r = make(True), RECIPES[recipe]
     x = x_in().requires_grad_()
     for pid, cls, template, main, first in plans(m, x, r):
-        args = _ops.fwd_args(pid, template, x, m._plist[first:])
+        args = _ops.fwd_args(template, x, m._plist[first:])
         fwd = getattr(torch.ops.opfuse, cls + "_fwd").default
         torch.library.opcheck(fwd, args)
-        outs = fwd(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
-        saved = [t.detach() for t in _ops.saved_tensors(pid, args, outs)]
+        outs = fwd([t.detach() for t in args[0]], *args[1:])
+        saved = [t.detach() for t in _ops.saved_tensors(pid, args[0], outs)]
         bwd = getattr(torch.ops.opfuse, cls + "_bwd").default
         torch.library.opcheck(bwd, _ops.bwd_args(pid, saved, torch.randn_like(outs[main])))
         x = outs[main].detach().requires_grad_()
@@ -103,7 +103,60 @@ def test_custom_ops_bad_input_raises_c_message():
         m(torch.randn(8, 64, dtype=torch.float64))
     _ops.class_ops("bias")
     tiny = torch.zeros(4, dtype=torch.uint8)   # an MXFP8 [64, 64] x needs far more
-    meta = [int(opfuse.DType.F32), int(opfuse.Scaling.MXFP8), int(opfuse.DType.E4M3), 1, 0, 64, 64]
+    # x: data + scale_inv (mask 3), MXFP8 e4m3 rowwise; b present; next_q; bwd_override; plan
+    values = [3, int(opfuse.DType.F32), int(opfuse.Scaling.MXFP8), int(opfuse.DType.E4M3), 1, 0,
+              1] + [0] * 14 + [0, 0]
     with pytest.raises(opfuse.ShapeError, match="needs"):
-        torch.ops.opfuse.bias_fwd(tiny, tiny, None, None, None, None, meta, torch.randn(64),
-                                  [0] * 14, 0, 0)
+        torch.ops.opfuse.bias_fwd([tiny, tiny, torch.randn(64)], values, [2, 64, 64])
+
+
+def python_calls(fn) -> list:
+    """The Python functions of opfuse that fn runs."""
+    import sys
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call" and "opfuse" in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return [s for s in seen if s != "<lambda>"]
+
+
+@pytest.mark.parametrize("recipe", ["none", "mxfp8"])
+def test_impls_run_without_python(recipe):
+    """A compiled graph calls its forward ops with grad off and its backward
+    ops directly: both reach C with no Python function in between."""
+    m, r = make(True), RECIPES[recipe]
+    x = x_in().requires_grad_()
+    for pid, cls, template, main, first in plans(m, x, r):
+        args = _ops.fwd_args(template, x, m._plist[first:])
+        fwd = getattr(torch.ops.opfuse, cls + "_fwd").default
+        with torch.no_grad():
+            outs = fwd(*args)
+            assert python_calls(lambda: fwd(*args)) == []
+        bargs = _ops.bwd_args(pid, _ops.saved_tensors(pid, args[0], outs), outs[main])
+        bwd = getattr(torch.ops.opfuse, cls + "_bwd").default
+        assert python_calls(lambda: bwd(*bargs)) == []
+        direct = opfuse._C.ClassCall(cls, False)(*args)
+        assert all(torch.equal(a, b) for a, b in zip(outs, direct))
+        x = outs[main].detach().requires_grad_()
+
+
+def test_packed_arguments_checked():
+    _ops.class_ops("bias")
+    x, b = torch.randn(4, 8), torch.randn(8)
+    values = [1, 0, 0, 0, 0, 0, 1] + [0] * 14 + [0, 0]
+    assert torch.equal(torch.ops.opfuse.bias_fwd([x, b], values, [])[0], x + b)
+    with pytest.raises(opfuse.InvalidArgError, match="values list ends early"):
+        torch.ops.opfuse.bias_fwd([x, b], values[:10], [])
+    with pytest.raises(opfuse.InvalidArgError, match="left over"):
+        torch.ops.opfuse.bias_fwd([x, b, b], values, [])
+    with pytest.raises(opfuse.InvalidArgError, match="tensors list ends early"):
+        torch.ops.opfuse.bias_fwd([x], values, [])
+    with pytest.raises(opfuse.InvalidArgError, match="not contiguous"):
+        torch.ops.opfuse.bias_fwd([x.t().contiguous().t(), b], values, [])
+    assert [n for n, _ in _ops.describe("bias")] == ["x", "b", "next_q", "bwd_override"]

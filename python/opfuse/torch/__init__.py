@@ -247,7 +247,7 @@ class Sequential(torch.nn.Module):
         dt = _FROM_TORCH_DT.get(x.dtype, -1)
         plans = _resolved(self._key, rid, bool(needs_grad), dt, *x.shape)
         for pid, cls, template, main, first in plans:
-            x = _ops.call(pid, cls, template, main, x, self._plist[first:])
+            x = _ops.call(cls, template, main, x, self._plist[first:])
         return x
 
     def _resolve(self, recipe_id, needs_grad, dtype, shape):
