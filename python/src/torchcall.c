@@ -130,8 +130,10 @@ static int torch_spec(PyObject *t, const char *field, opf_spec *out)
  *   quantizer          values: its OPF_PY_Q_FIELDS ints
  *   float              values: the bits of the double
  *   int, enum, bool, reference   values: one int
- * and values ends with the plan (forward) or n_grads (backward). For fakes
- * the tensors are (shape, dtype) pairs and no memory is read. */
+ * and values ends with the plan (forward) or n_grads (backward), shapes
+ * with the row count of the main input (2D); a fake needs it to tell
+ * which output dims follow the rows under dynamic shapes, C does not. For
+ * fakes the tensors are (shape, dtype) pairs and no memory is read. */
 
 enum { MAX_VALUES = 4096, MAX_SHAPES = 1024 };
 
@@ -334,6 +336,10 @@ static int unpack(const opf_py_classcall *cc, PyObject *tensors, PyObject *value
     for (int i = 0; i < cc->n_fields; i++)
         if (read_field(&p, &cc->ff[i], (char *)args + cc->ff[i].off) < 0) return -1;
     if (next_value(&p, cc->bwd ? "n_grads" : "plan", last) < 0) return -1;
+    if (p.si++ >= p.nsh) {
+        opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: the shapes list has no row count", cc->schema->name);
+        return -1;
+    }
     if (p.ti != p.n_tensors || p.vi != p.nv || p.si != p.nsh) {
         opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: %zd tensors, %zd values and %zd shape ints left "
                       "over", cc->schema->name, p.n_tensors - p.ti, p.nv - p.vi, p.nsh - p.si);
@@ -455,8 +461,24 @@ static PyObject *classcall_call(PyObject *self, PyObject *targs, PyObject *kw)
     return r;
 }
 
+/* (shape, dtype, zeroed) of each torch tensor that holds spec s. */
+static PyObject *alloc_list(const opf_spec *s)
+{
+    opf_py_alloc al[OPF_COMP_COUNT];
+    int na = opf_py_allocs(s, al);
+    PyObject *r = na < 0 ? NULL : PyList_New(na);
+    for (int j = 0; r && j < na; j++) {
+        PyObject *e = Py_BuildValue("(NiO)", shape_tuple(al[j].ndim, al[j].shape), al[j].dtype,
+                                    al[j].zero ? Py_True : Py_False);
+        if (!e) Py_CLEAR(r);
+        else PyList_SetItem(r, j, e);
+    }
+    return r;
+}
+
 /* ClassCall.fake(tensors, values, shapes) with (shape, dtype) pairs for
- * tensors: the outputs' tensors as (shape, dtype, zeroed) triples. */
+ * tensors: per output that has tensors, (spec, its tensors as (shape,
+ * dtype, zeroed)), with spec = (shape, dtype, scaling, qdtype, usage, flags). */
 static PyObject *classcall_fake(PyObject *self, PyObject *targs)
 {
     opf_py_classcall *cc = (opf_py_classcall *)self;
@@ -466,22 +488,20 @@ static PyObject *classcall_fake(PyObject *self, PyObject *targs)
     int n = call_specs(cc, targs, true, args, &fs, &specs);
     PyObject *r = n < 0 ? NULL : PyList_New(0);
     for (int i = 0; r && i < n; i++) {
-        opf_py_alloc al[OPF_COMP_COUNT];
-        int na = opf_py_allocs(&specs[i], al);
-        if (na < 0) Py_CLEAR(r);
-        for (int j = 0; r && j < na; j++) {
-            PyObject *e = Py_BuildValue("(NiO)", shape_tuple(al[j].ndim, al[j].shape), al[j].dtype,
-                                        al[j].zero ? Py_True : Py_False);
-            if (!e || PyList_Append(r, e) < 0) Py_CLEAR(r);
-            Py_XDECREF(e);
-        }
+        const opf_spec *sp = &specs[i];
+        if (sp->ndim < 0) continue;
+        PyObject *e = Py_BuildValue("((NiiiII)N)", shape_tuple(sp->ndim, sp->shape), sp->dtype,
+                                    sp->scaling, sp->qdtype, sp->usage, sp->flags, alloc_list(sp));
+        if (!e || PyList_Append(r, e) < 0) Py_CLEAR(r);
+        Py_XDECREF(e);
     }
     return r;
 }
 
 static PyMethodDef classcall_methods[] = {
     {"fake", classcall_fake, METH_VARARGS,
-     "fake(tensors, values, shapes): the outputs as (shape, dtype, zeroed), from the C fake."},
+     "fake(tensors, values, shapes): per output (spec, [(shape, dtype, zeroed)]), from the C "
+     "fake."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -78,23 +78,119 @@ def describe(cls: str, bwd: bool = False) -> list:
 
 # ---- fakes -------------------------------------------------------------------------------
 
-def _fake_tensor(t: torch.Tensor):
-    if t.device.type != "cpu":
-        raise _C.UnsupportedError(f"tensor on {t.device}; this build takes CPU tensors")
-    dt = _FROM_TORCH.get(t.dtype)
-    if dt is None:
-        raise _C.DtypeError(f"torch dtype {t.dtype} has no opfuse dtype")
-    # int(): under fake tensors with symbolic sizes the C fake needs numbers
-    return (tuple(int(d) for d in t.shape), int(dt))
+def _same(a, b) -> bool:
+    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and \
+        a.node.expr == b.node.expr
+
+
+def _int(d, rows, value) -> int:
+    """d for the C fake: value where d is the row count, a number otherwise
+    (a symbolic size's hint: component sizes, which the C fake never reads)."""
+    if isinstance(d, torch.SymInt):
+        return value if _same(d, rows) else d.node.hint or 0
+    return int(d)
+
+
+def _concrete(tensors, values, shapes, rows, value):
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise _C.UnsupportedError(f"tensor on {t.device}; this build takes CPU tensors")
+    ts = []
+    for t in tensors:
+        dt = _FROM_TORCH.get(t.dtype)
+        if dt is None:
+            raise _C.DtypeError(f"torch dtype {t.dtype} has no opfuse dtype")
+        ts.append((tuple(_int(d, rows, value) for d in t.shape), int(dt)))
+    return ts, [int(v) for v in values], [_int(s, rows, value) for s in shapes]
+
+
+def _round_up(x, a):
+    return (x + a - 1) // a * a
+
+
+def _ceil_div(x, a):
+    return (x + a - 1) // a
+
+
+# The component shapes of each quantized format as functions of the 2D view
+# [m, k] (rows, cols), for symbolic m: opf_spec_layout's table
+# (docs/numerics.md 4.2) again, because the C layout takes numbers only.
+# _lifted checks it against the C layout on the hint at every use.
+_LAYOUTS = {
+    1: lambda m, k: ((m, k), (1, 1), (k, m), (1, 1), (1, 1), None),
+    2: lambda m, k: ((m, k), (_round_up(m, 128), _round_up(k // 32, 4)), (m, k),
+                     (_round_up(m // 32, 4), _round_up(k, 128)), None, None),
+    3: lambda m, k: ((m, k), (_ceil_div(k, 128), _round_up(m, 4)), (k, m),
+                     (_ceil_div(m, 128), _round_up(k, 4)), None, None),
+    4: lambda m, k: ((m, k), (_ceil_div(m, 128), _round_up(_ceil_div(k, 128), 4)), (k, m),
+                     (_ceil_div(k, 128), _round_up(_ceil_div(m, 128), 4)), None, None),
+    5: lambda m, k: ((m, k), (_round_up(m, 128), _round_up(k // 16, 4)), (k, m),
+                     (_round_up(k, 128), _round_up(m // 16, 4)), (1, 1), (1, 1)),
+}
+_LAYOUTS[6] = _LAYOUTS[5]
+
+
+def _present(spec) -> list:
+    """The components a quantized spec has, as in _LAYOUTS."""
+    scaling, usage = spec[2], spec[4]
+    comps = ([0, 1] if usage & 1 else []) + ([2, 3] if usage & 2 else [])
+    return comps + {1: [4], 5: [4, 5], 6: [4, 5]}.get(scaling, [])
+
+
+def _tensor_shapes(spec) -> list:
+    """The torch shapes of a quantized spec's components (as ClassCall
+    allocates them: 2D, fp4 data two to a byte), for a possibly symbolic
+    shape."""
+    shape, _, scaling, qdtype = spec[:4]
+    m = 1
+    for d in shape[:-1]:
+        m = m * d
+    comps = _LAYOUTS[scaling](m, shape[-1])
+    fp4 = qdtype == int(DType.E2M1)
+    return [(comps[c][0], comps[c][1] // 2 if fp4 and c in (0, 2) else comps[c][1])
+            for c in _present(spec)]
+
+
+def _lifted(a, b, rows, h1, h2):
+    """The torch shapes of one output from the C fake run at two row
+    counts (h1, h2): dims that follow the rows become the symbolic rows;
+    None when a dim changes otherwise."""
+    (spec_a, allocs), (spec_b, _) = a, b
+    dims = []
+    for x, y in zip(spec_a[0], spec_b[0]):
+        if x != y and (x, y) != (h1, h2):
+            return None
+        dims.append(x if x == y else rows)
+    if spec_a[2] == 0:
+        return [dims]
+    if _tensor_shapes(spec_a) != [tuple(al[0]) for al in allocs]:
+        raise _C.UnsupportedError(f"the symbolic layout of {spec_a} disagrees with the C one")
+    return _tensor_shapes((tuple(dims),) + tuple(spec_a[1:]))
+
+
+def _empty(shape, dt, zero):
+    return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[DType(dt)])
 
 
 def _fake(call, tensors, values, shapes) -> list:
     """The outputs of one call as empty tensors, from the C fake's specs
-    (the tensors ClassCall allocates for the real call)."""
-    allocs = call.fake([_fake_tensor(t) for t in tensors], [int(v) for v in values],
-                       [int(s) for s in shapes])
-    return [(torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[DType(dt)])
-            for shape, dt, zero in allocs]
+    (the tensors ClassCall allocates for the real call). Under dynamic
+    shapes the C fake runs at two row counts and the dims that follow the
+    rows come out symbolic; a dim that follows them otherwise pins the rows
+    (a guard: the graph is specialized to this size)."""
+    rows = shapes[-1]
+    if isinstance(rows, torch.SymInt) and rows.node.has_hint():
+        h1 = rows.node.hint
+        h2 = h1 + 256  # as divisible as h1 by every block size of every format
+        a = call.fake(*_concrete(tensors, values, shapes, rows, h1))
+        b = call.fake(*_concrete(tensors, values, shapes, rows, h2))
+        lifted = [_lifted(x, y, rows, h1, h2) for x, y in zip(a, b)]
+        if all(shp is not None for shp in lifted):
+            return [_empty(shp, dt, zero) for out, shps in zip(a, lifted)
+                    for shp, (_, dt, zero) in zip(shps, out[1])]
+        rows = int(rows)
+    outs = call.fake(*_concrete(tensors, values, shapes, None, 0))
+    return [_empty(shape, dt, zero) for _, allocs in outs for shape, dt, zero in allocs]
 
 
 # ---- registration ------------------------------------------------------------------------
@@ -166,6 +262,8 @@ def register_all() -> list:
 # ---- resolved plans ---------------------------------------------------------------------
 
 def _value_ints(kind: int, v) -> list:
+    if v is None or kind == QUANTIZER and None in v:
+        raise _C.UnsupportedError("a value field follows the row count")
     if kind == QUANTIZER:
         return [int(f) for f in v]
     if kind in (FLOAT, F32):
@@ -176,7 +274,7 @@ def _value_ints(kind: int, v) -> list:
 class _Packer:
     """Builds the three packed lists of one call from a resolved field list:
     tensors as what src(field, component, source, index in tensors) returns,
-    values and shapes as constants."""
+    values as constants, shapes as constants or None (the row count)."""
 
     def __init__(self, fields, entries, src):
         self.tensors, self.values, self.shapes = [], [], []
@@ -312,12 +410,17 @@ def saved_tensors(pid: int, tensors, outputs) -> list:
     return [tensors[i] if k == "in" else outputs[i] for k, i in _PLANS[pid].saved]
 
 
+def _shapes(template, rows) -> list:
+    return [rows if s is None else s for s in template] + [rows]
+
+
 def bwd_args(pid: int, saved, dy) -> tuple:
-    """The backward custom op's packed arguments."""
+    """The backward custom op's packed arguments (dy is 2D: its rows are
+    the row count)."""
     plan = _PLANS[pid]
     dy = dy.contiguous()
     tensors = [dy if a[0] == "dy" else saved[a[1]] for a in plan.bwd_tensors]
-    return tensors, plan.bwd_values, plan.bwd_shapes
+    return tensors, plan.bwd_values, _shapes(plan.bwd_shapes, dy.shape[0])
 
 
 def add_plan(r: dict, n_params: int) -> tuple:
@@ -332,9 +435,11 @@ def add_plan(r: dict, n_params: int) -> tuple:
 
 
 def fwd_args(template, x, params) -> tuple:
-    """The forward custom op's packed arguments."""
+    """The forward custom op's packed arguments (x is 2D: its rows are the
+    row count)."""
     tensors, values, shapes = template
-    return ([x if a[0] == "x" else params[a[1]] for a in tensors], list(values), list(shapes))
+    return ([x if a[0] == "x" else params[a[1]] for a in tensors], list(values),
+            _shapes(shapes, x.shape[0]))
 
 
 def call(cls: str, template, main: int, x, params):
