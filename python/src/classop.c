@@ -476,7 +476,58 @@ static PyObject *py_resolve(PyObject *mod, PyObject *a)
     return r;
 }
 
+/* ---- delayed scaling ---------------------------------------------------------------
+ * The eager fuser updates every op's delayed-scaling state (amax history
+ * roll, new scales) after a forward that records for backward and after
+ * each backward; a compiled graph does it through an ordered custom op
+ * calling these. */
+
+/* delayed_ops(ops) -> the addresses of the ops that keep delayed state */
+static PyObject *py_delayed_ops(PyObject *mod, PyObject *ops)
+{
+    PyObject *l = opf_py_list(ops, "ops must be a sequence");
+    PyObject *r = l ? PyList_New(0) : NULL;
+    for (Py_ssize_t i = 0; r && i < PyList_Size(l); i++) {
+        opf_op *op = opf_py_op_get(PyList_GetItem(l, i));
+        opf_recipe_state *rs = op ? opf_op_recipe_state(op) : NULL;
+        if (!op) Py_CLEAR(r);
+        else if (rs && (opf_recipe_state_delayed(rs, false) || opf_recipe_state_delayed(rs, true))) {
+            PyObject *a = PyLong_FromVoidPtr(op);
+            if (!a || PyList_Append(r, a) < 0) Py_CLEAR(r);
+            Py_XDECREF(a);
+        }
+    }
+    Py_XDECREF(l);
+    return r;
+}
+
+/* delayed_update(ctx, addresses, backward): one direction's update of each
+ * op (addresses from delayed_ops; the ops must be alive). */
+static PyObject *py_delayed_update(PyObject *mod, PyObject *a)
+{
+    PyObject *ctx_obj, *addrs;
+    int backward;
+    if (!PyArg_ParseTuple(a, "OOp", &ctx_obj, &addrs, &backward)) return NULL;
+    opf_ctx *ctx = opf_py_ctx_get(ctx_obj);
+    PyObject *l = ctx ? opf_py_list(addrs, "addresses must be a sequence") : NULL;
+    opf_status st = OPF_OK;
+    for (Py_ssize_t i = 0; l && !st && i < PyList_Size(l); i++) {
+        opf_op *op = PyLong_AsVoidPtr(PyList_GetItem(l, i));
+        opf_recipe_state *rs = op ? opf_op_recipe_state(op) : NULL;
+        if (rs) st = opf_recipe_state_update(ctx, rs, backward, NULL, NULL);
+    }
+    if (!l) return NULL;
+    Py_DECREF(l);
+    if (PyErr_Occurred()) return NULL;
+    if (st) return opf_raise(st, ctx);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef opf_py_classop_methods[] = {
+    {"delayed_ops", py_delayed_ops, METH_O,
+     "delayed_ops(ops): addresses of the ops whose recipe state keeps delayed scaling."},
+    {"delayed_update", py_delayed_update, METH_VARARGS,
+     "delayed_update(ctx, addresses, backward): the delayed-scaling update of those ops."},
     {"class_fields", py_class_fields, METH_VARARGS,
      "class_fields(cls, bwd): the flattened args schema as (name, kind, flags)."},
     {"resolve", py_resolve, METH_VARARGS,

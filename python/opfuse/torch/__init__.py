@@ -283,11 +283,14 @@ class Sequential(torch.nn.Module):
         # operator.index: Dynamo pins a symbolic size it converts so (a guard)
         shape, k = x.shape, operator.index(x.shape[-1])
         x = x.reshape(-1, k)
-        plans = _resolved(self._key, rid, bool(needs_grad), dt, k)
-        if plans is None:  # pinned to this row count (a guard under torch.compile)
-            plans = _resolved(self._key, rid, bool(needs_grad), dt, k, operator.index(x.shape[0]))
+        r = _resolved(self._key, rid, bool(needs_grad), dt, k)
+        if r is None:  # pinned to this row count (a guard under torch.compile)
+            r = _resolved(self._key, rid, bool(needs_grad), dt, k, operator.index(x.shape[0]))
+        plans, delayed = r
         for pid, cls, template, main, first in plans:
             x = _ops.call(cls, template, main, x, self._plist[first:])
+        if needs_grad:
+            _ops.delayed_update(x, delayed, False)
         return x.reshape(*shape[:-1], x.shape[-1])
 
     def _resolve_at(self, recipe_id, needs_grad, dtype, k, rows):
@@ -315,7 +318,11 @@ class Sequential(torch.nn.Module):
             if rows >= 0:
                 raise
             return None
-        return tuple(out)
+        delayed = tuple(_C.delayed_ops(ops))
+        with_bwd = [p[0] for p, r in zip(out, res) if r["bwd"] is not None]
+        if delayed and with_bwd:  # the first op's backward is the step's last
+            _ops.set_bwd_update(with_bwd[0], delayed)
+        return tuple(out), delayed
 
     def plans(self):
         return self._seq.plans()

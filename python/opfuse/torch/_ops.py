@@ -259,6 +259,30 @@ def register_all() -> list:
     return names
 
 
+# ---- delayed scaling ------------------------------------------------------------------------
+# The update of the ops' delayed-scaling state that the eager fuser runs
+# after a forward that records for backward and after the backward: an
+# ordered (effectful) op, so a compiled graph neither drops nor moves it; it
+# takes a tensor the update must follow (the last forward output, or a
+# gradient of the last backward op).
+_lib.define("delayed_update(Tensor after, int[] ops, bool backward) -> ()")
+
+
+def _delayed_update(after, ops, backward):
+    _C.delayed_update(default_context(), ops, backward)
+
+
+_lib.impl("delayed_update", _delayed_update, "CPU")
+torch.library.register_fake("opfuse::delayed_update", lambda after, ops, backward: None, lib=_lib)
+torch.library._register_effectful_op(torch.ops.opfuse.delayed_update.default,
+                                     torch._library.effects.EffectType.ORDERED, lib=_lib)
+
+
+def delayed_update(after: torch.Tensor, ops, backward: bool):
+    if ops:
+        torch.ops.opfuse.delayed_update(after, list(ops), backward)
+
+
 # ---- resolved plans ---------------------------------------------------------------------
 
 def _value_ints(kind: int, v) -> list:
@@ -315,6 +339,7 @@ class OpPlan:
         self.main = self.out_index[(0, 0)]
         self._fwd_template(r["fwd"])
         self.bwd = r["bwd"] is not None
+        self.bwd_update = ()  # the ops whose backward delayed update follows this op's backward
         if self.bwd:
             self._bwd_template(*r["bwd"])
 
@@ -396,6 +421,7 @@ def _backward(ctx, grads):
     if dy is None:
         return result, None, ctx.no_shapes
     out = plan.ops.bwd(*bwd_args(ctx.plan, ctx.saved_tensors, dy))
+    delayed_update(out[0] if len(out) else dy, plan.bwd_update, True)
     dx = plan.grad_index[0]
     if plan.x_arg is not None:
         result[plan.x_arg] = dy if dx == "pass" else None if dx is None else out[dx]
@@ -421,6 +447,10 @@ def bwd_args(pid: int, saved, dy) -> tuple:
     dy = dy.contiguous()
     tensors = [dy if a[0] == "dy" else saved[a[1]] for a in plan.bwd_tensors]
     return tensors, plan.bwd_values, _shapes(plan.bwd_shapes, dy.shape[0])
+
+
+def set_bwd_update(pid: int, ops) -> None:
+    _PLANS[pid].bwd_update = tuple(ops)
 
 
 def add_plan(r: dict, n_params: int) -> tuple:
