@@ -2,32 +2,21 @@
  *
  * opfuse.torch registers each op class's forward and backward as a custom
  * op whose arguments are the class's args struct flattened field by field.
- * Four entry points serve it:
+ * Two entry points serve it (the impls and fakes are torchcall.c's
+ * ClassCall):
  *
  *   class_fields(cls, bwd)          the flattened schema: (name, kind, flags)
- *   class_fake(cls, bwd, vals, n)   the class's fake on specs alone: the
- *                                   output specs and their component layouts
- *   class_impl(ctx, cls, bwd, vals, outs)   the class's impl on caller memory
  *   resolve(ops, x_spec, recipe, requires_grad, kwargs)
  *                                   resolve_fwd / setup_context / resolve_bwd
  *                                   once per op on placeholder tensors,
  *                                   recording where each tensor field's
  *                                   memory comes from and every value field
  *
- * A tensor value in `vals` is None or (shape, dtype, scaling, qdtype, usage,
- * flags, ptrs) with ptrs None (fake) or six (address, bytes) pairs, one per
- * component; quantizers travel as tuples of their fields (quantizer_from),
- * references as integers. */
-#include "ext.h"
+ * resolve reports tensors by their specs (shape, dtype, scaling, qdtype,
+ * usage, flags), quantizers as tuples of their fields
+ * (opf_py_quantizer_from_ints reads them back), references as integers. */
+#include "classop.h"
 #include <string.h>
-
-#define MAX_FLAT 160
-
-typedef struct {
-    const opf_field *f;
-    size_t           off;  /* from the start of the top-level args struct */
-    char             name[96];
-} flat_field;
 
 /* "shape[0]" -> "shape_0", "rows[b + 1]" -> "rows_b_1": identifiers, as
  * torch's schema parser wants them. */
@@ -67,14 +56,19 @@ static int flatten(const opf_schema *s, size_t base, const char *prefix, flat_fi
     return n;
 }
 
-static const opf_op_class *find_class(const char *name)
+int opf_py_flatten(const opf_schema *s, flat_field *out)
+{
+    return flatten(s, 0, "", out, 0);
+}
+
+const opf_op_class *opf_py_find_class(const char *name)
 {
     const opf_op_class *c = opf_op_class_find(name);
     if (!c) opf_raise_msg(OPF_ERR_INVALID_ARG, "no op class \"%s\" is registered", name);
     return c;
 }
 
-static const opf_schema *class_schema(const opf_op_class *c, int bwd)
+const opf_schema *opf_py_class_schema(const opf_op_class *c, int bwd)
 {
     const opf_schema *s = bwd ? c->bwd_schema : c->fwd_schema;
     if (!s)
@@ -88,10 +82,10 @@ static PyObject *py_class_fields(PyObject *mod, PyObject *args)
     const char *name;
     int bwd;
     if (!PyArg_ParseTuple(args, "sp", &name, &bwd)) return NULL;
-    const opf_op_class *c = find_class(name);
-    const opf_schema *s = c ? class_schema(c, bwd) : NULL;
+    const opf_op_class *c = opf_py_find_class(name);
+    const opf_schema *s = c ? opf_py_class_schema(c, bwd) : NULL;
     flat_field ff[MAX_FLAT];
-    int n = s ? flatten(s, 0, "", ff, 0) : -1;
+    int n = s ? opf_py_flatten(s, ff) : -1;
     if (n < 0) return NULL;
     PyObject *r = PyList_New(n);
     for (int i = 0; r && i < n; i++)
@@ -137,64 +131,11 @@ static int spec_from(PyObject *v, opf_spec *s)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* Fakes read specs only; a present component still needs a non-NULL
- * address, as presence is how optional tensors are told apart. */
-static unsigned char placeholder[OPF_COMP_COUNT];
-
-static int tensor_from(PyObject *v, const char *field, opf_tensor *t)
-{
-    memset(t, 0, sizeof *t);
-    if (v == Py_None) return 0;
-    if (!PyTuple_Check(v) || PyTuple_Size(v) != 7) {
-        PyErr_Format(PyExc_TypeError, "field %s: expected None or a 7-tuple tensor", field);
-        return -1;
-    }
-    PyObject *head = PyTuple_GetSlice(v, 0, 6);
-    int rc = head ? spec_from(head, &t->spec) : -1;
-    Py_XDECREF(head);
-    if (rc < 0) return -1;
-    opf_layout L;
-    opf_status st = opf_spec_layout(&t->spec, &L);
-    if (st) {
-        opf_raise_msg(st, "field %s: %s", field, opf_last_error(NULL));
-        return -1;
-    }
-    PyObject *ptrs = PyTuple_GetItem(v, 6);
-    for (int c = 0; c < OPF_COMP_COUNT; c++) {
-        if (!L.comp[c].present) continue;
-        if (ptrs == Py_None) {
-            t->data[c] = &placeholder[c];
-            continue;
-        }
-        unsigned long long addr, bytes;
-        if (!PyArg_ParseTuple(PyTuple_GetItem(ptrs, c), "KK", &addr, &bytes)) return -1;
-        if (!addr || bytes < L.comp[c].nbytes) {
-            char sb[128];
-            opf_spec_str(&t->spec, sb, sizeof sb);
-            opf_raise_msg(OPF_ERR_SHAPE, "field %s (%s): component %d has %llu bytes, needs %zu",
-                          field, sb, c, bytes, L.comp[c].nbytes);
-            return -1;
-        }
-        t->data[c] = (void *)(uintptr_t)addr;
-    }
-    return 0;
-}
-
 /* A quantizer as its fields in order, all integers (amax_epsilon by its
  * bits, the delayed state and the amax reduction by address): padding
  * bytes never reach the value. */
-enum { Q_FIELDS = 14 };
-
-static int quantizer_from(PyObject *v, opf_quantizer *q)
+void opf_py_quantizer_from_ints(const long long *f, opf_quantizer *q)
 {
-    long long f[Q_FIELDS];
-    PyObject *l = opf_py_list(v, "a quantizer value is a sequence of ints");
-    if (!l) return -1;
-    int ok = PyList_Size(l) == Q_FIELDS;
-    for (int i = 0; ok && i < Q_FIELDS; i++) f[i] = PyLong_AsLongLong(PyList_GetItem(l, i));
-    Py_DECREF(l);
-    if (!ok) PyErr_Format(PyExc_TypeError, "a quantizer value has %d ints", Q_FIELDS);
-    if (!ok || PyErr_Occurred()) return -1;
     *q = opf_quantizer_default();
     q->scaling = (opf_scaling)f[0];
     q->qdtype = (opf_dtype)f[1];
@@ -211,7 +152,6 @@ static int quantizer_from(PyObject *v, opf_quantizer *q)
     q->slot = (int)f[11];
     q->amax_reduce = (opf_amax_reduce_fn)(uintptr_t)f[12];
     q->amax_reduce_user = (void *)(uintptr_t)f[13];
-    return 0;
 }
 
 static PyObject *quantizer_tuple(const opf_quantizer *q)
@@ -223,25 +163,6 @@ static PyObject *quantizer_tuple(const opf_quantizer *q)
                          (unsigned long long)(uintptr_t)q->delayed, q->slot,
                          (unsigned long long)(uintptr_t)q->amax_reduce,
                          (unsigned long long)(uintptr_t)q->amax_reduce_user);
-}
-
-/* Writes one value field at p from v. */
-static int value_from(const flat_field *ff, PyObject *v, char *p)
-{
-    switch (ff->f->kind) {
-    case OPF_FIELD_TENSOR:
-    case OPF_FIELD_TENSOR_Q: return tensor_from(v, ff->name, (opf_tensor *)p);
-    case OPF_FIELD_QUANTIZER: return quantizer_from(v, (opf_quantizer *)p);
-    case OPF_FIELD_INT: *(int64_t *)p = PyLong_AsLongLong(v); break;
-    case OPF_FIELD_ENUM:
-    case OPF_FIELD_I32: *(int *)p = (int)PyLong_AsLong(v); break;
-    case OPF_FIELD_FLOAT: *(double *)p = PyFloat_AsDouble(v); break;
-    case OPF_FIELD_F32: *(float *)p = (float)PyFloat_AsDouble(v); break;
-    case OPF_FIELD_BOOL: *(bool *)p = PyObject_IsTrue(v) > 0; break;
-    case OPF_FIELD_REF: *(void **)p = PyLong_AsVoidPtr(v); break;
-    default: break;
-    }
-    return PyErr_Occurred() ? -1 : 0;
 }
 
 static PyObject *value_to(const flat_field *ff, const char *p)
@@ -259,35 +180,35 @@ static PyObject *value_to(const flat_field *ff, const char *p)
     }
 }
 
-/* The args struct of cls (bwd or not) from vals; returns its schema. */
-static const opf_schema *pack_args(const char *name, int bwd, PyObject *vals, void *args,
-                                   const opf_op_class **cls)
-{
-    *cls = find_class(name);
-    const opf_schema *s = *cls ? class_schema(*cls, bwd) : NULL;
-    flat_field ff[MAX_FLAT];
-    int n = s ? flatten(s, 0, "", ff, 0) : -1;
-    if (n < 0) return NULL;
-    PyObject *l = opf_py_list(vals, "values must be a sequence");
-    if (!l) return NULL;
-    if (PyList_Size(l) != n) {
-        opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: %zd values for %d fields", s->name, PyList_Size(l), n);
-        s = NULL;
-    }
-    memset(args, 0, s ? s->size : 0);
-    for (int i = 0; s && i < n; i++)
-        if (value_from(&ff[i], PyList_GetItem(l, i), (char *)args + ff[i].off) < 0) s = NULL;
-    Py_DECREF(l);
-    if (!s) return NULL;
-    opf_status st = opf_schema_validate(s, args);
-    if (st) {
-        opf_raise_msg(st, "%s: %s", s->name, opf_last_error(NULL));
-        return NULL;
-    }
-    return s;
-}
+/* ---- fakes ------------------------------------------------------------------------- */
 
-/* ---- fake and impl ------------------------------------------------------------------ */
+int opf_py_allocs(const opf_spec *s, opf_py_alloc *a)
+{
+    if (s->ndim < 0) return 0;
+    if (s->scaling == OPF_SCALING_NONE) {
+        a[0] = (opf_py_alloc){.comp = OPF_COMP_DATA, .ndim = s->ndim, .dtype = s->dtype};
+        memcpy(a[0].shape, s->shape, sizeof s->shape);
+        return 1;
+    }
+    opf_layout L;
+    opf_status st = opf_spec_layout(s, &L);
+    if (st) {
+        opf_raise(st, NULL);
+        return -1;
+    }
+    int n = 0;
+    for (int c = 0; c < OPF_COMP_COUNT; c++) {
+        const opf_component_desc *d = &L.comp[c];
+        if (!d->present) continue;
+        bool f32 = d->dtype == OPF_F32;
+        int64_t rows = d->rows > 0 ? d->rows : 1;
+        a[n++] = (opf_py_alloc){
+            .comp = c, .ndim = 2, .shape = {d->rows, f32 ? d->cols : (int64_t)d->nbytes / rows},
+            .dtype = f32 ? OPF_F32 : OPF_U8,
+            .zero = c != OPF_COMP_DATA && c != OPF_COMP_COL_DATA};
+    }
+    return n;
+}
 
 /* None, "pass", or (spec, ((present, dtype, rows, cols, nbytes) x 6)). */
 static PyObject *out_entry(const opf_spec *s)
@@ -325,95 +246,28 @@ static void none_specs(opf_spec *s, int n)
     for (int i = 0; i < n; i++) s[i].ndim = OPF_SPEC_NONE_NDIM;
 }
 
-typedef struct {
-    opf_spec outs[1 + OPF_OP_MAX_EXTRA + OPF_OP_MAX_AUX];  /* outs, then aux (forward) */
-    opf_spec grads[OPF_OP_MAX_GRADS];
-} fake_specs;
-
-static opf_status run_fake(const opf_op_class *c, int bwd, const void *args, int n_grads,
-                           fake_specs *fs)
+opf_status opf_py_run_fake(const opf_op_class *c, int bwd, const void *args, opf_py_fake_specs *fs)
 {
     none_specs(fs->outs, 1 + OPF_OP_MAX_EXTRA + OPF_OP_MAX_AUX);
     none_specs(fs->grads, OPF_OP_MAX_GRADS);
     if (!bwd)
         return c->forward_fake ? c->forward_fake(args, fs->outs, fs->outs + 1 + OPF_OP_MAX_EXTRA)
                                : OPF_OK;
-    (void)n_grads;
     return c->backward_fake ? c->backward_fake(args, fs->grads) : OPF_OK;
 }
 
-static int n_outputs(const opf_op_class *c, int bwd, int n_grads)
+int opf_py_out_specs(const opf_op_class *c, int bwd, int n_grads, opf_py_fake_specs *fs,
+                     opf_spec **out)
 {
-    return bwd ? n_grads : 1 + c->n_extra_out;
-}
-
-/* class_fake(cls, bwd, vals, n_grads) -> forward: (outs, aux); backward: grads */
-static PyObject *py_class_fake(PyObject *mod, PyObject *a)
-{
-    const char *name;
-    int bwd, n_grads;
-    PyObject *vals;
-    if (!PyArg_ParseTuple(a, "spOi", &name, &bwd, &vals, &n_grads)) return NULL;
-    if (n_grads < 1 || n_grads > OPF_OP_MAX_GRADS)
-        return opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: %d gradients, expected 1..%d", name, n_grads,
-                             OPF_OP_MAX_GRADS);
-    _Alignas(64) unsigned char args[OPF_OP_ARGS_MAX];
-    const opf_op_class *c;
-    if (!pack_args(name, bwd, vals, args, &c)) return NULL;
-    fake_specs fs;
-    opf_status st = run_fake(c, bwd, args, n_grads, &fs);
-    if (st) return opf_raise_msg(st, "%s: %s", name, opf_last_error(NULL));
-    if (bwd) return out_list(fs.grads, n_grads);
-    return Py_BuildValue("(NN)", out_list(fs.outs, n_outputs(c, 0, 0)),
-                         out_list(fs.outs + 1 + OPF_OP_MAX_EXTRA, OPF_OP_MAX_AUX));
-}
-
-/* Output tensors over caller memory from (spec, ptrs) entries (None: absent). */
-static int outs_from(PyObject *l, opf_tensor *t, int n)
-{
-    for (int i = 0; i < n; i++) {
-        PyObject *e = PyList_GetItem(l, i);
-        char nm[32];
-        snprintf(nm, sizeof nm, "output %d", i);
-        if (!e || tensor_from(e, nm, &t[i]) < 0) return -1;
+    if (bwd) {
+        *out = fs->grads;
+        return n_grads;
     }
-    return 0;
-}
-
-/* class_impl(ctx, cls, bwd, vals, outs): outs as the fake's outputs (forward:
- * outs then the aux slots), each None or a tensor value over caller memory. */
-static PyObject *py_class_impl(PyObject *mod, PyObject *a)
-{
-    PyObject *ctx_obj, *vals, *outs;
-    const char *name;
-    int bwd;
-    if (!PyArg_ParseTuple(a, "OspOO", &ctx_obj, &name, &bwd, &vals, &outs)) return NULL;
-    opf_ctx *ctx = opf_py_ctx_get(ctx_obj);
-    if (!ctx) return NULL;
-    _Alignas(64) unsigned char args[OPF_OP_ARGS_MAX];
-    const opf_op_class *c;
-    if (!pack_args(name, bwd, vals, args, &c)) return NULL;
-    PyObject *l = opf_py_list(outs, "outs must be a sequence");
-    if (!l) return NULL;
-    int n = (int)PyList_Size(l), want = bwd ? n : 1 + c->n_extra_out + OPF_OP_MAX_AUX;
-    opf_tensor t[OPF_OP_MAX_GRADS + 1];
-    memset(t, 0, sizeof t);
-    int rc = n == want && n <= OPF_OP_MAX_GRADS ? 0 : -1;
-    if (rc) opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: %d outputs, expected %d", name, n, want);
-    if (!rc) rc = outs_from(l, t, n);
-    Py_DECREF(l);
-    if (rc) return NULL;
-    opf_status st;
-    void (*impl_fwd)(void) = (void (*)(void))c->forward_impl;
-    if ((bwd && !c->backward_impl) || (!bwd && !impl_fwd))
-        return opf_raise_msg(OPF_ERR_UNSUPPORTED, "%s: no %s impl", name, bwd ? "backward" : "forward");
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    Py_BEGIN_ALLOW_THREADS
-    st = bwd ? c->backward_impl(ctx, args, t) : c->forward_impl(ctx, args, t, t + 1 + c->n_extra_out);
-    Py_END_ALLOW_THREADS
-    opf_ctx_scratch_pop(ctx, mark);
-    if (st) return opf_raise(st, ctx);
-    Py_RETURN_NONE;
+    /* the aux slots follow the outputs directly, as forward_impl takes them */
+    int n = 1 + c->n_extra_out;
+    memmove(fs->outs + n, fs->outs + 1 + OPF_OP_MAX_EXTRA, sizeof fs->outs[0] * OPF_OP_MAX_AUX);
+    *out = fs->outs;
+    return n + OPF_OP_MAX_AUX;
 }
 
 /* ---- resolve -------------------------------------------------------------------------
@@ -462,7 +316,7 @@ static PyObject *source_of(opf_op *op, const void *p)
 static PyObject *record(opf_op *op, const opf_schema *s, const void *args)
 {
     flat_field ff[MAX_FLAT];
-    int n = flatten(s, 0, "", ff, 0);
+    int n = opf_py_flatten(s, ff);
     if (n < 0) return NULL;
     PyObject *r = PyList_New(n);
     for (int i = 0; r && i < n; i++) {
@@ -512,7 +366,7 @@ typedef struct {
 
 /* The backward half: setup_context on placeholders, resolve_bwd, the fake. */
 static PyObject *resolve_backward(opf_op *op, const resolve_in *in, const void *fargs,
-                                  const fake_specs *fs)
+                                  const opf_py_fake_specs *fs)
 {
     const opf_op_class *c = opf_op_class_of(op);
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA + OPF_OP_MAX_AUX];
@@ -539,8 +393,8 @@ static PyObject *resolve_backward(opf_op *op, const resolve_in *in, const void *
     memset(bargs, 0, c->bwd_schema->size);
     if (!st) st = c->resolve_bwd(op, &octx, &env, bargs);
     int n = 1 + opf_op_num_params(op) + opf_op_num_extra_in(op);
-    fake_specs bs;
-    if (!st) st = run_fake(c, 1, bargs, n, &bs);
+    opf_py_fake_specs bs;
+    if (!st) st = opf_py_run_fake(c, 1, bargs, &bs);
     PyObject *r = st ? opf_raise(st, in->ctx) : record(op, c->bwd_schema, bargs);
     opf_op_ctx_clear(&octx);
     if (!r) return NULL;
@@ -568,11 +422,11 @@ static PyObject *resolve_one(opf_op *op, const resolve_in *in, opf_spec *x_spec,
                        .requires_grad = in->requires_grad, .kwargs = kwargs};
     _Alignas(64) unsigned char args[OPF_OP_ARGS_MAX];
     memset(args, 0, c->fwd_schema->size);
-    fake_specs fs;
+    opf_py_fake_specs fs;
     opf_status st = c->resolve_fwd(op, &env, args);
     if (!st && (st = opf_schema_validate(c->fwd_schema, args)))
         opf_raise_msg(st, "%s: %s", opf_op_name(op), opf_last_error(NULL));
-    if (!st && (st = run_fake(c, 0, args, 0, &fs)))
+    if (!st && (st = opf_py_run_fake(c, 0, args, &fs)))
         opf_raise_msg(st, "%s: %s", opf_op_name(op), opf_last_error(NULL));
     if (!st && c->after_fake)
         st = c->after_fake(op, &env, args, fs.outs, fs.outs + 1 + OPF_OP_MAX_EXTRA);
@@ -622,12 +476,60 @@ static PyObject *py_resolve(PyObject *mod, PyObject *a)
     return r;
 }
 
+/* ---- delayed scaling ---------------------------------------------------------------
+ * The eager fuser updates every op's delayed-scaling state (amax history
+ * roll, new scales) after a forward that records for backward and after
+ * each backward; a compiled graph does it through an ordered custom op
+ * calling these. */
+
+/* delayed_ops(ops) -> the addresses of the ops that keep delayed state */
+static PyObject *py_delayed_ops(PyObject *mod, PyObject *ops)
+{
+    PyObject *l = opf_py_list(ops, "ops must be a sequence");
+    PyObject *r = l ? PyList_New(0) : NULL;
+    for (Py_ssize_t i = 0; r && i < PyList_Size(l); i++) {
+        opf_op *op = opf_py_op_get(PyList_GetItem(l, i));
+        opf_recipe_state *rs = op ? opf_op_recipe_state(op) : NULL;
+        if (!op) Py_CLEAR(r);
+        else if (rs && (opf_recipe_state_delayed(rs, false) || opf_recipe_state_delayed(rs, true))) {
+            PyObject *a = PyLong_FromVoidPtr(op);
+            if (!a || PyList_Append(r, a) < 0) Py_CLEAR(r);
+            Py_XDECREF(a);
+        }
+    }
+    Py_XDECREF(l);
+    return r;
+}
+
+/* delayed_update(ctx, addresses, backward): one direction's update of each
+ * op (addresses from delayed_ops; the ops must be alive). */
+static PyObject *py_delayed_update(PyObject *mod, PyObject *a)
+{
+    PyObject *ctx_obj, *addrs;
+    int backward;
+    if (!PyArg_ParseTuple(a, "OOp", &ctx_obj, &addrs, &backward)) return NULL;
+    opf_ctx *ctx = opf_py_ctx_get(ctx_obj);
+    PyObject *l = ctx ? opf_py_list(addrs, "addresses must be a sequence") : NULL;
+    opf_status st = OPF_OK;
+    for (Py_ssize_t i = 0; l && !st && i < PyList_Size(l); i++) {
+        opf_op *op = PyLong_AsVoidPtr(PyList_GetItem(l, i));
+        opf_recipe_state *rs = op ? opf_op_recipe_state(op) : NULL;
+        if (rs) st = opf_recipe_state_update(ctx, rs, backward, NULL, NULL);
+    }
+    if (!l) return NULL;
+    Py_DECREF(l);
+    if (PyErr_Occurred()) return NULL;
+    if (st) return opf_raise(st, ctx);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef opf_py_classop_methods[] = {
+    {"delayed_ops", py_delayed_ops, METH_O,
+     "delayed_ops(ops): addresses of the ops whose recipe state keeps delayed scaling."},
+    {"delayed_update", py_delayed_update, METH_VARARGS,
+     "delayed_update(ctx, addresses, backward): the delayed-scaling update of those ops."},
     {"class_fields", py_class_fields, METH_VARARGS,
      "class_fields(cls, bwd): the flattened args schema as (name, kind, flags)."},
-    {"class_fake", py_class_fake, METH_VARARGS,
-     "class_fake(cls, bwd, vals, n_grads): output specs and layouts from the class fake."},
-    {"class_impl", py_class_impl, METH_VARARGS, "class_impl(ctx, cls, bwd, vals, outs)."},
     {"resolve", py_resolve, METH_VARARGS,
      "resolve(ctx, ops, x_spec, recipe, requires_grad, kwargs): per-op field sources."},
     {NULL, NULL, 0, NULL},

@@ -83,6 +83,8 @@ opf_delayed_state *opf_py_recipe_state_delayed(PyObject *o, bool backward);
 extern PyMethodDef opf_py_quant_methods[];
 extern PyMethodDef opf_py_op_methods[];
 extern PyMethodDef opf_py_classop_methods[];
+extern PyMethodDef opf_py_torchcall_methods[];
+int opf_py_torchcall_init_types(PyObject *m);
 int opf_py_op_init_types(PyObject *m);
 int opf_py_quant_init_types(PyObject *m);
 

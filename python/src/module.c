@@ -131,9 +131,11 @@ PyMODINIT_FUNC PyInit__C(void)
         return NULL;
     if (add_errors(m) < 0 || opf_py_ctx_init_type(m) < 0 || opf_py_tensor_init_type(m) < 0 ||
         opf_py_quant_init_types(m) < 0 || opf_py_op_init_types(m) < 0 ||
+        opf_py_torchcall_init_types(m) < 0 ||
         opf_py_add_methods(m, opf_py_quant_methods) < 0 ||
         opf_py_add_methods(m, opf_py_op_methods) < 0 ||
-        opf_py_add_methods(m, opf_py_classop_methods) < 0) {
+        opf_py_add_methods(m, opf_py_classop_methods) < 0 ||
+        opf_py_add_methods(m, opf_py_torchcall_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -25,10 +25,12 @@ def make(custom_ops=False, hidden=64, ffn=128):
     return m
 
 
-def run(m, recipe, x):
+def run(m, recipe, x, mark_dynamic=False):
     """Loss, input gradient and parameter gradients of one step."""
     opfuse.default_context().set_rng(5, 0)  # NVFP4's stochastic rounding
     x = x.clone().requires_grad_()
+    if mark_dynamic:
+        torch._dynamo.mark_dynamic(x, 0)
     with ot.autocast(recipe=recipe):
         y = m(x)
     y.square().sum().backward()
@@ -62,7 +64,7 @@ def test_custom_ops_equal_eager(recipe):
 
 def plans(m, x, recipe):
     dt = ot._FROM_TORCH_DT[x.dtype]
-    return ot._resolved(m._key, ot._recipe_id(recipe), True, dt, *x.shape)
+    return ot._resolved(m._key, ot._recipe_id(recipe), True, dt, x.shape[-1])[0]
 
 
 @pytest.mark.parametrize("recipe", ["none", "mxfp8"])
@@ -70,11 +72,11 @@ def test_opcheck_forward_and_backward(recipe):
     m, r = make(True), RECIPES[recipe]
     x = x_in().requires_grad_()
     for pid, cls, template, main, first in plans(m, x, r):
-        args = _ops.fwd_args(pid, template, x, m._plist[first:])
+        args = _ops.fwd_args(template, x, m._plist[first:])
         fwd = getattr(torch.ops.opfuse, cls + "_fwd").default
         torch.library.opcheck(fwd, args)
-        outs = fwd(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
-        saved = [t.detach() for t in _ops.saved_tensors(pid, args, outs)]
+        outs = fwd([t.detach() for t in args[0]], *args[1:])
+        saved = [t.detach() for t in _ops.saved_tensors(pid, args[0], outs)]
         bwd = getattr(torch.ops.opfuse, cls + "_bwd").default
         torch.library.opcheck(bwd, _ops.bwd_args(pid, saved, torch.randn_like(outs[main])))
         x = outs[main].detach().requires_grad_()
@@ -103,7 +105,121 @@ def test_custom_ops_bad_input_raises_c_message():
         m(torch.randn(8, 64, dtype=torch.float64))
     _ops.class_ops("bias")
     tiny = torch.zeros(4, dtype=torch.uint8)   # an MXFP8 [64, 64] x needs far more
-    meta = [int(opfuse.DType.F32), int(opfuse.Scaling.MXFP8), int(opfuse.DType.E4M3), 1, 0, 64, 64]
+    # x: data + scale_inv (mask 3), MXFP8 e4m3 rowwise; b present; next_q; bwd_override; plan
+    values = [3, int(opfuse.DType.F32), int(opfuse.Scaling.MXFP8), int(opfuse.DType.E4M3), 1, 0,
+              1] + [0] * 14 + [0, 0]
     with pytest.raises(opfuse.ShapeError, match="needs"):
-        torch.ops.opfuse.bias_fwd(tiny, tiny, None, None, None, None, meta, torch.randn(64),
-                                  [0] * 14, 0, 0)
+        torch.ops.opfuse.bias_fwd([tiny, tiny, torch.randn(64)], values, [2, 64, 64, 64])
+
+
+def python_calls(fn) -> list:
+    """The Python functions of opfuse that fn runs."""
+    import sys
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call" and "opfuse" in frame.f_code.co_filename:
+            seen.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return [s for s in seen if s != "<lambda>"]
+
+
+@pytest.mark.parametrize("recipe", ["none", "mxfp8"])
+def test_impls_run_without_python(recipe):
+    """A compiled graph calls its forward ops with grad off and its backward
+    ops directly: both reach C with no Python function in between."""
+    m, r = make(True), RECIPES[recipe]
+    x = x_in().requires_grad_()
+    for pid, cls, template, main, first in plans(m, x, r):
+        args = _ops.fwd_args(template, x, m._plist[first:])
+        fwd = getattr(torch.ops.opfuse, cls + "_fwd").default
+        with torch.no_grad():
+            outs = fwd(*args)
+            assert python_calls(lambda: fwd(*args)) == []
+        bargs = _ops.bwd_args(pid, _ops.saved_tensors(pid, args[0], outs), outs[main])
+        bwd = getattr(torch.ops.opfuse, cls + "_bwd").default
+        assert python_calls(lambda: bwd(*bargs)) == []
+        direct = opfuse._C.ClassCall(cls, False)(*args)
+        assert all(torch.equal(a, b) for a, b in zip(outs, direct))
+        x = outs[main].detach().requires_grad_()
+
+
+def test_packed_arguments_checked():
+    _ops.class_ops("bias")
+    x, b = torch.randn(4, 8), torch.randn(8)
+    values = [1, 0, 0, 0, 0, 0, 1] + [0] * 14 + [0, 0]
+    assert torch.equal(torch.ops.opfuse.bias_fwd([x, b], values, [4])[0], x + b)
+    with pytest.raises(opfuse.InvalidArgError, match="no row count"):
+        torch.ops.opfuse.bias_fwd([x, b], values, [])
+    with pytest.raises(opfuse.InvalidArgError, match="values list ends early"):
+        torch.ops.opfuse.bias_fwd([x, b], values[:10], [4])
+    with pytest.raises(opfuse.InvalidArgError, match="left over"):
+        torch.ops.opfuse.bias_fwd([x, b, b], values, [4])
+    with pytest.raises(opfuse.InvalidArgError, match="tensors list ends early"):
+        torch.ops.opfuse.bias_fwd([x], values, [4])
+    with pytest.raises(opfuse.InvalidArgError, match="not contiguous"):
+        torch.ops.opfuse.bias_fwd([x.t().contiguous().t(), b], values, [4])
+    assert [n for n, _ in _ops.describe("bias")] == ["x", "b", "next_q", "bwd_override"]
+
+
+def dynamic_steps(m, cm, recipe, inputs, mark_dynamic=False):
+    """Eager and compiled steps on each input, same bits; the graphs made."""
+    from torch._dynamo.utils import counters
+    counters.clear()
+    for x in inputs:
+        eager = run(m, recipe, x)
+        m.zero_grad()
+        assert_same_bits(eager, run(cm, recipe, x, mark_dynamic))
+        m.zero_grad()
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("recipe", ["none", "mxfp8", "current", "nvfp4"])
+def test_compile_dynamic_rows_no_recompile(recipe):
+    """dynamic=True: the fakes give outputs whose rows are the symbolic row
+    count (quantized components' padded sizes too), so new batch sizes reuse
+    the one graph, with the eager bits; a 3D input is one graph more (its
+    rank). (The first call has rows != features: Dynamo gives equal sizes
+    one symbol, and the features are pinned.)"""
+    torch._dynamo.reset()
+    m, r = make(False), RECIPES[recipe]
+    cm = torch.compile(m, fullgraph=True, dynamic=True)
+    xs = [x_in(rows) for rows in (96, 64, 160)] + [x_in(96).reshape(3, 32, 64)]
+    assert dynamic_steps(m, cm, r, xs) == 2
+
+
+def test_compile_mark_dynamic_rows():
+    torch._dynamo.reset()
+    m, r = make(False), RECIPES["mxfp8"]
+    cm = torch.compile(m, fullgraph=True)
+    xs = [x_in(rows) for rows in (64, 128, 32)]
+    assert dynamic_steps(m, cm, r, xs, mark_dynamic=True) == 1
+
+
+def steps(m, recipe, n=3):
+    """n training steps on growing inputs (so delayed scaling's history and
+    scales move); each step's loss, input and parameter gradients."""
+    out = []
+    for i in range(n):
+        out.append(run(m, recipe, x_in() * (1 + 2 * i)))
+        m.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current", "mxfp8"])
+def test_compiled_steps_carry_recipe_state(recipe):
+    """Delayed scaling's amax history and scales update after each forward
+    and each backward under compile as eagerly (an ordered custom op):
+    compiled == eager bit for bit over several steps."""
+    torch._dynamo.reset()
+    r = RECIPES[recipe]
+    eager = steps(make(False), r)
+    compiled = steps(torch.compile(make(False), fullgraph=True, dynamic=False), r)
+    custom = steps(make(True), r)
+    for a, b, c in zip(eager, compiled, custom):
+        assert_same_bits(a, b)
+        assert_same_bits(a, c)

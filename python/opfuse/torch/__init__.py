@@ -15,11 +15,14 @@ are torch Parameters sharing memory with the C parameters.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import weakref
 from typing import Optional
 
 import torch
+
+import opfuse
 
 from .. import DType, Recipe, Seq, _C, default_context
 from . import _ops, _tensor
@@ -174,15 +177,43 @@ def _recipe_id(recipe) -> int:
         return len(_RECIPES) - 1
 
 
+# Row counts the resolve step runs at: two, so that what follows the rows
+# shows (and becomes the symbolic row count in the graph); multiples of
+# every block size of every format.
+_PROBES = (128, 256)
+
+
 @torch._dynamo.assume_constant_result
-def _resolved(key, recipe_id, needs_grad, dtype, *shape):
-    """The per-op plans of model `key` (resolved once per key): Dynamo calls
-    this at trace time and bakes the result, a tuple of constants."""
-    k = (key, recipe_id, needs_grad, dtype, shape)
-    r = _PLAN_CACHE.get(k)
-    if r is None:
-        r = _PLAN_CACHE[k] = _MODELS[key]._resolve(recipe_id, needs_grad, dtype, shape)
-    return r
+def _resolved(key, recipe_id, needs_grad, dtype, k, rows=-1):
+    """The per-op plans of model `key` for inputs [rows, k] (resolved once
+    per key; rows -1: any row count, or None when some op's fields follow
+    the rows in a way the templates cannot carry). Dynamo calls this at
+    trace time and bakes the result, a tuple of constants."""
+    key_ = (key, recipe_id, needs_grad, dtype, k, rows)
+    if key_ not in _PLAN_CACHE:
+        _PLAN_CACHE[key_] = _MODELS[key]._resolve(recipe_id, needs_grad, dtype, k, rows)
+    return _PLAN_CACHE[key_]
+
+
+def _merge_rows(a, b):
+    """a and b (the same resolve at the two probes) as one, with None
+    where the value is the row count; ValueError where they differ
+    otherwise."""
+    if isinstance(a, (tuple, list)):
+        if len(a) != len(b):
+            raise ValueError
+        return type(a)(_merge_rows(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        # output layouts (component rows and cols) are not arguments: the fakes lift them
+        r = {k: v if k in ("outs", "aux", "bwd") else _merge_rows(v, b[k]) for k, v in a.items()}
+        if a.get("bwd") is not None:
+            r["bwd"] = (_merge_rows(a["bwd"][0], b["bwd"][0]),) + tuple(a["bwd"][1:])
+        return r
+    if a == b:
+        return a
+    if (a, b) == _PROBES and not isinstance(a, bool):
+        return None
+    raise ValueError
 
 
 class _SeqFunction(torch.autograd.Function):
@@ -242,24 +273,56 @@ class Sequential(torch.nn.Module):
 
     def _forward_ops(self, x, needs_grad):
         """One forward custom op per basic op, each with its autograd
-        formula: what torch.compile sees."""
+        formula: what torch.compile sees. The ops run on the 2D view
+        [rows, features]; the plans hold for any row count where they can,
+        so a dynamic batch size stays symbolic."""
         rid = getattr(_state, "recipe_id", 0)
         dt = _FROM_TORCH_DT.get(x.dtype, -1)
-        plans = _resolved(self._key, rid, bool(needs_grad), dt, *x.shape)
+        if x.dim() == 0:
+            raise opfuse.ShapeError("opfuse.torch.Sequential: input has no dims")
+        # operator.index: Dynamo pins a symbolic size it converts so (a guard)
+        shape, k = x.shape, operator.index(x.shape[-1])
+        x = x.reshape(-1, k)
+        r = _resolved(self._key, rid, bool(needs_grad), dt, k)
+        if r is None:  # pinned to this row count (a guard under torch.compile)
+            r = _resolved(self._key, rid, bool(needs_grad), dt, k, operator.index(x.shape[0]))
+        plans, delayed = r
         for pid, cls, template, main, first in plans:
-            x = _ops.call(pid, cls, template, main, x, self._plist[first:])
-        return x
+            x = _ops.call(cls, template, main, x, self._plist[first:])
+        if needs_grad:
+            _ops.delayed_update(x, delayed, False)
+        return x.reshape(*shape[:-1], x.shape[-1])
 
-    def _resolve(self, recipe_id, needs_grad, dtype, shape):
-        recipe = _RECIPES[recipe_id]
+    def _resolve_at(self, recipe_id, needs_grad, dtype, k, rows):
         ops = [self._seq[i]._h for i in range(len(self._seq))]
-        res = _C.resolve(self._seq.ctx, ops, (shape, dtype, 0, 0, 0, 0), recipe, needs_grad, None)
+        return _C.resolve(self._seq.ctx, ops, ((rows, k), dtype, 0, 0, 0, 0),
+                          _RECIPES[recipe_id], needs_grad, None), ops
+
+    def _resolve(self, recipe_id, needs_grad, dtype, k, rows):
+        if rows >= 0:
+            res, ops = self._resolve_at(recipe_id, needs_grad, dtype, k, rows)
+        else:
+            res, ops = self._resolve_at(recipe_id, needs_grad, dtype, k, _PROBES[0])
+            try:
+                res = _merge_rows(res, self._resolve_at(recipe_id, needs_grad, dtype, k,
+                                                        _PROBES[1])[0])
+            except ValueError:
+                return None
         out, first = [], 0
-        for r, op in zip(res, ops):
-            n = op.info()["num_params"]
-            out.append(_ops.add_plan(r, n) + (first,))
-            first += n
-        return tuple(out)
+        try:
+            for r, op in zip(res, ops):
+                n = op.info()["num_params"]
+                out.append(_ops.add_plan(r, n) + (first,))
+                first += n
+        except opfuse.UnsupportedError:
+            if rows >= 0:
+                raise
+            return None
+        delayed = tuple(_C.delayed_ops(ops))
+        with_bwd = [p[0] for p, r in zip(out, res) if r["bwd"] is not None]
+        if delayed and with_bwd:  # the first op's backward is the step's last
+            _ops.set_bwd_update(with_bwd[0], delayed)
+        return tuple(out), delayed
 
     def plans(self):
         return self._seq.plans()

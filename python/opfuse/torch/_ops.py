@@ -1,24 +1,35 @@
 """opfuse op classes as torch.library custom ops (namespace ``opfuse``).
 
 Every op class with a forward gets ``opfuse::<class>_fwd`` and, with a
-backward, ``opfuse::<class>_bwd``. Their arguments are the class's C args
-struct flattened field by field (``_C.class_fields``):
+backward, ``opfuse::<class>_bwd``, both
 
-    plain tensor         Tensor? <name>
-    plain or quantized   Tensor? <name>, <name>_scale_inv, <name>_col_data,
-                         <name>_col_scale_inv, <name>_amax, <name>_col_amax
-                         (the components) and int[] <name>_meta
-                         (dtype, scaling, qdtype, usage, flags, *shape)
-    quantizer            int[] <name> (its fields, by value)
-    int, enum, ref       int <name>      float: float <name>   bool: bool <name>
+    (Tensor[] tensors, int[] values, SymInt[] shapes) -> Tensor[]
 
-plus ``int plan`` (forward: which resolved op the autograd formula belongs
-to) or ``int n_grads`` (backward). Both return Tensor[]: the outputs' (forward:
-outputs then aux) or the gradients' components in order; quantized components
-travel as bytes (uint8), fp32 scales as float32. The fakes are the C fakes
-on specs (``_C.class_fake``): nothing is computed, only empty tensors made
-from the specs. The impl allocates the same tensors and runs the C impl on
-their memory.
+Their arguments are the class's C args struct flattened field by field
+(``_C.class_fields``, ``describe(cls)``) and packed into three lists, read
+in field order:
+
+    plain tensor         values: present (0/1); tensors: the tensor
+    plain or quantized   values: mask (bit c: component c is passed), dtype,
+                         scaling, qdtype, usage, flags; tensors: the passed
+                         components (data, scale_inv, col_data, col_scale_inv,
+                         amax, col_amax); shapes: ndim, dims (quantized only;
+                         a plain value is its component 0)
+    quantizer            values: its 14 fields (by value)
+    float                values: the bits of the double
+    int, enum, bool, ref values: one int
+
+and ``values`` ends with the plan (forward: which resolved op the autograd
+formula belongs to) or n_grads (backward). Lists keep every class under
+torch's 64-argument limit (grouped_linear has hundreds of fields) and make a
+call cheap for the dispatcher; absent tensors take no slot. Both return the
+outputs' (forward: outputs then aux) or the gradients' components in order;
+quantized components travel as bytes (uint8), fp32 scales as float32.
+
+The fakes are the C fakes on specs (``ClassCall.fake``): nothing is
+computed, only empty tensors made from the specs. The impl is the
+``_C.ClassCall`` itself: one C call that reads the torch arguments,
+allocates the same tensors and runs the C impl on their memory.
 
 What the C resolve step reads from an op (parameters, quantizers of its
 recipe state, kwargs) is resolved once per (model, input rank, feature size,
@@ -31,143 +42,155 @@ and schedules them separately.
 """
 from __future__ import annotations
 
+import struct
 import threading
-from typing import Optional
 
 import torch
 
 from .. import DType, _C, default_context
 from ._tensor import _FROM_TORCH, _TORCH_DTYPES
 
-TENSOR, TENSOR_Q, QUANTIZER, INT, FLOAT, BOOL, ENUM, BUNDLE, REF, F32, I32 = range(11)
-COMP_SUFFIX = ("", "_scale_inv", "_col_data", "_col_scale_inv", "_amax", "_col_amax")
-_RESERVED = {"out", "self", "dtype", "layout", "device", "memory_format", "input", "plan",
-             "n_grads", "name"}
+_C.torch_setup(torch.empty, torch.zeros, default_context,
+               {t: int(d) for t, d in _FROM_TORCH.items()},
+               {int(d): t for d, t in _TORCH_DTYPES.items()})
 
-MAX_ARGS = 64  # torch's limit per operator schema
+TENSOR, TENSOR_Q, QUANTIZER, INT, FLOAT, BOOL, ENUM, BUNDLE, REF, F32, I32 = range(11)
+N_COMP = 6
+SCHEMA = "(Tensor[] tensors, int[] values, SymInt[] shapes) -> Tensor[]"
+
 _lib = torch.library.Library("opfuse", "FRAGMENT")
 _lock = threading.Lock()
 _CLASS_OPS: dict = {}
 _PLANS: list = []
 
 
-def _arg_name(name: str) -> str:
-    return name + "_" if name in _RESERVED else name
+def _float_bits(v: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(v)))[0]
 
 
-def _schema_args(fields) -> list:
-    args = []
-    for name, kind, _ in fields:
-        n = _arg_name(name)
-        if kind == TENSOR:
-            args.append(f"Tensor? {n}")
-        elif kind == TENSOR_Q:
-            args += [f"Tensor? {n}{s}" for s in COMP_SUFFIX] + [f"int[] {n}_meta"]
-        elif kind == QUANTIZER:
-            args.append(f"int[] {n}")
-        elif kind in (FLOAT, F32):
-            args.append(f"float {n}")
-        elif kind == BOOL:
-            args.append(f"bool {n}")
-        else:
-            args.append(f"int {n}")
-    return args
+def describe(cls: str, bwd: bool = False) -> list:
+    """The flattened fields of a class's forward (or backward) as
+    (name, kind): the order in which the packed lists are read."""
+    names = ("tensor", "tensor_or_quantized", "quantizer", "int", "float", "bool", "enum",
+             "bundle", "ref", "float", "int")
+    return [(name, names[kind]) for name, kind, _ in _C.class_fields(cls, bwd)]
 
 
-def _nargs(kind: int) -> int:
-    return 7 if kind == TENSOR_Q else 1
+# ---- fakes -------------------------------------------------------------------------------
+
+def _same(a, b) -> bool:
+    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and \
+        a.node.expr == b.node.expr
 
 
-# ---- tensors to and from C values ---------------------------------------------------------
-
-def _check_cpu(t: torch.Tensor, what: str):
-    if t.device.type != "cpu":
-        raise _C.UnsupportedError(f"{what}: tensor on {t.device}; this build takes CPU tensors")
-    if not t.is_contiguous():
-        raise _C.InvalidArgError(f"{what}: tensor is not contiguous")
-
-
-def _ptr(t: Optional[torch.Tensor], fake: bool):
-    if t is None or fake:
-        return (0, 0)
-    return (t.data_ptr(), t.numel() * t.element_size())
+def _int(d, rows, value) -> int:
+    """d for the C fake: value where d is the row count, a number otherwise
+    (a symbolic size's hint: component sizes, which the C fake never reads)."""
+    if isinstance(d, torch.SymInt):
+        return value if _same(d, rows) else d.node.hint or 0
+    return int(d)
 
 
-def _plain_value(t: torch.Tensor, what: str, fake: bool):
-    _check_cpu(t, what)
-    dt = _FROM_TORCH.get(t.dtype)
-    if dt is None:
-        raise _C.DtypeError(f"{what}: torch dtype {t.dtype} has no opfuse dtype")
-    ptrs = None if fake else (_ptr(t, False),) + ((0, 0),) * 5
-    # int(): under fake tensors with symbolic sizes the C fake needs numbers
-    return (tuple(int(d) for d in t.shape), int(dt), 0, 0, 0, 0, ptrs)
+def _concrete(tensors, values, shapes, rows, value):
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise _C.UnsupportedError(f"tensor on {t.device}; this build takes CPU tensors")
+    ts = []
+    for t in tensors:
+        dt = _FROM_TORCH.get(t.dtype)
+        if dt is None:
+            raise _C.DtypeError(f"torch dtype {t.dtype} has no opfuse dtype")
+        ts.append((tuple(_int(d, rows, value) for d in t.shape), int(dt)))
+    return ts, [int(v) for v in values], [_int(s, rows, value) for s in shapes]
 
 
-def _quant_value(comps, meta, what: str, fake: bool):
-    dtype, scaling, qdtype, usage, flags = meta[:5]
-    if scaling == 0:
-        if comps[0] is None:
+def _round_up(x, a):
+    return (x + a - 1) // a * a
+
+
+def _ceil_div(x, a):
+    return (x + a - 1) // a
+
+
+# The component shapes of each quantized format as functions of the 2D view
+# [m, k] (rows, cols), for symbolic m: opf_spec_layout's table
+# (docs/numerics.md 4.2) again, because the C layout takes numbers only.
+# _lifted checks it against the C layout on the hint at every use.
+_LAYOUTS = {
+    1: lambda m, k: ((m, k), (1, 1), (k, m), (1, 1), (1, 1), None),
+    2: lambda m, k: ((m, k), (_round_up(m, 128), _round_up(k // 32, 4)), (m, k),
+                     (_round_up(m // 32, 4), _round_up(k, 128)), None, None),
+    3: lambda m, k: ((m, k), (_ceil_div(k, 128), _round_up(m, 4)), (k, m),
+                     (_ceil_div(m, 128), _round_up(k, 4)), None, None),
+    4: lambda m, k: ((m, k), (_ceil_div(m, 128), _round_up(_ceil_div(k, 128), 4)), (k, m),
+                     (_ceil_div(k, 128), _round_up(_ceil_div(m, 128), 4)), None, None),
+    5: lambda m, k: ((m, k), (_round_up(m, 128), _round_up(k // 16, 4)), (k, m),
+                     (_round_up(k, 128), _round_up(m // 16, 4)), (1, 1), (1, 1)),
+}
+_LAYOUTS[6] = _LAYOUTS[5]
+
+
+def _present(spec) -> list:
+    """The components a quantized spec has, as in _LAYOUTS."""
+    scaling, usage = spec[2], spec[4]
+    comps = ([0, 1] if usage & 1 else []) + ([2, 3] if usage & 2 else [])
+    return comps + {1: [4], 5: [4, 5], 6: [4, 5]}.get(scaling, [])
+
+
+def _tensor_shapes(spec) -> list:
+    """The torch shapes of a quantized spec's components (as ClassCall
+    allocates them: 2D, fp4 data two to a byte), for a possibly symbolic
+    shape."""
+    shape, _, scaling, qdtype = spec[:4]
+    m = 1
+    for d in shape[:-1]:
+        m = m * d
+    comps = _LAYOUTS[scaling](m, shape[-1])
+    fp4 = qdtype == int(DType.E2M1)
+    return [(comps[c][0], comps[c][1] // 2 if fp4 and c in (0, 2) else comps[c][1])
+            for c in _present(spec)]
+
+
+def _lifted(a, b, rows, h1, h2):
+    """The torch shapes of one output from the C fake run at two row
+    counts (h1, h2): dims that follow the rows become the symbolic rows;
+    None when a dim changes otherwise."""
+    (spec_a, allocs), (spec_b, _) = a, b
+    dims = []
+    for x, y in zip(spec_a[0], spec_b[0]):
+        if x != y and (x, y) != (h1, h2):
             return None
-        return _plain_value(comps[0], what, fake)
-    for c in comps:
-        if c is not None:
-            _check_cpu(c, what)
-    ptrs = None if fake else tuple(_ptr(c, False) for c in comps)
-    return (tuple(meta[5:]), dtype, scaling, qdtype, usage, flags, ptrs)
+        dims.append(x if x == y else rows)
+    if spec_a[2] == 0:
+        return [dims]
+    if _tensor_shapes(spec_a) != [tuple(al[0]) for al in allocs]:
+        raise _C.UnsupportedError(f"the symbolic layout of {spec_a} disagrees with the C one")
+    return _tensor_shapes((tuple(dims),) + tuple(spec_a[1:]))
 
 
-def _values(fields, args, fake: bool) -> list:
-    """The C values of the flattened torch arguments."""
-    vals, i = [], 0
-    for name, kind, _ in fields:
-        if kind == TENSOR:
-            t = args[i]
-            vals.append(None if t is None else _plain_value(t, name, fake))
-        elif kind == TENSOR_Q:
-            vals.append(_quant_value(args[i:i + 6], list(args[i + 6]), name, fake))
-        elif kind == QUANTIZER:
-            vals.append(tuple(args[i]))
-        else:
-            vals.append(args[i])
-        i += _nargs(kind)
-    return vals
+def _empty(shape, dt, zero):
+    return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[DType(dt)])
 
 
-def _alloc(entry) -> list:
-    """Tensors for one output entry of a fake: (spec, components)."""
-    (shape, dtype, scaling, *_), comps = entry
-    if scaling == 0:
-        return [torch.empty(shape, dtype=_TORCH_DTYPES[DType(dtype)])]
-    out = []
-    for c, (present, cdt, rows, cols, nbytes) in enumerate(comps):
-        if not present:
-            continue
-        if cdt == DType.F32:
-            out.append(torch.zeros(rows, cols, dtype=torch.float32))
-        else:  # bytes; scales zeroed, as their padding must be
-            make = torch.empty if c in (0, 2) else torch.zeros
-            out.append(make(rows, nbytes // max(rows, 1), dtype=torch.uint8))
-    return out
-
-
-def _c_out(entry, tensors) -> Optional[tuple]:
-    if entry is None or entry == "pass":
-        return None
-    (shape, dtype, scaling, qdtype, usage, flags), comps = entry
-    it = iter(tensors)
-    ptrs = tuple(_ptr(next(it), False) if p[0] else (0, 0) for p in comps)
-    return (shape, dtype, scaling, qdtype, usage, flags, ptrs)
-
-
-def _run(cls: str, bwd: bool, fields, args, n_grads: int, fake: bool) -> list:
-    vals = _values(fields, args, fake)
-    specs = _C.class_fake(cls, bwd, vals, n_grads)
-    entries = specs if bwd else list(specs[0]) + list(specs[1])
-    groups = [[] if e is None or e == "pass" else _alloc(e) for e in entries]
-    if not fake:
-        _C.class_impl(default_context(), cls, bwd, vals,
-                      [_c_out(e, g) for e, g in zip(entries, groups)])
-    return [t for g in groups for t in g]
+def _fake(call, tensors, values, shapes) -> list:
+    """The outputs of one call as empty tensors, from the C fake's specs
+    (the tensors ClassCall allocates for the real call). Under dynamic
+    shapes the C fake runs at two row counts and the dims that follow the
+    rows come out symbolic; a dim that follows them otherwise pins the rows
+    (a guard: the graph is specialized to this size)."""
+    rows = shapes[-1]
+    if isinstance(rows, torch.SymInt) and rows.node.has_hint():
+        h1 = rows.node.hint
+        h2 = h1 + 256  # as divisible as h1 by every block size of every format
+        a = call.fake(*_concrete(tensors, values, shapes, rows, h1))
+        b = call.fake(*_concrete(tensors, values, shapes, rows, h2))
+        lifted = [_lifted(x, y, rows, h1, h2) for x, y in zip(a, b)]
+        if all(shp is not None for shp in lifted):
+            return [_empty(shp, dt, zero) for out, shps in zip(a, lifted)
+                    for shp, (_, dt, zero) in zip(shps, out[1])]
+        rows = int(rows)
+    outs = call.fake(*_concrete(tensors, values, shapes, None, 0))
+    return [_empty(shape, dt, zero) for _, allocs in outs for shape, dt, zero in allocs]
 
 
 # ---- registration ------------------------------------------------------------------------
@@ -182,31 +205,37 @@ class ClassOps:
             self.bwd_fields = _C.class_fields(cls, True)
         except _C.UnsupportedError:
             self.bwd_fields = None
-        for fields in (self.fwd_fields, self.bwd_fields or []):
-            if len(_schema_args(fields)) >= MAX_ARGS:
-                raise _C.UnsupportedError(f"op class {cls}: {len(_schema_args(fields)) + 1} "
-                                          f"arguments, torch takes {MAX_ARGS}: not registered yet")
-        self.fwd = self._define("fwd", self.fwd_fields, "int plan")
-        self.bwd = self._define("bwd", self.bwd_fields, "int n_grads") if self.bwd_fields else None
+        self.fwd = self._define("fwd")
+        self.bwd = self._define("bwd") if self.bwd_fields else None
         torch.library.register_autograd(f"opfuse::{cls}_fwd", _backward,
                                         setup_context=_setup_context, lib=_lib)
+        _fast_autograd(self.fwd, self.calls["fwd"])
 
-    def _define(self, which: str, fields, extra: str):
+    def _define(self, which: str):
         name = f"{self.cls}_{which}"
-        args = _schema_args(fields) + [extra]
-        _lib.define(f"{name}({', '.join(args)}) -> Tensor[]")
-        bwd = which == "bwd"
-        cls = self.cls
-
-        def impl(*args):
-            return _run(cls, bwd, fields, args[:-1], args[-1] if bwd else 1, False)
-
-        def fake(*args):
-            return _run(cls, bwd, fields, args[:-1], args[-1] if bwd else 1, True)
-
-        _lib.impl(name, impl, "CPU")
-        torch.library.register_fake(f"opfuse::{name}", fake, lib=_lib)
+        _lib.define(name + SCHEMA)
+        call = _C.ClassCall(self.cls, which == "bwd")
+        self.calls = getattr(self, "calls", {})
+        self.calls[which] = call
+        # the real call is one C call: no Python between the dispatcher and C
+        _lib.impl(name, call, "CPU")
+        torch.library.register_fake(f"opfuse::{name}",
+                                    lambda t, v, s: _fake(call, t, v, s), lib=_lib)
         return getattr(torch.ops.opfuse, name).default
+
+
+def _fast_autograd(op, call):
+    """Puts a FastAutograd in front of the autograd kernel register_autograd
+    made (torch builds the same kernel again here: the fallback)."""
+    try:
+        from torch._library.autograd import Info, make_autograd_impl
+        fallback = make_autograd_impl(op, Info(_backward, _setup_context))
+    except (ImportError, TypeError):  # another torch: its own kernel alone
+        return
+    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    _lib.impl(op._schema.name.split("::")[1], _C.FastAutograd(
+        call, fallback, cpu, torch._C._after_autograd_keyset, torch.is_grad_enabled),
+        "AutogradCPU", with_keyset=True)
 
 
 def class_ops(cls: str) -> ClassOps:
@@ -230,7 +259,66 @@ def register_all() -> list:
     return names
 
 
+# ---- delayed scaling ------------------------------------------------------------------------
+# The update of the ops' delayed-scaling state that the eager fuser runs
+# after a forward that records for backward and after the backward: an
+# ordered (effectful) op, so a compiled graph neither drops nor moves it; it
+# takes a tensor the update must follow (the last forward output, or a
+# gradient of the last backward op).
+_lib.define("delayed_update(Tensor after, int[] ops, bool backward) -> ()")
+
+
+def _delayed_update(after, ops, backward):
+    _C.delayed_update(default_context(), ops, backward)
+
+
+_lib.impl("delayed_update", _delayed_update, "CPU")
+torch.library.register_fake("opfuse::delayed_update", lambda after, ops, backward: None, lib=_lib)
+torch.library._register_effectful_op(torch.ops.opfuse.delayed_update.default,
+                                     torch._library.effects.EffectType.ORDERED, lib=_lib)
+
+
+def delayed_update(after: torch.Tensor, ops, backward: bool):
+    if ops:
+        torch.ops.opfuse.delayed_update(after, list(ops), backward)
+
+
 # ---- resolved plans ---------------------------------------------------------------------
+
+def _value_ints(kind: int, v) -> list:
+    if v is None or kind == QUANTIZER and None in v:
+        raise _C.UnsupportedError("a value field follows the row count")
+    if kind == QUANTIZER:
+        return [int(f) for f in v]
+    if kind in (FLOAT, F32):
+        return [_float_bits(v)]
+    return [int(v)]
+
+
+class _Packer:
+    """Builds the three packed lists of one call from a resolved field list:
+    tensors as what src(field, component, source, index in tensors) returns,
+    values as constants, shapes as constants or None (the row count)."""
+
+    def __init__(self, fields, entries, src):
+        self.tensors, self.values, self.shapes = [], [], []
+        for (name, kind, _), e in zip(fields, entries):
+            if kind not in (TENSOR, TENSOR_Q):
+                self.values += _value_ints(kind, e[1])
+            elif e[0] == "v":  # absent
+                self.values += [0] if kind == TENSOR else [0] * 6
+            elif kind == TENSOR or e[1][2] == 0:  # plain
+                self.tensors.append(src(name, 0, e[2][0], len(self.tensors)))
+                self.values += [1] if kind == TENSOR else [1, e[1][1], 0, 0, 0, 0]
+            else:
+                spec, srcs = e[1], e[2]
+                mask = sum(1 << c for c in range(N_COMP) if srcs[c] is not None)
+                self.values += [mask] + list(spec[1:])
+                self.shapes += [len(spec[0])] + list(spec[0])
+                for c in range(N_COMP):
+                    if srcs[c] is not None:
+                        self.tensors.append(src(name, c, srcs[c], len(self.tensors)))
+
 
 class OpPlan:
     """One resolved op: how to call its forward and backward custom ops."""
@@ -238,7 +326,6 @@ class OpPlan:
     def __init__(self, r: dict, n_params: int):
         self.cls = r["class"]
         self.ops = class_ops(self.cls)
-        self.fwd_args, self.x_arg, self.param_arg = self._fwd_template(r["fwd"], n_params)
         entries = list(r["outs"]) + list(r["aux"])
         self.out_index, k = {}, 0   # (slot, component) -> index in the forward's outputs
         for slot, e in enumerate(entries):
@@ -250,41 +337,34 @@ class OpPlan:
                 k += 1
         self.n_aux_base = len(r["outs"])
         self.main = self.out_index[(0, 0)]
+        self._fwd_template(r["fwd"])
         self.bwd = r["bwd"] is not None
+        self.bwd_update = ()  # the ops whose backward delayed update follows this op's backward
         if self.bwd:
             self._bwd_template(*r["bwd"])
 
-    def _fwd_template(self, fields, n_params):
-        """Per torch argument: ("x",), ("param", i), ("const", v)."""
-        args, x_arg, param_arg = [], None, {}
-        for (name, kind, _), e in zip(self.ops.fwd_fields, fields):
-            if kind not in (TENSOR, TENSOR_Q):
-                args.append(("const", e[1]))
-                continue
-            srcs = [None] * 6 if e[1] is None else e[2]
-            spec = None if e[1] is None else e[1]
-            for c in range(6 if kind == TENSOR_Q else 1):
-                s = srcs[c]
-                if s is None:
-                    args.append(("const", None))
-                elif s[0] == "x" and s[2] == c == 0:
-                    x_arg = len(args) if x_arg is None else x_arg
-                    args.append(("x",))
-                elif s[0] == "param" and s[2] == c == 0:
-                    param_arg.setdefault(s[1], len(args))
-                    args.append(("param", s[1]))
-                else:
-                    raise _C.UnsupportedError(f"{self.cls}: field {name} reads {s[0]} "
-                                              f"component {s[2]}: not in the torch path yet")
-            if kind == TENSOR_Q:
-                args.append(("const", [0, 0, 0, 0, 0] if spec is None
-                             else list(spec[1:]) + list(spec[0])))
-        return args, x_arg, param_arg
+    def _fwd_template(self, entries):
+        """Forward tensors as ("x",) or ("param", i); x_arg and param_arg:
+        where the main input and each parameter sit in the tensors list."""
+        self.x_arg, self.param_arg = None, {}
 
-    def _bwd_template(self, fields, grads, n_grads):
-        """Backward arguments as ("dy",), ("saved", k), ("const", v); what
-        setup_context saves as ("in", arg index) or ("out", output index)."""
-        self.saved, self.bwd_args, self.n_grads = [], [], n_grads
+        def src(name, c, s, n):
+            if s[0] == "x" and s[2] == c == 0:
+                self.x_arg = n if self.x_arg is None else self.x_arg
+                return ("x",)
+            if s[0] == "param" and s[2] == c == 0:
+                self.param_arg.setdefault(s[1], n)
+                return ("param", s[1])
+            raise _C.UnsupportedError(f"{self.cls}: field {name} reads {s[0]} component "
+                                      f"{s[2]}: not in the torch path yet")
+
+        p = _Packer(self.ops.fwd_fields, entries, src)
+        self.fwd_tensors, self.fwd_values, self.fwd_shapes = p.tensors, p.values, p.shapes
+
+    def _bwd_template(self, entries, grads, n_grads):
+        """Backward tensors as ("dy",) or ("saved", k); what setup_context
+        saves as ("in", tensor index) or ("out", output index)."""
+        self.saved, self.n_grads = [], n_grads
         where = {}
 
         def saved_index(src):
@@ -304,23 +384,14 @@ class OpPlan:
                 self.saved.append(key)
             return where[key]
 
-        for (name, kind, _), e in zip(self.ops.bwd_fields, fields):
-            if kind not in (TENSOR, TENSOR_Q):
-                self.bwd_args.append(("const", e[1]))
-                continue
-            srcs = [None] * 6 if e[1] is None else e[2]
-            for c in range(6 if kind == TENSOR_Q else 1):
-                s = srcs[c]
-                if s is None:
-                    self.bwd_args.append(("const", None))
-                elif s[0] == "dy" and s[2] == 0 and c == 0:
-                    self.bwd_args.append(("dy",))
-                else:
-                    self.bwd_args.append(("saved", saved_index(s)))
-            if kind == TENSOR_Q:
-                spec = e[1]
-                self.bwd_args.append(("const", [0, 0, 0, 0, 0] if spec is None
-                                      else list(spec[1:]) + list(spec[0])))
+        def src(name, c, s, n):
+            if s[0] == "dy" and s[2] == 0 and c == 0:
+                return ("dy",)
+            return ("saved", saved_index(s))
+
+        p = _Packer(self.ops.bwd_fields, entries, src)
+        self.bwd_tensors, self.bwd_values = p.tensors, p.values + [n_grads]
+        self.bwd_shapes = p.shapes
         # gradient i -> index in the backward's outputs ("pass": dx = dy)
         self.grad_index, k = [], 0
         for g in grads:
@@ -332,67 +403,75 @@ class OpPlan:
 
 
 def _setup_context(ctx, inputs, output):
-    plan = _PLANS[inputs[-1]]
-    ctx.plan = inputs[-1]
-    ctx.n_inputs = len(inputs)
+    pid = inputs[1][-1]
+    plan = _PLANS[pid]
+    ctx.plan = pid
+    ctx.n_tensors = len(inputs[0])
+    # torch matches the gradients' structure to the inputs': an empty list
+    # is a list, a list of ints a leaf
+    ctx.no_shapes = [] if len(inputs[2]) == 0 else None
     if plan.bwd:
-        ctx.save_for_backward(*saved_tensors(inputs[-1], inputs, output))
+        ctx.save_for_backward(*saved_tensors(pid, inputs[0], output))
 
 
 def _backward(ctx, grads):
     plan = _PLANS[ctx.plan]
-    result = [None] * ctx.n_inputs
-    if not plan.bwd:
-        return tuple(result)
-    dy = grads[plan.main]
+    result = [None] * ctx.n_tensors
+    dy = grads[plan.main] if plan.bwd else None
     if dy is None:
-        return tuple(result)
+        return result, None, ctx.no_shapes
     out = plan.ops.bwd(*bwd_args(ctx.plan, ctx.saved_tensors, dy))
+    delayed_update(out[0] if len(out) else dy, plan.bwd_update, True)
     dx = plan.grad_index[0]
     if plan.x_arg is not None:
         result[plan.x_arg] = dy if dx == "pass" else None if dx is None else out[dx]
     for i, arg in plan.param_arg.items():
         g = plan.grad_index[1 + i]
         result[arg] = None if g is None or g == "pass" else out[g]
-    return tuple(result)
+    return result, None, ctx.no_shapes
 
 
-def saved_tensors(pid: int, inputs, outputs) -> list:
+def saved_tensors(pid: int, tensors, outputs) -> list:
     """What the autograd formula of plan pid keeps from a forward call."""
-    return [inputs[i] if k == "in" else outputs[i] for k, i in _PLANS[pid].saved]
+    return [tensors[i] if k == "in" else outputs[i] for k, i in _PLANS[pid].saved]
 
 
-def bwd_args(pid: int, saved, dy) -> list:
-    """The backward custom op's arguments (n_grads last)."""
+def _shapes(template, rows) -> list:
+    return [rows if s is None else s for s in template] + [rows]
+
+
+def bwd_args(pid: int, saved, dy) -> tuple:
+    """The backward custom op's packed arguments (dy is 2D: its rows are
+    the row count)."""
     plan = _PLANS[pid]
     dy = dy.contiguous()
-    args = [dy if a[0] == "dy" else saved[a[1]] if a[0] == "saved" else a[1]
-            for a in plan.bwd_args]
-    return args + [plan.n_grads]
+    tensors = [dy if a[0] == "dy" else saved[a[1]] for a in plan.bwd_tensors]
+    return tensors, plan.bwd_values, _shapes(plan.bwd_shapes, dy.shape[0])
+
+
+def set_bwd_update(pid: int, ops) -> None:
+    _PLANS[pid].bwd_update = tuple(ops)
 
 
 def add_plan(r: dict, n_params: int) -> tuple:
-    """Registers a resolved op; returns (plan id, forward template, main output)."""
+    """Registers a resolved op; returns (plan id, class, forward template,
+    main output): what the traced forward reads, all constants."""
     plan = OpPlan(r, n_params)
     with _lock:
         _PLANS.append(plan)
         pid = len(_PLANS) - 1
-    return pid, plan.cls, tuple(tuple(a) for a in plan.fwd_args), plan.main
+    template = (tuple(plan.fwd_tensors), tuple(plan.fwd_values) + (pid,), tuple(plan.fwd_shapes))
+    return pid, plan.cls, template, plan.main
 
 
-def fwd_args(pid: int, template, x, params) -> list:
-    """The forward custom op's arguments (plan id last)."""
-    args = []
-    for a in template:
-        if a[0] == "x":
-            args.append(x)
-        elif a[0] == "param":
-            args.append(params[a[1]])
-        else:
-            args.append(a[1])
-    return args + [pid]
+def fwd_args(template, x, params) -> tuple:
+    """The forward custom op's packed arguments (x is 2D: its rows are the
+    row count)."""
+    tensors, values, shapes = template
+    return ([x if a[0] == "x" else params[a[1]] for a in tensors], list(values),
+            _shapes(shapes, x.shape[0]))
 
 
-def call(pid: int, cls: str, template, main: int, x, params):
+def call(cls: str, template, main: int, x, params):
     """One op's forward custom op (traceable by Dynamo: only constants)."""
-    return getattr(torch.ops.opfuse, cls + "_fwd")(*fwd_args(pid, template, x, params))[main]
+    return getattr(torch.ops.opfuse, cls + "_fwd")(*fwd_args(template, x, params))[main]
