@@ -75,6 +75,8 @@ enum {
     OPF_SPEC_SWIZZLED = 1u << 0,  /* MXFP8/NVFP4 scales in the GEMM-swizzled layout (4.4) */
     OPF_SPEC_MXFP8_2D = 1u << 1,  /* MXFP8 32x32 blocks: one scale drives both copies */
     OPF_SPEC_NVFP4_RHT = 1u << 2, /* NVFP4 columnwise copy holds Hadamard-rotated values */
+    OPF_SPEC_HOST      = 1u << 3, /* a fake's small index tensor the op reads on the host: stays in
+                                    host memory whatever the call's device */
 };
 
 typedef struct opf_spec {

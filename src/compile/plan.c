@@ -386,7 +386,7 @@ static opf_status check_fakes(opf_graph *g)
                              n->op->name, opf_last_error(NULL));
         for (int k = 0; k < cnt; k++) {
             bool present = n->t[k].data[0] || n->t[k].data[OPF_COMP_COL_DATA];
-            s[k].device = n->t[k].spec.device;  /* fakes leave the device to the trace */
+            if (!(s[k].flags & OPF_SPEC_HOST)) s[k].device = n->t[k].spec.device;  /* the trace's */
             if ((s[k].ndim >= 0) != present || (present && !opf_spec_equal(&s[k], &n->t[k].spec)))
                 return opf_error(g->ctx, OPF_ERR_INVALID_ARG, "graph: leading size %lld: %s: the "
                                  "fake's output %d differs from the patched graph", (long long)g->lead,

@@ -35,11 +35,12 @@ static void none_specs(opf_spec *s, int n)
 }
 
 /* Fakes describe shapes and formats; the device is the call's: every
- * present spec lives where the op's input (x forward, dy backward) lives. */
+ * present spec lives where the op's input (x forward, dy backward) lives,
+ * but for the host-resident ones a fake marks OPF_SPEC_HOST. */
 static void on_device(opf_spec *s, int n, opf_device dev)
 {
     for (int i = 0; i < n; i++)
-        if (s[i].ndim >= 0) s[i].device = dev;
+        if (s[i].ndim >= 0 && !(s[i].flags & OPF_SPEC_HOST)) s[i].device = dev;
 }
 
 opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, opf_spec *out_s,

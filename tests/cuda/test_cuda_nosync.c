@@ -115,9 +115,10 @@ static void run(opf_recipe_kind rk)
     oo.lr = 1e-3f;
     unsigned long long s = 0x5EEDull + (unsigned long long)rk;
     CHECK_OK(cpu, build(&c, cpu));
-    CHECK_OK(cpu, opf_optim_create(cpu, c.seq, OPF_OPTIM_ADAMW, &oo, &c.opt));
     opf_status st = build(&g, gpu);
-    if (!st) st = copy_params(&c, &g, &s);
+    if (!st) st = copy_params(&c, &g, &s);  /* randomizes the CPU's, then copies */
+    /* After the values are final: an optimizer takes its master weights at creation. */
+    CHECK_OK(cpu, opf_optim_create(cpu, c.seq, OPF_OPTIM_ADAMW, &oo, &c.opt));
     if (!st) st = opf_optim_create(gpu, g.seq, OPF_OPTIM_ADAMW, &oo, &g.opt);
     opf_recipe r = opf_recipe_default(rk);
     opf_seq_call call = opf_seq_call_default();

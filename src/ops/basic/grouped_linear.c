@@ -341,6 +341,7 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
         if (a->rows[g] && (st = opf_gemm_out_spec(&ws[g], &xs[g], OPF_GEMM_TN, act_dtype(a), &y)))
             return st;
     aux[AUX_ROWS] = opf_spec_make(1, &a->groups, OPF_I64);
+    aux[AUX_ROWS].flags = OPF_SPEC_HOST;  /* the split sizes, read on the host */
     outs[0] = opf_spec_make(a->x.spec.ndim, a->x.spec.shape, act_dtype(a));
     outs[0].shape[outs[0].ndim - 1] = N;
     outs[0].device = a->x.spec.device;
