@@ -184,6 +184,36 @@ static inline void cu_randomize_params(opf_ctx *ctx, opf_seq *a, opf_seq *b)
         }
 }
 
+/* Delayed states of every op of a and b: same slots, scales and histories. */
+static inline int cu_delayed_differ(opf_seq *a, opf_seq *b, int *n_states)
+{
+    int bad = 0;
+    for (int i = 0; i < opf_seq_len(a); i++) {
+        opf_recipe_state *ra = opf_op_recipe_state(opf_seq_at(a, i)), *rb = opf_op_recipe_state(opf_seq_at(b, i));
+        if (!ra || !rb) {
+            bad += (ra == NULL) != (rb == NULL);
+            continue;
+        }
+        for (int bwd = 0; bwd < 2; bwd++) {
+            opf_delayed_state *da = opf_recipe_state_delayed(ra, bwd), *db = opf_recipe_state_delayed(rb, bwd);
+            if (!da || !db) {
+                bad += (da == NULL) != (db == NULL);
+                continue;
+            }
+            ++*n_states;
+            int ns = opf_delayed_state_slots(da), L = opf_delayed_state_history_len(da);
+            if (ns != opf_delayed_state_slots(db) || L != opf_delayed_state_history_len(db)) {
+                bad++;
+                continue;
+            }
+            bad += memcmp(opf_delayed_state_scale(da), opf_delayed_state_scale(db), sizeof(float) * (size_t)ns) != 0;
+            bad += memcmp(opf_delayed_state_history(da), opf_delayed_state_history(db),
+                          sizeof(float) * (size_t)(ns * L)) != 0;
+        }
+    }
+    return bad;
+}
+
 /* ---- an eager/compiled pair ----------------------------------------------------- */
 
 typedef struct cu_pair {

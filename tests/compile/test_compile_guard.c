@@ -478,36 +478,6 @@ out:
 
 /* ---- 7. delayed scaling ------------------------------------------------------------- */
 
-/* Delayed states of every op of a and b: same slots, scales and histories. */
-static int delayed_differ(opf_seq *a, opf_seq *b, int *n_states)
-{
-    int bad = 0;
-    for (int i = 0; i < opf_seq_len(a); i++) {
-        opf_recipe_state *ra = opf_op_recipe_state(opf_seq_at(a, i)), *rb = opf_op_recipe_state(opf_seq_at(b, i));
-        if (!ra || !rb) {
-            bad += (ra == NULL) != (rb == NULL);
-            continue;
-        }
-        for (int bwd = 0; bwd < 2; bwd++) {
-            opf_delayed_state *da = opf_recipe_state_delayed(ra, bwd), *db = opf_recipe_state_delayed(rb, bwd);
-            if (!da || !db) {
-                bad += (da == NULL) != (db == NULL);
-                continue;
-            }
-            ++*n_states;
-            int ns = opf_delayed_state_slots(da), L = opf_delayed_state_history_len(da);
-            if (ns != opf_delayed_state_slots(db) || L != opf_delayed_state_history_len(db)) {
-                bad++;
-                continue;
-            }
-            bad += memcmp(opf_delayed_state_scale(da), opf_delayed_state_scale(db), sizeof(float) * (size_t)ns) != 0;
-            bad += memcmp(opf_delayed_state_history(da), opf_delayed_state_history(db),
-                          sizeof(float) * (size_t)(ns * L)) != 0;
-        }
-    }
-    return bad;
-}
-
 static void test_delayed(opf_dtype dt, int hist)
 {
     const int64_t m = 32, h = 64, f = 128;
@@ -541,7 +511,7 @@ static void test_delayed(opf_dtype dt, int hist)
         cu_compiled_step(&p, g, NULL, &call, &x, &dy, &s);
         cu_pair_optim_step(&p);
         n_states = 0;
-        int bad = delayed_differ(p.a, p.b, &n_states);
+        int bad = cu_delayed_differ(p.a, p.b, &n_states);
         bad += !opf_test_same_bytes(&s.ya, &s.yb) + !opf_test_same_bytes(&s.dxa, &s.dxb);
         bad += cu_grads_differ(p.a, p.b) + cu_params_differ(p.a, p.b);
         CHECK(bad == 0, "delayed %s L=%d step %d: %d mismatches (states, y, dx, grads, params)",
