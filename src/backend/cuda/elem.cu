@@ -299,11 +299,79 @@ __global__ void fill_kernel(uint8_t *dst, int64_t nbytes, bool vec, uint4 pat)
 }
 
 /* ---- cast + transpose ---------------------------------------------------------
- * One TR x TR tile of x [R, C] per block: rows read 8 elements a thread
- * (16-byte loads), held as fp32 in shared memory, written to y_t [C, R] 8
- * elements a thread down the tile's columns (neighbouring lanes read
- * neighbouring columns: no bank conflicts). y, when given, gets the rowwise
- * copy from the same loads. VEC_IO: R and C multiples of 8, aligned bases. */
+ * One TR x TR tile of x [R, C] per block, from one read of x: rows read 8
+ * elements a thread (16-byte loads), held as fp32 in shared memory, then
+ * written to y_t [C, R] with 8 lanes on each row of y_t (a warp stores four
+ * whole 128-byte runs, 16 bytes a lane). y, when given, gets the rowwise
+ * copy from the same loads: x's bits when the dtypes are equal (NaN payloads
+ * too, as the CPU's byte copy), else the conversion. VEC_IO: R and C
+ * multiples of 8, aligned bases. */
+
+/* The raw bits of 8 elements of a plain D array (zero bits past w). */
+template <opf_dtype D>
+__device__ __forceinline__ void load8_bits(const void *p, bool vec, int w, uint32_t b[VEC])
+{
+    if constexpr (D == OPF_F32) {
+        const uint32_t *x = (const uint32_t *)p;
+        if (vec) {
+            uint4 q0 = ((const uint4 *)x)[0], q1 = ((const uint4 *)x)[1];
+            b[0] = q0.x, b[1] = q0.y, b[2] = q0.z, b[3] = q0.w;
+            b[4] = q1.x, b[5] = q1.y, b[6] = q1.z, b[7] = q1.w;
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; i++) b[i] = i < w ? x[i] : 0u;
+    } else {
+        const uint16_t *x = (const uint16_t *)p;
+        if (vec) {
+            uint4 q = *(const uint4 *)x;
+            uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) b[2 * i] = u[i] & 0xFFFFu, b[2 * i + 1] = u[i] >> 16;
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; i++) b[i] = i < w ? (uint32_t)x[i] : 0u;
+    }
+}
+
+/* The inverse: the bits of 8 (vec) or the first w elements into p. */
+template <opf_dtype D>
+__device__ __forceinline__ void store8_bits(void *p, bool vec, int w, const uint32_t b[VEC])
+{
+    if constexpr (D == OPF_F32) {
+        if (vec) {
+            opf_dev_st16(p, b[0], b[1], b[2], b[3]);
+            opf_dev_st16((uint32_t *)p + 4, b[4], b[5], b[6], b[7]);
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            if (i < w) ((uint32_t *)p)[i] = b[i];
+    } else {
+        if (vec) {
+            opf_dev_st16(p, b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            if (i < w) ((uint16_t *)p)[i] = (uint16_t)b[i];
+    }
+}
+
+template <opf_dtype D> __device__ __forceinline__ float bits_to_f32(uint32_t b)
+{
+    if constexpr (D == OPF_F32) return __uint_as_float(b);
+    else return opf_dev_to_f32<D>((uint16_t)b);
+}
+
+template <opf_dtype D>
+__device__ __forceinline__ void store8_f32_as(void *p, bool vec, int w, const float v[VEC])
+{
+    if (vec) opf_dev_store8_vec<D>(p, v);
+    else opf_dev_store8_as<D>(p, false, w, v);
+}
+
 template <opf_dtype DX, opf_dtype DO, bool VEC_IO>
 __global__ void __launch_bounds__(THREADS)
 cast_transpose_kernel(const void *x, int64_t R, int64_t C, void *y, void *yt)
@@ -315,21 +383,28 @@ cast_transpose_kernel(const void *x, int64_t R, int64_t C, void *y, void *yt)
         int r = k / (TR / VEC), c = k % (TR / VEC) * VEC;
         int64_t gr = r0 + r, gc = c0 + c;
         int w = gr >= R || gc >= C ? 0 : C - gc < VEC ? (int)(C - gc) : VEC;
+        bool vec = VEC_IO && w == VEC;
+        uint32_t b[VEC];
         float v[VEC];
-        opf_dev_load8_as<DX>(at<DX>(x, gr * C + gc), VEC_IO && w == VEC, w, v);
-        if (y && w) opf_dev_store8_as<DO>(at<DO>(y, gr * C + gc), VEC_IO && w == VEC, w, v);
+        load8_bits<DX>(at<DX>(x, gr * C + gc), vec, w, b);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = bits_to_f32<DX>(b[i]);
+        if (y && w) {
+            if constexpr (DX == DO) store8_bits<DO>(at<DO>(y, gr * C + gc), vec, w, b);
+            else store8_f32_as<DO>(at<DO>(y, gr * C + gc), vec, w, v);
+        }
 #pragma unroll
         for (int i = 0; i < VEC; i++) tile[r][c + i] = v[i];
     }
     __syncthreads();
     for (int k = threadIdx.x; k < TR * TR / VEC; k += THREADS) {
-        int c = k % TR, g = k / TR * VEC;
+        int c = k / (TR / VEC), g = k % (TR / VEC) * VEC;
         int64_t gc = c0 + c, gr = r0 + g;
         int w = gc >= C || gr >= R ? 0 : R - gr < VEC ? (int)(R - gr) : VEC;
         float v[VEC];
 #pragma unroll
         for (int i = 0; i < VEC; i++) v[i] = tile[g + i][c];
-        if (w) opf_dev_store8_as<DO>(at<DO>(yt, gc * R + gr), VEC_IO && w == VEC, w, v);
+        if (w) store8_f32_as<DO>(at<DO>(yt, gc * R + gr), VEC_IO && w == VEC, w, v);
     }
 }
 
@@ -532,9 +607,8 @@ static opf_status cuda_cast(opf_ctx *ctx, const opf_tensor *x, opf_tensor *y)
     });
 }
 
-/* y rides along with the transpose when it has y_t's dtype and x's does
- * not; otherwise it is a cast of its own (equal dtypes copy the bits, NaN
- * payloads too, where a round trip through fp32 would not keep bf16's). */
+/* y rides along with the transpose when it has y_t's dtype; otherwise it is
+ * a cast of its own. */
 static opf_status cuda_cast_transpose(opf_ctx *ctx, const opf_tensor *x, opf_tensor *y,
                                       opf_tensor *y_t)
 {
@@ -542,7 +616,7 @@ static opf_status cuda_cast_transpose(opf_ctx *ctx, const opf_tensor *x, opf_ten
     STATE_OR_FAIL(s, ctx, fn);
     int64_t R, C;
     opf_shape_2d(&x->spec, &R, &C);
-    bool fuse_y = y && y->spec.dtype == y_t->spec.dtype && y->spec.dtype != x->spec.dtype;
+    bool fuse_y = y && y->spec.dtype == y_t->spec.dtype;
     opf_status st = y && !fuse_y ? cuda_cast(ctx, x, y) : OPF_OK;
     if (st || R == 0 || C == 0) return st;
     const void *xs = cdata(x);
