@@ -402,6 +402,14 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
     return rc || bench_adamw(ctx);
 }
 
+/* OPF_BENCH_ONLY, a list of group names (quantize, gemm, norm_act, elem):
+ * only those groups run; unset, all. */
+static int wanted(const char *group)
+{
+    const char *only = getenv("OPF_BENCH_ONLY");
+    return !only || strstr(only, group) != NULL;
+}
+
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
@@ -411,8 +419,8 @@ int opf_bench_cuda(int argc, char **argv)
     int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
     results = out_path ? fopen(out_path, "w") : NULL;
-    rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S) || bench_norm_act(ctx) ||
-         bench_elem(ctx, M, K);
+    rc = (wanted("quantize") && bench_quantize(ctx, M, K)) || (wanted("gemm") && bench_gemm(ctx, S)) ||
+         (wanted("norm_act") && bench_norm_act(ctx)) || (wanted("elem") && bench_elem(ctx, M, K));
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

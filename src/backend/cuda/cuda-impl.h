@@ -457,4 +457,33 @@ template <class F> static inline opf_status opf_dev_with_dtype(opf_dtype dt, F f
     }
 }
 
+/* ---- 16-byte stores (optimizer, cast+transpose) ------------------------------
+ * 8 values of a plain dtype packed into registers and stored with one
+ * st.global.v4 per 16 bytes. Written as PTX: a uint4 store of reinterpreted
+ * or packed words comes out of the compiler as scalar stores, which split
+ * each warp's store into four times the transactions. */
+__device__ __forceinline__ void opf_dev_st16(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d)
+{
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+}
+
+/* v[0..8) as D into p, 16-byte aligned. */
+template <opf_dtype D> __device__ __forceinline__ void opf_dev_store8_vec(void *p, const float v[8])
+{
+    if constexpr (D == OPF_F32) {
+        opf_dev_st16(p, __float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
+                     __float_as_uint(v[3]));
+        opf_dev_st16((float *)p + 4, __float_as_uint(v[4]), __float_as_uint(v[5]),
+                     __float_as_uint(v[6]), __float_as_uint(v[7]));
+    } else {
+        uint32_t u[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            u[i] = (uint32_t)opf_dev_from_f32<D>(v[2 * i]) |
+                   (uint32_t)opf_dev_from_f32<D>(v[2 * i + 1]) << 16;
+        opf_dev_st16(p, u[0], u[1], u[2], u[3]);
+    }
+}
+
 #endif

@@ -20,6 +20,8 @@ enum {
     DB_COLS = 32,      /* dbias: columns per block, one lane each */
     DB_ROWS = 256,     /* dbias: rows per staged tile */
     TR = 64,           /* cast+transpose tile edge */
+    CT_THREADS = 128,  /* cast+transpose: threads per block, */
+    CT_LOADS = TR * TR / VEC / CT_THREADS, /* each with this many 16-byte loads in flight */
 };
 
 static int64_t numel(const opf_tensor *t) { return opf_spec_numel(&t->spec); }
@@ -299,37 +301,125 @@ __global__ void fill_kernel(uint8_t *dst, int64_t nbytes, bool vec, uint4 pat)
 }
 
 /* ---- cast + transpose ---------------------------------------------------------
- * One TR x TR tile of x [R, C] per block: rows read 8 elements a thread
- * (16-byte loads), held as fp32 in shared memory, written to y_t [C, R] 8
- * elements a thread down the tile's columns (neighbouring lanes read
- * neighbouring columns: no bank conflicts). y, when given, gets the rowwise
- * copy from the same loads. VEC_IO: R and C multiples of 8, aligned bases. */
+ * One TR x TR tile of x [R, C] per block, from one read of x: rows read 8
+ * elements a thread (16-byte loads, all of a thread's issued before the
+ * first is used: enough bytes in flight), held as fp32 in shared memory, then
+ * written to y_t [C, R] with 8 lanes on each row of y_t (a warp stores four
+ * whole 128-byte runs, 16 bytes a lane). y, when given, gets the rowwise
+ * copy from the same loads: x's bits when the dtypes are equal (NaN payloads
+ * too, as the CPU's byte copy), else the conversion. VEC_IO: R and C
+ * multiples of 8, aligned bases. */
+
+/* The raw bits of 8 elements of a plain D array (zero bits past w), as the
+ * words of memory: 8 for f32, 4 (pairs, low half first) for bf16 and f16. */
+template <opf_dtype D>
+__device__ __forceinline__ void load8_bits(const void *p, bool vec, int w, uint32_t q[VEC])
+{
+    if (vec) {
+        uint4 a = ((const uint4 *)p)[0];
+        q[0] = a.x, q[1] = a.y, q[2] = a.z, q[3] = a.w;
+        if constexpr (D == OPF_F32) {
+            uint4 b = ((const uint4 *)p)[1];
+            q[4] = b.x, q[5] = b.y, q[6] = b.z, q[7] = b.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; i++) q[i] = 0u;
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        if (i >= w) break;
+        if constexpr (D == OPF_F32) q[i] = ((const uint32_t *)p)[i];
+        else q[i / 2] |= (uint32_t)((const uint16_t *)p)[i] << 16 * (i % 2);
+    }
+}
+
+/* Element i's bits from those words. */
+template <opf_dtype D> __device__ __forceinline__ uint32_t bits_of(const uint32_t q[VEC], int i)
+{
+    if constexpr (D == OPF_F32) return q[i];
+    else return q[i / 2] >> 16 * (i % 2) & 0xFFFFu;
+}
+
+/* The inverse of load8_bits: 8 (vec) or the first w elements into p. */
+template <opf_dtype D>
+__device__ __forceinline__ void store8_bits(void *p, bool vec, int w, const uint32_t q[VEC])
+{
+    if (vec) {
+        opf_dev_st16(p, q[0], q[1], q[2], q[3]);
+        if constexpr (D == OPF_F32) opf_dev_st16((uint32_t *)p + 4, q[4], q[5], q[6], q[7]);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        if (i >= w) break;
+        if constexpr (D == OPF_F32) ((uint32_t *)p)[i] = q[i];
+        else ((uint16_t *)p)[i] = (uint16_t)bits_of<D>(q, i);
+    }
+}
+
+template <opf_dtype D> __device__ __forceinline__ float bits_to_f32(uint32_t b)
+{
+    if constexpr (D == OPF_F32) return __uint_as_float(b);
+    else return opf_dev_to_f32<D>((uint16_t)b);
+}
+
+template <opf_dtype D>
+__device__ __forceinline__ void store8_f32_as(void *p, bool vec, int w, const float v[VEC])
+{
+    if (vec) opf_dev_store8_vec<D>(p, v);
+    else opf_dev_store8_as<D>(p, false, w, v);
+}
+
+/* Row r, column c of x's tile for the j-th load of thread i. */
+__device__ __forceinline__ void ct_at(int i, int j, int &r, int &c)
+{
+    int k = i + j * CT_THREADS;
+    r = k / (TR / VEC), c = k % (TR / VEC) * VEC;
+}
+
 template <opf_dtype DX, opf_dtype DO, bool VEC_IO>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(CT_THREADS)
 cast_transpose_kernel(const void *x, int64_t R, int64_t C, void *y, void *yt)
 {
     __shared__ float tile[TR][TR + 1];
     int64_t tc = (C + TR - 1) / TR;  /* one grid dimension: rows or columns may be many */
     int64_t r0 = (int64_t)blockIdx.x / tc * TR, c0 = (int64_t)blockIdx.x % tc * TR;
-    for (int k = threadIdx.x; k < TR * TR / VEC; k += THREADS) {
-        int r = k / (TR / VEC), c = k % (TR / VEC) * VEC;
+    uint32_t b[CT_LOADS][VEC];
+    int w[CT_LOADS];
+#pragma unroll
+    for (int j = 0; j < CT_LOADS; j++) {  /* every load issued before any use */
+        int r, c;
+        ct_at(threadIdx.x, j, r, c);
         int64_t gr = r0 + r, gc = c0 + c;
-        int w = gr >= R || gc >= C ? 0 : C - gc < VEC ? (int)(C - gc) : VEC;
+        w[j] = gr >= R || gc >= C ? 0 : C - gc < VEC ? (int)(C - gc) : VEC;
+        load8_bits<DX>(at<DX>(x, gr * C + gc), VEC_IO && w[j] == VEC, w[j], b[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < CT_LOADS; j++) {
+        int r, c;
+        ct_at(threadIdx.x, j, r, c);
+        int64_t i0 = (r0 + r) * C + c0 + c;
+        bool vec = VEC_IO && w[j] == VEC;
         float v[VEC];
-        opf_dev_load8_as<DX>(at<DX>(x, gr * C + gc), VEC_IO && w == VEC, w, v);
-        if (y && w) opf_dev_store8_as<DO>(at<DO>(y, gr * C + gc), VEC_IO && w == VEC, w, v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) v[i] = bits_to_f32<DX>(bits_of<DX>(b[j], i));
+        if (y && w[j]) {
+            if constexpr (DX == DO) store8_bits<DO>(at<DO>(y, i0), vec, w[j], b[j]);
+            else store8_f32_as<DO>(at<DO>(y, i0), vec, w[j], v);
+        }
 #pragma unroll
         for (int i = 0; i < VEC; i++) tile[r][c + i] = v[i];
     }
     __syncthreads();
-    for (int k = threadIdx.x; k < TR * TR / VEC; k += THREADS) {
-        int c = k % TR, g = k / TR * VEC;
+    for (int k = threadIdx.x; k < TR * TR / VEC; k += CT_THREADS) {
+        int c = k / (TR / VEC), g = k % (TR / VEC) * VEC;
         int64_t gc = c0 + c, gr = r0 + g;
-        int w = gc >= C || gr >= R ? 0 : R - gr < VEC ? (int)(R - gr) : VEC;
+        int n = gc >= C || gr >= R ? 0 : R - gr < VEC ? (int)(R - gr) : VEC;
         float v[VEC];
 #pragma unroll
         for (int i = 0; i < VEC; i++) v[i] = tile[g + i][c];
-        if (w) opf_dev_store8_as<DO>(at<DO>(yt, gc * R + gr), VEC_IO && w == VEC, w, v);
+        if (n) store8_f32_as<DO>(at<DO>(yt, gc * R + gr), VEC_IO && n == VEC, n, v);
     }
 }
 
@@ -532,9 +622,8 @@ static opf_status cuda_cast(opf_ctx *ctx, const opf_tensor *x, opf_tensor *y)
     });
 }
 
-/* y rides along with the transpose when it has y_t's dtype and x's does
- * not; otherwise it is a cast of its own (equal dtypes copy the bits, NaN
- * payloads too, where a round trip through fp32 would not keep bf16's). */
+/* y rides along with the transpose when it has y_t's dtype; otherwise it is
+ * a cast of its own. */
 static opf_status cuda_cast_transpose(opf_ctx *ctx, const opf_tensor *x, opf_tensor *y,
                                       opf_tensor *y_t)
 {
@@ -542,7 +631,7 @@ static opf_status cuda_cast_transpose(opf_ctx *ctx, const opf_tensor *x, opf_ten
     STATE_OR_FAIL(s, ctx, fn);
     int64_t R, C;
     opf_shape_2d(&x->spec, &R, &C);
-    bool fuse_y = y && y->spec.dtype == y_t->spec.dtype && y->spec.dtype != x->spec.dtype;
+    bool fuse_y = y && y->spec.dtype == y_t->spec.dtype;
     opf_status st = y && !fuse_y ? cuda_cast(ctx, x, y) : OPF_OK;
     if (st || R == 0 || C == 0) return st;
     const void *xs = cdata(x);
@@ -553,9 +642,9 @@ static opf_status cuda_cast_transpose(opf_ctx *ctx, const opf_tensor *x, opf_ten
         return opf_dev_with_dtype(y_t->spec.dtype, [&](auto dout) {
             constexpr opf_dtype DX = decltype(dx)::value, DO = decltype(dout)::value;
             if (vec)
-                cast_transpose_kernel<DX, DO, true><<<grid, THREADS, 0, s->stream>>>(xs, R, C, ys, ts);
+                cast_transpose_kernel<DX, DO, true><<<grid, CT_THREADS, 0, s->stream>>>(xs, R, C, ys, ts);
             else
-                cast_transpose_kernel<DX, DO, false><<<grid, THREADS, 0, s->stream>>>(xs, R, C, ys, ts);
+                cast_transpose_kernel<DX, DO, false><<<grid, CT_THREADS, 0, s->stream>>>(xs, R, C, ys, ts);
             return launched(ctx, fn);
         });
     });

@@ -10,9 +10,9 @@
  *
  * The per-element operations are the CPU's, in its order, one IEEE fp32
  * operation at a time (no FMA contraction), with x86's NaN bits where a NaN
- * comes out (opf_dev_add and friends, cuda-impl.h). The AdamW bias
- * corrections are computed on the host with the same powf as the CPU and
- * passed in. */
+ * comes out (opf_dev_add and friends, cuda-impl.h; a rare branch). The
+ * AdamW bias corrections are computed on the host with the same powf as the
+ * CPU and passed in. */
 #include <math.h>
 
 #include "backend/cuda/cuda-impl.h"
@@ -21,7 +21,9 @@ enum {
     THREADS = 256,
     VEC = 8,                    /* elements per thread and chunk */
     CHUNK = THREADS * VEC,      /* elements per block and chunk */
-    BATCH = 48,                 /* tensors per launch: the parameters stay under 4 KiB */
+    BATCH = 256,                /* tensors per launch (fewer launches, fewer tails): the
+                                 * parameters, 16 KiB, within the 32 KiB that Hopper and
+                                 * CUDA 12.1 on allow */
 };
 
 /* One tensor of a launch: its arrays and dtypes. vec: every array 16-byte
@@ -93,39 +95,63 @@ __device__ __forceinline__ void adamw_math(const step_params &p, float g, float 
     w = O::sub(w, O::mul(p.lr, upd));
 }
 
-/* One element, fast unless a NaN comes out. */
-__device__ __forceinline__ void step1(const step_params &p, float g, float &w, bool has_m, float &m,
-                                      float &v)
+/* The step of 8 elements in place with the operation set O. */
+template <class O>
+__device__ __forceinline__ void math8(const step_params &p, const float g[VEC], float w[VEC],
+                                      bool has_m, float m[VEC], float v[VEC])
 {
-    float w1 = w, m1 = m, v1 = v;
-    if (p.adamw) adamw_math<fast_ops>(p, g, w1, m1, v1);
-    else sgd_math<fast_ops>(p, g, w1, has_m, m1);
-    if (__builtin_expect(isnan(w1) | isnan(m1) | isnan(v1), 0)) {
-        w1 = w, m1 = m, v1 = v;
-        if (p.adamw) adamw_math<x86_ops>(p, g, w1, m1, v1);
-        else sgd_math<x86_ops>(p, g, w1, has_m, m1);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+        if (p.adamw) adamw_math<O>(p, g[k], w[k], m[k], v[k]);
+        else sgd_math<O>(p, g[k], w[k], has_m, m[k]);
     }
-    w = w1, m = m1, v = v1;
 }
 
-/* Elements [i0, i0 + w) of one tensor, w <= 8; vec: w == 8 and aligned. */
+/* Elements [i0, i0 + w) of one tensor's inputs as fp32 (zeros for absent
+ * moments and past w). */
+template <opf_dtype DG>
+__device__ __forceinline__ void load8(const desc &t, int64_t i0, int w, bool vec, float g[VEC],
+                                      float wv[VEC], float mv[VEC], float vv[VEC])
+{
+    typedef typename opf_dev_plain<DG>::store SG;
+    opf_dev_load8_as<DG>((const SG *)t.grad + i0, vec, w, g);
+    opf_dev_load8_as<OPF_F32>(t.master + i0, vec, w, wv);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) mv[k] = vv[k] = 0.0f;
+    if (t.m) opf_dev_load8_as<OPF_F32>(t.m + i0, vec, w, mv);
+    if (t.v) opf_dev_load8_as<OPF_F32>(t.v + i0, vec, w, vv);
+}
+
+/* 8 values (vec: 16-byte stores) or the first w. */
+template <opf_dtype D> __device__ __forceinline__ void store8(void *p, bool vec, int w, const float v[VEC])
+{
+    if (vec) opf_dev_store8_vec<D>(p, v);
+    else opf_dev_store8_as<D>(p, false, w, v);
+}
+
+/* Elements [i0, i0 + w) of one tensor, w <= 8; vec: w == 8 and aligned.
+ * Plain IEEE operations first; only when a NaN comes out are the inputs
+ * (not yet overwritten) loaded again and the 8 done the x86 way, so the
+ * common path keeps no copy of them in registers. */
 template <opf_dtype DG, opf_dtype DP>
 __device__ __forceinline__ void step8(const step_params &p, const desc &t, int64_t i0, int w,
                                       bool vec)
 {
-    typedef typename opf_dev_plain<DG>::store SG;
     typedef typename opf_dev_plain<DP>::store SP;
-    float g[VEC], wv[VEC], mv[VEC] = {0}, vv[VEC] = {0};
-    opf_dev_load8_as<DG>((const SG *)t.grad + i0, vec, w, g);
-    opf_dev_load8_as<OPF_F32>(t.master + i0, vec, w, wv);
-    if (t.m) opf_dev_load8_as<OPF_F32>(t.m + i0, vec, w, mv);
-    if (t.v) opf_dev_load8_as<OPF_F32>(t.v + i0, vec, w, vv);
+    float g[VEC], wv[VEC], mv[VEC], vv[VEC];
+    load8<DG>(t, i0, w, vec, g, wv, mv, vv);
+    math8<fast_ops>(p, g, wv, t.m != NULL, mv, vv);
+    bool nan = false;
 #pragma unroll
-    for (int k = 0; k < VEC; k++) step1(p, g[k], wv[k], t.m != NULL, mv[k], vv[k]);
-    opf_dev_store8_as<OPF_F32>(t.master + i0, vec, w, wv);
-    if (t.m) opf_dev_store8_as<OPF_F32>(t.m + i0, vec, w, mv);
-    if (t.v) opf_dev_store8_as<OPF_F32>(t.v + i0, vec, w, vv);
-    opf_dev_store8_as<DP>((SP *)t.param + i0, vec, w, wv);
+    for (int k = 0; k < VEC; k++) nan |= isnan(wv[k]) | isnan(mv[k]) | isnan(vv[k]);
+    if (__builtin_expect(nan, 0)) {
+        load8<DG>(t, i0, w, vec, g, wv, mv, vv);
+        math8<x86_ops>(p, g, wv, t.m != NULL, mv, vv);
+    }
+    store8<OPF_F32>(t.master + i0, vec, w, wv);
+    if (t.m) store8<OPF_F32>(t.m + i0, vec, w, mv);
+    if (t.v) store8<OPF_F32>(t.v + i0, vec, w, vv);
+    store8<DP>((SP *)t.param + i0, vec, w, wv);
 }
 
 template <opf_dtype DG>
