@@ -16,7 +16,10 @@
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
- *     opfuse bench cuda [--out FILE] [M K [S]]   default 8192 8192 8192 */
+ * `--only LIST` runs only the sections named in LIST (any of quantize,
+ * gemm, norm, elem; the copy always runs).
+ *
+ *     opfuse bench cuda [--out FILE] [--only LIST] [M K [S]]   default 8192 8192 8192 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +157,10 @@ static const qbench qcases[] = {
 #undef ROW
 #undef ROWCOL
 
+/* The sections `--only` names (NULL: all). */
+static const char *only;
+static bool wanted(const char *section) { return !only || strstr(only, section); }
+
 static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
 {
     opf_tensor x;
@@ -172,7 +179,7 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
     if (opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, 0, 16, OPF_AMAX_MAX, false, 1, &ds)) return 1;
     const qbench *cases = qcases;
     int rc = 0;
-    for (size_t i = 0; i < sizeof qcases / sizeof qcases[0] && !rc; i++) {
+    for (size_t i = 0; i < sizeof qcases / sizeof qcases[0] && !rc && wanted("quantize"); i++) {
         opf_quantizer q = opf_quantizer_default();
         bool fp4 = cases[i].scaling == OPF_SCALING_NVFP4_1D || cases[i].scaling == OPF_SCALING_NVFP4_2D;
         q.scaling = cases[i].scaling, q.qdtype = fp4 ? OPF_E2M1 : OPF_E4M3, q.usage = cases[i].usage;
@@ -405,14 +412,16 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
+    only = NULL;
     opf_ctx *ctx;
     int rc = opf_bench_cuda_open("cuda", &argc, &argv, &out_path, &ctx);
     if (!ctx) return rc;
+    if (argc >= 2 && !strcmp(argv[0], "--only")) only = argv[1], argc -= 2, argv += 2;
     int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
     results = out_path ? fopen(out_path, "w") : NULL;
-    rc = bench_quantize(ctx, M, K) || bench_gemm(ctx, S) || bench_norm_act(ctx) ||
-         bench_elem(ctx, M, K);
+    rc = bench_quantize(ctx, M, K) || (wanted("gemm") && bench_gemm(ctx, S)) ||
+         (wanted("norm") && bench_norm_act(ctx)) || (wanted("elem") && bench_elem(ctx, M, K));
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;
