@@ -37,7 +37,8 @@ enum {
     BLOCK_SMEM_MAX = 227 * 1024,      /* ... and the most one block may opt in to */
     MAX_WARPS = 8,                    /* warps of a row block */
     COL_BATCH = 8,                    /* rows in flight per thread of a column sum */
-    SUM_BATCH = 4,                    /* terms in flight per lane of a row sum */
+    SUM_BATCH = 8,                    /* terms in flight per lane of a row sum */
+    ANY = -1,                         /* the dtypes of a call known only at run time */
 };
 static_assert(LANES == 32, "a sum's lanes are a warp's");
 
@@ -129,22 +130,17 @@ __device__ __forceinline__ float gamma_at(const norm_args &a, int64_t j)
 __host__ __device__ constexpr int64_t elem_size(opf_dtype t) { return t == OPF_F32 ? 4 : 2; }
 
 /* One row of a tensor as the kernel sees it: its values in dtype t, staged
- * in shared memory (buf) or (buf NULL) in global memory at g + off; each
- * widened and rounded to act at each use. */
+ * in shared memory or in global memory (one generic pointer: no branch
+ * between the two in the inner loops), each widened and rounded to act at
+ * each use. */
 typedef struct row_view {
-    const void *buf;
-    const void *g;
+    const void *p;
     opf_dtype   t, act;
-    int64_t     off;  /* the row's first element in g */
 
-    __device__ __forceinline__ float at(int64_t j) const
-    {
-        return seen_as(buf ? ld1(buf, t, j) : ld1(g, t, off + j), act);
-    }
+    __device__ __forceinline__ float at(int64_t j) const { return seen_as(ld1(p, t, j), act); }
     __device__ __forceinline__ void at8(int64_t j, float v[VEC]) const
     {
-        if (buf) ld8(buf, t, j, v);
-        else ld8(g, t, off + j, v);
+        ld8(p, t, j, v);
 #pragma unroll
         for (int k = 0; k < VEC; k++) v[k] = seen_as(v[k], act);
     }
@@ -157,7 +153,10 @@ __device__ __forceinline__ void copy16_async(void *smem, const void *g)
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
 }
-__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void copies_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 /* Waits for this thread's copies but the newest group (pending 1) or all. */
 __device__ __forceinline__ void copies_wait(bool pending)
 {
@@ -365,12 +364,27 @@ __device__ __forceinline__ void l2_bwd_row(const norm_args &a, const row_view &x
     });
 }
 
+/* The common case compiled on its own: x, dz, gamma and the compute dtype
+ * all FT (as constants, every dtype switch of the inner loops folds away and
+ * their loads issue together instead of one behind each branch). */
+template <int FT> __device__ __forceinline__ void fix_dtypes(norm_args &a)
+{
+    if (FT == ANY) return;
+    a.xt = a.dzt = a.gt = a.act = a.dact = (opf_dtype)FT;
+}
+
+static bool one_dtype(const norm_args &a, opf_dtype t, bool bwd)
+{
+    return a.xt == t && a.act == t && a.gt == t && (!bwd || (a.dzt == t && a.dact == t));
+}
+
 /* One warp per row (grid-stride over rows). With slots > 0 each warp
  * stages its rows in its slice of the dynamic shared memory, x then dz, in
  * `slots` buffers: with two, the next row's copy is in flight while this
  * row is computed. */
-template <int M> __global__ void row_kernel(norm_args a, int slots)
+template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
 {
+    fix_dtypes<FT>(a);
     extern __shared__ __align__(16) char smem[];
     const int warps = blockDim.x / LANES;
     int w = threadIdx.x / LANES, lane = threadIdx.x % LANES;
@@ -390,9 +404,11 @@ template <int M> __global__ void row_kernel(norm_args a, int slots)
             copies_wait(ahead);
             __syncwarp();  /* every lane's copies of this row have landed */
         }
-        const char *b = slots ? mine + k * slot : NULL;
-        row_view xv = {b, a.x, a.xt, a.act, r * a.H};
-        row_view dv = {b ? b + xb : NULL, a.dz, a.dzt, a.dact, r * a.H};
+        const char *b = mine + k * slot;
+        row_view xv = {slots ? b : (const char *)a.x + r * a.H * elem_size(a.xt), a.xt, a.act};
+        row_view dv = xv;
+        if (is_bwd(M))
+            dv = {slots ? b + xb : (const char *)a.dz + r * a.H * elem_size(a.dzt), a.dzt, a.dact};
         if constexpr (M == LN_FWD || M == RMS_FWD) fwd_row<M>(a, xv, r, lane);
         else if constexpr (M == L2_FWD) l2_fwd_row(a, xv, r, lane);
         else if constexpr (M == LN_BWD) ln_bwd_row(a, xv, dv, r, lane);
@@ -407,34 +423,35 @@ template <int M> __global__ void row_kernel(norm_args a, int slots)
  * Block (32 columns, 32 lane classes): thread (c, l) sums the rows r = l,
  * l + 32, ... of column c in order, loading COL_BATCH rows before adding
  * them; thread (c, 0) then folds the classes. */
-template <bool LN>
+template <bool LN, int FT>
 __global__ void __launch_bounds__(LANES *LANES)
 col_kernel(norm_args a, void *dg, opf_dtype dgt, void *db, opf_dtype dbt)
 {
+    fix_dtypes<FT>(a);
     __shared__ float pg[LANES][LANES + 1], pb[LANES][LANES + 1];
     int cc = threadIdx.x, l = threadIdx.y;
     int64_t c = (int64_t)blockIdx.x * LANES + cc, H = a.H;
     float ag = 0.0f, ab = 0.0f;
-    for (int64_t r0 = l; c < H && r0 < a.rows; r0 += LANES * COL_BATCH) {
-        float x[COL_BATCH], dz[COL_BATCH], mu[COL_BATCH], rs[COL_BATCH];
+    /* Row r's terms added to the class's partials (in row order). */
+    auto add = [&](float x, float dz, int64_t r) {
+        float xs = seen_as(x, a.act), d = seen_as(dz, a.act), rs = a.rs[r];
+        float y = LN ? rs * (xs - a.mu[r]) : rs * xs;
+        ag = ag + d * y;
+        if (LN) ab = ab + d;
+    };
+    int64_t r0 = l;
+    for (; c < H && r0 + (COL_BATCH - 1) * LANES < a.rows; r0 += COL_BATCH * LANES) {
+        float x[COL_BATCH], dz[COL_BATCH];
 #pragma unroll
         for (int u = 0; u < COL_BATCH; u++) {
-            int64_t r = r0 + u * LANES;
-            bool in = r < a.rows;
-            x[u] = in ? ld1(a.x, a.xt, r * H + c) : 0.0f;
-            dz[u] = in ? ld1(a.dz, a.dzt, r * H + c) : 0.0f;
-            rs[u] = in ? a.rs[r] : 0.0f;
-            mu[u] = LN && in ? a.mu[r] : 0.0f;
+            x[u] = ld1(a.x, a.xt, (r0 + u * LANES) * H + c);
+            dz[u] = ld1(a.dz, a.dzt, (r0 + u * LANES) * H + c);
         }
 #pragma unroll
-        for (int u = 0; u < COL_BATCH; u++) {
-            if (r0 + u * LANES >= a.rows) break;
-            float xs = seen_as(x[u], a.act), d = seen_as(dz[u], a.act);
-            float y = LN ? rs[u] * (xs - mu[u]) : rs[u] * xs;
-            ag = ag + d * y;
-            if (LN) ab = ab + d;
-        }
+        for (int u = 0; u < COL_BATCH; u++) add(x[u], dz[u], r0 + u * LANES);
     }
+    for (; c < H && r0 < a.rows; r0 += LANES)
+        add(ld1(a.x, a.xt, r0 * H + c), ld1(a.dz, a.dzt, r0 * H + c), r0);
     pg[l][cc] = ag;
     pb[l][cc] = ab;
     __syncthreads();
@@ -525,19 +542,21 @@ template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, 
     size_t smem = slots * slot * (size_t)warps;
     /* Once per kernel: allow up to the most shared memory a block may have,
      * and ask for the largest shared-memory carveout (a hint). */
-    static bool attrs_set;
-    if (!attrs_set) {
-        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(row_kernel<M>,
+    bool bf16 = one_dtype(a, OPF_BF16, is_bwd(M));
+    void (*kernel)(norm_args, int) = bf16 ? row_kernel<M, OPF_BF16> : row_kernel<M, ANY>;
+    static bool attrs_set[2];
+    if (!attrs_set[bf16]) {
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)BLOCK_SMEM_MAX));
-        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(row_kernel<M>,
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    (int)cudaSharedmemCarveoutMaxShared));
-        attrs_set = true;
+        attrs_set[bf16] = true;
     }
     int64_t want = (a.rows + warps - 1) / warps, cap = (int64_t)s->sm_count * per_sm;
     unsigned grid = (unsigned)(want < cap ? want : cap);
-    row_kernel<M><<<grid, warps * LANES, smem, s->stream>>>(a, slots);
+    kernel<<<grid, warps * LANES, smem, s->stream>>>(a, slots);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
 }
@@ -549,7 +568,9 @@ static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &
 {
     if (a.H == 0) return OPF_OK;
     unsigned grid = (unsigned)((a.H + LANES - 1) / LANES);
-    col_kernel<LN><<<grid, dim3(LANES, LANES), 0, s->stream>>>(
+    void (*kernel)(norm_args, void *, opf_dtype, void *, opf_dtype) =
+        one_dtype(a, OPF_BF16, true) ? col_kernel<LN, OPF_BF16> : col_kernel<LN, ANY>;
+    kernel<<<grid, dim3(LANES, LANES), 0, s->stream>>>(
         a, dgamma->data[0], dgamma->spec.dtype, dbeta ? dbeta->data[0] : NULL, dtype_of(dbeta));
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
