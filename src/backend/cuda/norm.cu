@@ -12,7 +12,9 @@
  * widening and rounding each value as it is read; the outputs are written
  * 8 elements a lane, 16 bytes a store. Rows too long for shared memory are
  * read from global memory on every pass instead (the same values, the same
- * order).
+ * order). The all-bf16 call (x, dz, gamma) has kernels of its own with the
+ * dtypes as constants, so no dtype branch stands between the loads of a
+ * batch of terms.
  *
  * The column sums of dgamma and dbeta are a second kernel: lane class l of
  * a column holds the rows r = l mod 32 in order, as the CPU's; one thread
