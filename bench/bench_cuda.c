@@ -16,7 +16,10 @@
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
- *     opfuse bench cuda [--out FILE] [M K [S]]   default 8192 8192 8192 */
+ * `--only LIST` runs only the sections named in LIST (any of quantize,
+ * gemm, norm, elem; the copy always runs).
+ *
+ *     opfuse bench cuda [--out FILE] [--only LIST] [M K [S]]   default 8192 8192 8192 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +157,10 @@ static const qbench qcases[] = {
 #undef ROW
 #undef ROWCOL
 
+/* The sections `--only` names (NULL: all). */
+static const char *only;
+static bool wanted(const char *section) { return !only || strstr(only, section); }
+
 static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
 {
     opf_tensor x;
@@ -172,7 +179,388 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
     if (opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, 0, 16, OPF_AMAX_MAX, false, 1, &ds)) return 1;
     const qbench *cases = qcases;
     int rc = 0;
-    for (size_t i = 0; i < sizeof qcases / sizeof qcases[0] && !rc; i++) {
+    for (size_t i = 0; i < sizeof qcases / sizeof qcases[0] && !rc && wanted("quantize"); i++) {
+        opf_quantizer q = opf_quantizer_default();
+        bool fp4 = cases[i].scaling == OPF_SCALING_NVFP4_1D || cases[i].scaling == OPF_SCALING_NVFP4_2D;
+        q.scaling = cases[i].scaling, q.qdtype = fp4 ? OPF_E2M1 : OPF_E4M3, q.usage = cases[i].usage;
+        q.rht = cases[i].rht;
+        q.delayed = cases[i].delayed ? ds : NULL;
+        q.mxfp8_2d = cases[i].mx2d;
+        q.pow2_scales = cases[i].scaling == OPF_SCALING_BLOCK_1D ||
+                        cases[i].scaling == OPF_SCALING_BLOCK_2D;  /* the recipe's default */
+        opf_spec qs;
+        opf_tensor out;
+        if (opf_quantizer_spec(&q, &x.spec, &qs) || device_tensor(ctx, &qs, &out)) return 1;
+        quant_arg qa = {&q, &x, &out};
+        double ms;
+        rc = time_ms(ctx, run_quant, &qa, &ms);
+        int copies = q.usage == OPF_USAGE_ROWWISE ? 1 : 2;
+        double gbs = ((double)in_bytes + copies * (double)(M * K) * (fp4 ? 0.5 : 1.0)) / ms * 1e-6;
+        char note[64];
+        snprintf(note, sizeof note, "%.3f ms, %.0f%% of copy", ms, 100.0 * gbs / copy_gbs);
+        char name[64];
+        snprintf(name, sizeof name, "%s_gbs", cases[i].name);
+        if (!rc) record(name, "GB/s", gbs, note);
+        opf_tensor_release(&out);
+    }
+    opf_cuda_sync(ctx);
+    opf_delayed_state_destroy(ds);
+    opf_cuda_free(ctx, dst);
+    opf_tensor_release(&x);
+    return rc;
+}
+
+typedef struct gbench { const char *name; int a, b; bool split; } gbench;
+
+static int bench_gemm(opf_ctx *ctx, int64_t S)
+{
+    opf_tensor a, b, d;
+    if (random_tensor(ctx, S, S, OPF_BF16, &a) || random_tensor(ctx, S, S, OPF_BF16, &b)) return 1;
+    opf_spec ds = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
+    if (device_tensor(ctx, &ds, &d)) return 1;
+    /* A and B in each format, rowwise copies: per-tensor, block 2D, block
+     * 1D, MXFP8, NVFP4 (index 0 is the bf16 tensor itself). */
+    static const opf_scaling fmts[] = {OPF_SCALING_NONE,     OPF_SCALING_TENSOR,
+                                       OPF_SCALING_BLOCK_2D, OPF_SCALING_BLOCK_1D,
+                                       OPF_SCALING_MXFP8,    OPF_SCALING_NVFP4_1D};
+    enum { NF = sizeof fmts / sizeof fmts[0] };
+    opf_tensor qa[NF], qb[NF];
+    qa[0] = a, qb[0] = b;
+    for (int f = 1; f < NF; f++) {
+        opf_quantizer q = opf_quantizer_default();
+        q.scaling = fmts[f], q.usage = OPF_USAGE_ROWWISE;
+        q.qdtype = fmts[f] == OPF_SCALING_NVFP4_1D ? OPF_E2M1 : OPF_E4M3;
+        q.pow2_scales = f == 2 || f == 3;
+        opf_spec qs;
+        if (opf_quantizer_spec(&q, &a.spec, &qs) || device_tensor(ctx, &qs, &qa[f]) ||
+            device_tensor(ctx, &qs, &qb[f]) || cuda_quantize(ctx, &q, &a, &qa[f]) ||
+            cuda_quantize(ctx, &q, &b, &qb[f]))
+            return 1;
+    }
+    printf("GEMM TN %lld^3, bf16 output (TFLOP/s)\n", (long long)S);
+    static const gbench cases[] = {
+        {"gemm_bf16_tflops", 0, 0, false},
+        {"gemm_fp8_fast_tflops", 1, 1, false},
+        {"gemm_fp8_split_tflops", 1, 1, true},
+        {"gemm_block_1x2_tflops", 2, 3, true},   /* A (weight) 128x128, B 1x128 */
+        {"gemm_block_1x1_tflops", 3, 3, true},
+        {"gemm_mxfp8_tflops", 4, 4, true},       /* dequantize + bf16 GEMM */
+        {"gemm_nvfp4_tflops", 5, 5, true},       /* dequantize + bf16 GEMM */
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
+        opf_gemm_options o = opf_gemm_options_default();
+        o.split_accumulator = cases[i].split;
+        gemm_arg ga = {{&qa[cases[i].a], &qb[cases[i].b], OPF_GEMM_TN, &o, &d, S, S, S, {0}}};
+        double ms;
+        rc = time_ms(ctx, run_gemm, &ga, &ms);
+        char note[32];
+        snprintf(note, sizeof note, "%.3f ms", ms);
+        if (!rc) record(cases[i].name, "TFLOP/s", 2.0 * (double)S * S * S / ms * 1e-9, note);
+    }
+    for (int f = 0; f < NF; f++) {
+        opf_tensor_release(&qa[f]);
+        opf_tensor_release(&qb[f]);
+    }
+    opf_tensor_release(&d);
+    return rc;
+}
+
+/* ---- norms and activations: bf16 [8192, 4096] norms, f32 activations
+ * (the act entries take fp32), GB/s = bytes read + written per s ------- */
+enum { NA_ROWS = 8192, NA_H = 4096 };
+
+typedef struct norm_arg {
+    int         bwd;  /* 0 LayerNorm fwd, 1 LayerNorm bwd, 2 RMSNorm fwd */
+    opf_tensor *x, *g, *b, *z, *mu, *rs, *dz, *dx, *dg, *db;
+} norm_arg;
+static opf_status run_norm(opf_ctx *ctx, void *p)
+{
+    norm_arg *a = p;
+    const opf_norm_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->norm;
+    if (a->bwd == 1)
+        return K->layernorm_bwd(ctx, a->dz, a->x, a->mu, a->rs, a->g, false, a->dx, a->dg, a->db);
+    if (a->bwd == 2) return K->rmsnorm_fwd(ctx, a->x, a->g, 1e-5f, false, a->z, a->rs);
+    return K->layernorm_fwd(ctx, a->x, a->g, a->b, 1e-5f, false, a->z, a->mu, a->rs);
+}
+
+typedef struct act_arg {
+    opf_act_kind k;
+    bool         bwd;
+    const float *x, *dy;
+    float       *y;
+    int64_t      cols;
+} act_arg;
+static opf_status run_act(opf_ctx *ctx, void *p)
+{
+    act_arg *a = p;
+    const opf_act_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->act;
+    opf_act_params prm = {1.0f, 0.0f};
+    return a->bwd ? K->bwd(ctx, a->k, prm, a->x, a->dy, a->y, NA_ROWS, a->cols)
+                  : K->fwd(ctx, a->k, prm, a->x, a->y, NA_ROWS, a->cols);
+}
+
+/* Times fn and records name in GB/s for `bytes` moved. */
+static int record_gbs(opf_ctx *ctx, const char *name, bench_fn fn, void *arg, double bytes)
+{
+    double ms;
+    if (time_ms(ctx, fn, arg, &ms)) return 1;
+    char note[32];
+    snprintf(note, sizeof note, "%.3f ms", ms);
+    record(name, "GB/s", bytes / ms * 1e-6, note);
+    return 0;
+}
+
+static int bench_norm_act(opf_ctx *ctx)
+{
+    const int64_t M = NA_ROWS, H = NA_H, n = M * H;
+    opf_tensor t[12];
+    memset(t, 0, sizeof t);
+    opf_spec row = opf_spec_make(1, (int64_t[]){M}, OPF_F32);
+    opf_spec vec = opf_spec_make(1, (int64_t[]){H}, OPF_BF16);
+    opf_spec mat = opf_spec_make(2, (int64_t[]){M, H}, OPF_BF16);
+    if (random_tensor(ctx, M, H, OPF_BF16, &t[0]) || random_tensor(ctx, 1, H, OPF_BF16, &t[1]) ||
+        random_tensor(ctx, M, H, OPF_BF16, &t[2]) || device_tensor(ctx, &mat, &t[3]) ||
+        device_tensor(ctx, &mat, &t[4]) || device_tensor(ctx, &row, &t[5]) ||
+        device_tensor(ctx, &row, &t[6]) || device_tensor(ctx, &vec, &t[7]) ||
+        device_tensor(ctx, &vec, &t[8]) || random_tensor(ctx, M, 2 * H, OPF_F32, &t[9]) ||
+        random_tensor(ctx, M, 2 * H, OPF_F32, &t[10]) || device_tensor(ctx, &t[9].spec, &t[11]))
+        return 1;
+    t[1].spec.ndim = 1, t[1].spec.shape[0] = H;  /* gamma and beta: [H] */
+    printf("norms bf16 [%lld, %lld], activations fp32 (GB/s = bytes read + written per s)\n",
+           (long long)M, (long long)H);
+    norm_arg na = {0, &t[0], &t[1], &t[1], &t[3], &t[5], &t[6], &t[2], &t[4], &t[7], &t[8]};
+    double b2 = 2.0 * (double)n, b4 = 4.0 * (double)n;
+    int rc = record_gbs(ctx, "layernorm_fwd_gbs", run_norm, &na, 2 * b2);
+    na.bwd = 1;
+    rc = rc || record_gbs(ctx, "layernorm_bwd_gbs", run_norm, &na, 3 * b2);
+    na.bwd = 2;
+    rc = rc || record_gbs(ctx, "rmsnorm_fwd_gbs", run_norm, &na, 2 * b2);
+    float *x = t[9].data[0], *dy = t[10].data[0], *y = t[11].data[0];
+    act_arg aa[] = {{OPF_ACT_GELU, false, x, dy, y, H},
+                    {OPF_ACT_GELU, true, x, dy, y, H},
+                    {OPF_ACT_SWIGLU, false, x, dy, y, 2 * H},
+                    {OPF_ACT_SWIGLU, true, x, dy, y, 2 * H}};
+    const char *names[] = {"gelu_fwd_gbs", "gelu_bwd_gbs", "swiglu_fwd_gbs", "swiglu_bwd_gbs"};
+    const double bytes[] = {2 * b4, 3 * b4, 3 * b4, 5 * b4};  /* SwiGLU: x [M, 2H], y [M, H] */
+    for (int i = 0; i < 4 && !rc; i++) rc = record_gbs(ctx, names[i], run_act, &aa[i], bytes[i]);
+    opf_cuda_sync(ctx);
+    for (int i = 0; i < 12; i++) opf_tensor_release(&t[i]);
+    return rc;
+}
+
+typedef struct ct_arg { const opf_tensor *x; opf_tensor *yt; } ct_arg;
+static opf_status run_cast_transpose(opf_ctx *ctx, void *p)
+{
+    ct_arg *a = p;
+    return opf_backend_get(OPF_DEVICE_CUDA)->elem->cast_transpose(ctx, a->x, NULL, a->yt);
+}
+
+enum { ADAMW_TENSORS = 100, ADAMW_N = 1000000 };
+typedef struct adamw_arg { opf_optim_tensor t[ADAMW_TENSORS]; int64_t step; } adamw_arg;
+static opf_status run_adamw(opf_ctx *ctx, void *p)
+{
+    adamw_arg *a = p;
+    return opf_backend_get(OPF_DEVICE_CUDA)->optim->adamw(ctx, a->t, ADAMW_TENSORS, 1e-3f, 0.9f,
+                                                           0.999f, 1e-8f, 0.01f, ++a->step);
+}
+
+/* AdamW's GB/s counts the 28 bytes a parameter must move (gradient, weight
+ * and moments read; weight and moments written), as for the PyTorch peer;
+ * opfuse also writes the parameter copy (32 bytes). */
+static int bench_adamw(opf_ctx *ctx)
+{
+    static adamw_arg a;
+    void *mem[ADAMW_TENSORS][5] = {{0}};
+    size_t bytes = (size_t)ADAMW_N * sizeof(float);
+    int rc = 0;
+    for (int k = 0; k < ADAMW_TENSORS && !rc; k++) {
+        for (int b = 0; b < 5 && !rc; b++)
+            rc = opf_cuda_alloc(ctx, bytes, &mem[k][b]) || opf_cuda_memset(ctx, mem[k][b], b < 2 ? 0x3C : 0, bytes);
+        a.t[k] = (opf_optim_tensor){.grad = mem[k][0], .grad_dtype = OPF_F32, .master = mem[k][1],
+                                    .m = mem[k][2], .v = mem[k][3], .param = mem[k][4],
+                                    .param_dtype = OPF_F32, .n = ADAMW_N};
+    }
+    double ms = 0;
+    if (!rc) rc = time_ms(ctx, run_adamw, &a, &ms);
+    char note[64];
+    snprintf(note, sizeof note, "%.3f ms, %d x %d fp32", ms, ADAMW_TENSORS, ADAMW_N);
+    if (!rc) record("adamw_100m_gbs", "GB/s", 28.0 * ADAMW_TENSORS * ADAMW_N / ms * 1e-6, note);
+    opf_cuda_sync(ctx);
+    for (int k = 0; k < ADAMW_TENSORS; k++)
+        for (int b = 0; b < 5; b++) opf_cuda_free(ctx, mem[k][b]);
+    return rc;
+}
+
+static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
+{
+    opf_tensor x, yt;
+    opf_spec ts = opf_spec_make(2, (int64_t[]){K, M}, OPF_BF16);
+    if (random_tensor(ctx, M, K, OPF_BF16, &x) || device_tensor(ctx, &ts, &yt)) return 1;
+    printf("element-wise and optimizer (GB/s = bytes read + written per s)\n");
+    ct_arg ca = {&x, &yt};
+    double ms;
+    int rc = time_ms(ctx, run_cast_transpose, &ca, &ms);
+    char note[32];
+    snprintf(note, sizeof note, "%.3f ms", ms);
+    if (!rc) record("cast_transpose_bf16_gbs", "GB/s", 4.0 * (double)(M * K) / ms * 1e-6, note);
+    opf_tensor_release(&x);
+    opf_tensor_release(&yt);
+    return rc || bench_adamw(ctx);
+}
+
+int opf_bench_cuda(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    printf("bench cuda: skipped, built without CUDA\n");
+    return 0;
+}
+#else
+#include "backend/backend-impl.h"
+#include "bench_cuda.h"
+#include "quant/quant-impl.h"
+
+enum { WARMUP = 3, REPS = 15 };
+
+typedef opf_status (*bench_fn)(opf_ctx *ctx, void *arg);
+
+/* Median milliseconds of fn over REPS runs, each between two events. */
+static int time_ms(opf_ctx *ctx, bench_fn fn, void *arg, double *ms)
+{
+    opf_cuda_timer *t = NULL;
+    if (opf_cuda_timer_create(ctx, 2 * REPS, &t)) return 1;
+    int rc = 0;
+    for (int i = 0; i < WARMUP && !rc; i++) rc = fn(ctx, arg) != OPF_OK;
+    for (int i = 0; i < REPS && !rc; i++)
+        rc = opf_cuda_timer_mark(ctx, t, 2 * i) || fn(ctx, arg) || opf_cuda_timer_mark(ctx, t, 2 * i + 1);
+    double v[REPS];
+    for (int i = 0; i < REPS && !rc; i++) {
+        float f = 0;
+        rc = opf_cuda_timer_ms(t, 2 * i, 2 * i + 1, &f) != OPF_OK;
+        v[i] = f;
+    }
+    opf_cuda_timer_destroy(t);
+    if (rc) {
+        fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
+        return 1;
+    }
+    *ms = opf_bench_median(v, REPS);
+    return 0;
+}
+
+/* A device tensor of spec (its device aside). */
+static opf_status device_tensor(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
+{
+    opf_spec s = *spec;
+    s.device = OPF_DEVICE_CUDA;
+    return opf_tensor_alloc(ctx, &s, out);
+}
+
+/* Random bf16-exact values on the device: [rows, cols] of dtype dt. */
+static int random_tensor(opf_ctx *ctx, int64_t rows, int64_t cols, opf_dtype dt, opf_tensor *out)
+{
+    opf_spec s = opf_spec_make(2, (int64_t[]){rows, cols}, dt);
+    opf_tensor h;
+    if (opf_tensor_alloc(ctx, &s, &h)) return 1;
+    int64_t n = rows * cols;
+    float *x = malloc((size_t)n * sizeof *x);
+    uint64_t r = 0x2545F4914F6CDD1Dull;
+    for (int64_t i = 0; i < n; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        x[i] = (float)(int32_t)(r >> 32) * 0x1p-31f;
+    }
+    int rc = opf_convert(x, OPF_F32, h.data[OPF_COMP_DATA], dt, (size_t)n) ||
+             opf_tensor_to(ctx, &h, OPF_DEVICE_CUDA, out);
+    free(x);
+    opf_tensor_release(&h);
+    return rc;
+}
+
+typedef struct copy_arg { void *dst; const void *src; size_t bytes; } copy_arg;
+static opf_status run_copy(opf_ctx *ctx, void *p)
+{
+    copy_arg *a = p;
+    return opf_cuda_copy(ctx, a->dst, a->src, a->bytes, OPF_CUDA_D2D);
+}
+
+static opf_status cuda_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
+                                opf_tensor *out)
+{
+    opf_quantize_state qs = {0};
+    opf_quantize_state_delayed(q, &qs);
+    return opf_backend_get(OPF_DEVICE_CUDA)->quantize[q->scaling](ctx, q, in, out, &qs);
+}
+
+typedef struct quant_arg { const opf_quantizer *q; const opf_tensor *in; opf_tensor *out; } quant_arg;
+static opf_status run_quant(opf_ctx *ctx, void *p)
+{
+    quant_arg *a = p;
+    return cuda_quantize(ctx, a->q, a->in, a->out);
+}
+
+typedef struct gemm_arg { opf_gemm_args g; } gemm_arg;
+static opf_status run_gemm(opf_ctx *ctx, void *p) { return opf_cuda_gemm(ctx, &((gemm_arg *)p)->g); }
+
+static FILE *results;
+
+static void record(const char *name, const char *unit, double v, const char *note)
+{
+    printf("  %-32s %10.1f %-7s %s\n", name, v, unit, note ? note : "");
+    if (results) fprintf(results, "%s %.6g\n", name, v);
+}
+
+typedef struct qbench {
+    const char *name;
+    opf_scaling scaling;
+    unsigned    usage;
+    bool        delayed, mx2d;
+    bool        rht;  /* NVFP4: the Hadamard transform on the columnwise copy */
+} qbench;
+
+#define ROW OPF_USAGE_ROWWISE
+#define ROWCOL (OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE)
+static const qbench qcases[] = {
+    {"fp8_current_row", OPF_SCALING_TENSOR, ROW, false, false, false},
+    {"fp8_current_rowcol", OPF_SCALING_TENSOR, ROWCOL, false, false, false},
+    {"fp8_delayed_row", OPF_SCALING_TENSOR, ROW, true, false, false},
+    {"fp8_delayed_rowcol", OPF_SCALING_TENSOR, ROWCOL, true, false, false},
+    {"mxfp8_row", OPF_SCALING_MXFP8, ROW, false, false, false},
+    {"mxfp8_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, false, false},
+    {"mxfp8_2d_rowcol", OPF_SCALING_MXFP8, ROWCOL, false, true, false},
+    {"block1d_row", OPF_SCALING_BLOCK_1D, ROW, false, false, false},
+    {"block1d_rowcol", OPF_SCALING_BLOCK_1D, ROWCOL, false, false, false},
+    {"block2d_rowcol", OPF_SCALING_BLOCK_2D, ROWCOL, false, false, false},
+    {"nvfp4_row", OPF_SCALING_NVFP4_1D, ROW, false, false, false},
+    {"nvfp4_rowcol", OPF_SCALING_NVFP4_1D, ROWCOL, false, false, false},
+    {"nvfp4_rht_rowcol", OPF_SCALING_NVFP4_1D, ROWCOL, false, false, true},
+    {"nvfp4_2d_rowcol", OPF_SCALING_NVFP4_2D, ROWCOL, false, false, false},
+};
+#undef ROW
+#undef ROWCOL
+
+/* The sections `--only` names (NULL: all). */
+static const char *only;
+static bool wanted(const char *section) { return !only || strstr(only, section); }
+
+static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
+{
+    opf_tensor x;
+    if (random_tensor(ctx, M, K, OPF_BF16, &x)) return 1;
+    size_t in_bytes = (size_t)(M * K) * 2;
+    void *dst = NULL;
+    if (opf_cuda_alloc(ctx, in_bytes, &dst)) return 1;
+    copy_arg ca = {dst, x.data[OPF_COMP_DATA], in_bytes};
+    double copy_ms;
+    if (time_ms(ctx, run_copy, &ca, &copy_ms)) return 1;
+    double copy_gbs = 2.0 * (double)in_bytes / copy_ms * 1e-6;
+    printf("bf16 [%lld, %lld] -> FP8 / FP4 (GB/s = bytes read + written per s)\n",
+           (long long)M, (long long)K);
+    record("copy_gbs", "GB/s", copy_gbs, "device copy of the input bytes");
+    opf_delayed_state *ds = NULL;
+    if (opf_delayed_state_create(ctx, OPF_FORMAT_E4M3, 0, 16, OPF_AMAX_MAX, false, 1, &ds)) return 1;
+    const qbench *cases = qcases;
+    int rc = 0;
+    for (size_t i = 0; i < sizeof qcases / sizeof qcases[0] && !rc && wanted("quantize"); i++) {
         opf_quantizer q = opf_quantizer_default();
         bool fp4 = cases[i].scaling == OPF_SCALING_NVFP4_1D || cases[i].scaling == OPF_SCALING_NVFP4_2D;
         q.scaling = cases[i].scaling, q.qdtype = fp4 ? OPF_E2M1 : OPF_E4M3, q.usage = cases[i].usage;
@@ -413,14 +801,16 @@ static int wanted(const char *group)
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
+    only = NULL;
     opf_ctx *ctx;
     int rc = opf_bench_cuda_open("cuda", &argc, &argv, &out_path, &ctx);
     if (!ctx) return rc;
+    if (argc >= 2 && !strcmp(argv[0], "--only")) only = argv[1], argc -= 2, argv += 2;
     int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
     results = out_path ? fopen(out_path, "w") : NULL;
-    rc = (wanted("quantize") && bench_quantize(ctx, M, K)) || (wanted("gemm") && bench_gemm(ctx, S)) ||
-         (wanted("norm_act") && bench_norm_act(ctx)) || (wanted("elem") && bench_elem(ctx, M, K));
+    rc = bench_quantize(ctx, M, K) || (wanted("gemm") && bench_gemm(ctx, S)) ||
+         (wanted("norm") && bench_norm_act(ctx)) || (wanted("elem") && bench_elem(ctx, M, K));
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

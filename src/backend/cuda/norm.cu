@@ -4,18 +4,24 @@
  *
  * norm.h fixes every sum as a warp's tree: lane l adds the terms j = l,
  * l + 32, ... left to right, then the lanes fold in halves. So each row is
- * one warp. The warp first stages its row (and dz's) in shared memory as
- * fp32 values already seen in the compute dtype, with 16-byte loads when the
- * row allows them; the sums then read it lane-strided (no bank conflicts)
- * and the outputs are written 8 elements a lane, 16 bytes a store. Rows too
- * long for shared memory are read from global memory on every pass instead
- * (the same values, the same order).
+ * one warp. The warp stages its row (and dz's) in shared memory in the
+ * input's own dtype (half the bytes of fp32 for bf16: more warps per SM),
+ * with 16-byte asynchronous copies when the row allows them, and while it
+ * computes one row the copy of its next row is in flight (two buffers when
+ * they fit). The sums read the staged row lane-strided (no bank conflicts),
+ * widening and rounding each value as it is read; the outputs are written
+ * 8 elements a lane, 16 bytes a store. Rows too long for shared memory are
+ * read from global memory on every pass instead (the same values, the same
+ * order). The all-bf16 call (x, dz, gamma) has kernels of its own with the
+ * dtypes as constants, so no dtype branch stands between the loads of a
+ * batch of terms.
  *
  * The column sums of dgamma and dbeta are a second kernel: lane class l of
  * a column holds the rows r = l mod 32 in order, as the CPU's; one thread
- * per (column, class) walks its rows, recomputing y from x, mu and rsigma
- * (cheaper than storing it), then one thread per column folds the 32
- * partials in the header's order. No atomics: every bit is fixed.
+ * per (column, class) walks its rows, COL_BATCH rows' loads in flight before
+ * their adds, recomputing y from x, mu and rsigma (cheaper than storing
+ * it), then one thread per column folds the 32 partials in the header's
+ * order. No atomics: every bit is fixed.
  *
  * Built with -fmad=false (CMakeLists.txt) and IEEE division and square root,
  * so each operation rounds once as on the CPU. A NaN in a row makes that
@@ -27,11 +33,14 @@ enum {
     LANES = OPF_NORM_LANES,
     VEC = 8,                          /* elements per vector access */
     CACHE_MAX = 96 * 1024,            /* the most shared memory a warp stages */
-    BLOCK_SMEM = 32 * 1024,           /* staged bytes a block aims for */
-    SMEM_DEFAULT = 48 * 1024,         /* above this a kernel must opt in */
-    COL_UNROLL = 8,                   /* rows in flight per thread of a column sum */
-    STAGE_BATCH = 4,                  /* 16-byte loads in flight per lane when staging */
-    SUM_BATCH = 4,                    /* terms in flight per lane of a row sum */
+    DOUBLE_MAX = 32 * 1024,           /* the most a warp stages twice (next row in flight) */
+    SM_SMEM = 228 * 1024,             /* Hopper: shared memory of an SM */
+    BLOCK_RESERVED = 1024,            /* ... of which each block holds back */
+    BLOCK_SMEM_MAX = 227 * 1024,      /* ... and the most one block may opt in to */
+    MAX_WARPS = 8,                    /* warps of a row block */
+    COL_BATCH = 8,                    /* rows in flight per thread of a column sum */
+    SUM_BATCH = 8,                    /* terms in flight per lane of a row sum */
+    ANY = -1,                         /* the dtypes of a call known only at run time */
 };
 static_assert(LANES == 32, "a sum's lanes are a warp's");
 
@@ -120,61 +129,65 @@ __device__ __forceinline__ float gamma_at(const norm_args &a, int64_t j)
     return a.zc ? g + 1.0f : g;
 }
 
-/* One row of a tensor as the kernel sees it: staged fp32 values in buf, or
- * (buf NULL) read, widened and rounded from global memory at each use. */
-typedef struct row_view {
-    const float *buf;
-    const void  *g;
-    opf_dtype    t, act;
-    int64_t      off;  /* the row's first element in g */
+__host__ __device__ constexpr int64_t elem_size(opf_dtype t) { return t == OPF_F32 ? 4 : 2; }
 
-    __device__ __forceinline__ float at(int64_t j) const
-    {
-        return buf ? buf[j] : seen_as(ld1(g, t, off + j), act);
-    }
+/* One row of a tensor as the kernel sees it: its values in dtype t, staged
+ * in shared memory or in global memory (one generic pointer: no branch
+ * between the two in the inner loops), each widened and rounded to act at
+ * each use. */
+typedef struct row_view {
+    const void *p;
+    opf_dtype   t, act;
+
+    __device__ __forceinline__ float at(int64_t j) const { return seen_as(ld1(p, t, j), act); }
     __device__ __forceinline__ void at8(int64_t j, float v[VEC]) const
     {
-        if (buf) {
-            float4 p = *(const float4 *)(buf + j), q = *(const float4 *)(buf + j + 4);
-            v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w;
-            v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
-            return;
-        }
-        ld8(g, t, off + j, v);
+        ld8(p, t, j, v);
 #pragma unroll
         for (int k = 0; k < VEC; k++) v[k] = seen_as(v[k], act);
     }
 } row_view;
 
-/* Row r of p (dtype t, seen as act) into buf when buf is not NULL: loads in
- * batches issued before their stores (buf may alias p as far as the
- * compiler knows, so it would not hoist a load above a store). */
-__device__ __forceinline__ row_view stage(float *buf, const void *p, opf_dtype t, opf_dtype act,
-                                          int64_t r, int64_t H, bool vec, int lane)
+/* ---- staging ----------------------------------------------------------- */
+
+__device__ __forceinline__ void copy16_async(void *smem, const void *g)
 {
-    row_view v = {buf, p, t, act, r * H};
-    if (!buf) return v;
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void copies_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits for this thread's copies but the newest group (pending 1) or all. */
+__device__ __forceinline__ void copies_wait(bool pending)
+{
+    if (pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/* Starts copying row r of p (dtype t) into buf as it is: 16-byte
+ * asynchronous copies when vec (the row is whole 16-byte chunks), else
+ * element by element. The caller commits, waits and syncs the warp. */
+__device__ __forceinline__ void stage(void *buf, const void *p, opf_dtype t, int64_t r, int64_t H,
+                                      bool vec, int lane)
+{
+    int64_t es = elem_size(t), bytes = H * es;
+    const char *src = (const char *)p + r * bytes;
     if (vec) {
-        int64_t nc = H / VEC;
-        for (int64_t c0 = lane; c0 < nc; c0 += LANES * STAGE_BATCH) {
-            float e[STAGE_BATCH][VEC];
-#pragma unroll
-            for (int u = 0; u < STAGE_BATCH; u++)
-                if (c0 + u * LANES < nc) ld8(p, t, r * H + (c0 + u * LANES) * VEC, e[u]);
-#pragma unroll
-            for (int u = 0; u < STAGE_BATCH; u++) {
-                float *d = buf + (c0 + u * LANES) * VEC;
-                if (c0 + u * LANES >= nc) break;
-#pragma unroll
-                for (int k = 0; k < VEC; k++) e[u][k] = seen_as(e[u][k], act);
-                *(float4 *)d = make_float4(e[u][0], e[u][1], e[u][2], e[u][3]);
-                *(float4 *)(d + 4) = make_float4(e[u][4], e[u][5], e[u][6], e[u][7]);
-            }
-        }
+        for (int64_t c = (int64_t)lane * 16; c < bytes; c += LANES * 16)
+            copy16_async((char *)buf + c, src + c);
+    } else if (es == 2) {
+        for (int64_t j = lane; j < H; j += LANES) ((uint16_t *)buf)[j] = ((const uint16_t *)src)[j];
     } else {
-        for (int64_t j = lane; j < H; j += LANES) buf[j] = seen_as(ld1(p, t, r * H + j), act);
+        for (int64_t j = lane; j < H; j += LANES) ((float *)buf)[j] = ((const float *)src)[j];
     }
-    return v;
+}
+
+/* The bytes a staged row of H elements of t takes (whole 16-byte chunks). */
+__host__ __device__ constexpr int64_t row_bytes(int64_t H, opf_dtype t)
+{
+    return (H * elem_size(t) + 15) / 16 * 16;
 }
 
 /* ---- the sums (norm.h) --------------------------------------------------- */
@@ -353,51 +366,94 @@ __device__ __forceinline__ void l2_bwd_row(const norm_args &a, const row_view &x
     });
 }
 
-/* One warp per row (grid-stride over rows); each warp stages its rows in
- * its slice of the dynamic shared memory when `cached`. */
-template <int M> __global__ void row_kernel(norm_args a, bool cached)
+/* The common case compiled on its own: x, dz, gamma and the compute dtype
+ * all FT (as constants, every dtype switch of the inner loops folds away and
+ * their loads issue together instead of one behind each branch). */
+template <int FT> __device__ __forceinline__ void fix_dtypes(norm_args &a)
 {
-    extern __shared__ __align__(16) float smem[];
-    const int nb = is_bwd(M) ? 2 : 1, warps = blockDim.x / LANES;
+    if (FT == ANY) return;
+    a.xt = a.dzt = a.gt = a.act = a.dact = (opf_dtype)FT;
+}
+
+static bool one_dtype(const norm_args &a, opf_dtype t, bool bwd)
+{
+    return a.xt == t && a.act == t && a.gt == t && (!bwd || (a.dzt == t && a.dact == t));
+}
+
+/* One warp per row (grid-stride over rows). With slots > 0 each warp
+ * stages its rows in its slice of the dynamic shared memory, x then dz, in
+ * `slots` buffers: with two, the next row's copy is in flight while this
+ * row is computed. */
+template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
+{
+    fix_dtypes<FT>(a);
+    extern __shared__ __align__(16) char smem[];
+    const int warps = blockDim.x / LANES;
     int w = threadIdx.x / LANES, lane = threadIdx.x % LANES;
-    float *buf = cached ? smem + (int64_t)w * nb * a.H : NULL;
-    for (int64_t r = (int64_t)blockIdx.x * warps + w; r < a.rows; r += (int64_t)gridDim.x * warps) {
-        row_view xv = stage(buf, a.x, a.xt, a.act, r, a.H, a.vec, lane);
+    int64_t xb = row_bytes(a.H, a.xt), slot = xb + (is_bwd(M) ? row_bytes(a.H, a.dzt) : 0);
+    char *mine = smem + (int64_t)w * slots * slot;
+    int64_t r = (int64_t)blockIdx.x * warps + w, stride = (int64_t)gridDim.x * warps;
+    auto issue = [&](int k, int64_t row) {
+        stage(mine + k * slot, a.x, a.xt, row, a.H, a.vec, lane);
+        if (is_bwd(M)) stage(mine + k * slot + xb, a.dz, a.dzt, row, a.H, a.vec, lane);
+        copies_commit();
+    };
+    if (slots && r < a.rows) issue(0, r);
+    for (int k = 0; r < a.rows; r += stride, k ^= slots == 2) {
+        bool ahead = slots == 2 && r + stride < a.rows;
+        if (ahead) issue(k ^ 1, r + stride);
+        if (slots) {
+            copies_wait(ahead);
+            __syncwarp();  /* every lane's copies of this row have landed */
+        }
+        const char *b = mine + k * slot;
+        row_view xv = {slots ? b : (const char *)a.x + r * a.H * elem_size(a.xt), a.xt, a.act};
         row_view dv = xv;
-        if constexpr (is_bwd(M))
-            dv = stage(buf ? buf + a.H : NULL, a.dz, a.dzt, a.dact, r, a.H, a.vec, lane);
-        __syncwarp();
+        if (is_bwd(M))
+            dv = {slots ? b + xb : (const char *)a.dz + r * a.H * elem_size(a.dzt), a.dzt, a.dact};
         if constexpr (M == LN_FWD || M == RMS_FWD) fwd_row<M>(a, xv, r, lane);
         else if constexpr (M == L2_FWD) l2_fwd_row(a, xv, r, lane);
         else if constexpr (M == LN_BWD) ln_bwd_row(a, xv, dv, r, lane);
         else if constexpr (M == RMS_BWD) rms_bwd_row(a, xv, dv, r, lane);
         else l2_bwd_row(a, xv, dv, r, lane);
         __syncwarp();  /* the row is read before the next one overwrites it */
+        if (slots == 1 && r + stride < a.rows) issue(0, r + stride);
     }
 }
 
 /* ---- dgamma / dbeta ------------------------------------------------------
  * Block (32 columns, 32 lane classes): thread (c, l) sums the rows r = l,
- * l + 32, ... of column c in order; thread (c, 0) then folds the classes. */
-template <bool LN>
+ * l + 32, ... of column c in order, loading COL_BATCH rows before adding
+ * them; thread (c, 0) then folds the classes. */
+template <bool LN, int FT>
 __global__ void __launch_bounds__(LANES *LANES)
 col_kernel(norm_args a, void *dg, opf_dtype dgt, void *db, opf_dtype dbt)
 {
+    fix_dtypes<FT>(a);
     __shared__ float pg[LANES][LANES + 1], pb[LANES][LANES + 1];
     int cc = threadIdx.x, l = threadIdx.y;
     int64_t c = (int64_t)blockIdx.x * LANES + cc, H = a.H;
     float ag = 0.0f, ab = 0.0f;
-    if (c < H) {
-#pragma unroll COL_UNROLL
-        for (int64_t r = l; r < a.rows; r += LANES) {
-            float x = seen_as(ld1(a.x, a.xt, r * H + c), a.act);
-            float dz = seen_as(ld1(a.dz, a.dzt, r * H + c), a.act);
-            float rs = a.rs[r];
-            float y = LN ? rs * (x - a.mu[r]) : rs * x;
-            ag = ag + dz * y;
-            if (LN) ab = ab + dz;
+    /* Row r's terms added to the class's partials (in row order). */
+    auto add = [&](float x, float dz, int64_t r) {
+        float xs = seen_as(x, a.act), d = seen_as(dz, a.act), rs = a.rs[r];
+        float y = LN ? rs * (xs - a.mu[r]) : rs * xs;
+        ag = ag + d * y;
+        if (LN) ab = ab + d;
+    };
+    int64_t r0 = l;
+    for (; c < H && r0 + (COL_BATCH - 1) * LANES < a.rows; r0 += COL_BATCH * LANES) {
+        float x[COL_BATCH], dz[COL_BATCH];
+#pragma unroll
+        for (int u = 0; u < COL_BATCH; u++) {
+            x[u] = ld1(a.x, a.xt, (r0 + u * LANES) * H + c);
+            dz[u] = ld1(a.dz, a.dzt, (r0 + u * LANES) * H + c);
         }
+#pragma unroll
+        for (int u = 0; u < COL_BATCH; u++) add(x[u], dz[u], r0 + u * LANES);
     }
+    for (; c < H && r0 < a.rows; r0 += LANES)
+        add(ld1(a.x, a.xt, r0 * H + c), ld1(a.dz, a.dzt, r0 * H + c), r0);
     pg[l][cc] = ag;
     pb[l][cc] = ab;
     __syncthreads();
@@ -459,34 +515,50 @@ static bool vec_ok(const norm_args &a)
     return ok;
 }
 
-/* Launches the row kernel of mode M over a's rows: warps per block so that a
- * block stages about BLOCK_SMEM bytes, or no staging for rows over
- * CACHE_MAX. */
+/* The warps a block (1..MAX_WARPS) that fit the most warps on an SM when
+ * each stages per_warp bytes, and how many such blocks fit. */
+static int block_warps(size_t per_warp, int *blocks_per_sm)
+{
+    int best = 0, warps = 1;
+    for (int w = 1; w <= MAX_WARPS && w * per_warp <= BLOCK_SMEM_MAX; w++) {
+        int blocks = (int)(SM_SMEM / (w * per_warp + BLOCK_RESERVED));
+        if (blocks > 64 / w) blocks = 64 / w;  /* 2048 threads an SM */
+        if (blocks * w >= best) best = blocks * w, warps = w, *blocks_per_sm = blocks;
+    }
+    return warps;
+}
+
+/* Launches the row kernel of mode M over a's rows: rows staged twice (the
+ * next in flight) when that fits DOUBLE_MAX, once up to CACHE_MAX, else
+ * read from global memory; as many warps an SM as the staging allows, and
+ * a grid of as many blocks as fit at once (each warp walks several rows). */
 template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, norm_args a,
                                                const char *fn)
 {
     if (a.rows == 0) return OPF_OK;
     a.vec = vec_ok(a);
-    size_t per_warp = (size_t)(is_bwd(M) ? 2 : 1) * (size_t)a.H * sizeof(float);
-    bool cached = per_warp <= CACHE_MAX;
-    int warps = per_warp * 4 <= BLOCK_SMEM ? 4 : per_warp * 2 <= BLOCK_SMEM ? 2 : 1;
-    size_t smem = cached ? per_warp * warps : 0;
-    if (smem > SMEM_DEFAULT)
-        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(row_kernel<M>,
+    size_t slot = (size_t)row_bytes(a.H, a.xt) + (is_bwd(M) ? (size_t)row_bytes(a.H, a.dzt) : 0);
+    int slots = 2 * slot <= DOUBLE_MAX ? 2 : slot <= CACHE_MAX ? 1 : 0;
+    int warps = 4, per_sm = 16;
+    if (slots) warps = block_warps(slots * slot, &per_sm);
+    size_t smem = slots * slot * (size_t)warps;
+    /* Once per kernel: allow up to the most shared memory a block may have,
+     * and ask for the largest shared-memory carveout (a hint). */
+    bool bf16 = one_dtype(a, OPF_BF16, is_bwd(M));
+    void (*kernel)(norm_args, int) = bf16 ? row_kernel<M, OPF_BF16> : row_kernel<M, ANY>;
+    static bool attrs_set[2];
+    if (!attrs_set[bf16]) {
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)smem));
-    /* The staging is what bounds the warps per SM: ask for all of the
-     * shared memory (a hint; once, it is the same for every call). */
-    static bool carveout_set;
-    if (!carveout_set) {
-        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(row_kernel<M>,
+                                                   (int)BLOCK_SMEM_MAX));
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    (int)cudaSharedmemCarveoutMaxShared));
-        carveout_set = true;
+        attrs_set[bf16] = true;
     }
-    int64_t want = (a.rows + warps - 1) / warps, cap = (int64_t)s->sm_count * 32;
+    int64_t want = (a.rows + warps - 1) / warps, cap = (int64_t)s->sm_count * per_sm;
     unsigned grid = (unsigned)(want < cap ? want : cap);
-    row_kernel<M><<<grid, warps * LANES, smem, s->stream>>>(a, cached);
+    kernel<<<grid, warps * LANES, smem, s->stream>>>(a, slots);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
 }
@@ -498,7 +570,9 @@ static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &
 {
     if (a.H == 0) return OPF_OK;
     unsigned grid = (unsigned)((a.H + LANES - 1) / LANES);
-    col_kernel<LN><<<grid, dim3(LANES, LANES), 0, s->stream>>>(
+    void (*kernel)(norm_args, void *, opf_dtype, void *, opf_dtype) =
+        one_dtype(a, OPF_BF16, true) ? col_kernel<LN, OPF_BF16> : col_kernel<LN, ANY>;
+    kernel<<<grid, dim3(LANES, LANES), 0, s->stream>>>(
         a, dgamma->data[0], dgamma->spec.dtype, dbeta ? dbeta->data[0] : NULL, dtype_of(dbeta));
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
