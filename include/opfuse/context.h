@@ -86,6 +86,10 @@ OPF_API const char *opf_last_error(const opf_ctx *ctx);
 /* Clears the last error. */
 OPF_API void opf_clear_error(opf_ctx *ctx);
 
+/* A NULL context: every entry that returns a status refuses it with
+ * OPF_ERR_INVALID_ARG (but for those documented to use an object's own
+ * context); the others do nothing and answer neutrally (the CPU, 0, zeroed
+ * stats, NULL memory; warnings go to stderr). */
 OPF_API opf_device opf_ctx_device(const opf_ctx *ctx);
 OPF_API bool opf_ctx_deterministic(const opf_ctx *ctx);
 OPF_API int opf_ctx_num_threads(const opf_ctx *ctx);

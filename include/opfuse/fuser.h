@@ -47,7 +47,11 @@ OPF_API void opf_seq_destroy(opf_seq *seq);
 
 /* Mutations take ownership of op (also on failure: the op is destroyed) and
  * invalidate the groups and plans; they fail with OPF_ERR_STATE while a
- * backward is pending. */
+ * backward is pending, and while an optimizer created over the seq exists
+ * (opf_optim_create freezes the ops: destroy the optimizer, change the seq,
+ * create one anew). An op belongs to one seq: inserting one that another
+ * seq holds fails with OPF_ERR_INVALID_ARG and leaves it to that seq (not
+ * destroyed); opf_seq_remove with out hands it back first. */
 OPF_API opf_status opf_seq_append(opf_seq *seq, opf_op *op);
 OPF_API opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op);
 /* Removes op `index`; *out receives it (the caller owns it then) or, when
@@ -189,7 +193,12 @@ typedef enum opf_optim_kind { OPF_OPTIM_SGD = 0, OPF_OPTIM_ADAMW = 1 } opf_optim
 /* An optimizer over the parameters of a seq, with FP32 master weights: each
  * step updates the fp32 master copy, writes it back rounded to the
  * parameter's dtype and marks quantized weight copies stale (they are
- * re-quantized on the next forward). */
+ * re-quantized on the next forward).
+ * The optimizer holds the parameters the seq has at creation, and the seq
+ * refuses appends, inserts and removes (OPF_ERR_STATE, with a message) while
+ * the optimizer exists; build the seq first. The two may be destroyed in
+ * either order; once the seq is gone opf_optim_step fails with
+ * OPF_ERR_STATE and the slots hold no parameter. */
 typedef struct opf_optim opf_optim;
 OPF_API opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
                                     const opf_optim_options *opts, opf_optim **out);

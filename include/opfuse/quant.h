@@ -226,7 +226,7 @@ OPF_API opf_status opf_delayed_state_write(opf_ctx *ctx, opf_delayed_state *s,
                                            const float *scale, const float *history);
 /* The update after a step (fused path of 3.1): optional reduce() on a copy of
  * row 0, then per slot: no roll on zero amax, roll, amax by algorithm, new
- * scale by 2.2. */
+ * scale by 2.2. ctx NULL: the state's context. */
 OPF_API opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                                             opf_amax_reduce_fn reduce, void *reduce_user);
 /* Scales back to 1, history to 0 (on a device: one counted copy). */
@@ -249,7 +249,8 @@ OPF_API opf_status opf_recipe_state_quantizer(const opf_recipe_state *rs, opf_te
                                               int gemm, opf_quantizer *out);
 /* Delayed states (NULL for other recipes). */
 OPF_API opf_delayed_state *opf_recipe_state_delayed(opf_recipe_state *rs, bool backward);
-/* Runs the delayed update of one direction (no-op for stateless recipes). */
+/* Runs the delayed update of one direction (no-op for stateless recipes).
+ * ctx NULL: the state's context. */
 OPF_API opf_status opf_recipe_state_update(opf_ctx *ctx, opf_recipe_state *rs, bool backward,
                                            opf_amax_reduce_fn reduce, void *reduce_user);
 

@@ -216,6 +216,7 @@ opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
 {
     const char *fn = "opf_delayed_state_update";
     OPF_CHECK_NULL(ctx, fn, s);
+    if (!ctx) ctx = s->ctx;
     const opf_scale_kernels *k = opf_backend_kernels(ctx, fn, s->device, OPF_KERNELS_SCALE);
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = reduce ? reduce_row0(ctx, s, reduce, reduce_user) : OPF_OK;

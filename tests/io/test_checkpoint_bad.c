@@ -295,7 +295,9 @@ static void test_mismatch(void)
     /* a different model: one op more */
     opf_op *op;
     CHECK_OK(F.ctx, opf_op_create(F.ctx, "identity", NULL, "id", &op));
+    opf_optim_destroy(m.opt);  /* an optimizer freezes its seq */
     CHECK_OK(F.ctx, opf_seq_append(m.seq, op));
+    CHECK_OK(F.ctx, opf_optim_create(F.ctx, m.seq, OPF_OPTIM_ADAMW, NULL, &m.opt));
     CHECK_FAILS(F.ctx, opf_checkpoint_load(F.ctx, m.seq, NULL, good_path), OPF_ERR_CORRUPT,
                 "holds \"4\" ops, the seq has 5");
     /* an optimizer of another seq */
