@@ -41,6 +41,13 @@ extern "C" {
 
 typedef struct opf_seq opf_seq;
 
+/* The most ops one fuser group may hold: a longer run of adjacent fusible
+ * ops is refused when the seq builds its plans (first forward or
+ * opf_seq_prepare) with OPF_ERR_UNSUPPORTED naming this limit. A callback
+ * step (opf_seq_append_callback) or an activation-recompute span ends a
+ * group. */
+#define OPF_MAX_GROUP_OPS 256
+
 OPF_API opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out);
 /* Destroys the seq and every op it owns. NULL: no-op. */
 OPF_API void opf_seq_destroy(opf_seq *seq);

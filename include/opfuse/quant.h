@@ -72,8 +72,12 @@ typedef enum opf_tensor_role {
     OPF_ROLE_COUNT
 } opf_tensor_role;
 
+/* Names for messages ("fp8-delayed", "input", "e4m3", "max"); "invalid"
+ * for a value outside the enum. */
 OPF_API const char *opf_recipe_name(opf_recipe_kind k);
 OPF_API const char *opf_role_name(opf_tensor_role r);
+OPF_API const char *opf_format_name(opf_format f);
+OPF_API const char *opf_amax_algo_name(opf_amax_algo a);
 
 typedef struct opf_quantizer_role {
     const char     *module_type;  /* "linear", "grouped_linear", "layernorm", ... */
@@ -268,7 +272,8 @@ OPF_API opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in
  * offset. On error nothing is written. */
 OPF_API opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                                 opf_tensor *out);
-/* opf_quantizer_spec + opf_tensor_alloc + opf_quantize. */
+/* opf_quantizer_spec + opf_tensor_alloc + opf_quantize. On failure *out is
+ * all zero bytes (opf_tensor_release on it is a no-op). */
 OPF_API opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                                       opf_tensor *out);
 
