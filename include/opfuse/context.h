@@ -5,6 +5,15 @@
  * through the context's allocator, whose counters let tests prove that a
  * step performs no allocation.
  *
+ * Debug aids: unoptimized (debug) and AddressSanitizer builds record the
+ * first thread that allocates through a context and warn once, through the
+ * warning callback, when a second thread does (sharing a context between
+ * threads is a race; handing one over after the first thread stops is
+ * legal but warns too). Under AddressSanitizer the blocks the default
+ * allocator's cache keeps are poisoned (all but their first pointer-sized
+ * word, the cache's link), so a use after free through the cache is
+ * reported as one.
+ *
  *     opf_ctx_options o = opf_ctx_options_default();
  *     o.seed = 1234;
  *     opf_ctx *ctx;

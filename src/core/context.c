@@ -8,6 +8,15 @@
 #include "core/device-impl.h"
 #include "core/size-impl.h"
 
+#if OPF_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n)   ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 static void *default_alloc(void *user, size_t bytes, size_t align)
 {
     (void)user;
@@ -221,6 +230,10 @@ static int size_class(size_t bytes, size_t *class_bytes)
     return idx < 256 ? idx : -1;
 }
 
+/* Cached blocks are poisoned under AddressSanitizer (a use after
+ * opf_ctx_free is reported as if the block were freed), all but the list
+ * link in their first word: LeakSanitizer follows pointers only through
+ * unpoisoned memory, and a live context's cache is no leak. */
 static void cache_drain(opf_ctx *ctx)
 {
     for (int i = 0; i < 256; i++)
@@ -232,15 +245,39 @@ static void cache_drain(opf_ctx *ctx)
     ctx->cached_bytes = 0;
 }
 
+#if OPF_CTX_THREAD_CHECK
+static _Thread_local char thread_anchor;  /* its address names the thread */
+
+/* A context serves one thread: the first that allocates is recorded, a
+ * second one is reported once (a warning: handing a context over is legal,
+ * sharing it at once is not, and cannot be told apart here). */
+static void check_thread(opf_ctx *ctx)
+{
+    uintptr_t me = (uintptr_t)&thread_anchor, first = 0;
+    if (__atomic_compare_exchange_n(&ctx->user_thread, &first, me, false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED) || first == me)
+        return;
+    if (__atomic_exchange_n(&ctx->thread_reported, 1, __ATOMIC_RELAXED)) return;
+    char msg[200];
+    snprintf(msg, sizeof msg, "opf_ctx %p: allocation from a second thread; a context serves one "
+             "thread (use one context per thread, or hand it over and stop using it)", (void *)ctx);
+    ctx->warn(ctx->warn_user, msg);
+}
+#else
+#define check_thread(ctx) ((void)(ctx))
+#endif
+
 void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
 {
     if (!ctx || bytes > (size_t)OPF_MAX_BYTES) return NULL;  /* the size classes would wrap */
+    check_thread(ctx);
     if (ctx->fail_countdown && --ctx->fail_countdown == 0) return NULL;
     size_t cls_bytes = bytes;
     int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
     void *p = NULL;
     if (cls >= 0 && ctx->cache[cls]) {
         p = ctx->cache[cls];
+        UNPOISON(p, cls_bytes);
         ctx->cache[cls] = *(void **)p;
         ctx->cached_bytes -= cls_bytes;
     } else {
@@ -261,10 +298,12 @@ bool opf_ctx_fail_alloc_pending(const opf_ctx *ctx) { return ctx->fail_countdown
 void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
 {
     if (!ptr || !ctx) return;
+    check_thread(ctx);
     size_t cls_bytes = bytes;
     int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
     if (cls >= 0 && ctx->cached_bytes + cls_bytes <= CACHE_MAX_BYTES) {
         *(void **)ptr = ctx->cache[cls];
+        POISON((char *)ptr + sizeof(void *), cls_bytes - sizeof(void *));
         ctx->cache[cls] = ptr;
         ctx->cached_bytes += cls_bytes;
     } else {
