@@ -43,6 +43,19 @@ static inline bool fz_blob_eq(const fz_blob *a, const fz_blob *b)
     return a->n == b->n && (a->n == 0 || !memcmp(a->p, b->p, a->n));
 }
 
+/* The whole file at path (empty when it cannot be opened). */
+static inline fz_blob fz_read_file(const char *path)
+{
+    fz_blob b = {NULL, 0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return b;
+    unsigned char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) fz_put(&b, chunk, n);
+    fclose(f);
+    return b;
+}
+
 /* Builds the model in f (context given) and readies it for recipe kind. */
 static inline opf_status fz_fixture_init(fz_fixture *f, opf_ctx *ctx, opf_recipe_kind kind)
 {

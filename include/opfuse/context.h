@@ -5,6 +5,15 @@
  * through the context's allocator, whose counters let tests prove that a
  * step performs no allocation.
  *
+ * Debug aids: unoptimized (debug) and AddressSanitizer builds record the
+ * first thread that allocates through a context and warn once, through the
+ * warning callback, when a second thread does (sharing a context between
+ * threads is a race; handing one over after the first thread stops is
+ * legal but warns too). Under AddressSanitizer the blocks the default
+ * allocator's cache keeps are poisoned (all but their first pointer-sized
+ * word, the cache's link), so a use after free through the cache is
+ * reported as one.
+ *
  *     opf_ctx_options o = opf_ctx_options_default();
  *     o.seed = 1234;
  *     opf_ctx *ctx;
@@ -86,6 +95,10 @@ OPF_API const char *opf_last_error(const opf_ctx *ctx);
 /* Clears the last error. */
 OPF_API void opf_clear_error(opf_ctx *ctx);
 
+/* A NULL context: every entry that returns a status refuses it with
+ * OPF_ERR_INVALID_ARG (but for those documented to use an object's own
+ * context); the others do nothing and answer neutrally (the CPU, 0, zeroed
+ * stats, NULL memory; warnings go to stderr). */
 OPF_API opf_device opf_ctx_device(const opf_ctx *ctx);
 OPF_API bool opf_ctx_deterministic(const opf_ctx *ctx);
 OPF_API int opf_ctx_num_threads(const opf_ctx *ctx);

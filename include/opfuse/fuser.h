@@ -41,13 +41,24 @@ extern "C" {
 
 typedef struct opf_seq opf_seq;
 
+/* The most ops one fuser group may hold: a longer run of adjacent fusible
+ * ops is refused when the seq builds its plans (first forward or
+ * opf_seq_prepare) with OPF_ERR_UNSUPPORTED naming this limit. A callback
+ * step (opf_seq_append_callback) or an activation-recompute span ends a
+ * group. */
+#define OPF_MAX_GROUP_OPS 256
+
 OPF_API opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out);
 /* Destroys the seq and every op it owns. NULL: no-op. */
 OPF_API void opf_seq_destroy(opf_seq *seq);
 
 /* Mutations take ownership of op (also on failure: the op is destroyed) and
  * invalidate the groups and plans; they fail with OPF_ERR_STATE while a
- * backward is pending. */
+ * backward is pending, and while an optimizer created over the seq exists
+ * (opf_optim_create freezes the ops: destroy the optimizer, change the seq,
+ * create one anew). An op belongs to one seq: inserting one that another
+ * seq holds fails with OPF_ERR_INVALID_ARG and leaves it to that seq (not
+ * destroyed); opf_seq_remove with out hands it back first. */
 OPF_API opf_status opf_seq_append(opf_seq *seq, opf_op *op);
 OPF_API opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op);
 /* Removes op `index`; *out receives it (the caller owns it then) or, when
@@ -189,7 +200,12 @@ typedef enum opf_optim_kind { OPF_OPTIM_SGD = 0, OPF_OPTIM_ADAMW = 1 } opf_optim
 /* An optimizer over the parameters of a seq, with FP32 master weights: each
  * step updates the fp32 master copy, writes it back rounded to the
  * parameter's dtype and marks quantized weight copies stale (they are
- * re-quantized on the next forward). */
+ * re-quantized on the next forward).
+ * The optimizer holds the parameters the seq has at creation, and the seq
+ * refuses appends, inserts and removes (OPF_ERR_STATE, with a message) while
+ * the optimizer exists; build the seq first. The two may be destroyed in
+ * either order; once the seq is gone opf_optim_step fails with
+ * OPF_ERR_STATE and the slots hold no parameter. */
 typedef struct opf_optim opf_optim;
 OPF_API opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
                                     const opf_optim_options *opts, opf_optim **out);

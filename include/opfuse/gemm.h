@@ -10,7 +10,8 @@
  * 1D x 2D allowed). Computes D = alpha * acc + beta * D_old (+ bias), then
  * rounds to D's dtype, or for an FP8 D quantizes with the per-tensor out
  * quantizer. Linear: fprop gemm(W, x, TN), dgrad gemm(W, dy, NN), wgrad
- * gemm(x, dy, NT).
+ * gemm(x, dy, NT). D's bytes must not overlap any byte of A, B or the bias,
+ * not even in part (OPF_ERR_INVALID_ARG naming the operand).
  *
  *     opf_gemm_options o = opf_gemm_options_default();
  *     st = opf_gemm(ctx, &w_q, &x_q, OPF_GEMM_TN, &o, &y);

@@ -14,6 +14,12 @@
  * recipes, every tensor's name, dtype and shape) before it changes
  * anything; on any error nothing is changed.
  *
+ * Integrity: files of format version 2 (written since checksums came) hold a
+ * CRC-32C (Castagnoli) of the header and of every tensor's bytes in their
+ * metadata; a load verifies them all and refuses a corrupted file naming the
+ * tensor (or the header). Version 1 files, written before, carry none and
+ * still load, unchecked.
+ *
  * The seq to load into must be built like the saved one (same op classes,
  * names and configs, in order) and carry recipe state for the same recipe:
  * a seq that has run a forward with that recipe does, a fresh one gets it
@@ -45,6 +51,11 @@ extern "C" {
  * synced and renamed over path, and the directory is synced. A new file
  * takes the permission bits of the one it replaces, else 0644.
  * Reads seq, opt and ctx; changes nothing in them.
+ * A symbolic link at path (or a chain of them, at most 40) is followed: the
+ * file it names gets the checkpoint and the link stays. Temporary files that
+ * earlier saves to the same file left when their process died
+ * (path + ".tmp." + six letters or digits) are removed first, so concurrent
+ * saves to one path are not supported.
  * Errors: OPF_ERR_INVALID_ARG for NULL ctx, seq or path, an optimizer over
  * another seq's parameters, or two tensors that would get the same name;
  * OPF_ERR_STATE while a backward is pending; OPF_ERR_UNSUPPORTED for tensors
@@ -67,8 +78,12 @@ OPF_API opf_status opf_checkpoint_save(opf_ctx *ctx, opf_seq *seq, opf_optim *op
  * length, JSON, dtypes, shapes, offsets that overlap, leave gaps or run past
  * the end) or does not match this seq (format or version, op count, class,
  * name or recipe, a tensor missing, unknown, or of another dtype or shape,
- * optimizer kind). The message names the file, the tensor or op, and the
- * values found and expected. */
+ * optimizer kind, a checksum missing or not matching). The message names the
+ * file, the tensor or op, and the values found and expected.
+ * Non-finite fp32 master weights in the file (NaN or Inf in a tensor
+ * "optim.*.master") do not refuse the load, which is of what was saved, but
+ * each such tensor is reported through the context's warning callback
+ * (opf_ctx_options.warn) with its name and count. */
 OPF_API opf_status opf_checkpoint_load(opf_ctx *ctx, opf_seq *seq, opf_optim *opt,
                                        const char *path);
 

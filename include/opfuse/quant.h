@@ -72,8 +72,12 @@ typedef enum opf_tensor_role {
     OPF_ROLE_COUNT
 } opf_tensor_role;
 
+/* Names for messages ("fp8-delayed", "input", "e4m3", "max"); "invalid"
+ * for a value outside the enum. */
 OPF_API const char *opf_recipe_name(opf_recipe_kind k);
 OPF_API const char *opf_role_name(opf_tensor_role r);
+OPF_API const char *opf_format_name(opf_format f);
+OPF_API const char *opf_amax_algo_name(opf_amax_algo a);
 
 typedef struct opf_quantizer_role {
     const char     *module_type;  /* "linear", "grouped_linear", "layernorm", ... */
@@ -226,7 +230,7 @@ OPF_API opf_status opf_delayed_state_write(opf_ctx *ctx, opf_delayed_state *s,
                                            const float *scale, const float *history);
 /* The update after a step (fused path of 3.1): optional reduce() on a copy of
  * row 0, then per slot: no roll on zero amax, roll, amax by algorithm, new
- * scale by 2.2. */
+ * scale by 2.2. ctx NULL: the state's context. */
 OPF_API opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                                             opf_amax_reduce_fn reduce, void *reduce_user);
 /* Scales back to 1, history to 0 (on a device: one counted copy). */
@@ -249,7 +253,8 @@ OPF_API opf_status opf_recipe_state_quantizer(const opf_recipe_state *rs, opf_te
                                               int gemm, opf_quantizer *out);
 /* Delayed states (NULL for other recipes). */
 OPF_API opf_delayed_state *opf_recipe_state_delayed(opf_recipe_state *rs, bool backward);
-/* Runs the delayed update of one direction (no-op for stateless recipes). */
+/* Runs the delayed update of one direction (no-op for stateless recipes).
+ * ctx NULL: the state's context. */
 OPF_API opf_status opf_recipe_state_update(opf_ctx *ctx, opf_recipe_state *rs, bool backward,
                                            opf_amax_reduce_fn reduce, void *reduce_user);
 
@@ -267,7 +272,8 @@ OPF_API opf_status opf_quantizer_spec(const opf_quantizer *q, const opf_spec *in
  * offset. On error nothing is written. */
 OPF_API opf_status opf_quantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                                 opf_tensor *out);
-/* opf_quantizer_spec + opf_tensor_alloc + opf_quantize. */
+/* opf_quantizer_spec + opf_tensor_alloc + opf_quantize. On failure *out is
+ * all zero bytes (opf_tensor_release on it is a no-op). */
 OPF_API opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor *in,
                                       opf_tensor *out);
 

@@ -8,6 +8,27 @@ struct opf_device_runtime;
 
 #define OPF_ERROR_MAX 512
 
+/* AddressSanitizer (gcc defines __SANITIZE_ADDRESS__, clang has the feature). */
+#if defined(__SANITIZE_ADDRESS__)
+#define OPF_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define OPF_ASAN 1
+#endif
+#endif
+#ifndef OPF_ASAN
+#define OPF_ASAN 0
+#endif
+
+/* Debug builds (unoptimized: Release keeps its asserts, so NDEBUG cannot
+ * tell) and sanitizer builds record the thread that allocates through a
+ * context and warn (once) when a second one does. */
+#if !defined(__OPTIMIZE__) || OPF_ASAN
+#define OPF_CTX_THREAD_CHECK 1
+#else
+#define OPF_CTX_THREAD_CHECK 0
+#endif
+
 struct opf_ctx {
     opf_device      device;
     int             device_index;
@@ -52,6 +73,11 @@ struct opf_ctx {
     /* allocation-failure injection (tests): opf_ctx_alloc calls left before
      * the one that fails; 0 = off */
     uint64_t        fail_countdown;
+    /* OPF_CTX_THREAD_CHECK: the first thread that allocated (an address in
+     * its thread-local storage), and whether a second one was reported;
+     * both read and written with atomics */
+    uintptr_t       user_thread;
+    int             thread_reported;
 };
 
 /* Test API (not exported): the nth call of opf_ctx_alloc from now (1 = the

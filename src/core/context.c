@@ -8,6 +8,15 @@
 #include "core/device-impl.h"
 #include "core/size-impl.h"
 
+#if OPF_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n)   ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 static void *default_alloc(void *user, size_t bytes, size_t align)
 {
     (void)user;
@@ -128,16 +137,25 @@ void opf_ctx_finish(opf_ctx *ctx)
     ctx->allocator.free(ctx->allocator.user, ctx);
 }
 
-opf_device opf_ctx_device(const opf_ctx *ctx) { return ctx->device; }
-bool opf_ctx_deterministic(const opf_ctx *ctx) { return ctx->deterministic; }
-int opf_ctx_num_threads(const opf_ctx *ctx) { return ctx->num_threads; }
+/* The getters answer a NULL context with the neutral value (the CPU, 0,
+ * zeroed stats): they have no status to refuse it with. */
+opf_device opf_ctx_device(const opf_ctx *ctx) { return ctx ? ctx->device : OPF_DEVICE_CPU; }
+bool opf_ctx_deterministic(const opf_ctx *ctx) { return ctx && ctx->deterministic; }
+int opf_ctx_num_threads(const opf_ctx *ctx) { return ctx ? ctx->num_threads : 0; }
 void opf_ctx_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out)
 {
-    *out = ctx->rt ? ctx->device_stats : ctx->stats;
+    *out = !ctx ? (opf_alloc_stats){0} : ctx->rt ? ctx->device_stats : ctx->stats;
 }
 
-void opf_ctx_host_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out) { *out = ctx->stats; }
-void opf_ctx_sync_stats(const opf_ctx *ctx, opf_sync_stats *out) { *out = ctx->sync_stats; }
+void opf_ctx_host_alloc_stats(const opf_ctx *ctx, opf_alloc_stats *out)
+{
+    *out = ctx ? ctx->stats : (opf_alloc_stats){0};
+}
+
+void opf_ctx_sync_stats(const opf_ctx *ctx, opf_sync_stats *out)
+{
+    *out = ctx ? ctx->sync_stats : (opf_sync_stats){0};
+}
 
 void *opf_ctx_device_state(const opf_ctx *ctx) { return ctx->device_state; }
 void opf_ctx_set_device_state(opf_ctx *ctx, void *state) { ctx->device_state = state; }
@@ -161,7 +179,8 @@ static void vwarn(opf_ctx *ctx, const char *fmt, va_list ap)
 {
     char msg[OPF_ERROR_MAX];
     vsnprintf(msg, sizeof msg, fmt, ap);
-    ctx->warn(ctx->warn_user, msg);
+    if (ctx) ctx->warn(ctx->warn_user, msg);
+    else fprintf(stderr, "opfuse: warning: %s\n", msg);
 }
 
 void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...)
@@ -175,10 +194,12 @@ void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...)
 void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...)
 {
     uint64_t h = 0xCBF29CE484222325ull;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++) h = (h ^ *p) * 0x100000001B3ull;
-    for (int i = 0; i < ctx->n_warned; i++)
+    for (const unsigned char *p = (const unsigned char *)key; ctx && key && *p; p++)
+        h = (h ^ *p) * 0x100000001B3ull;
+    for (int i = 0; ctx && i < ctx->n_warned; i++)
         if (ctx->warned[i] == h) return;
-    if (ctx->n_warned < (int)(sizeof ctx->warned / sizeof ctx->warned[0])) ctx->warned[ctx->n_warned++] = h;
+    if (ctx && ctx->n_warned < (int)(sizeof ctx->warned / sizeof ctx->warned[0]))
+        ctx->warned[ctx->n_warned++] = h;  /* without a context: every time, to stderr */
     va_list ap;
     va_start(ap, fmt);
     vwarn(ctx, fmt, ap);
@@ -187,6 +208,7 @@ void opf_ctx_warn_once(opf_ctx *ctx, const char *key, const char *fmt, ...)
 
 void opf_ctx_alloc_reset_peak(opf_ctx *ctx)
 {
+    if (!ctx) return;
     ctx->stats.bytes_peak = ctx->stats.bytes_live;
     ctx->device_stats.bytes_peak = ctx->device_stats.bytes_live;
 }
@@ -208,6 +230,10 @@ static int size_class(size_t bytes, size_t *class_bytes)
     return idx < 256 ? idx : -1;
 }
 
+/* Cached blocks are poisoned under AddressSanitizer (a use after
+ * opf_ctx_free is reported as if the block were freed), all but the list
+ * link in their first word: LeakSanitizer follows pointers only through
+ * unpoisoned memory, and a live context's cache is no leak. */
 static void cache_drain(opf_ctx *ctx)
 {
     for (int i = 0; i < 256; i++)
@@ -219,15 +245,39 @@ static void cache_drain(opf_ctx *ctx)
     ctx->cached_bytes = 0;
 }
 
+#if OPF_CTX_THREAD_CHECK
+static _Thread_local char thread_anchor;  /* its address names the thread */
+
+/* A context serves one thread: the first that allocates is recorded, a
+ * second one is reported once (a warning: handing a context over is legal,
+ * sharing it at once is not, and cannot be told apart here). */
+static void check_thread(opf_ctx *ctx)
+{
+    uintptr_t me = (uintptr_t)&thread_anchor, first = 0;
+    if (__atomic_compare_exchange_n(&ctx->user_thread, &first, me, false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED) || first == me)
+        return;
+    if (__atomic_exchange_n(&ctx->thread_reported, 1, __ATOMIC_RELAXED)) return;
+    char msg[200];
+    snprintf(msg, sizeof msg, "opf_ctx %p: allocation from a second thread; a context serves one "
+             "thread (use one context per thread, or hand it over and stop using it)", (void *)ctx);
+    ctx->warn(ctx->warn_user, msg);
+}
+#else
+#define check_thread(ctx) ((void)(ctx))
+#endif
+
 void *opf_ctx_alloc(opf_ctx *ctx, size_t bytes)
 {
-    if (bytes > (size_t)OPF_MAX_BYTES) return NULL;  /* the size classes would wrap */
+    if (!ctx || bytes > (size_t)OPF_MAX_BYTES) return NULL;  /* the size classes would wrap */
+    check_thread(ctx);
     if (ctx->fail_countdown && --ctx->fail_countdown == 0) return NULL;
     size_t cls_bytes = bytes;
     int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
     void *p = NULL;
     if (cls >= 0 && ctx->cache[cls]) {
         p = ctx->cache[cls];
+        UNPOISON(p, cls_bytes);
         ctx->cache[cls] = *(void **)p;
         ctx->cached_bytes -= cls_bytes;
     } else {
@@ -247,11 +297,13 @@ bool opf_ctx_fail_alloc_pending(const opf_ctx *ctx) { return ctx->fail_countdown
 
 void opf_ctx_free(opf_ctx *ctx, void *ptr, size_t bytes)
 {
-    if (!ptr) return;
+    if (!ptr || !ctx) return;
+    check_thread(ctx);
     size_t cls_bytes = bytes;
     int cls = ctx->caching ? size_class(bytes, &cls_bytes) : -1;
     if (cls >= 0 && ctx->cached_bytes + cls_bytes <= CACHE_MAX_BYTES) {
         *(void **)ptr = ctx->cache[cls];
+        POISON((char *)ptr + sizeof(void *), cls_bytes - sizeof(void *));
         ctx->cache[cls] = ptr;
         ctx->cached_bytes += cls_bytes;
     } else {
@@ -285,23 +337,25 @@ opf_status opf_ctx_workspace_reserve(opf_ctx *ctx, size_t bytes)
 
 void *opf_ctx_workspace(opf_ctx *ctx, size_t bytes)
 {
-    return bytes <= ctx->workspace_bytes ? ctx->workspace : NULL;
+    return ctx && bytes <= ctx->workspace_bytes ? ctx->workspace : NULL;
 }
 
 void opf_ctx_set_rng(opf_ctx *ctx, uint64_t seed, uint64_t offset)
 {
+    if (!ctx) return;
     ctx->rng_seed = seed;
     ctx->rng_offset = offset;
 }
 
 void opf_ctx_get_rng(const opf_ctx *ctx, uint64_t *seed, uint64_t *offset)
 {
-    if (seed) *seed = ctx->rng_seed;
-    if (offset) *offset = ctx->rng_offset;
+    if (seed) *seed = ctx ? ctx->rng_seed : 0;
+    if (offset) *offset = ctx ? ctx->rng_offset : 0;
 }
 
 uint64_t opf_ctx_rng_advance(opf_ctx *ctx, uint64_t n)
 {
+    if (!ctx) return 0;
     uint64_t o = ctx->rng_offset;
     ctx->rng_offset += n;
     return o;
@@ -328,12 +382,14 @@ static void stack_pop(struct opf_scratch_stack *st, uint64_t mark)
 size_t opf_ctx_scratch_mark(const opf_ctx *ctx)
 {
     enum { HALF = MARK_TOP_BITS + MARK_USED_BITS };
+    if (!ctx) return 0;
     return (size_t)(stack_mark(&ctx->dscratch) << HALF | stack_mark(&ctx->scratch));
 }
 
 void opf_ctx_scratch_pop(opf_ctx *ctx, size_t mark)
 {
     enum { HALF = MARK_TOP_BITS + MARK_USED_BITS };
+    if (!ctx) return;
     stack_pop(&ctx->scratch, (uint64_t)mark & ((1ull << HALF) - 1));
     stack_pop(&ctx->dscratch, (uint64_t)mark >> HALF);
 }
@@ -376,7 +432,7 @@ static void *stack_push(opf_ctx *ctx, struct opf_scratch_stack *st, bool device,
 
 void *opf_ctx_scratch_push(opf_ctx *ctx, size_t bytes)
 {
-    return stack_push(ctx, &ctx->scratch, false, bytes);
+    return ctx ? stack_push(ctx, &ctx->scratch, false, bytes) : NULL;
 }
 
 void *opf_ctx_scratch_push_on(opf_ctx *ctx, opf_device dev, size_t bytes)

@@ -86,7 +86,13 @@ struct opf_seq {
     /* bumped whenever the ops' recipe state is rebuilt or the seq changes:
      * a compiled graph that baked quantizer state checks it */
     uint64_t        epoch;
+    /* the optimizers over the seq's parameters, linked through them: while
+     * there is one the ops are frozen (optim.c) */
+    opf_optim      *optims;
 };
+
+/* The seq is going: its optimizers forget it (and refuse to step). */
+void opf_optim_detach_seq(opf_seq *seq);
 
 /* fusion.c */
 /* Drops every cached plan and destroys their fused ops; free_slots also

@@ -143,7 +143,7 @@ static bool in_list(opf_op *const *list, int n, const opf_op *op)
 static opf_status apply(opf_seq *seq, which w, opf_op **list, int *n, opf_op *const *basic, int nb,
                         int first)
 {
-    opf_op *out[256];
+    opf_op *out[OPF_MAX_GROUP_OPS];
     const opf_recipe *r = seq->has_recipe ? &seq->recipe : NULL;
     pthread_mutex_lock(&reg_lock);
     int count = n_reg[w];
@@ -218,9 +218,13 @@ int opf_seq_take_fused(opf_seq *seq, opf_op ***ops)
 static opf_status plan_group(opf_seq *seq, opf_group *g)
 {
     opf_op *const *basic = seq->ops + g->first;
-    opf_op *joint[256], *fw[256], *bw[256];
+    opf_op *joint[OPF_MAX_GROUP_OPS], *fw[OPF_MAX_GROUP_OPS], *bw[OPF_MAX_GROUP_OPS];
     int nj = g->count;
-    if (nj > 256) return opf_error(seq->ctx, OPF_ERR_UNSUPPORTED, "seq: a group of %d ops > 256", nj);
+    if (nj > OPF_MAX_GROUP_OPS)
+        return opf_error(seq->ctx, OPF_ERR_UNSUPPORTED, "seq: ops %d..%d form a fusible group of %d "
+                         "ops, more than OPF_MAX_GROUP_OPS = %d; end the group earlier with a "
+                         "callback step or a recompute span", g->first, g->first + nj - 1, nj,
+                         OPF_MAX_GROUP_OPS);
     memcpy(joint, basic, sizeof *joint * (size_t)nj);
     opf_status st = OPF_OK;
     if (seq->fusions && g->count > 1 && seq->ops[g->first]->cls->fusible)

@@ -26,7 +26,39 @@ struct opf_optim {
     slot             *s;
     opf_optim_tensor *list;  /* [cap] the kernel's view of the slots of one step */
     int64_t           step;
+    opf_seq          *seq;   /* NULL once the seq is destroyed */
+    opf_optim        *next;  /* the seq's next optimizer */
 };
+
+/* The seq's list of optimizers: while it is not empty the seq refuses
+ * mutations, so the slots stay the seq's parameters. */
+static void link_seq(opf_optim *opt, opf_seq *seq)
+{
+    opt->seq = seq;
+    opt->next = seq->optims;
+    seq->optims = opt;
+}
+
+static void unlink_seq(opf_optim *opt)
+{
+    if (!opt->seq) return;
+    for (opf_optim **at = &opt->seq->optims; *at; at = &(*at)->next)
+        if (*at == opt) {
+            *at = opt->next;
+            break;
+        }
+    opt->seq = NULL;
+}
+
+void opf_optim_detach_seq(opf_seq *seq)
+{
+    for (opf_optim *o = seq->optims, *next; o; o = next) {
+        next = o->next;
+        o->seq = NULL, o->next = NULL;
+        for (int i = 0; i < o->n; i++) o->s[i].p = NULL;  /* freed with the seq */
+    }
+    seq->optims = NULL;
+}
 
 opf_optim_options opf_optim_options_default(void)
 {
@@ -49,6 +81,7 @@ static void count_param(void *user, opf_op *op, opf_param *p)
 void opf_optim_destroy(opf_optim *opt)
 {
     if (!opt) return;
+    unlink_seq(opt);
     opf_ctx *ctx = opt->ctx;
     for (int i = 0; i < opt->n; i++) {
         size_t bytes = sizeof(float) * (size_t)opt->s[i].n;
@@ -142,6 +175,7 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
         opf_convert(s->p->value.data[0], s->p->value.spec.dtype, s->master, OPF_F32, (size_t)s->n);
     }
     opf_ctx_free(ctx, c.p, sizeof *c.p * (size_t)opt->cap);
+    link_seq(opt, seq);
     *out = opt;
     return OPF_OK;
 oom:
@@ -167,6 +201,9 @@ static opf_optim_tensor slot_tensor(const slot *s)
 opf_status opf_optim_step(opf_optim *opt)
 {
     OPF_CHECK_NULL(NULL, "opf_optim_step", opt);
+    if (!opt->seq)
+        return opf_error(opt->ctx, OPF_ERR_STATE, "opf_optim_step: the optimizer's seq was "
+                         "destroyed; its parameters are gone");
     const opf_optim_kernels *k =
         opf_backend_kernels(opt->ctx, "optim", opf_ctx_device(opt->ctx), OPF_KERNELS_OPTIM);
     if (!k) return OPF_ERR_UNSUPPORTED;

@@ -52,17 +52,24 @@ void opf_seq_unbuild(opf_seq *seq)
 void opf_seq_destroy(opf_seq *seq)
 {
     if (!seq) return;
+    opf_optim_detach_seq(seq);
     opf_seq_unbuild(seq);
     for (int i = 0; i < seq->n; i++) opf_op_destroy(seq->ops[i]);
     opf_ctx_free(seq->ctx, seq->ops, sizeof *seq->ops * (size_t)seq->cap);
     opf_ctx_free(seq->ctx, seq, sizeof *seq);
 }
 
-static opf_status mutable_or_fail(opf_seq *seq, const char *fn)
+/* op: the op inserted or removed, for the message. */
+static opf_status mutable_or_fail(opf_seq *seq, const char *fn, const opf_op *op)
 {
     if (seq->pending)
         return opf_error(seq->ctx, OPF_ERR_STATE,
                          "%s: a backward is pending; run opf_seq_backward or opf_seq_discard first", fn);
+    if (seq->optims)
+        return opf_error(seq->ctx, OPF_ERR_STATE,
+                         "%s: op \"%s\": an optimizer was created over this seq, which freezes its "
+                         "ops; destroy the optimizer before changing the seq, then create it anew",
+                         fn, opf_op_name(op));
     return OPF_OK;
 }
 
@@ -70,13 +77,17 @@ opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op)
 {
     const char *fn = "opf_seq_insert";
     OPF_CHECK_NULL(NULL, fn, seq);
-    opf_status st = op ? mutable_or_fail(seq, fn) : opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: op is NULL", fn);
+    if (!op) return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: op is NULL", fn);
+    /* another seq's op stays that seq's: refused, not destroyed */
+    if (op->owner && op->owner != seq)
+        return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: op \"%s\" belongs to another seq; "
+                         "take it out there first (opf_seq_remove with out)", fn, opf_op_name(op));
+    opf_status st = mutable_or_fail(seq, fn, op);
     if (!st && (index < 0 || index > seq->n))
         st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: index %d outside 0..%d", fn, index, seq->n);
-    for (int i = 0; !st && i < seq->n; i++)
-        if (seq->ops[i] == op)
-            st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: op \"%s\" is already in the seq", fn,
-                           opf_op_name(op));
+    if (!st && op->owner == seq)
+        st = opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: op \"%s\" is already in the seq", fn,
+                       opf_op_name(op));
     if (!st && seq->n == seq->cap) {
         int cap = seq->cap ? 2 * seq->cap : 8;
         opf_op **ops = opf_ctx_calloc(seq->ctx, (size_t)cap, sizeof *ops);
@@ -89,14 +100,13 @@ opf_status opf_seq_insert(opf_seq *seq, int index, opf_op *op)
         }
     }
     if (st) {
-        bool ours = false;
-        for (int i = 0; i < seq->n; i++) ours |= seq->ops[i] == op;
-        if (!ours) opf_op_destroy(op);
+        if (op->owner != seq) opf_op_destroy(op);
         return st;
     }
     opf_seq_unbuild(seq);
     memmove(seq->ops + index + 1, seq->ops + index, sizeof *seq->ops * (size_t)(seq->n - index));
     seq->ops[index] = op;
+    op->owner = seq;
     seq->n++;
     return OPF_OK;
 }
@@ -111,17 +121,18 @@ opf_status opf_seq_remove(opf_seq *seq, int index, opf_op **out)
 {
     const char *fn = "opf_seq_remove";
     OPF_CHECK_NULL(NULL, fn, seq);
-    opf_status st = mutable_or_fail(seq, fn);
-    if (st) return st;
     if (index < 0 || index >= seq->n)
         return opf_error(seq->ctx, OPF_ERR_INVALID_ARG, "%s: index %d outside 0..%d", fn, index,
                          seq->n - 1);
+    opf_status st = mutable_or_fail(seq, fn, seq->ops[index]);
+    if (st) return st;
     opf_seq_unbuild(seq);
     opf_op *op = seq->ops[index];
     opf_seq_rc_forget(seq, op);
     memmove(seq->ops + index, seq->ops + index + 1, sizeof *seq->ops * (size_t)(seq->n - index - 1));
     seq->n--;
     op->locked = false;
+    op->owner = NULL;
     if (out) *out = op;
     else opf_op_destroy(op);
     return OPF_OK;

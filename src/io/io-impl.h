@@ -18,10 +18,18 @@
 #endif
 
 #define OPF_CK_FORMAT     "opfuse-checkpoint"
-#define OPF_CK_VERSION    "1"
+/* Version 2 adds CRC-32C checksums (metadata "header.crc32c" and
+ * "crc32c.<tensor>"); version 1 files, written without them, still load. */
+#define OPF_CK_VERSION    "2"
+#define OPF_CK_VERSION1   "1"
+#define OPF_CK_CRC_PREFIX "crc32c."
+#define OPF_CK_HEADER_CRC "header.crc32c"
 #define OPF_CK_NAME_MAX   256
 /* A header longer than this is refused before it is parsed. */
 #define OPF_CK_HEADER_MAX ((uint64_t)100 << 20)
+
+/* CRC-32C of n bytes at data, continuing from crc (0 to start). */
+uint32_t opf_crc32c(uint32_t crc, const void *data, size_t n);
 
 /* The dtypes of safetensors. */
 typedef enum opf_st_dtype {
@@ -129,6 +137,15 @@ void opf_st_free(opf_st_file *f);
 opf_st_entry *opf_st_find(opf_st_file *f, const char *name);
 /* The metadata value of key (marked used), or NULL. */
 const char *opf_st_meta_get(opf_st_file *f, const char *key);
+
+/* ---- checksums ------------------------------------------------------------ */
+
+/* The checksum of a header of len bytes at hdr: CRC-32C of the header with
+ * the 8 hex digits of metadata "header.crc32c" read as "00000000" (the
+ * writer prints the header with that placeholder, then fills it in).
+ * *digits: their offset in hdr. False when the key is not there exactly once
+ * with 8 characters of value. */
+bool opf_ck_header_crc(const char *hdr, size_t len, size_t *digits, uint32_t *crc);
 
 /* ---- writing -------------------------------------------------------------- */
 

@@ -5,6 +5,7 @@
  * in and swaps the copies in, and cannot fail. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,9 @@ typedef struct loader {
     opf_seq           *seq;
     opf_optim         *opt;
     const char        *who;
+    const char        *hdr;     /* the header's bytes in the file */
+    size_t             hdr_len;
+    bool               v1;      /* a version 1 file: no checksums */
     opf_st_file        f;
     opf_tensor        *staged;  /* [n * OPF_OP_MAX_PARAMS] quantized copies read from the file */
     opf_tensor       **qv;      /* pointers into staged, NULL where the file has none */
@@ -108,8 +112,14 @@ static opf_status check_optim(loader *L)
 static opf_status check_meta(loader *L)
 {
     opf_status st = check_value(L, "format", OPF_CK_FORMAT, " (not an opfuse checkpoint)");
-    if (!st) st = check_value(L, "version", OPF_CK_VERSION, " (written by another opfuse version)");
     const char *v;
+    if (!st && !(st = need(L, "version", &v))) {
+        L->v1 = !strcmp(v, OPF_CK_VERSION1);
+        if (!L->v1 && strcmp(v, OPF_CK_VERSION))
+            st = BAD("checkpoint \"%s\": metadata \"version\" is \"%s\", expected \"%s\" or \"%s\" "
+                     "(written by another opfuse version)", L->who, v, OPF_CK_VERSION1,
+                     OPF_CK_VERSION);
+    }
     int64_t n;
     if (!st && !(st = need(L, "ops", &v)) && (!parse_count(v, &n) || n != L->seq->n))
         st = BAD("checkpoint \"%s\": it holds \"%s\" ops, the seq has %d", L->who, v, L->seq->n);
@@ -161,6 +171,68 @@ static opf_status match_item(loader *L, int k)
     return OPF_OK;
 }
 
+static bool is_checksum_key(const char *key)
+{
+    return !strncmp(key, OPF_CK_CRC_PREFIX, strlen(OPF_CK_CRC_PREFIX)) ||
+           !strcmp(key, OPF_CK_HEADER_CRC);
+}
+
+/* 8 lowercase hex digits. */
+static bool parse_crc(const char *s, uint32_t *out)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        int d = s[i] >= '0' && s[i] <= '9' ? s[i] - '0' : s[i] >= 'a' && s[i] <= 'f' ? s[i] - 'a' + 10 : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint32_t)d;
+    }
+    *out = v;
+    return s[8] == '\0';
+}
+
+/* A stored checksum: present and well formed. */
+static opf_status stored_crc(loader *L, const char *key, const char *what, uint32_t *out)
+{
+    const char *v = opf_st_meta_get(&L->f, key);
+    if (!v) return BAD("checkpoint \"%s\": %s has no checksum (metadata \"%s\" is missing)", L->who, what, key);
+    if (!parse_crc(v, out))
+        return BAD("checkpoint \"%s\": metadata \"%s\" is \"%s\", not 8 hex digits of a CRC-32C",
+                   L->who, key, v);
+    return OPF_OK;
+}
+
+/* Version 2: the header's checksum, then every tensor's (those a weights-only
+ * load skips too), and no checksum for a tensor the file lacks. */
+static opf_status check_sums(loader *L)
+{
+    if (L->v1) return OPF_OK;
+    uint32_t want, got;
+    size_t at;
+    opf_status st = stored_crc(L, OPF_CK_HEADER_CRC, "the header", &want);
+    if (!st && !opf_ck_header_crc(L->hdr, L->hdr_len, &at, &got))
+        st = BAD("checkpoint \"%s\": the header's checksum cannot be located", L->who);
+    if (!st && got != want)
+        st = BAD("checkpoint \"%s\": the header's checksum does not match (CRC-32C %08x stored, "
+                 "%08x of its bytes): the file is corrupt", L->who, (unsigned)want, (unsigned)got);
+    char key[OPF_CK_NAME_MAX + 16], what[OPF_CK_NAME_MAX + 16];
+    for (int i = 0; !st && i < L->f.n; i++) {
+        const opf_st_entry *e = &L->f.e[i];
+        snprintf(key, sizeof key, OPF_CK_CRC_PREFIX "%s", e->name);
+        snprintf(what, sizeof what, "tensor \"%s\"", e->name);
+        if ((st = stored_crc(L, key, what, &want))) break;
+        got = opf_crc32c(0, L->f.buf + e->begin, (size_t)(e->end - e->begin));
+        if (got != want)
+            st = BAD("checkpoint \"%s\": tensor \"%s\": its checksum does not match (CRC-32C "
+                     "%08x stored, %08x of its %llu bytes): the file is corrupt", L->who, e->name,
+                     (unsigned)want, (unsigned)got, (unsigned long long)(e->end - e->begin));
+    }
+    for (int i = 0; !st && i < L->f.n_meta; i++)
+        if (!L->f.m[i].used && is_checksum_key(L->f.m[i].key))
+            st = BAD("checkpoint \"%s\": metadata \"%s\" is the checksum of a tensor the file "
+                     "does not hold", L->who, L->f.m[i].key);
+    return st;
+}
+
 /* Every tensor and metadata key of the file must have been asked for. */
 static opf_status check_unknown(loader *L)
 {
@@ -173,7 +245,7 @@ static opf_status check_unknown(loader *L)
                        "tensor", L->who, e->name, opf_st_dtype_name(e->dtype));
     }
     for (int i = 0; i < L->f.n_meta; i++)
-        if (!L->f.m[i].used)
+        if (!L->f.m[i].used && (L->v1 || !is_checksum_key(L->f.m[i].key)))
             return BAD("checkpoint \"%s\": unknown metadata \"%s\" = \"%s\"", L->who, L->f.m[i].key,
                        L->f.m[i].value);
     return OPF_OK;
@@ -189,6 +261,7 @@ static opf_status check_all(loader *L)
         st = opf_error(L->ctx, OPF_ERR_NO_MEMORY, "checkpoint \"%s\": out of memory", L->who);
     for (int k = 0; !st && k < L->items.n; k++) st = match_item(L, k);
     if (!st) st = check_unknown(L);
+    if (!st) st = check_sums(L);
     return st;
 }
 
@@ -215,6 +288,29 @@ static opf_status apply(loader *L)
     return st;
 }
 
+/* Non-finite fp32 master weights load (the file is what was saved) but are
+ * reported: the next step would carry them into the parameters. */
+static void warn_nonfinite(loader *L)
+{
+    static const char suffix[] = ".master";
+    for (int k = 0; k < L->items.n; k++) {
+        const opf_ck_item *it = &L->items.v[k];
+        size_t n = strlen(it->name), sn = sizeof suffix - 1;
+        if (it->dtype != OPF_ST_F32 || n < sn || strcmp(it->name + n - sn, suffix)) continue;
+        const uint8_t *p = L->f.buf + L->src[k]->begin;
+        size_t count = it->nbytes / 4, bad = 0;
+        for (size_t i = 0; i < count; i++) {
+            float v;
+            memcpy(&v, p + 4 * i, 4);
+            bad += !isfinite(v);
+        }
+        if (bad)
+            opf_ctx_warn(L->ctx, "opf_checkpoint_load: checkpoint \"%s\": tensor \"%s\" holds "
+                         "non-finite values: %zu of %zu fp32 master weights are NaN or Inf", L->who,
+                         it->name, bad, count);
+    }
+}
+
 opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, const void *data,
                                    size_t size, const char *name)
 {
@@ -239,8 +335,13 @@ opf_status opf_checkpoint_load_mem(opf_ctx *ctx, opf_seq *seq, opf_optim *opt, c
                            "that is not in this seq", fn, k);
     }
     if (!st) st = opf_st_parse(ctx, L.who, data ? data : (const void *)"", size, &L.f);
-    if (!st) st = check_all(&L);
+    if (!st) {
+        L.hdr = (const char *)data + 8;
+        L.hdr_len = (size_t)((const char *)L.f.buf - L.hdr);
+        st = check_all(&L);
+    }
     if (!st) st = apply(&L);
+    if (!st) warn_nonfinite(&L);
     for (size_t i = 0; L.staged && i < np; i++) opf_tensor_release(&L.staged[i]);
     opf_ctx_free(ctx, L.staged, np * sizeof *L.staged);
     opf_ctx_free(ctx, L.qv, np * sizeof *L.qv);

@@ -7,6 +7,7 @@
 opf_status opf_checkpoint_prepare(opf_ctx *ctx, opf_seq *seq, const opf_recipe *recipe)
 {
     const char *fn = "opf_checkpoint_prepare";
+    OPF_CHECK_NULL(NULL, fn, ctx);
     OPF_CHECK_NULL(ctx, fn, seq);
     opf_status st = opf_seq_prepare(seq, recipe);
     if (st) return opf_error(ctx, st, "%s: %s", fn, opf_last_error(seq->ctx));

@@ -372,3 +372,26 @@ opf_status opf_st_header(opf_ctx *ctx, const opf_ck_list *items, cJSON *meta, ch
     *len = padded;
     return OPF_OK;
 }
+
+/* The first of the key's occurrences in len bytes at h from pos, or len. */
+static size_t find_key(const char *h, size_t len, size_t pos, const char *key, size_t k)
+{
+    for (; pos + k <= len; pos++)
+        if (!memcmp(h + pos, key, k)) return pos;
+    return len;
+}
+
+bool opf_ck_header_crc(const char *hdr, size_t len, size_t *digits, uint32_t *crc)
+{
+    static const char key[] = "\"" OPF_CK_HEADER_CRC "\":\"";
+    size_t k = sizeof key - 1, at = find_key(hdr, len, 0, key, k);
+    if (at == len || at + k + 9 > len || hdr[at + k + 8] != '"' ||
+        find_key(hdr, len, at + 1, key, k) != len)
+        return false;
+    *digits = at + k;
+    static const char zeros[8] = "00000000";
+    uint32_t c = opf_crc32c(0, hdr, *digits);
+    c = opf_crc32c(c, zeros, 8);
+    *crc = opf_crc32c(c, hdr + *digits + 8, len - *digits - 8);
+    return true;
+}

@@ -15,6 +15,7 @@ opf_status opf_fusion_scan(opf_ctx *ctx, opf_op *const *ops_in, int n, const opf
                            opf_fusion_match_fn match, opf_fusion_build_fn build, void *user,
                            opf_op **ops_out, int *n_out)
 {
+    OPF_CHECK_NULL(NULL, "opf_fusion_scan", ctx);
     int o = 0;
     for (int i = 0; i < n;) {
         int k = opf_op_is_fused(ops_in[i]) ? 0 : match(ops_in + i, n - i, recipe, user);

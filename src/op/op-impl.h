@@ -32,6 +32,7 @@ struct opf_op {
     opf_recipe_kind     recipe_kind;
     opf_channel_bind    extra_in[OPF_OP_MAX_EXTRA], extra_out[OPF_OP_MAX_EXTRA];
     bool                locked;       /* channel bindings frozen by a fuser */
+    const void         *owner;        /* the seq holding the op, or NULL */
     void               *user;
     opf_quantizer       qslot[OPF_ROLE_COUNT];  /* storage behind opf_op_quantizer */
     /* quantizers of the current call, with usage narrowed by the op */

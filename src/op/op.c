@@ -193,6 +193,9 @@ static opf_status grow_params(opf_op *op)
 
 int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec *spec)
 {
+    if (!ctx || !op || !name || !spec)
+        return -(int)opf_error(ctx, OPF_ERR_INVALID_ARG, "opf_op_add_param: %s is NULL",
+                               !ctx ? "ctx" : !op ? "op" : !name ? "name" : "spec");
     if (op->n_params == OPF_OP_MAX_PARAMS)
         return -(int)opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: more than %d parameters", op->name,
                                OPF_OP_MAX_PARAMS);

@@ -44,6 +44,7 @@ static void visit(void *user, opf_op *op, opf_param *p)
 opf_status opf_clip_grad_norm(opf_ctx *ctx, opf_seq *const *seqs, int n_seqs, double max_norm,
                               double *norm)
 {
+    OPF_CHECK_NULL(NULL, "clip_grad_norm", ctx);
     if (!seqs || n_seqs < 0 || !(max_norm > 0))
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "clip_grad_norm: %d seqs at %p, max_norm %g "
                          "(want > 0)", n_seqs, (const void *)seqs, max_norm);

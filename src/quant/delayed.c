@@ -16,6 +16,7 @@
 #include "core/size-impl.h"
 #include "opfuse/tensor.h"
 #include "opfuse/quant.h"
+#include "quant/quant-impl.h"
 
 struct opf_delayed_state {
     opf_ctx      *ctx;         /* whose allocator holds this block */
@@ -59,14 +60,15 @@ static opf_status check_create(opf_ctx *ctx, opf_format format, float margin, in
     const char *fn = "opf_delayed_state_create";
     OPF_CHECK_NULL(ctx, fn, out);
     OPF_CHECK_NULL(ctx, fn, ctx);
+    opf_enum_label lb;
     if (format != OPF_FORMAT_E4M3 && format != OPF_FORMAT_E5M2 && format != OPF_FORMAT_HYBRID)
         return opf_error(ctx, OPF_ERR_INVALID_ARG,
-                         "%s: format %d is not an FP8 format (e4m3, e5m2 or hybrid)", fn,
-                         (int)format);
+                         "%s: format %s is not an FP8 format (e4m3, e5m2 or hybrid)", fn,
+                         opf_enum_label_of(&lb, opf_format_name(format), (int)format));
     if ((unsigned)algo >= OPF_AMAX_ALGO_COUNT)
         return opf_error(ctx, OPF_ERR_INVALID_ARG,
-                         "%s: amax algorithm %d is neither max (0) nor most_recent (1)", fn,
-                         (int)algo);
+                         "%s: amax algorithm %s is neither max nor most_recent", fn,
+                         opf_enum_label_of(&lb, "invalid", (int)algo));
     if (history_len < 1)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: amax history length %d < 1", fn,
                          history_len);
@@ -216,6 +218,7 @@ opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
 {
     const char *fn = "opf_delayed_state_update";
     OPF_CHECK_NULL(ctx, fn, s);
+    if (!ctx) ctx = s->ctx;
     const opf_scale_kernels *k = opf_backend_kernels(ctx, fn, s->device, OPF_KERNELS_SCALE);
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = reduce ? reduce_row0(ctx, s, reduce, reduce_user) : OPF_OK;

@@ -3,6 +3,7 @@
  * copy selection, format pairs, shapes, output dtypes) and then runs the
  * device's GEMM kernel. opf_gemm_out_spec (the fake) runs the same operand
  * checks, so real and fake fail alike. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -302,18 +303,38 @@ static opf_status check_bias(opf_ctx *ctx, const char *op, const opf_tensor *bia
     return OPF_OK;
 }
 
-/* D must not share memory with what the kernel reads. */
+/* The byte ranges of t's components (empty where there is no pointer); a
+ * component without a layout, or of no bytes, counts one byte. */
+static void comp_ranges(const opf_tensor *t, uintptr_t lo[OPF_COMP_COUNT],
+                        uintptr_t hi[OPF_COMP_COUNT])
+{
+    opf_layout L;
+    bool laid = opf_spec_layout(&t->spec, &L) == OPF_OK;
+    for (int c = 0; c < OPF_COMP_COUNT; c++) {
+        lo[c] = (uintptr_t)t->data[c];
+        size_t nb = laid && L.comp[c].present ? L.comp[c].nbytes : 0;
+        hi[c] = !t->data[c] ? lo[c] : lo[c] + (nb ? nb : 1);  /* empty: still its address */
+    }
+}
+
+/* D's bytes must not overlap, even in part, the bytes the kernel reads. */
 static opf_status check_alias(opf_ctx *ctx, const char *op, const opf_tensor *a,
                               const opf_tensor *b, const opf_tensor *bias, const opf_tensor *d)
 {
     const opf_tensor *in[3] = {a, b, bias};
     static const char *const names[3] = {"A", "B", "bias"};
-    for (int i = 0; i < 3; i++)
-        for (int c = 0; in[i] && c < OPF_COMP_COUNT; c++)
+    uintptr_t dlo[OPF_COMP_COUNT], dhi[OPF_COMP_COUNT], lo[OPF_COMP_COUNT], hi[OPF_COMP_COUNT];
+    comp_ranges(d, dlo, dhi);
+    for (int i = 0; i < 3; i++) {
+        if (!in[i]) continue;
+        comp_ranges(in[i], lo, hi);
+        for (int c = 0; c < OPF_COMP_COUNT; c++)
             for (int e = 0; e < OPF_COMP_COUNT; e++)
-                if (in[i]->data[c] && in[i]->data[c] == d->data[e])
-                    return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: D shares memory with %s", op,
-                                     names[i]);
+                if (lo[c] < hi[c] && dlo[e] < dhi[e] && lo[c] < dhi[e] && dlo[e] < hi[c])
+                    return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: D shares memory with %s (D's "
+                                     "bytes [%p, %p) overlap [%p, %p))", op, names[i],
+                                     (void *)dlo[e], (void *)dhi[e], (void *)lo[c], (void *)hi[c]);
+    }
     return OPF_OK;
 }
 

@@ -14,4 +14,9 @@ void opf_quantize_state_delayed(const opf_quantizer *q, opf_quantize_state *qs);
 opf_status opf_quantize_check_state_device(opf_ctx *ctx, const char *fn, const opf_quantizer *q,
                                            opf_device dev);
 
+/* An enum value for a message: its name (from an opf_*_name function, which
+ * gives "invalid" outside the enum), or "<value> (invalid)"; in buf. */
+typedef struct opf_enum_label { char s[32]; } opf_enum_label;
+const char *opf_enum_label_of(opf_enum_label *buf, const char *name, int value);
+
 #endif

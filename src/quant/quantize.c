@@ -220,16 +220,15 @@ opf_status opf_quantize_alloc(opf_ctx *ctx, const opf_quantizer *q, const opf_te
     OPF_CHECK_NULL(ctx, "quantize", in);
     OPF_CHECK_NULL(ctx, "quantize", out);
     opf_spec s;
-    opf_status st = opf_quantizer_spec(q, &in->spec, &s);
-    if (st) return opf_error(ctx, st, "%s", opf_last_error(NULL));
     opf_tensor t;
-    if ((st = opf_tensor_alloc(ctx, &s, &t))) return st;
-    if ((st = opf_quantize(ctx, q, in, &t))) {
+    memset(&t, 0, sizeof t);
+    opf_status st = opf_quantizer_spec(q, &in->spec, &s);
+    if (st) st = opf_error(ctx, st, "%s", opf_last_error(NULL));
+    else if (!(st = opf_tensor_alloc(ctx, &s, &t)) && (st = opf_quantize(ctx, q, in, &t)))
         opf_tensor_release(&t);
-        return st;
-    }
+    if (st) memset(&t, 0, sizeof t);  /* what a refused call leaves: safe to release */
     *out = t;
-    return OPF_OK;
+    return st;
 }
 
 /* Decodes copy `which` of q into fp32 dst[M*K] (logical order). */

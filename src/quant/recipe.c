@@ -8,6 +8,7 @@
 
 #include "core/core-impl.h"
 #include "opfuse/quant.h"
+#include "quant/quant-impl.h"
 
 static const char *const recipe_names[] = {
     [OPF_RECIPE_NONE] = "none",       [OPF_RECIPE_DELAYED] = "fp8-delayed",
@@ -25,6 +26,19 @@ static const char *const role_names[] = {
 _Static_assert(sizeof(role_names) / sizeof(role_names[0]) == OPF_ROLE_COUNT,
                "role_names must list every role");
 
+static const char *const format_names[] = {
+    [OPF_FORMAT_E4M3] = "e4m3", [OPF_FORMAT_E5M2] = "e5m2", [OPF_FORMAT_HYBRID] = "hybrid",
+    [OPF_FORMAT_E2M1] = "e2m1",
+};
+_Static_assert(sizeof(format_names) / sizeof(format_names[0]) == OPF_FORMAT_COUNT,
+               "format_names must list every format");
+
+static const char *const algo_names[] = {
+    [OPF_AMAX_MAX] = "max", [OPF_AMAX_MOST_RECENT] = "most_recent",
+};
+_Static_assert(sizeof(algo_names) / sizeof(algo_names[0]) == OPF_AMAX_ALGO_COUNT,
+               "algo_names must list every amax algorithm");
+
 static const char *const override_names[] = {
     [OPF_BACKWARD_NONE] = "none", [OPF_BACKWARD_HIGH_PRECISION] = "high_precision",
     [OPF_BACKWARD_DEQUANTIZED] = "dequantized",
@@ -40,6 +54,23 @@ const char *opf_recipe_name(opf_recipe_kind k)
 const char *opf_role_name(opf_tensor_role r)
 {
     return (unsigned)r < OPF_ROLE_COUNT ? role_names[r] : "invalid";
+}
+
+const char *opf_format_name(opf_format f)
+{
+    return (unsigned)f < OPF_FORMAT_COUNT ? format_names[f] : "invalid";
+}
+
+const char *opf_amax_algo_name(opf_amax_algo a)
+{
+    return (unsigned)a < OPF_AMAX_ALGO_COUNT ? algo_names[a] : "invalid";
+}
+
+const char *opf_enum_label_of(opf_enum_label *buf, const char *name, int value)
+{
+    if (strcmp(name, "invalid")) snprintf(buf->s, sizeof buf->s, "%s", name);
+    else snprintf(buf->s, sizeof buf->s, "%d (invalid)", value);
+    return buf->s;
 }
 
 static bool is_backward(opf_tensor_role r) { return r == OPF_ROLE_GRAD_OUTPUT || r == OPF_ROLE_GRAD_INPUT; }
@@ -85,26 +116,30 @@ opf_status opf_recipe_validate(const opf_recipe *r)
 {
     const char *fn = "recipe";
     OPF_CHECK_NULL(NULL, fn, r);
+    opf_enum_label kl, fl, al;
     if ((unsigned)r->kind >= OPF_RECIPE_COUNT)
-        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: kind %d", fn, (int)r->kind);
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s: kind %s", fn,
+                         opf_enum_label_of(&kl, "invalid", (int)r->kind));
     const char *name = opf_recipe_name(r->kind);
+    const char *format = opf_enum_label_of(&fl, opf_format_name(r->format), (int)r->format);
     bool fp8 = r->kind == OPF_RECIPE_DELAYED || r->kind == OPF_RECIPE_CURRENT ||
                r->kind == OPF_RECIPE_BLOCK || r->kind == OPF_RECIPE_MXFP8 ||
                r->kind == OPF_RECIPE_CUSTOM;
     if (fp8 && r->format != OPF_FORMAT_E4M3 && r->format != OPF_FORMAT_HYBRID)
         return opf_error(NULL, OPF_ERR_INVALID_ARG,
-                         "%s %s: format %d must be E4M3 or HYBRID (E5M2 forward tensors do not "
-                         "train)", fn, name, (int)r->format);
+                         "%s %s: format %s must be e4m3 or hybrid (e5m2 forward tensors do not "
+                         "train)", fn, name, format);
     if (r->kind == OPF_RECIPE_NVFP4 && r->format != OPF_FORMAT_E2M1)
-        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s nvfp4: format %d must be E2M1", fn,
-                         (int)r->format);
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s nvfp4: format %s must be e2m1", fn,
+                         format);
     if (r->kind == OPF_RECIPE_DELAYED) {
         if (r->amax_history_len < 1)
             return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: amax_history_len %d < 1", fn, name,
                              r->amax_history_len);
         if ((unsigned)r->amax_algo >= OPF_AMAX_ALGO_COUNT)
-            return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: amax_algo %d", fn, name,
-                             (int)r->amax_algo);
+            return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: amax_algo %s is neither max nor "
+                             "most_recent", fn, name,
+                             opf_enum_label_of(&al, "invalid", (int)r->amax_algo));
         if (!(fabsf(r->margin) <= OPF_MAX_MARGIN))
             return opf_error(NULL, OPF_ERR_INVALID_ARG, "%s %s: margin %g outside -%d..%d", fn,
                              name, (double)r->margin, OPF_MAX_MARGIN, OPF_MAX_MARGIN);
@@ -150,7 +185,7 @@ static opf_status role_quantizer(const opf_recipe *r, const opf_quantizer_role *
     OPF_CHECK_NULL(NULL, "opf_recipe_quantizer", role);
     OPF_CHECK_NULL(NULL, "opf_recipe_quantizer", out);
     if ((unsigned)role->tensor >= OPF_ROLE_COUNT)
-        return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_recipe_quantizer: role %d",
+        return opf_error(NULL, OPF_ERR_INVALID_ARG, "opf_recipe_quantizer: role %d (invalid)",
                          (int)role->tensor);
     opf_tensor_role t = role->tensor;
     bool grad = is_backward(t);
@@ -364,10 +399,12 @@ opf_status opf_recipe_state_quantizer(const opf_recipe_state *rs, opf_tensor_rol
 {
     OPF_CHECK_NULL(NULL, "opf_recipe_state_quantizer", rs);
     OPF_CHECK_NULL(NULL, "opf_recipe_state_quantizer", out);
+    opf_enum_label rl;
     if ((unsigned)role >= OPF_ROLE_COUNT || gemm < 0 || gemm >= rs->num_gemms)
         return opf_error(NULL, OPF_ERR_INVALID_ARG,
-                         "opf_recipe_state_quantizer: role %d gemm %d outside %d roles x %d gemms",
-                         (int)role, gemm, OPF_ROLE_COUNT, rs->num_gemms);
+                         "opf_recipe_state_quantizer: role %s gemm %d outside %d roles x %d gemms",
+                         opf_enum_label_of(&rl, opf_role_name(role), (int)role), gemm,
+                         OPF_ROLE_COUNT, rs->num_gemms);
     *out = rs->q[gemm * OPF_ROLE_COUNT + role];
     return OPF_OK;
 }

@@ -207,7 +207,7 @@ static void test_bad_inputs(void)
     CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_HYBRID, 0, 4, OPF_AMAX_MAX, 0, &s), OPF_ERR_INVALID_ARG,
                 fn, "0 slots");
     CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_E2M1, 0, 4, OPF_AMAX_MAX, 1, &s), OPF_ERR_INVALID_ARG, fn,
-                "format 3");
+                "format e2m1");
     CHECK_FAILS(ctx, mk(ctx, (opf_format)42, 0, 4, OPF_AMAX_MAX, 1, &s), OPF_ERR_INVALID_ARG, fn,
                 "format 42");
     CHECK_FAILS(ctx, mk(ctx, OPF_FORMAT_E4M3, 0, 4, (opf_amax_algo)7, 1, &s), OPF_ERR_INVALID_ARG,

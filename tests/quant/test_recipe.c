@@ -65,7 +65,7 @@ static void test_validate(void)
     CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "amax_history_len 0");
     r = opf_recipe_default(OPF_RECIPE_CURRENT);
     r.format = OPF_FORMAT_E5M2;
-    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "fp8-current", "format 1");
+    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "fp8-current", "format e5m2");
     r = opf_recipe_default(OPF_RECIPE_BLOCK);
     r.x_block_dim = 2;
     CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "x 2, w 2", "2D x 2D");
@@ -78,7 +78,7 @@ static void test_validate(void)
     CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "amax_epsilon -1");
     r = opf_recipe_default(OPF_RECIPE_NVFP4);
     r.format = OPF_FORMAT_E4M3;
-    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "nvfp4", "E2M1");
+    CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "nvfp4", "e2m1");
     r.kind = (opf_recipe_kind)42;
     CHECK_FAILS(NULL, opf_recipe_validate(&r), OPF_ERR_INVALID_ARG, "kind 42");
 }
