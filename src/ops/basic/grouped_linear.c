@@ -173,10 +173,15 @@ static opf_status pack_view(const opf_tensor *pack, const pack_plan *pp, int g, 
     return opf_tensor_wrap(&pp->spec[g], (unsigned char *)pack->data[OPF_COMP_DATA] + pp->off[g], out);
 }
 
-/* The plain specs of x_g ([rows_g, in], dtype dt) and of the weights. */
-static void x_specs(const int64_t *rows, int G, int64_t in, opf_dtype dt, opf_spec *out)
+/* The plain specs of x_g ([rows_g, in], dtype dt, on the weights' device)
+ * and of the weights. */
+static void x_specs(const int64_t *rows, int G, int64_t in, opf_dtype dt, opf_device dev,
+                    opf_spec *out)
 {
-    for (int g = 0; g < G; g++) out[g] = opf_spec_make(2, (int64_t[]){rows[g], in}, dt);
+    for (int g = 0; g < G; g++) {
+        out[g] = opf_spec_make(2, (int64_t[]){rows[g], in}, dt);
+        out[g].device = dev;
+    }
 }
 
 static void w_specs(const opf_tensor *w0, int G, opf_spec *out)
@@ -322,7 +327,7 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     int64_t M, K, N = a->w0.spec.shape[0];
     opf_shape_2d(&a->x.spec, &M, &K);
     opf_spec xs[GL_MAX], ws[GL_MAX], y;
-    x_specs(a->rows, G, K, act_dtype(a), xs);
+    x_specs(a->rows, G, K, act_dtype(a), a->w0.spec.device, xs);
     w_specs(&a->w0, G, ws);
     opf_status st;
     if (a->x.spec.scaling != OPF_SCALING_NONE) {
@@ -410,7 +415,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     pack_plan px, pw;
     if (is_q(&a->x_q)) {
         opf_spec xs[GL_MAX], ws[GL_MAX];
-        x_specs(a->rows, G, a->w0.spec.shape[1], act_dtype(a), xs);
+        x_specs(a->rows, G, a->w0.spec.shape[1], act_dtype(a), a->w0.spec.device, xs);
         w_specs(&a->w0, G, ws);
         if ((st = plan_pack(&a->x_q, xs, G, &px)) || (st = plan_pack(&a->w_q, ws, G, &pw)))
             return opf_error(ctx, st, "grouped_linear: %s", opf_last_error(NULL));
@@ -604,7 +609,7 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
     if (b->probs.data[OPF_COMP_DATA]) grads[1 + P + 1] = b->probs.spec;  /* after the split sizes' */
     if (!is_q(&b->dy_q)) return OPF_OK;
     opf_spec ds[GL_MAX];
-    x_specs(b->rows, G, b->w0.spec.shape[0], b->dy.spec.dtype, ds);
+    x_specs(b->rows, G, b->w0.spec.shape[0], b->dy.spec.dtype, b->w0.spec.device, ds);
     for (int g = 0; g < G; g++) {  /* each group's dy must quantize */
         opf_spec q;
         opf_status st = b->rows[g] ? opf_quantizer_spec(&b->dy_q, &ds[g], &q) : OPF_OK;
@@ -622,7 +627,7 @@ static opf_status plan_saved(const grouped_bwd *b, pack_plan *px, pack_plan *pw)
 {
     int G = (int)b->groups;
     opf_spec xs[GL_MAX], ws[GL_MAX];
-    x_specs(b->rows, G, b->w0.spec.shape[1], (opf_dtype)b->act_dtype, xs);
+    x_specs(b->rows, G, b->w0.spec.shape[1], (opf_dtype)b->act_dtype, b->w0.spec.device, xs);
     w_specs(&b->w0, G, ws);
     opf_status st = b->wgrad ? plan_pack(&b->x_q, xs, G, px) : OPF_OK;
     return st ? st : plan_pack(&b->w_q, ws, G, pw);
