@@ -151,6 +151,11 @@ typedef struct opf_param {
     bool        has_grad;       /* grad holds a gradient from some backward */
     opf_tensor  qvalue;         /* optional quantized copy (quantized weights) */
     bool        qvalue_valid;   /* qvalue matches value (cleared by optimizer steps) */
+    /* Quantized primary (opf_op_set_param_quantized) when its scaling is not
+     * NONE: qvalue, made by this quantizer, is the parameter; value keeps its
+     * logical spec but no data, and an optimizer re-quantizes its fp32 master
+     * into qvalue after each step. */
+    opf_quantizer primary_q;
 } opf_param;
 
 /* What one forward call leaves for its backward, per basic op. */
@@ -336,6 +341,13 @@ OPF_API const void *opf_op_config_const(const opf_op *op);
 OPF_API int opf_op_num_params(const opf_op *op);  /* fused: all covered ops' parameters */
 OPF_API opf_param *opf_op_param(opf_op *op, int i);
 OPF_API const opf_param *opf_op_param_const(const opf_op *op, int i);
+/* Makes parameter i quantized primary (the anchor's quantized model init):
+ * its value quantized with q (current scaling, block scaling, MXFP8 or NVFP4;
+ * not delayed) becomes the parameter and the high-precision value is freed.
+ * q must make what the op's recipe makes for the weight (basic_linear checks
+ * it on each forward). Irreversible. */
+OPF_API opf_status opf_op_set_param_quantized(opf_ctx *ctx, opf_op *op, int i,
+                                              const opf_quantizer *q);
 
 /* For init: adds a parameter of the given spec (allocated, zero-filled).
  * Returns its index or a negative status. The parameters may move: a

@@ -2,7 +2,9 @@
  * master weights written back in each parameter's dtype. The state lives
  * here, in the memory of the context's device; one step is one call of the
  * device's multi-tensor kernel (backend/optim.h) over every parameter that
- * has a gradient. */
+ * has a gradient. A quantized primary parameter (its value is qvalue) gets
+ * its master from the decoded qvalue, and after each step the master
+ * quantized again with the parameter's quantizer. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +113,24 @@ static opf_status check_options(opf_ctx *ctx, opf_optim_kind kind, const opf_opt
     return OPF_OK;
 }
 
+static bool is_primary(const opf_param *p) { return p->primary_q.scaling != OPF_SCALING_NONE; }
+
+/* The master's first value: the parameter's, decoded when it lives quantized. */
+static opf_status init_master(opf_ctx *ctx, const opf_param *p, float *master)
+{
+    opf_spec sp = opf_spec_make(p->value.spec.ndim, p->value.spec.shape, OPF_F32);
+    sp.device = opf_ctx_device(ctx);
+    opf_tensor m;
+    opf_tensor_wrap(&sp, master, &m);
+    if (is_primary(p)) {
+        bool row = p->qvalue.spec.usage & OPF_USAGE_ROWWISE;
+        return opf_dequantize(ctx, &p->qvalue, row ? OPF_USAGE_ROWWISE : OPF_USAGE_COLUMNWISE, &m);
+    }
+    const opf_elem_kernels *k = opf_backend_kernels(ctx, "opf_optim_create", sp.device,
+                                                    OPF_KERNELS_ELEM);
+    return k ? k->cast(ctx, &p->value, &m) : OPF_ERR_UNSUPPORTED;
+}
+
 /* A device slot: master, m and v in one f32 tensor on the device, the
  * master cast from the parameter and m, v zeroed by the device's kernels. */
 static opf_status device_slot(opf_ctx *ctx, slot *s, bool need_m, bool need_v)
@@ -126,13 +146,10 @@ static opf_status device_slot(opf_ctx *ctx, slot *s, bool need_m, bool need_v)
     s->master = s->mem.data[OPF_COMP_DATA];
     s->m = need_m ? s->master + s->n : NULL;
     s->v = need_v ? s->master + s->n * (1 + need_m) : NULL;
-    opf_tensor master, state;
-    sp.shape[0] = s->n;
-    opf_tensor_wrap(&sp, s->master, &master);
+    opf_tensor state;
     sp.shape[0] = s->n * (parts - 1);
     opf_tensor_wrap(&sp, s->master + s->n, &state);
-    opf_tensor value = s->p->value;
-    st = k->cast(ctx, &value, &master);
+    st = init_master(ctx, s->p, s->master);
     if (!st && parts > 1) st = k->fill(ctx, 0.0, &state);
     return st;
 }
@@ -172,7 +189,7 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
         s->m = need_m ? opf_ctx_calloc(ctx, (size_t)s->n, sizeof(float)) : NULL;
         s->v = kind == OPF_OPTIM_ADAMW ? opf_ctx_calloc(ctx, (size_t)s->n, sizeof(float)) : NULL;
         if (!s->master || (need_m && !s->m) || (kind == OPF_OPTIM_ADAMW && !s->v)) goto oom;
-        opf_convert(s->p->value.data[0], s->p->value.spec.dtype, s->master, OPF_F32, (size_t)s->n);
+        if ((st = init_master(ctx, s->p, s->master))) goto fail;
     }
     opf_ctx_free(ctx, c.p, sizeof *c.p * (size_t)opt->cap);
     link_seq(opt, seq);
@@ -187,15 +204,33 @@ fail:
 }
 
 /* The kernel's view of a slot; the gradient is main_grad when the op
- * accumulates there, else grad. */
-static opf_optim_tensor slot_tensor(const slot *s)
+ * accumulates there, else grad. A quantized primary parameter has no plain
+ * value for the kernel to write: it writes f32 scratch `spare` instead. */
+static opf_optim_tensor slot_tensor(const slot *s, float *spare)
 {
     const opf_param *p = s->p;
     const opf_tensor *g = p->main_grad.data[0] ? &p->main_grad : &p->grad;
     return (opf_optim_tensor){.grad = g->data[0], .grad_dtype = g->spec.dtype,
                               .master = s->master, .m = s->m, .v = s->v,
-                              .param = p->value.data[0], .param_dtype = p->value.spec.dtype,
-                              .n = s->n};
+                              .param = spare ? (void *)spare : p->value.data[0],
+                              .param_dtype = spare ? OPF_F32 : p->value.spec.dtype, .n = s->n};
+}
+
+/* After the kernel: each stepped quantized primary parameter = its master,
+ * quantized with the parameter's quantizer. */
+static opf_status requantize(opf_optim *opt)
+{
+    opf_status st = OPF_OK;
+    for (int i = 0; i < opt->n && !st; i++) {
+        opf_param *p = opt->s[i].p;
+        if (!is_primary(p) || !p->requires_grad || (!p->has_grad && !p->main_grad.data[0])) continue;
+        opf_spec sp = opf_spec_make(p->value.spec.ndim, p->value.spec.shape, OPF_F32);
+        sp.device = opf_ctx_device(opt->ctx);
+        opf_tensor m;
+        opf_tensor_wrap(&sp, opt->s[i].master, &m);
+        st = opf_quantize(opt->ctx, &p->primary_q, &m, &p->qvalue);
+    }
+    return st;
 }
 
 opf_status opf_optim_step(opf_optim *opt)
@@ -207,19 +242,31 @@ opf_status opf_optim_step(opf_optim *opt)
     const opf_optim_kernels *k =
         opf_backend_kernels(opt->ctx, "optim", opf_ctx_device(opt->ctx), OPF_KERNELS_OPTIM);
     if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_ctx *ctx = opt->ctx;
+    size_t mark = opf_ctx_scratch_mark(ctx);
     opt->step++;
     int count = 0;
     for (int i = 0; i < opt->n; i++) {
         opf_param *p = opt->s[i].p;
         if (!p->requires_grad || (!p->has_grad && !p->main_grad.data[0])) continue;
-        opt->list[count++] = slot_tensor(&opt->s[i]);
-        p->qvalue_valid = false;  /* the quantized copy is stale after the step */
+        float *spare = NULL;
+        if (is_primary(p) && !(spare = opf_op_scratch(ctx, opt->s[i].n))) {
+            opf_ctx_scratch_pop(ctx, mark);
+            opt->step--;
+            return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_step: no scratch for %lld floats",
+                             (long long)opt->s[i].n);
+        }
+        opt->list[count++] = slot_tensor(&opt->s[i], spare);
+        if (!spare) p->qvalue_valid = false;  /* a cached quantized copy is stale after the step */
     }
     const opf_optim_options *o = &opt->o;
-    if (opt->kind == OPF_OPTIM_SGD)
-        return k->sgd(opt->ctx, opt->list, count, o->lr, o->momentum, o->weight_decay);
-    return k->adamw(opt->ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
-                            o->weight_decay, opt->step);
+    opf_status st = opt->kind == OPF_OPTIM_SGD
+                        ? k->sgd(ctx, opt->list, count, o->lr, o->momentum, o->weight_decay)
+                        : k->adamw(ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
+                                   o->weight_decay, opt->step);
+    if (!st) st = requantize(opt);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
 }
 
 opf_status opf_optim_set_lr(opf_optim *opt, float lr)

@@ -141,12 +141,20 @@ static opf_status add_params(const opf_ck_src *s, opf_ck_list *l)
             opf_param *p = &op->params[j];
             char name[OPF_CK_NAME_MAX];
             opf_ck_param_name(s->seq, i, j, name, sizeof name);
+            opf_tensor *q = s->qv[i * OPF_OP_MAX_PARAMS + j];
+            if (p->primary_q.scaling != OPF_SCALING_NONE) {  /* quantized primary: q only */
+                if (!q)
+                    st = opf_error(s->ctx, OPF_ERR_INVALID_ARG, "checkpoint \"%s\": parameter "
+                                   "\"%s\" lives quantized, the file has no quantized value",
+                                   s->who, name);
+                else st = add_qvalue(s, l, name, q);
+                continue;
+            }
             if ((st = check_plain(s, name, &p->value))) break;
             const opf_spec *v = &p->value.spec;
             size_t nb = opf_dtype_nbytes(v->dtype, (size_t)opf_spec_numel(v));
             st = add(s, l, name, opf_st_dtype_of(v->dtype), v->ndim, v->shape, nb,
                      p->value.data[OPF_COMP_DATA], v->device);
-            opf_tensor *q = s->qv[i * OPF_OP_MAX_PARAMS + j];
             if (!st && q) st = add_qvalue(s, l, name, q);
         }
     }

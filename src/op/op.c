@@ -222,6 +222,34 @@ int opf_op_add_param(opf_ctx *ctx, opf_op *op, const char *name, const opf_spec 
     return op->n_params++;
 }
 
+opf_status opf_op_set_param_quantized(opf_ctx *ctx, opf_op *op, int i, const opf_quantizer *q)
+{
+    const char *fn = "opf_op_set_param_quantized";
+    OPF_CHECK_NULL(ctx, fn, op);
+    OPF_CHECK_NULL(ctx, fn, q);
+    opf_param *p = opf_op_param(op, i);
+    if (!p)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: \"%s\" has no parameter %d", fn, op->name, i);
+    if (p->primary_q.scaling != OPF_SCALING_NONE || !p->value.data[OPF_COMP_DATA])
+        return opf_error(ctx, OPF_ERR_STATE, "%s: \"%s\" parameter \"%s\" is already quantized",
+                         fn, op->name, p->name);
+    if (q->scaling == OPF_SCALING_NONE || q->delayed)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: \"%s\" parameter \"%s\": the quantizer "
+                         "must quantize without delayed scaling (its scale would need an amax "
+                         "history the parameter does not keep)", fn, op->name, p->name);
+    opf_tensor t;
+    opf_status st = opf_quantize_alloc(ctx, q, &p->value, &t);
+    if (st) return st;
+    opf_tensor_release(&p->qvalue);
+    p->qvalue = t;
+    p->qvalue_valid = true;
+    p->primary_q = *q;
+    opf_spec logical = p->value.spec;  /* the value's data goes: only the quantized copy stays */
+    opf_tensor_release(&p->value);
+    p->value.spec = logical;
+    return OPF_OK;
+}
+
 opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
 {
     opf_recipe_kind kind = r ? r->kind : OPF_RECIPE_NONE;
@@ -235,7 +263,8 @@ opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
     opf_recipe_state_destroy(op->rs);
     op->rs = rs;
     op->recipe_kind = kind;
-    for (int i = 0; i < op->n_params; i++) op->params[i].qvalue_valid = false;
+    for (int i = 0; i < op->n_params; i++)  /* a quantized primary is no cache: it stays */
+        if (op->params[i].primary_q.scaling == OPF_SCALING_NONE) op->params[i].qvalue_valid = false;
     return OPF_OK;
 }
 

@@ -28,7 +28,9 @@
  * even if the weight changed since (OPF_ERR_STATE without one). 0 and 1
  * give the same args but for the field itself, which is a runtime kwarg
  * (OPF_FIELD_RUNTIME): one compiled graph runs every microbatch, writing the
- * call's value into its args.
+ * call's value into its args. A quantized primary weight
+ * (opf_op_set_param_quantized) is that cache for good: every call reads it
+ * as is_first_microbatch == 0 does, whatever the kwarg says.
  *
  * Weight init: Kaiming-uniform with a = sqrt(5), i.e. U(-b, b) with
  * b = 1/sqrt(in_features), from the context's Philox stream: element i of
@@ -310,7 +312,9 @@ opf_status opf_linear_forward_fake(const void *args, opf_spec *outs, opf_spec *a
     if (a->x_mode != OPF_LIN_AS_IS) aux[OPF_LIN_AUX_X] = xs;
     bool cache = has_cache(a);
     if (is_q(&a->w_q)) {
-        if ((st = opf_quantizer_spec(&a->w_q, &a->w.spec, &ws))) return st;
+        opf_spec plain_w = opf_spec_make(a->w.spec.ndim, a->w.spec.shape, a->w.spec.dtype);
+        plain_w.device = a->w.spec.device;  /* w itself when it lives quantized */
+        if ((st = opf_quantizer_spec(&a->w_q, &plain_w, &ws))) return st;
         if (cache && !opf_spec_equal(&ws, &a->w_cache.spec)) {
             char h[160], w[160];
             opf_spec_str(&a->w_cache.spec, h, sizeof h);
@@ -446,6 +450,14 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
                          "f16 (input %s, weight %s); use bf16 or f32", opf_op_name(op),
                          opf_dtype_name(env->x->spec.dtype), opf_dtype_name(c->dtype));
     if (quant && (st = ensure_recipe(ctx, op, env->recipe))) return st;
+    if (p->primary_q.scaling != OPF_SCALING_NONE) {
+        /* a quantized primary weight is its own cache: read as is, never rewritten */
+        if (!quant || ovr == OPF_BACKWARD_HIGH_PRECISION)
+            return opf_error(ctx, OPF_ERR_UNSUPPORTED, "basic_linear \"%s\": the weight lives only "
+                             "quantized; it needs a recipe%s", opf_op_name(op),
+                             quant ? " without the high-precision backward override" : "");
+        first = 0;
+    }
     const unsigned both = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
     a->wgrad = env->requires_grad && p->requires_grad;
     a->is_first_microbatch = first;
@@ -458,7 +470,7 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
                    : opf_quantizer_default();
     a->x_mode = operand_mode(&a->x.spec, &a->x_q);
     a->out_q = opf_q_or_none(env->next_input_q);
-    a->w = p->value;
+    a->w = first == 0 && p->primary_q.scaling != OPF_SCALING_NONE ? p->qvalue : p->value;
     /* dgrad reads W's columnwise copy; a cached copy keeps both for any call */
     bool colwise_w = env->requires_grad && ovr == OPF_BACKWARD_NONE;
     unsigned wu = colwise_w || first != -1 ? both : OPF_USAGE_ROWWISE;
