@@ -421,6 +421,10 @@ static opf_status check_cache(opf_ctx *ctx, const opf_op *op, const opf_param *p
         char h[160], w[160];
         opf_spec_str(&p->qvalue.spec, h, sizeof h);
         opf_spec_str(&want, w, sizeof w);
+        if (p->primary_q.scaling != OPF_SCALING_NONE)
+            return opf_error(ctx, OPF_ERR_STATE, "basic_linear \"%s\": the weight lives quantized "
+                             "as %s, the recipe makes %s (quantize it with the recipe's weight "
+                             "quantizer, both copies)", opf_op_name(op), h, w);
         return opf_error(ctx, OPF_ERR_STATE, "basic_linear \"%s\": the cached weight is %s, the "
                          "recipe makes %s (run with is_first_microbatch=1)", opf_op_name(op), h, w);
     }
