@@ -22,9 +22,15 @@ if [ "${1:-}" = "--check" ]; then
   exit 0
 fi
 why=$(have_libfuzzer) || { echo "run.sh: $why" >&2; exit 1; }
-CC=clang cmake -S . -B build-fuzz -DOPF_FUZZ=ON -DOPF_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# Builds quietly (build-fuzz/build.log, shown when a step fails).
+build() {
+  "$@" >build-fuzz/build.log 2>&1 || { grep -E -A5 'error' build-fuzz/build.log | head -n 40
+    echo "run.sh: build failed; log: build-fuzz/build.log" >&2; exit 1; }
+}
+mkdir -p build-fuzz
+build env CC=clang cmake -S . -B build-fuzz -DOPF_FUZZ=ON -DOPF_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 if [ "${1:-}" = "--seeds" ]; then
-  cmake --build build-fuzz -j "${JOBS:-2}" --target make_corpus >/dev/null
+  build cmake --build build-fuzz -j "${JOBS:-2}" --target make_corpus
   rm -f fuzz/corpus/*
   mkdir -p fuzz/corpus
   build-fuzz/make_corpus fuzz/corpus
@@ -40,7 +46,7 @@ for t in $targets; do
     checkpoint) seeds=fuzz/corpus; extra="-dict=fuzz/checkpoint.dict" ;;
     *) echo "run.sh: unknown target $t (api, checkpoint)" >&2; exit 2 ;;
   esac
-  cmake --build build-fuzz -j "${JOBS:-2}" --target "fuzz_$t" >/dev/null
+  build cmake --build build-fuzz -j "${JOBS:-2}" --target "fuzz_$t"
   mkdir -p "fuzz/out/$t/corpus"
   echo "run.sh: fuzz_$t for $secs s"
   # The whole output goes to fuzz/out/TARGET/log; the summary is shown.
