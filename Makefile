@@ -3,6 +3,9 @@
 #   make demo     build and train a small GPT on the CPU (opfuse train; no Python, no PyPI)
 #   make test     also set up the Python venv (requirements.txt, from PyPI), run
 #                 the suite, then the same suite under AddressSanitizer + UBSan
+#                 (both include a fixed-count run of each fuzz target), then
+#                 20 s of libFuzzer per target where clang's libFuzzer links
+#                 (FUZZ_SECS=0 skips it)
 #   make test-clang build with clang into build-clang/ (Release, CPU only) and
 #                 run the C tests there (the Python oracles, train and install
 #                 runs stay with make test)
@@ -10,7 +13,8 @@
 #                 PyTorch into .venv first, a large download (TORCH=0 skips it)
 #   make install  install the library, headers, opfuse.pc and the CMake package
 #                 under PREFIX (default /usr/local)
-#   make fuzz     fuzz the checkpoint loader for 5 minutes (clang, libFuzzer)
+#   make fuzz     run both fuzz targets (public API, checkpoint loader) for 5
+#                 minutes each (clang, libFuzzer; fuzz/README.md)
 # Each first runs scripts/setup.sh, which installs missing Debian packages when
 # run as root and otherwise names them. Builds are quiet (logs in build/*.log,
 # shown when a step fails); V=1 shows everything.
@@ -23,11 +27,13 @@ TORCH  ?= 1
 V      ?= 0
 # The Python package's extension is built (and its tests run) by make test only.
 PYEXT  ?= OFF
+# Seconds of libFuzzer per fuzz target in make test.
+FUZZ_SECS ?= 20
 
 # The targets share build/ and apt's lock: one at a time.
 .NOTPARALLEL:
 .PHONY: all setup setup-test setup-bench build build-san build-clang test test-normal \
-        test-san test-clang demo bench install fuzz clean
+        test-san test-clang test-fuzz demo bench install fuzz clean
 
 # $(call quietly,LOG,COMMAND): COMMAND's output goes to LOG and is shown, its
 # errors first, only when it fails; with V=1 it all goes to the terminal.
@@ -80,7 +86,14 @@ test-san: setup-test build-san
 	@cd build-san && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		$(CTEST) -LE '$(LABELS_EXCLUDE)'
 
-test: test-normal test-san
+# The short libFuzzer runs; skipped, saying why, where clang's libFuzzer is
+# missing (the standalone fuzz drivers have run in both suites anyway).
+test-fuzz:
+	@if [ "$(FUZZ_SECS)" = 0 ]; then echo "make: libFuzzer runs skipped (FUZZ_SECS=0)"; \
+	elif why=$$(./fuzz/run.sh --check); then ./fuzz/run.sh $(FUZZ_SECS); \
+	else echo "make: skipping the $(FUZZ_SECS) s libFuzzer runs: $$why; the standalone fuzz drivers ran in ctest (label fuzz)"; fi
+
+test: test-normal test-san test-fuzz
 
 demo: build
 	@OMP_WAIT_POLICY=passive ./build/opfuse train
@@ -95,4 +108,4 @@ fuzz: setup
 	@./fuzz/run.sh 300
 
 clean:
-	rm -rf build build-san build-clang
+	rm -rf build build-san build-clang build-fuzz

@@ -327,7 +327,13 @@ opf_status opf_requantize(opf_ctx *ctx, const opf_quantizer *q, const opf_tensor
     opf_tensor tmp;
     if ((st = opf_tensor_alloc(ctx, &plain, &tmp))) return st;
     st = decode_f32(ctx, fn, in, which, tmp.data[OPF_COMP_DATA]);
-    if (!st) {
+    if (!st && q->scaling == OPF_SCALING_NONE) {
+        /* A plain output has its own dtype's layout: cast, not an f32 view. */
+        st = plain.device != OPF_DEVICE_CPU
+                 ? plain_cast(ctx, &tmp, out)
+                 : opf_convert(tmp.data[OPF_COMP_DATA], OPF_F32, out->data[OPF_COMP_DATA],
+                               out->spec.dtype, (size_t)opf_spec_numel(&plain));
+    } else if (!st) {
         opf_tensor view = *out;
         view.spec.dtype = OPF_F32;
         st = opf_quantize(ctx, q, &tmp, &view);
