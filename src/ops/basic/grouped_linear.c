@@ -372,11 +372,6 @@ static opf_status forward_group(opf_ctx *ctx, const grouped_fwd *a, int g, const
             return st;
         xo = &xq, wo = &wq;
     }
-    if (xo->spec.device != wo->spec.device)
-        return opf_error(ctx, OPF_ERR_INVALID_ARG, "grouped_linear: group %d: input rows on %s "
-                         "(the op's input on %s, the call's on %s), weight on %s", g,
-                         opf_device_name(xo->spec.device), opf_device_name(x->spec.device),
-                         opf_device_name(a->x.spec.device), opf_device_name(wo->spec.device));
     return batch_add(ctx, bt, wo, xo, OPF_GEMM_TN, plain_bias ? &a->params[G + g].value : NULL, &yg);
 }
 
