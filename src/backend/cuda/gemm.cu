@@ -290,17 +290,21 @@ __global__ void add_bias_f32_kernel(float *d, const float *bias, int64_t m, int6
         d[i] = __fadd_rn(d[i], bias[i % m]);
 }
 
-/* cuBLASLt takes no fp32 bias in the epilogue of FP8 operands with an fp32
- * D (it wants bf16, which would round the bias): there the GEMM runs without
- * the epilogue and the same fp32 add follows. */
+static bool is_fp8_type(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+
+/* cuBLASLt's epilogue takes no fp32 bias for FP8 operands with an fp32 D (it
+ * wants bf16, which would round the bias): there the GEMM runs without the
+ * epilogue and the same fp32 add follows, decided up front so no call asks
+ * the heuristic for an algorithm that does not exist. */
 static opf_status run_lt(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c)
 {
     if (!c->bias) return run_lt_epi(ctx, s, c, CUBLASLT_EPILOGUE_DEFAULT);
-    opf_status st = run_lt_epi(ctx, s, c, CUBLASLT_EPILOGUE_BIAS);
-    if (st != OPF_ERR_UNSUPPORTED || c->td != CUDA_R_32F) return st;
+    if (!(is_fp8_type(c->a.type) && c->td == CUDA_R_32F))
+        return run_lt_epi(ctx, s, c, CUBLASLT_EPILOGUE_BIAS);
     lt_call plain = *c;
     plain.bias = NULL;
-    if ((st = run_lt_epi(ctx, s, &plain, CUBLASLT_EPILOGUE_DEFAULT))) return st;
+    opf_status st = run_lt_epi(ctx, s, &plain, CUBLASLT_EPILOGUE_DEFAULT);
+    if (st) return st;
     add_bias_f32_kernel<<<opf_cuda_grid(s, c->m * c->n, 256), 256, 0, s->stream>>>(
         (float *)c->d, (const float *)c->bias, c->m, c->n);
     OPF_CUDA_LAUNCHED(ctx, "gemm (bias after the GEMM)");
