@@ -4,6 +4,7 @@
 #   fuzz/run.sh [SECONDS] [TARGET...]  fuzz each TARGET (api, checkpoint; default
 #                           both) for SECONDS (default 300); new inputs go to
 #                           fuzz/out/TARGET/corpus, crashing inputs to fuzz/out/TARGET/
+#   FUZZ_SEED=N fuzz/run.sh ...  a fixed libFuzzer seed (make test: reproducible)
 #   fuzz/run.sh --check     exit 0 when clang's libFuzzer links here, else say why
 #   fuzz/run.sh --seeds     rewrite the checkpoint seed corpus fuzz/corpus/
 set -eu
@@ -53,6 +54,7 @@ for t in $targets; do
   rc=0
   # shellcheck disable=SC2086
   build-fuzz/fuzz_$t -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 $extra \
+    ${FUZZ_SEED:+-seed=$FUZZ_SEED} \
     -print_final_stats=1 -artifact_prefix="fuzz/out/$t/" "fuzz/out/$t/corpus" "$seeds" \
     >"fuzz/out/$t/log" 2>&1 || rc=$?
   grep -E '^Done|stat::number_of_executed_units|stat::average_exec_per_sec|stat::new_units_added' \
