@@ -349,6 +349,67 @@ static int bench_norm_act(opf_ctx *ctx)
     return rc;
 }
 
+/* ---- fused outputs (qout.h): bf16 [8192, 4096] into current-scaling FP8
+ * (both copies), fused and composed (OPF_CUDA_UNFUSED=1) in one run. GB/s
+ * counts the bf16 read and the two FP8 copies written (dbias aside). */
+typedef struct fused_arg {
+    int               which;  /* 0 LayerNorm fwd_q, 1 GELU fwd_q, 2 GELU dact_dbias_q */
+    const opf_tensor *x, *g, *dy;
+    opf_tensor       *mu, *rs;
+    const opf_qout   *o;
+    float            *dbias;
+} fused_arg;
+static opf_status run_fused(opf_ctx *ctx, void *p)
+{
+    fused_arg *a = p;
+    const opf_backend_i *be = opf_backend_get(OPF_DEVICE_CUDA);
+    opf_act_params prm = {1.0f, 0.0f};
+    if (a->which == 0)
+        return be->norm->layernorm_fwd_q(ctx, a->x, a->g, a->g, 1e-5f, false, a->o, a->mu, a->rs);
+    if (a->which == 1) return be->act->fwd_q(ctx, OPF_ACT_GELU, prm, a->x, a->o);
+    return be->act->dact_dbias_q(ctx, OPF_ACT_GELU, prm, a->x, a->dy, a->o, a->dbias);
+}
+
+static int bench_fused(opf_ctx *ctx)
+{
+    const int64_t M = NA_ROWS, H = NA_H;
+    opf_tensor t[6];
+    memset(t, 0, sizeof t);
+    opf_quantizer q = opf_quantizer_default();
+    q.scaling = OPF_SCALING_TENSOR;
+    opf_spec qs, row = opf_spec_make(1, (int64_t[]){M}, OPF_F32);
+    opf_spec db = opf_spec_make(1, (int64_t[]){H}, OPF_F32);
+    if (random_tensor(ctx, M, H, OPF_BF16, &t[0]) || random_tensor(ctx, M, H, OPF_BF16, &t[1]) ||
+        random_tensor(ctx, 1, H, OPF_BF16, &t[2]) || opf_quantizer_spec(&q, &t[0].spec, &qs) ||
+        device_tensor(ctx, &qs, &t[3]) || device_tensor(ctx, &row, &t[4]) ||
+        device_tensor(ctx, &row, &t[5]))
+        return 1;
+    t[2].spec.ndim = 1, t[2].spec.shape[0] = H;
+    opf_tensor dbt = {0};
+    if (device_tensor(ctx, &db, &dbt)) return 1;
+    opf_qout o = {&t[3], &q, NULL, OPF_BF16};
+    printf("fused outputs: bf16 [%lld, %lld] -> fp8 current scaling (both copies)\n",
+           (long long)M, (long long)H);
+    static const char *const names[2][3] = {
+        {"layernorm_fwd_q_fp8cs_gbs", "gelu_fwd_q_fp8cs_gbs", "gelu_dact_dbias_q_fp8cs_gbs"},
+        {"layernorm_fwd_q_fp8cs_unfused_gbs", "gelu_fwd_q_fp8cs_unfused_gbs",
+         "gelu_dact_dbias_q_fp8cs_unfused_gbs"}};
+    const double n = (double)(M * H), bytes[] = {4 * n, 4 * n, 6 * n};
+    int rc = 0;
+    for (int u = 0; u < 2 && !rc; u++) {
+        if (u) setenv("OPF_CUDA_UNFUSED", "1", 1);
+        for (int w = 0; w < 3 && !rc; w++) {
+            fused_arg fa = {w, &t[0], &t[2], &t[1], &t[4], &t[5], &o, dbt.data[0]};
+            rc = record_gbs(ctx, names[u][w], run_fused, &fa, bytes[w]);
+        }
+    }
+    unsetenv("OPF_CUDA_UNFUSED");
+    opf_cuda_sync(ctx);
+    for (int i = 0; i < 6; i++) opf_tensor_release(&t[i]);
+    opf_tensor_release(&dbt);
+    return rc;
+}
+
 typedef struct ct_arg { const opf_tensor *x; opf_tensor *yt; } ct_arg;
 static opf_status run_cast_transpose(opf_ctx *ctx, void *p)
 {
@@ -421,7 +482,8 @@ int opf_bench_cuda(int argc, char **argv)
     int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
     results = out_path ? fopen(out_path, "w") : NULL;
     rc = bench_quantize(ctx, M, K) || (wanted("gemm") && bench_gemm(ctx, S)) ||
-         (wanted("norm") && bench_norm_act(ctx)) || (wanted("elem") && bench_elem(ctx, M, K));
+         (wanted("norm") && (bench_norm_act(ctx) || bench_fused(ctx))) ||
+         (wanted("elem") && bench_elem(ctx, M, K));
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

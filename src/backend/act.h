@@ -13,14 +13,25 @@
  *   plain kinds:  y [rows, cols] = f(x)
  *   GLU kinds:    x = [a | b], a = x[:, :h] (activated), b = x[:, h:],
  *                 h = cols / 2; y [rows, h] = f(a)·b
+ * The *_q entries are the same math on plain f32/bf16/f16 tensors (read as
+ * their exact fp32 values) with an output that is plain (each value rounded
+ * once into its dtype) or quantized (qout.h): the op layer's fused path,
+ * where a device reads bf16 directly and writes the rounded or quantized
+ * values in one pass. rows = numel(x) / cols, cols = x's last dim. The CPU
+ * composes them (widen, the fp32 entry, opf_qout_store_f32).
+ *
  * Usage, a fused op's activation pass in place over t [m, n]:
- *     be->act->fwd(ctx, OPF_ACT_GELU, (opf_act_params){0}, t, t, m, n); */
+ *     be->act->fwd(ctx, OPF_ACT_GELU, (opf_act_params){0}, t, t, m, n);
+ * and the same from a bf16 tensor xt into a plain or quantized output:
+ *     opf_qout o = {.out = &y, .q = &next_q, .state = &qs, .hp = OPF_BF16};
+ *     be->act->fwd_q(ctx, OPF_ACT_GELU, (opf_act_params){0}, &xt, &o); */
 #ifndef OPFUSE_BACKEND_ACT_H
 #define OPFUSE_BACKEND_ACT_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/qout.h"
 #include "opfuse/context.h"
 #include "opfuse/tensor.h"
 
@@ -75,8 +86,35 @@ typedef struct opf_act_kernels {
     opf_status (*scaled_glu_bwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                  const float *s, const float *dy, float *dx, float *ds, float *work,
                                  int64_t rows, int64_t cols);
+    /* fwd from the tensor x into y (plain or quantized; y->out's shape is
+     * fwd's y). */
+    opf_status (*fwd_q)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const opf_tensor *x,
+                        const opf_qout *y);
+    /* bwd from the tensors x and dy into dx (x's shape). */
+    opf_status (*bwd_q)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const opf_tensor *x,
+                        const opf_tensor *dy, const opf_qout *dx);
+    /* dact_dbias (plain kinds) from the tensors x and dy into dx; dbias [cols]
+     * fp32 is the sum of the fp32 terms, before dx is rounded. */
+    opf_status (*dact_dbias_q)(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                               const opf_tensor *x, const opf_tensor *dy, const opf_qout *dx,
+                               float *dbias);
 } opf_act_kernels;
 
 extern const opf_act_kernels opf_cpu_act;
+
+/* Which fp32 entry a composed *_q call runs. */
+typedef enum opf_act_pass {
+    OPF_ACT_PASS_FWD        = 0,
+    OPF_ACT_PASS_BWD        = 1,
+    OPF_ACT_PASS_DACT_DBIAS = 2,
+} opf_act_pass;
+
+/* The composed *_q entry of pass `pass` on be's kernels: x and dy (NULL for
+ * the forward) widened by be's cast into fp32 scratch (unless f32), the
+ * fp32 entry, then opf_qout_store_f32. The CPU's *_q, and another device's
+ * fallback. dbias: DACT_DBIAS only. */
+opf_status opf_act_q_composed(opf_ctx *ctx, const struct opf_backend_i *be, opf_act_pass pass,
+                              opf_act_kind k, opf_act_params p, const opf_tensor *x,
+                              const opf_tensor *dy, const opf_qout *o, float *dbias);
 
 #endif

@@ -9,8 +9,13 @@
  * row-major, rows = numel / H; H is gamma's length (LayerNorm, RMSNorm) or
  * x's last dim (L2). The caller dequantizes a quantized input first. Every
  * step is fp32; z/y, dx, dgamma and dbeta are plain f32/bf16/f16 outputs,
- * each value rounded once into its dtype. A quantized output (normalize +
- * amax + cast) is the caller's: it passes an f32 z or dx and quantizes it.
+ * each value rounded once into its dtype. The forward's z may instead be
+ * quantized (normalize + amax + cast): layernorm_fwd_q and rmsnorm_fwd_q
+ * take an opf_qout (qout.h) and give z's values exactly as the plain entry
+ * computes them, rounded to the qout's hp and quantized as the device's
+ * quantize kernel does; a device fuses the passes, the CPU composes them
+ * (the plain entry into hp scratch, then the quantize kernel). A quantized
+ * dx is still the caller's: it passes an f32 dx and quantizes it.
  * mu, rsigma and rnorm are [rows] f32.
  *
  * The compute dtype. LayerNorm and RMSNorm see x and dz as the dtype of gamma
@@ -50,12 +55,16 @@
  * Usage (a LayerNorm forward with a plain output):
  *   const opf_backend_i *be = opf_backend_get(x.spec.device);
  *   st = be->norm->layernorm_fwd(ctx, &x, &gamma, &beta, 1e-5f, false, &z, &mu, &rsigma);
+ * and with z quantized with current-scaling FP8 after rounding to bf16:
+ *   opf_qout o = {.out = &zq, .q = &q, .state = NULL, .hp = OPF_BF16};
+ *   st = be->norm->layernorm_fwd_q(ctx, &x, &gamma, &beta, 1e-5f, false, &o, &mu, &rsigma);
  */
 #ifndef OPFUSE_BACKEND_NORM_H
 #define OPFUSE_BACKEND_NORM_H
 
 #include <stdbool.h>
 
+#include "backend/qout.h"
 #include "opfuse/context.h"
 #include "opfuse/tensor.h"
 
@@ -87,8 +96,25 @@ typedef struct opf_norm_kernels {
     /* dx from dy and the forward's x, rnorm. */
     opf_status (*l2norm_bwd)(opf_ctx *ctx, const opf_tensor *dy, const opf_tensor *x,
                              const opf_tensor *rnorm, opf_tensor *dx);
+    /* layernorm_fwd with z given as an output z->out, plain or quantized
+     * (qout.h); a plain z->out is layernorm_fwd's z. */
+    opf_status (*layernorm_fwd_q)(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                  const opf_tensor *beta, float eps, bool zero_centered,
+                                  const opf_qout *z, opf_tensor *mu, opf_tensor *rsigma);
+    /* rmsnorm_fwd likewise. */
+    opf_status (*rmsnorm_fwd_q)(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                float eps, bool zero_centered, const opf_qout *z,
+                                opf_tensor *rsigma);
 } opf_norm_kernels;
 
 extern const opf_norm_kernels opf_cpu_norm;
+
+/* The composed LayerNorm (beta given) or RMSNorm (beta and mu NULL)
+ * forward with a qout: be's plain entry into opf_qout_begin's tensor, then
+ * opf_qout_end. The CPU's *_fwd_q, and another device's fallback. */
+opf_status opf_norm_fwd_q_composed(opf_ctx *ctx, const struct opf_backend_i *be,
+                                   const opf_tensor *x, const opf_tensor *gamma,
+                                   const opf_tensor *beta, float eps, bool zero_centered,
+                                   const opf_qout *z, opf_tensor *mu, opf_tensor *rsigma);
 
 #endif

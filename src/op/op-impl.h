@@ -54,6 +54,18 @@ opf_status opf_op_load_f32(opf_ctx *ctx, const opf_tensor *t, float *ws, const f
 opf_status opf_op_store_f32(opf_ctx *ctx, const float *y, opf_dtype act_dtype,
                             const opf_quantizer *q, opf_tensor *out);
 
+/* out as the output of a fused kernel entry (backend/qout.h), giving the
+ * bits opf_op_store_f32(ctx, y, act_dtype, q, out) gives: plain, or
+ * quantized with q after rounding to act_dtype (delayed scaling: the fp32
+ * value); qs receives q's delayed-state pointers (o points at it and at q
+ * and out). false, o untouched, when out must take opf_op_store_f32:
+ * stochastic rounding (the quant layer advances the context's generator)
+ * or a delayed state on another device (the quant layer's message). */
+struct opf_qout;
+struct opf_quantize_state;
+bool opf_op_qout(const opf_quantizer *q, opf_dtype act_dtype, opf_tensor *out,
+                 struct opf_quantize_state *qs, struct opf_qout *o);
+
 /* The output spec: plain `plain` or, with q (not NONE), its quantized spec. */
 opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_spec *out);
 

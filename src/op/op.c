@@ -6,6 +6,7 @@
 #include "backend/backend-impl.h"
 #include "core/core-impl.h"
 #include "op/op-impl.h"
+#include "quant/quant-impl.h"
 
 /* Bytes of a block part, rounded so that the next part stays aligned for
  * any type an args struct or config may hold. */
@@ -403,6 +404,20 @@ opf_status opf_op_add(opf_ctx *ctx, const char *who, const opf_tensor *a, const 
     opf_status st = opf_op_plain_view(ctx, a, &pa);
     if (!st) st = opf_op_plain_view(ctx, b, &pb);
     return st ? st : k->add(ctx, &pa, &pb, out);
+}
+
+bool opf_op_qout(const opf_quantizer *q, opf_dtype act_dtype, opf_tensor *out,
+                 opf_quantize_state *qs, opf_qout *o)
+{
+    bool quantized = q && q->scaling != OPF_SCALING_NONE;
+    if (quantized && (q->stochastic || opf_quantize_check_state_device(NULL, "store", q,
+                                                                       out->spec.device)))
+        return false;
+    memset(qs, 0, sizeof *qs);
+    if (quantized) opf_quantize_state_delayed(q, qs);
+    *o = (opf_qout){.out = out, .q = quantized ? q : NULL, .state = qs,
+                    .hp = quantized && !q->delayed ? act_dtype : OPF_F32};
+    return true;
 }
 
 opf_status opf_op_out_spec(const opf_spec *plain, const opf_quantizer *q, opf_spec *out)

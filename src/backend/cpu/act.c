@@ -15,8 +15,9 @@
  * plain loops say if (parallel: ...), since a bare if clause on "parallel
  * for simd" also turns SIMD off below the threshold (OpenMP 5.0 gave simd
  * an if clause). */
-#include "backend/act.h"
+#include "backend/backend-impl.h"
 #include "backend/cpu/act-math.h"
+#include "core/core-impl.h"
 
 typedef struct act_loops {
     void (*plain_fwd)(float alpha, const float *x, float *y, int64_t n);
@@ -260,10 +261,93 @@ static opf_status scaled_glu_bwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
     return OPF_OK;
 }
 
+/* ---- the *_q entries: the composition (act.h, qout.h) --------------------- */
+
+/* An fp32 tensor of spec like's shape and device in scratch. */
+static opf_status f32_scratch(opf_ctx *ctx, const opf_spec *like, opf_tensor *out)
+{
+    opf_spec s = opf_spec_make(like->ndim, like->shape, OPF_F32);
+    s.device = like->device;
+    int64_t n = opf_spec_numel(&s);
+    void *p = opf_ctx_scratch_push_on(ctx, s.device, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!p)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "activation: no scratch for %lld floats",
+                         (long long)n);
+    return opf_tensor_wrap(&s, p, out);
+}
+
+/* t's values as fp32: t itself when f32, else cast by be into scratch. */
+static opf_status widen(opf_ctx *ctx, const opf_backend_i *be, const opf_tensor *t,
+                        opf_tensor *out)
+{
+    if (t->spec.dtype == OPF_F32) {
+        *out = *t;
+        return OPF_OK;
+    }
+    opf_status st = f32_scratch(ctx, &t->spec, out);
+    return st ? st : be->elem->cast(ctx, t, out);
+}
+
+/* Where the fp32 results go: a plain f32 output itself, else scratch. */
+static opf_status result_f32(opf_ctx *ctx, const opf_qout *o, opf_tensor *r)
+{
+    if (!opf_qout_quantized(o) && o->out->spec.dtype == OPF_F32) {
+        *r = *o->out;
+        return OPF_OK;
+    }
+    return f32_scratch(ctx, &o->out->spec, r);
+}
+
+opf_status opf_act_q_composed(opf_ctx *ctx, const opf_backend_i *be, opf_act_pass pass,
+                              opf_act_kind k, opf_act_params p, const opf_tensor *x,
+                              const opf_tensor *dy, const opf_qout *o, float *dbias)
+{
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    int64_t cols = x->spec.ndim ? x->spec.shape[x->spec.ndim - 1] : 1;
+    int64_t rows = cols ? opf_spec_numel(&x->spec) / cols : 0;
+    opf_tensor xf, dyf, r;
+    opf_status st = widen(ctx, be, x, &xf);
+    if (!st && dy) st = widen(ctx, be, dy, &dyf);
+    if (!st) st = result_f32(ctx, o, &r);
+    const float *xp = xf.data[0], *dyp = dy ? dyf.data[0] : NULL;
+    float *rp = r.data[0];
+    if (!st && pass == OPF_ACT_PASS_FWD) st = be->act->fwd(ctx, k, p, xp, rp, rows, cols);
+    else if (!st && pass == OPF_ACT_PASS_BWD) st = be->act->bwd(ctx, k, p, xp, dyp, rp, rows, cols);
+    else if (!st) st = be->act->dact_dbias(ctx, k, p, xp, dyp, rp, dbias, rows, cols);
+    if (!st) st = opf_qout_store_f32(ctx, be, o, &r);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status act_fwd_q(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const opf_tensor *x,
+                            const opf_qout *y)
+{
+    return opf_act_q_composed(ctx, opf_backend_get(OPF_DEVICE_CPU), OPF_ACT_PASS_FWD, k, p, x,
+                              NULL, y, NULL);
+}
+
+static opf_status act_bwd_q(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const opf_tensor *x,
+                            const opf_tensor *dy, const opf_qout *dx)
+{
+    return opf_act_q_composed(ctx, opf_backend_get(OPF_DEVICE_CPU), OPF_ACT_PASS_BWD, k, p, x, dy,
+                              dx, NULL);
+}
+
+static opf_status act_dact_dbias_q(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                   const opf_tensor *x, const opf_tensor *dy, const opf_qout *dx,
+                                   float *dbias)
+{
+    return opf_act_q_composed(ctx, opf_backend_get(OPF_DEVICE_CPU), OPF_ACT_PASS_DACT_DBIAS, k, p,
+                              x, dy, dx, dbias);
+}
+
 const opf_act_kernels opf_cpu_act = {
     .fwd = act_fwd,
     .bwd = act_bwd,
     .dact_dbias = act_dact_dbias,
     .scaled_glu_fwd = scaled_glu_fwd,
     .scaled_glu_bwd = scaled_glu_bwd,
+    .fwd_q = act_fwd_q,
+    .bwd_q = act_bwd_q,
+    .dact_dbias_q = act_dact_dbias_q,
 };

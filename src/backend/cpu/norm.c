@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu-impl.h"
-#include "backend/norm.h"
+#include "backend/backend-impl.h"
 #include "core/core-impl.h"
 
 enum {
@@ -491,6 +491,41 @@ static opf_status cpu_l2norm_bwd(opf_ctx *ctx, const opf_tensor *dy, const opf_t
     return OPF_OK;
 }
 
+/* ---- a quantized z: the composition (norm.h, qout.h) --------------------- */
+
+opf_status opf_norm_fwd_q_composed(opf_ctx *ctx, const opf_backend_i *be, const opf_tensor *x,
+                                   const opf_tensor *gamma, const opf_tensor *beta, float eps,
+                                   bool zero_centered, const opf_qout *z, opf_tensor *mu,
+                                   opf_tensor *rsigma)
+{
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    opf_tensor t;
+    opf_status st = opf_qout_begin(ctx, z, &t);
+    if (!st && beta)
+        st = be->norm->layernorm_fwd(ctx, x, gamma, beta, eps, zero_centered, &t, mu, rsigma);
+    else if (!st)
+        st = be->norm->rmsnorm_fwd(ctx, x, gamma, eps, zero_centered, &t, rsigma);
+    if (!st) st = opf_qout_end(ctx, be, z, &t);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status cpu_layernorm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                      const opf_tensor *beta, float eps, bool zero_centered,
+                                      const opf_qout *z, opf_tensor *mu, opf_tensor *rsigma)
+{
+    return opf_norm_fwd_q_composed(ctx, opf_backend_get(OPF_DEVICE_CPU), x, gamma, beta, eps,
+                                   zero_centered, z, mu, rsigma);
+}
+
+static opf_status cpu_rmsnorm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                    float eps, bool zero_centered, const opf_qout *z,
+                                    opf_tensor *rsigma)
+{
+    return opf_norm_fwd_q_composed(ctx, opf_backend_get(OPF_DEVICE_CPU), x, gamma, NULL, eps,
+                                   zero_centered, z, NULL, rsigma);
+}
+
 const opf_norm_kernels opf_cpu_norm = {
     .layernorm_fwd = cpu_layernorm_fwd,
     .layernorm_bwd = cpu_layernorm_bwd,
@@ -498,4 +533,6 @@ const opf_norm_kernels opf_cpu_norm = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .l2norm_fwd = cpu_l2norm_fwd,
     .l2norm_bwd = cpu_l2norm_bwd,
+    .layernorm_fwd_q = cpu_layernorm_fwd_q,
+    .rmsnorm_fwd_q = cpu_rmsnorm_fwd_q,
 };

@@ -14,7 +14,14 @@
  * (a column sum over the rows in row order) and the scaled GLU backward (a
  * row sum left to right), are one kernel each: 32 sums a block; eight warps
  * compute a tile of the terms (writing dx as they go) into shared memory
- * while warp 0 adds up the previous tile, one thread per sum in order. */
+ * while warp 0 adds up the previous tile, one thread per sum in order.
+ *
+ * The *_q entries (qout.h) of the plain kinds read x and dy in their own
+ * dtype (f32 or bf16) and write the output rounded into its dtype or into
+ * hp for the quantizer, one pass, taking the amax of the stored values on
+ * the way for current-scaling FP8, whose cast pass follows; dact + dbias
+ * does so inside its ordered-sum kernel. The GLU kinds, f16 tensors and
+ * OPF_CUDA_UNFUSED=1 take the composition of the fp32 entries. */
 #include "backend/cuda/cuda-impl.h"
 extern "C" {
 #include "backend/cpu/act-math.h"
@@ -48,6 +55,29 @@ template <opf_act_fn FN> __device__ __forceinline__ float act_f(float x, float a
 template <opf_act_fn FN> __device__ __forceinline__ float act_df(float x, float alpha)
 {
     return opf_act_df_impl(kind_of(FN), x, alpha);
+}
+
+/* Element i of a plain array of dtype D, widened exactly. */
+template <opf_dtype D> __device__ __forceinline__ float ld_t(const void *p, int64_t i)
+{
+    return opf_dev_to_f32<D>(((const typename opf_dev_plain<D>::store *)p)[i]);
+}
+
+/* Stores v rounded once into D (the cast kernel's rounding) at element i;
+ * returns the stored value widened (what an amax pass would read). */
+template <opf_dtype D> __device__ __forceinline__ float st_t(void *p, int64_t i, float v)
+{
+    typename opf_dev_plain<D>::store b = opf_dev_from_f32<D>(v);
+    ((typename opf_dev_plain<D>::store *)p)[i] = b;
+    return opf_dev_to_f32<D>(b);
+}
+
+/* The warp's max key into *amax, one atomic (an integer max merges in any
+ * order); every lane of the warp calls it. */
+__device__ __forceinline__ void warp_amax(unsigned key, unsigned *amax)
+{
+    for (int o = 16; o; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+    if ((threadIdx.x & 31) == 0 && key) atomicMax(amax, key);
 }
 
 template <int N> __device__ __forceinline__ void load(const float *p, float v[N])
@@ -95,6 +125,23 @@ __global__ void plain_kernel(float alpha, const float *x, const float *dy, float
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, nv = vec ? n / W : 0;
     for (int64_t c = t; c < nv; c += stride) plain_chunk<FN, BWD, W>(alpha, x, dy, y, c * W);
     for (int64_t i = nv * W + t; i < n; i += stride) plain_chunk<FN, BWD, 1>(alpha, x, dy, y, i);
+}
+
+/* The typed form: x, dy of dtype DI, y of DO (may alias x), with the amax
+ * of y as stored when amax is not NULL. */
+template <opf_act_fn FN, bool BWD, opf_dtype DI, opf_dtype DO>
+__global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void *y, int64_t n,
+                               unsigned *amax)
+{
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    unsigned key = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = ld_t<DI>(x, i);
+        float r = BWD ? act_df<FN>(v, alpha) * ld_t<DI>(dy, i) : act_f<FN>(v, alpha);
+        float w = st_t<DO>(y, i, r);
+        if (amax) key = max(key, opf_dev_amax_key(w));
+    }
+    if (amax) warp_amax(key, amax);
 }
 
 /* ---- GLU kinds -------------------------------------------------------------
@@ -184,8 +231,9 @@ __global__ void glu_kernel(glu_args p, bool vec)
  * computes it (and writes what the pass outputs besides). */
 template <typename Term>
 __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t K, int64_t C,
-                                                          float *out)
+                                                          float *out, unsigned *amax)
 {
+    unsigned key = 0;  /* the amax key of what this thread's finish stored */
     __shared__ float tile[2][SUM_TILE][SUM_LANES + 1];
     int64_t c0 = (int64_t)blockIdx.x * SUM_LANES;
     int lane = threadIdx.x % SUM_LANES, t = (int)threadIdx.x - SUM_LANES;
@@ -205,7 +253,7 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
 #pragma unroll
             for (int m = 0; m < PER_LOADER; m++)
                 if (k0 + kk[m] < K && c0 + cc[m] < C)
-                    b[kk[m]][cc[m]] = term.finish(k0 + kk[m], c0 + cc[m], in[m]);
+                    b[kk[m]][cc[m]] = term.finish(k0 + kk[m], c0 + cc[m], in[m], key);
         }
         /* Warp 0 summed tile it - 1 (the buffer written above) before this. */
         __syncthreads();
@@ -215,6 +263,7 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
         }
     }
     if (t < 0 && c0 + lane < C) out[c0 + lane] = acc;
+    if (amax) warp_amax(key, amax);
 }
 
 /* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
@@ -230,10 +279,31 @@ template <opf_act_fn FN> struct dbias_term {
         v.x = x[r * cols + c];
         v.dy = dy[r * cols + c];
     }
-    __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v) const
+    __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v, unsigned &) const
     {
         float d = act_df<FN>(v.x, alpha) * v.dy;
         dx[r * cols + c] = d;
+        return d;
+    }
+};
+
+/* The typed form: x, dy of DI; dx stored in DO, its amax key kept. */
+template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
+    enum { ALONG_K = 0 };
+    struct in { float x, dy; };
+    const void *x, *dy;
+    void       *dx;
+    int64_t     cols;
+    float       alpha;
+    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
+    {
+        v.x = ld_t<DI>(x, r * cols + c);
+        v.dy = ld_t<DI>(dy, r * cols + c);
+    }
+    __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v, unsigned &key) const
+    {
+        float d = act_df<FN>(v.x, alpha) * v.dy;
+        key = max(key, opf_dev_amax_key(st_t<DO>(dx, r * cols + c, d)));
         return d;
     }
 };
@@ -253,7 +323,7 @@ template <opf_act_fn FN> struct ds_term {
         v.b = x[r * 2 * h + h + j];
         v.dy = dy[r * h + j];
     }
-    __device__ __forceinline__ float finish(int64_t j, int64_t r, const in &v) const
+    __device__ __forceinline__ float finish(int64_t j, int64_t r, const in &v, unsigned &) const
     {
         float g = v.dy * s[r], fa = act_f<FN>(v.a, alpha);
         float da = act_df<FN>(v.a, alpha) * g;
@@ -319,11 +389,11 @@ template <bool BWD> struct glu_launch {
 /* The ordered sums over K terms of C sums (none: nothing to launch). */
 template <typename Term>
 static opf_status launch_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
-                              int64_t K, int64_t C, float *out)
+                              int64_t K, int64_t C, float *out, unsigned *amax = NULL)
 {
     if (C == 0) return OPF_OK;
     unsigned grid = (unsigned)((C + SUM_LANES - 1) / SUM_LANES);
-    sum_kernel<Term><<<grid, SUM_THREADS, 0, s->stream>>>(t, K, C, out);
+    sum_kernel<Term><<<grid, SUM_THREADS, 0, s->stream>>>(t, K, C, out, amax);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
 }
@@ -349,6 +419,114 @@ struct ds_launch {
         return launch_sums(ctx, s, fn, t, h, rows, ds);
     }
 };
+
+/* ---- the *_q entries ------------------------------------------------------ */
+
+/* Whether the typed kernels take these dtypes (x and dy alike; the tensor
+ * written). */
+static bool typed_ok(const opf_tensor *x, const opf_tensor *dy, opf_dtype out)
+{
+    opf_dtype d = x->spec.dtype;
+    return (d == OPF_F32 || d == OPF_BF16) && (!dy || dy->spec.dtype == d) &&
+           (out == OPF_F32 || out == OPF_BF16);
+}
+
+typedef struct typed_args {
+    const void *x, *dy;
+    void       *y;      /* the output, or the hp tensor before the quantize */
+    float      *dbias;
+    int64_t     rows, cols;
+    float       alpha;
+    unsigned   *amax;
+} typed_args;
+
+template <opf_act_fn FN, opf_dtype DI, opf_dtype DO>
+static opf_status typed_go(opf_ctx *ctx, opf_cuda_state *s, const char *fn, opf_act_pass pass,
+                           const typed_args &a)
+{
+    if (pass == OPF_ACT_PASS_DACT_DBIAS) {
+        dbias_t_term<FN, DI, DO> t = {a.x, a.dy, a.y, a.cols, a.alpha};
+        return launch_sums(ctx, s, fn, t, a.rows, a.cols, a.dbias, a.amax);
+    }
+    int64_t n = a.rows * a.cols;
+    if (n == 0) return OPF_OK;
+    unsigned grid = opf_cuda_grid(s, n, THREADS);
+    if (pass == OPF_ACT_PASS_BWD)
+        plain_t_kernel<FN, true, DI, DO><<<grid, THREADS, 0, s->stream>>>(a.alpha, a.x, a.dy, a.y,
+                                                                          n, a.amax);
+    else
+        plain_t_kernel<FN, false, DI, DO><<<grid, THREADS, 0, s->stream>>>(a.alpha, a.x, a.dy,
+                                                                           a.y, n, a.amax);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+struct typed_launch {
+    template <opf_act_fn FN>
+    static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, opf_act_pass pass,
+                          opf_dtype di, opf_dtype dout, typed_args a)
+    {
+        bool ob = dout == OPF_BF16;
+        if (di == OPF_BF16)
+            return ob ? typed_go<FN, OPF_BF16, OPF_BF16>(ctx, s, fn, pass, a)
+                      : typed_go<FN, OPF_BF16, OPF_F32>(ctx, s, fn, pass, a);
+        return ob ? typed_go<FN, OPF_F32, OPF_BF16>(ctx, s, fn, pass, a)
+                  : typed_go<FN, OPF_F32, OPF_F32>(ctx, s, fn, pass, a);
+    }
+};
+
+/* One pass into the output or its hp tensor (with the amax for
+ * current-scaling FP8, then its cast pass; other formats then their
+ * quantize kernel), or the composition (qout.h) where the typed kernels do
+ * not apply or OPF_CUDA_UNFUSED=1. */
+static opf_status act_q(opf_ctx *ctx, opf_act_pass pass, opf_act_kind k, opf_act_params p,
+                        const opf_tensor *x, const opf_tensor *dy, const opf_qout *o,
+                        float *dbias)
+{
+    static const char *const fns[] = {"activation fwd_q (cuda)", "activation bwd_q (cuda)",
+                                      "dact_dbias_q (cuda)"};
+    const char *fn = fns[pass];
+    const opf_backend_i *be = opf_backend_get(OPF_DEVICE_CUDA);
+    bool fp8 = opf_qout_current_fp8(o);
+    opf_dtype target = opf_qout_quantized(o) ? o->hp : o->out->spec.dtype;
+    if (!opf_cuda_fused() || opf_act_is_glu(k) || !typed_ok(x, dy, target))
+        return opf_act_q_composed(ctx, be, pass, k, p, x, dy, o, dbias);
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    unsigned *amax = fp8 ? (unsigned *)o->out->data[OPF_COMP_AMAX] : NULL;
+    if (amax) OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(amax, 0, sizeof *amax, s->stream));
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    opf_tensor t;
+    opf_status st = opf_qout_begin(ctx, o, &t);
+    int64_t cols = x->spec.ndim ? x->spec.shape[x->spec.ndim - 1] : 1;
+    typed_args a = {x->data[0], dy ? dy->data[0] : NULL, st ? NULL : t.data[0], dbias,
+                    cols ? opf_spec_numel(&x->spec) / cols : 0, cols, p.alpha, amax};
+    if (!st) st = dispatch<typed_launch>(k, ctx, s, fn, pass, x->spec.dtype, target, a);
+    if (!st)
+        st = fp8 ? opf_cuda_quantize_tensor_fp8_cast(ctx, o->q, &t, o->out)
+                 : opf_qout_end(ctx, be, o, &t);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status cuda_act_fwd_q(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                 const opf_tensor *x, const opf_qout *y)
+{
+    return act_q(ctx, OPF_ACT_PASS_FWD, k, p, x, NULL, y, NULL);
+}
+
+static opf_status cuda_act_bwd_q(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                 const opf_tensor *x, const opf_tensor *dy, const opf_qout *dx)
+{
+    return act_q(ctx, OPF_ACT_PASS_BWD, k, p, x, dy, dx, NULL);
+}
+
+static opf_status cuda_act_dact_dbias_q(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                        const opf_tensor *x, const opf_tensor *dy,
+                                        const opf_qout *dx, float *dbias)
+{
+    return act_q(ctx, OPF_ACT_PASS_DACT_DBIAS, k, p, x, dy, dx, dbias);
+}
 
 static opf_status cuda_act_fwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                float *y, int64_t rows, int64_t cols)
@@ -408,5 +586,6 @@ static opf_status cuda_scaled_glu_bwd(opf_ctx *ctx, opf_act_kind k, opf_act_para
 }
 
 extern "C" const opf_act_kernels opf_cuda_act = {
-    cuda_act_fwd, cuda_act_bwd, cuda_act_dact_dbias, cuda_scaled_glu_fwd, cuda_scaled_glu_bwd,
+    cuda_act_fwd,   cuda_act_bwd,   cuda_act_dact_dbias, cuda_scaled_glu_fwd, cuda_scaled_glu_bwd,
+    cuda_act_fwd_q, cuda_act_bwd_q, cuda_act_dact_dbias_q,
 };

@@ -167,6 +167,18 @@ extern const struct opf_elem_kernels opf_cuda_elem;
 extern const struct opf_optim_kernels opf_cuda_optim;
 extern const struct opf_scale_kernels opf_cuda_scale;
 
+/* ---- fused outputs (norm.cu, act.cu; qout.h) ------------------------------
+ * The fused *_q entries write values and their amax in one kernel, then
+ * quantize_tensor_fp8.cu's cast pass reads that amax: the current-scaling
+ * FP8 cast of in into out (whose amax component the producer zeroed and
+ * max-accumulated with the amax keys of in's values), the bits
+ * opf_cuda_quantize_tensor_fp8 gives from in. opf_cuda_fused() is false
+ * when the environment sets OPF_CUDA_UNFUSED=1: every *_q entry then runs
+ * the composition of the unfused kernels (to compare and to fall back). */
+opf_status opf_cuda_quantize_tensor_fp8_cast(opf_ctx *, const opf_quantizer *, const opf_tensor *,
+                                             opf_tensor *);
+bool opf_cuda_fused(void);
+
 #ifdef __cplusplus
 }
 #endif

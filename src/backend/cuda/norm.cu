@@ -58,6 +58,8 @@ typedef struct norm_args {
     void        *out;        /* z, y or dx */
     opf_dtype    outt;
     float       *mu, *rs;    /* [rows]: written forward, read backward */
+    unsigned    *amax;       /* forward: max-accumulates the amax keys of the
+                                outputs as stored (qout.h's fused path); or NULL */
     int64_t      rows, H;
     float        rn, eps;    /* fl(1/H) */
     bool         zc;         /* zero-centred gamma */
@@ -120,6 +122,13 @@ __device__ __forceinline__ void st8(void *p, opf_dtype t, int64_t i, const float
         h[k] = t == OPF_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v[k]))
                              : __half_as_ushort(__float2half_rn(v[k]));
     *(uint4 *)((uint16_t *)p + i) = u;
+}
+
+/* The amax key of v as st1 / st8 store it in dtype t (rounding is
+ * monotonic, so this is the key the quantize kernel's amax pass reads). */
+__device__ __forceinline__ unsigned stored_key(float v, opf_dtype t)
+{
+    return opf_dev_amax_key(seen_as(v, t));
 }
 
 /* g_j = gamma_j (+ 1.0f zero-centred). */
@@ -236,9 +245,10 @@ template <typename F> __device__ __forceinline__ float row_sum(int64_t H, int la
  * f(x, d, g, b, add) of each element: x and d from the views, g, b and add
  * loaded only where the mode uses them. */
 template <int M, typename F>
-__device__ __forceinline__ void row_out(const norm_args &a, const row_view &xv,
-                                        const row_view &dv, int64_t r, int lane, F f)
+__device__ __forceinline__ unsigned row_out(const norm_args &a, const row_view &xv,
+                                            const row_view &dv, int64_t r, int lane, F f)
 {
+    unsigned key = 0;
     const bool B = M == LN_FWD, ADD = M == RMS_BWD && a.dadd;
     int64_t H = a.H, o = r * H;
     if (a.vec) {
@@ -257,21 +267,28 @@ __device__ __forceinline__ void row_out(const norm_args &a, const row_view &xv,
 #pragma unroll
             for (int k = 0; k < VEC; k++) z[k] = f(x[k], d[k], g[k], b[k], ad[k]);
             st8(a.out, a.outt, o + j, z);
+            if (!is_bwd(M) && a.amax)
+#pragma unroll
+                for (int k = 0; k < VEC; k++) key = max(key, stored_key(z[k], a.outt));
         }
-        return;
+        return key;
     }
     for (int64_t j = lane; j < H; j += LANES) {
         float d = is_bwd(M) ? dv.at(j) : 0.0f, g = has_gamma(M) ? gamma_at(a, j) : 0.0f;
         float b = B ? ld1(a.beta, a.bt, j) : 0.0f, ad = ADD ? ld1(a.dadd, a.addt, o + j) : 0.0f;
-        st1(a.out, a.outt, o + j, f(xv.at(j), d, g, b, ad));
+        float z = f(xv.at(j), d, g, b, ad);
+        st1(a.out, a.outt, o + j, z);
+        if (!is_bwd(M) && a.amax) key = max(key, stored_key(z, a.outt));
     }
+    return key;
 }
 
 /* ---- one row of each mode ------------------------------------------------ */
 
-/* Forward LayerNorm / RMSNorm: mu and m2 as norm.h, then z. */
+/* Forward LayerNorm / RMSNorm: mu and m2 as norm.h, then z; returns the
+ * lane's amax key of z (0 unless a.amax). */
 template <int M>
-__device__ __forceinline__ void fwd_row(const norm_args &a, const row_view &xv, int64_t r,
+__device__ __forceinline__ unsigned fwd_row(const norm_args &a, const row_view &xv, int64_t r,
                                         int lane)
 {
     int64_t H = a.H;
@@ -288,13 +305,12 @@ __device__ __forceinline__ void fwd_row(const norm_args &a, const row_view &xv, 
         a.rs[r] = rs;
     }
     if (M == LN_FWD)
-        row_out<M>(a, xv, xv, r, lane, [&](float x, float, float g, float b, float) {
+        return row_out<M>(a, xv, xv, r, lane, [&](float x, float, float g, float b, float) {
             float y = rs * (x - mu);
             float gy = g * y;
             return gy + b;
         });
-    else
-        row_out<M>(a, xv, xv, r, lane, [&](float x, float, float g, float, float) {
+    return row_out<M>(a, xv, xv, r, lane, [&](float x, float, float g, float, float) {
             float y = rs * x;
             return g * y;
         });
@@ -399,6 +415,7 @@ template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
         copies_commit();
     };
     if (slots && r < a.rows) issue(0, r);
+    unsigned key = 0;
     for (int k = 0; r < a.rows; r += stride, k ^= slots == 2) {
         bool ahead = slots == 2 && r + stride < a.rows;
         if (ahead) issue(k ^ 1, r + stride);
@@ -411,13 +428,17 @@ template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
         row_view dv = xv;
         if (is_bwd(M))
             dv = {slots ? b + xb : (const char *)a.dz + r * a.H * elem_size(a.dzt), a.dzt, a.dact};
-        if constexpr (M == LN_FWD || M == RMS_FWD) fwd_row<M>(a, xv, r, lane);
+        if constexpr (M == LN_FWD || M == RMS_FWD) key = max(key, fwd_row<M>(a, xv, r, lane));
         else if constexpr (M == L2_FWD) l2_fwd_row(a, xv, r, lane);
         else if constexpr (M == LN_BWD) ln_bwd_row(a, xv, dv, r, lane);
         else if constexpr (M == RMS_BWD) rms_bwd_row(a, xv, dv, r, lane);
         else l2_bwd_row(a, xv, dv, r, lane);
         __syncwarp();  /* the row is read before the next one overwrites it */
         if (slots == 1 && r + stride < a.rows) issue(0, r + stride);
+    }
+    if (a.amax) {  /* one atomic a warp; an integer max merges in any order */
+        for (int o = LANES / 2; o; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+        if (lane == 0 && key) atomicMax(a.amax, key);
     }
 }
 
@@ -592,34 +613,81 @@ static opf_cuda_state *begin(opf_ctx *ctx, const char *fn, opf_status *st,
     return s;
 }
 
-static opf_status cuda_layernorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
-                                     const opf_tensor *beta, float eps, bool zero_centered,
-                                     opf_tensor *z, opf_tensor *mu, opf_tensor *rsigma)
+/* LayerNorm (beta given) or RMSNorm forward into z; amax as norm_args'. */
+static opf_status norm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                           const opf_tensor *beta, float eps, bool zero_centered, opf_tensor *z,
+                           opf_tensor *mu, opf_tensor *rsigma, unsigned *amax)
 {
-    const char *fn = "layernorm_fwd (cuda)";
+    const char *fn = beta ? "layernorm_fwd (cuda)" : "rmsnorm_fwd (cuda)";
     opf_status st;
     opf_cuda_state *s = begin(ctx, fn, &st, x, NULL, gamma, beta, z);
     if (!s) return st;
     norm_args a = gamma_args(x, gamma, zero_centered, z);
-    a.beta = beta->data[0], a.bt = beta->spec.dtype;
-    a.mu = (float *)mu->data[0], a.rs = (float *)rsigma->data[0], a.eps = eps;
+    a.rs = (float *)rsigma->data[0], a.eps = eps, a.amax = amax;
+    if (!beta) return launch_rows<RMS_FWD>(ctx, s, a, fn);
+    a.beta = beta->data[0], a.bt = beta->spec.dtype, a.mu = (float *)mu->data[0];
     return launch_rows<LN_FWD>(ctx, s, a, fn);
+}
+
+static opf_status cuda_layernorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                     const opf_tensor *beta, float eps, bool zero_centered,
+                                     opf_tensor *z, opf_tensor *mu, opf_tensor *rsigma)
+{
+    return norm_fwd(ctx, x, gamma, beta, eps, zero_centered, z, mu, rsigma, NULL);
 }
 
 static opf_status cuda_rmsnorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
                                    float eps, bool zero_centered, opf_tensor *z,
                                    opf_tensor *rsigma)
 {
-    const char *fn = "rmsnorm_fwd (cuda)";
-    opf_status st;
-    opf_cuda_state *s = begin(ctx, fn, &st, x, NULL, gamma, NULL, z);
-    if (!s) return st;
-    norm_args a = gamma_args(x, gamma, zero_centered, z);
-    a.rs = (float *)rsigma->data[0], a.eps = eps;
-    return launch_rows<RMS_FWD>(ctx, s, a, fn);
+    return norm_fwd(ctx, x, gamma, NULL, eps, zero_centered, z, NULL, rsigma, NULL);
 }
 
-/* The arguments of a LayerNorm / RMSNorm backward (mu NULL for RMSNorm). */
+extern "C" bool opf_cuda_fused(void)
+{
+    const char *v = getenv("OPF_CUDA_UNFUSED");
+    return !(v && v[0] == '1');
+}
+
+/* The *_q entries: a plain z is the plain entry's; current-scaling FP8 is
+ * fused (z in hp into scratch with its amax in the same kernel, then the
+ * cast pass); other formats, or OPF_CUDA_UNFUSED=1, the composition. */
+static opf_status norm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                             const opf_tensor *beta, float eps, bool zero_centered,
+                             const opf_qout *z, opf_tensor *mu, opf_tensor *rsigma)
+{
+    if (!opf_qout_quantized(z))
+        return norm_fwd(ctx, x, gamma, beta, eps, zero_centered, z->out, mu, rsigma, NULL);
+    if (!opf_cuda_fused() || !opf_qout_current_fp8(z))
+        return opf_norm_fwd_q_composed(ctx, opf_backend_get(OPF_DEVICE_CUDA), x, gamma, beta, eps,
+                                       zero_centered, z, mu, rsigma);
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "norm_fwd_q (cuda)");
+    if (!s) return OPF_ERR_STATE;
+    unsigned *amax = (unsigned *)z->out->data[OPF_COMP_AMAX];
+    OPF_CUDA_TRY(ctx, "norm_fwd_q (cuda)", cudaMemsetAsync(amax, 0, sizeof *amax, s->stream));
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    opf_tensor t;
+    opf_status st = opf_qout_begin(ctx, z, &t);
+    if (!st) st = norm_fwd(ctx, x, gamma, beta, eps, zero_centered, &t, mu, rsigma, amax);
+    if (!st) st = opf_cuda_quantize_tensor_fp8_cast(ctx, z->q, &t, z->out);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status cuda_layernorm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                       const opf_tensor *beta, float eps, bool zero_centered,
+                                       const opf_qout *z, opf_tensor *mu, opf_tensor *rsigma)
+{
+    return norm_fwd_q(ctx, x, gamma, beta, eps, zero_centered, z, mu, rsigma);
+}
+
+static opf_status cuda_rmsnorm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
+                                     float eps, bool zero_centered, const opf_qout *z,
+                                     opf_tensor *rsigma)
+{
+    return norm_fwd_q(ctx, x, gamma, NULL, eps, zero_centered, z, NULL, rsigma);
+}
+
 static norm_args bwd_args(const opf_tensor *dz, const opf_tensor *x, const opf_tensor *mu,
                           const opf_tensor *rsigma, const opf_tensor *gamma, bool zero_centered,
                           opf_tensor *dx)
@@ -691,4 +759,5 @@ static opf_status cuda_l2norm_bwd(opf_ctx *ctx, const opf_tensor *dy, const opf_
 extern "C" const opf_norm_kernels opf_cuda_norm = {
     cuda_layernorm_fwd, cuda_layernorm_bwd, cuda_rmsnorm_fwd,
     cuda_rmsnorm_bwd,   cuda_l2norm_fwd,    cuda_l2norm_bwd,
+    cuda_layernorm_fwd_q, cuda_rmsnorm_fwd_q,
 };

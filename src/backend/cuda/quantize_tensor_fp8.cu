@@ -299,6 +299,35 @@ extern "C" opf_status opf_cuda_quantize_tensor_fp8(opf_ctx *ctx, const opf_quant
     }
 }
 
+/* Current scaling's cast pass alone (cuda.h): the amax is already in out's
+ * amax component, max-accumulated by the kernel that wrote in. */
+template <typename T>
+static opf_status cast_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quantizer *q,
+                             const opf_tensor *in, opf_tensor *out)
+{
+    int64_t M, K;
+    opf_shape_2d(&in->spec, &M, &K);
+    scale_src src = {(const unsigned *)out->data[OPF_COMP_AMAX], NULL, opf_fp8_max(q->qdtype),
+                     q->amax_epsilon, q->pow2_scales};
+    return launch_cast<T>(ctx, s, in->data[OPF_COMP_DATA], M, K, src, q->qdtype == OPF_E4M3, out,
+                          NULL, NULL);
+}
+
+extern "C" opf_status opf_cuda_quantize_tensor_fp8_cast(opf_ctx *ctx, const opf_quantizer *q,
+                                                        const opf_tensor *in, opf_tensor *out)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "quantize (fp8 cast)");
+    if (!s) return OPF_ERR_STATE;
+    switch (in->spec.dtype) {
+    case OPF_F32: return cast_typed<float>(ctx, s, q, in, out);
+    case OPF_BF16: return cast_typed<__nv_bfloat16>(ctx, s, q, in, out);
+    case OPF_F16: return cast_typed<__half>(ctx, s, q, in, out);
+    default:
+        return opf_error(ctx, OPF_ERR_DTYPE, "quantize (fp8 cast): input dtype %s",
+                         opf_dtype_name(in->spec.dtype));
+    }
+}
+
 extern "C" opf_status opf_cuda_dequantize_tensor_fp8(opf_ctx *ctx, const opf_tensor *t,
                                                      unsigned which, float *out)
 {

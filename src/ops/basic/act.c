@@ -198,37 +198,62 @@ opf_status opf_act_load(opf_ctx *ctx, const char *who, const opf_tensor *t, cons
     return st ? st : opf_op_load_f32(ctx, t, ws, out);
 }
 
+/* The kernels of the activation op `who` on x's device. */
+static const opf_act_kernels *kernels_of(opf_ctx *ctx, const char *who, const opf_tensor *x)
+{
+    return opf_backend_kernels(ctx, who, x->spec.device, OPF_KERNELS_ACT);
+}
+
+/* The backend's fwd_q from x (plain, or decoded) into the plain or quantized
+ * output; stochastic rounding through opf_op_store_f32 (the fp32 entry). */
 static opf_status act_forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
                                    opf_tensor *aux)
 {
     const opf_act_fwd *a = args;
     const opf_act_kind k = (opf_act_kind)a->act;
     const char *who = act_rows[k].name;
-    const opf_act_kernels *K = opf_backend_kernels(ctx, who, a->x.spec.device, OPF_KERNELS_ACT);
+    const opf_act_kernels *K = kernels_of(ctx, who, &a->x);
     if (!K) return OPF_ERR_UNSUPPORTED;
+    opf_quantize_state qs;
+    opf_qout o;
+    opf_tensor xv;
+    opf_act_params prm = params_of(a->alpha, a->limit);
+    if (opf_op_qout(&a->next_q, a->x.spec.dtype, &outs[0], &qs, &o)) {
+        opf_status st = opf_op_plain_view(ctx, &a->x, &xv);
+        return st ? st : K->fwd_q(ctx, k, prm, &xv, &o);
+    }
     const float *x;
     float *y;
     opf_status st = opf_act_load(ctx, who, &a->x, &x);
     if (!st) st = opf_act_scratch(ctx, who, opf_spec_numel(&outs[0].spec), &y);
-    if (!st) st = K->fwd(ctx, k, params_of(a->alpha, a->limit), x, y, opf_act_rows(&a->x.spec),
-                         opf_act_cols(&a->x.spec));
+    if (!st) st = K->fwd(ctx, k, prm, x, y, opf_act_rows(&a->x.spec), opf_act_cols(&a->x.spec));
     return st ? st : opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
 }
 
+/* bwd_q likewise. */
 static opf_status act_backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const opf_act_bwd *b = bargs;
     const opf_act_kind k = (opf_act_kind)b->act;
     const char *who = act_rows[k].name;
-    const opf_act_kernels *K = opf_backend_kernels(ctx, who, b->x.spec.device, OPF_KERNELS_ACT);
+    const opf_act_kernels *K = kernels_of(ctx, who, &b->x);
     if (!K) return OPF_ERR_UNSUPPORTED;
+    opf_quantize_state qs;
+    opf_qout o;
+    opf_tensor xv, dyv;
+    opf_act_params prm = params_of(b->alpha, b->limit);
+    if (opf_op_qout(&b->grad_q, b->x.spec.dtype, &grads[0], &qs, &o)) {
+        opf_status st = opf_op_plain_view(ctx, &b->x, &xv);
+        if (!st) st = opf_op_plain_view(ctx, &b->dy, &dyv);
+        return st ? st : K->bwd_q(ctx, k, prm, &xv, &dyv, &o);
+    }
     const float *x, *dy;
     float *dx;
     opf_status st = opf_act_load(ctx, who, &b->x, &x);
     if (!st) st = opf_act_load(ctx, who, &b->dy, &dy);
     if (!st) st = opf_act_scratch(ctx, who, opf_spec_numel(&b->x.spec), &dx);
-    if (!st) st = K->bwd(ctx, k, params_of(b->alpha, b->limit), x, dy, dx,
-                         opf_act_rows(&b->x.spec), opf_act_cols(&b->x.spec));
+    if (!st) st = K->bwd(ctx, k, prm, x, dy, dx, opf_act_rows(&b->x.spec),
+                         opf_act_cols(&b->x.spec));
     return st ? st : opf_op_store_f32(ctx, dx, b->x.spec.dtype, &b->grad_q, &grads[0]);
 }
 

@@ -71,14 +71,22 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return opf_op_out_spec(&plain, &a->next_q, &outs[0]);
 }
 
+/* z through the backend's layernorm_fwd_q: plain, or normalized and
+ * quantized in one entry (the bits of rounding an fp32 z and quantizing
+ * it, opf_op_store_f32). Stochastic rounding takes that path itself. */
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const ln_fwd *a = args;
     const opf_norm_kernels *k =
         opf_backend_kernels(ctx, "layernorm", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor x, z;
+    opf_quantize_state qs;
+    opf_qout o;
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = opf_op_plain_view(ctx, &a->x, &x);
+    if (!st && opf_op_qout(&a->next_q, a->weight.spec.dtype, &outs[0], &qs, &o))
+        return k->layernorm_fwd_q(ctx, &x, &a->weight, &a->bias, (float)a->eps,
+                                  a->zero_centered, &o, &aux[0], &aux[1]);
     if (!st) st = opf_op_kernel_out(ctx, &outs[0], &z);
     if (!st)
         st = k->layernorm_fwd(ctx, &x, &a->weight, &a->bias, (float)a->eps, a->zero_centered, &z,

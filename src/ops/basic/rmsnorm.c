@@ -60,14 +60,20 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     return opf_op_out_spec(&plain, &a->next_q, &outs[0]);
 }
 
+/* z through rmsnorm_fwd_q, as layernorm.c's forward. */
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const rms_fwd *a = args;
     const opf_norm_kernels *k =
         opf_backend_kernels(ctx, "rmsnorm", a->x.spec.device, OPF_KERNELS_NORM);
     opf_tensor x, z;
+    opf_quantize_state qs;
+    opf_qout o;
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = opf_op_plain_view(ctx, &a->x, &x);
+    if (!st && opf_op_qout(&a->next_q, a->weight.spec.dtype, &outs[0], &qs, &o))
+        return k->rmsnorm_fwd_q(ctx, &x, &a->weight, (float)a->eps, a->zero_centered, &o,
+                                &aux[0]);
     if (!st) st = opf_op_kernel_out(ctx, &outs[0], &z);
     if (!st)
         st = k->rmsnorm_fwd(ctx, &x, &a->weight, (float)a->eps, a->zero_centered, &z, &aux[0]);

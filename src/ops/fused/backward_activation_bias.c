@@ -74,6 +74,8 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
     return opf_op_out_spec(&plain, &b->dx_q, &grads[0]);
 }
 
+/* dx through dact_dbias_q (dx rounded or quantized in the same entry),
+ * or, for stochastic rounding, the fp32 dact_dbias and opf_op_store_f32. */
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const bab_bwd *b = bargs;
@@ -81,15 +83,28 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
         opf_backend_kernels(ctx, "backward_activation_bias", b->x.spec.device, OPF_KERNELS_ACT);
     if (!K) return OPF_ERR_UNSUPPORTED;
     int64_t n = b->b.spec.shape[0], numel = opf_spec_numel(&b->x.spec), rows = n ? numel / n : 0;
+    opf_act_kind k = (opf_act_kind)b->act;
+    opf_act_params prm = {(float)b->alpha, 0.0f};
+    float *db = opf_op_scratch(ctx, n);
+    opf_quantize_state qs;
+    opf_qout o;
+    opf_tensor xv, dyv;
+    if (!db) return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
+    opf_status st;
+    if (opf_op_qout(&b->dx_q, b->x.spec.dtype, &grads[0], &qs, &o)) {
+        st = opf_op_plain_view(ctx, &b->x, &xv);
+        if (!st) st = opf_op_plain_view(ctx, &b->dy, &dyv);
+        if (!st) st = K->dact_dbias_q(ctx, k, prm, &xv, &dyv, &o, db);
+        return st ? st : opf_op_store_f32(ctx, db, grads[1].spec.dtype, NULL, &grads[1]);
+    }
     float *xs = opf_op_scratch(ctx, numel), *dys = opf_op_scratch(ctx, numel);
-    float *p = opf_op_scratch(ctx, numel), *db = opf_op_scratch(ctx, n);
-    if (!xs || !dys || !p || !db)
+    float *p = opf_op_scratch(ctx, numel);
+    if (!xs || !dys || !p)
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
     const float *x, *dy;
-    opf_status st = opf_op_load_f32(ctx, &b->x, xs, &x);
+    st = opf_op_load_f32(ctx, &b->x, xs, &x);
     if (!st) st = opf_op_load_f32(ctx, &b->dy, dys, &dy);
-    if (!st) st = K->dact_dbias(ctx, (opf_act_kind)b->act, (opf_act_params){(float)b->alpha, 0.0f},
-                                x, dy, p, db, rows, n);
+    if (!st) st = K->dact_dbias(ctx, k, prm, x, dy, p, db, rows, n);
     if (!st) st = opf_op_store_f32(ctx, db, grads[1].spec.dtype, NULL, &grads[1]);
     return st ? st : opf_op_store_f32(ctx, p, b->x.spec.dtype, &b->dx_q, &grads[0]);
 }

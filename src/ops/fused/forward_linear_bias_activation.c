@@ -94,14 +94,24 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     return OPF_OK;  /* the runner runs the fake, then the linear's after_fake */
 }
 
-/* t = f(t) in place (numerics 6.3), by the activation op's own kernel. */
-static opf_status activate(opf_ctx *ctx, int act, const opf_spec *s, float *t)
+/* y = f(t) (numerics 6.3) by the activation op's own kernels: from the
+ * fp32 tensor t into the plain or quantized y in one entry (fwd_q), or, for
+ * stochastic rounding, in place in fp32 and stored by opf_op_store_f32. */
+static opf_status activate(opf_ctx *ctx, const flba_fwd *a, opf_tensor *t, opf_tensor *y)
 {
+    const opf_spec *s = &t->spec;
     const opf_act_kernels *K =
         opf_backend_kernels(ctx, "forward_linear_bias_activation", s->device, OPF_KERNELS_ACT);
-    opf_act_params p = {(float)opf_act_default_alpha((opf_act_kind)act), 0.0f};
+    opf_act_kind k = (opf_act_kind)a->act;
+    opf_act_params p = {(float)opf_act_default_alpha(k), 0.0f};
+    opf_dtype act_dt = a->lin.x.spec.dtype;
+    opf_quantize_state qs;
+    opf_qout o;
     if (!K) return OPF_ERR_UNSUPPORTED;
-    return K->fwd(ctx, (opf_act_kind)act, p, t, t, opf_act_rows(s), opf_act_cols(s));
+    if (opf_op_qout(&a->out_q, act_dt, y, &qs, &o)) return K->fwd_q(ctx, k, p, t, &o);
+    float *v = t->data[OPF_COMP_DATA];
+    opf_status st = K->fwd(ctx, k, p, v, v, opf_act_rows(s), opf_act_cols(s));
+    return st ? st : opf_op_store_f32(ctx, v, act_dt, &a->out_q, y);
 }
 
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
@@ -121,8 +131,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     float *v = t.data[OPF_COMP_DATA];
     opf_dtype act_dt = a->lin.x.spec.dtype;
     if (!st && a->save_act_input) st = opf_op_store_f32(ctx, v, act_dt, NULL, &aux[AUX_ACT_IN]);
-    if (!st) st = activate(ctx, a->act, &s, v);
-    return st ? st : opf_op_store_f32(ctx, v, act_dt, &a->out_q, &outs[0]);
+    return st ? st : activate(ctx, a, &t, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,

@@ -1,0 +1,59 @@
+/* qout.c: the reference composition of a fused entry's output (qout.h). */
+#include "backend/backend-impl.h"
+#include "core/core-impl.h"
+
+/* A tensor of dtype dt with t's logical shape and device in scratch. */
+static opf_status scratch_like(opf_ctx *ctx, const opf_spec *like, opf_dtype dt, opf_tensor *out)
+{
+    opf_spec s = opf_spec_make(like->ndim, like->shape, dt);
+    s.device = like->device;
+    int64_t n = opf_spec_numel(&s);
+    size_t bytes = (size_t)(n > 0 ? n : 1) * (dt == OPF_F32 ? 4u : 2u);
+    void *p = opf_ctx_scratch_push_on(ctx, s.device, bytes);
+    if (!p)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "fused output: no scratch for %lld values",
+                         (long long)n);
+    return opf_tensor_wrap(&s, p, out);
+}
+
+opf_status opf_qout_begin(opf_ctx *ctx, const opf_qout *o, opf_tensor *t)
+{
+    if (!opf_qout_quantized(o)) {
+        *t = *o->out;
+        return OPF_OK;
+    }
+    return scratch_like(ctx, &o->out->spec, o->hp, t);
+}
+
+opf_status opf_qout_end(opf_ctx *ctx, const opf_backend_i *be, const opf_qout *o,
+                        const opf_tensor *t)
+{
+    if (!opf_qout_quantized(o)) return OPF_OK;
+    opf_tensor in = *t;
+    opf_status st = OPF_OK;
+    bool block = o->q->scaling == OPF_SCALING_BLOCK_1D || o->q->scaling == OPF_SCALING_BLOCK_2D;
+    if (block && t->spec.dtype != OPF_F32) {
+        st = scratch_like(ctx, &t->spec, OPF_F32, &in);
+        if (!st) st = be->elem->cast(ctx, t, &in);
+    }
+    opf_quantize_kernel k = be->quantize[o->q->scaling];
+    if (!st && !k)
+        st = opf_error(ctx, OPF_ERR_UNSUPPORTED, "fused output: no %s kernel on %s",
+                       opf_scaling_name(o->q->scaling), be->name);
+    opf_tensor view = *o->out;
+    view.spec.dtype = in.spec.dtype;  /* a quantized layout does not depend on it */
+    opf_quantize_state none = {0};
+    return st ? st : k(ctx, o->q, &in, &view, o->state ? o->state : &none);
+}
+
+opf_status opf_qout_store_f32(opf_ctx *ctx, const opf_backend_i *be, const opf_qout *o,
+                              const opf_tensor *r)
+{
+    if (!opf_qout_quantized(o))
+        return r->data[0] == o->out->data[0] ? OPF_OK : be->elem->cast(ctx, r, o->out);
+    if (o->hp == OPF_F32) return opf_qout_end(ctx, be, o, r);
+    opf_tensor t;
+    opf_status st = opf_qout_begin(ctx, o, &t);
+    if (!st) st = be->elem->cast(ctx, r, &t);
+    return st ? st : opf_qout_end(ctx, be, o, &t);
+}
