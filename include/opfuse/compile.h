@@ -192,6 +192,65 @@ OPF_API opf_status opf_graph_dump(const opf_graph *g, FILE *f);
  * forward and backward clusters, edges labelled with shapes and formats. */
 OPF_API opf_status opf_graph_dump_dot(const opf_graph *g, FILE *f);
 
+/* ---- export ---------------------------------------------------------------------
+ * A graph as another runtime can re-express it node by node (opfuse.torch
+ * calls each node's op class as a torch custom op): every value's origin,
+ * every node's args (value fields as baked) and the graph value each of its
+ * tensors reads or writes, component by component. */
+
+typedef enum opf_graph_value_kind {
+    OPF_GRAPH_VALUE_NODE = 0,     /* written by node `def` */
+    OPF_GRAPH_VALUE_X,            /* the main input */
+    OPF_GRAPH_VALUE_EXTRA_IN,     /* public extra input `index` */
+    OPF_GRAPH_VALUE_DY,           /* the main output's gradient */
+    OPF_GRAPH_VALUE_DEXTRA_OUT,   /* public extra output `index`'s gradient */
+    OPF_GRAPH_VALUE_KWARG,        /* a tensor kwarg of op `index` (seq order) */
+    OPF_GRAPH_VALUE_KIND_COUNT
+} opf_graph_value_kind;
+
+typedef struct opf_graph_value_info {
+    opf_spec             spec;    /* at the traced size */
+    opf_graph_value_kind kind;
+    int                  index;   /* EXTRA_IN, DEXTRA_OUT: which; KWARG: the op */
+    size_t               field;   /* KWARG: offset of the tensor field in the op's kwargs struct */
+    int                  def;     /* NODE: the node writing it; -1 otherwise */
+    int                  def_out; /* NODE: its place among that node's tensors (forward:
+                                     outs[1 + OPF_OP_MAX_EXTRA] then aux[OPF_OP_MAX_AUX];
+                                     backward: grads; grad add: 0) */
+    const char          *name;    /* "fc1.y" */
+} opf_graph_value_info;
+
+OPF_API int opf_graph_num_values(const opf_graph *g);
+OPF_API opf_status opf_graph_value(const opf_graph *g, int v, opf_graph_value_info *out);
+
+/* The public values (-1: none): y, dx, and per public extra input / output
+ * its value and its gradient's. The arrays point into the graph. */
+typedef struct opf_graph_io {
+    int        x, y, dy, dx;
+    int        n_extra_in, n_extra_out;
+    const int *extra_in, *dextra_in;    /* [n_extra_in] */
+    const int *extra_out, *dextra_out;  /* [n_extra_out] */
+} opf_graph_io;
+OPF_API void opf_graph_get_io(const opf_graph *g, opf_graph_io *out);
+
+/* FORWARD and BACKWARD nodes: the args' schema and the baked args (NULL
+ * for other kinds). Tensor data pointers in them are arena addresses or
+ * the op's own memory (parameters); opf_graph_node_ref says which value. */
+OPF_API opf_status opf_graph_node_args(const opf_graph *g, int i, const opf_schema **schema,
+                                       const void **args);
+
+/* One tensor of a node: an args slot it reads or an output it writes. */
+typedef struct opf_graph_ref {
+    const opf_tensor *t;             /* in the node's args, or its output */
+    bool              output;
+    int               out_index;     /* output: its place among the node's tensors */
+    int               value[OPF_COMP_COUNT];  /* -1: absent, or memory of the op's (t->data) */
+    int               comp[OPF_COMP_COUNT];   /* the value's component it points at */
+    size_t            offset[OPF_COMP_COUNT]; /* bytes into that component */
+} opf_graph_ref;
+OPF_API int opf_graph_node_num_refs(const opf_graph *g, int i);
+OPF_API opf_status opf_graph_node_ref(const opf_graph *g, int i, int r, opf_graph_ref *out);
+
 /* ---- guarded cache -------------------------------------------------------------
  * opf_compiled wraps a seq: each call computes the guard key, runs the graph
  * of that key, or compiles one (a recompile when the cache already held one

@@ -6,13 +6,13 @@
  * ClassCall):
  *
  *   class_fields(cls, bwd)          the flattened schema: (name, kind, flags)
- *   resolve(ops, x_spec, recipe, requires_grad, kwargs)
- *                                   resolve_fwd / setup_context / resolve_bwd
- *                                   once per op on placeholder tensors,
- *                                   recording where each tensor field's
- *                                   memory comes from and every value field
+ *   Seq.trace (op.c) -> opf_py_graph_program
+ *                                   the graph opf_compile traces for a call,
+ *                                   each node's fields recorded with the
+ *                                   graph value or parameter every tensor
+ *                                   component reads or writes
  *
- * resolve reports tensors by their specs (shape, dtype, scaling, qdtype,
+ * Tensors are reported by their specs (shape, dtype, scaling, qdtype,
  * usage, flags), quantizers as tuples of their fields
  * (opf_py_quantizer_from_ints reads them back), references as integers. */
 #include "classop.h"
@@ -105,32 +105,6 @@ static PyObject *spec_tuple(const opf_spec *s)
                  : NULL;
 }
 
-static int spec_from(PyObject *v, opf_spec *s)
-{
-    PyObject *shape;
-    int dt, sc, qd;
-    unsigned us, fl;
-    memset(s, 0, sizeof *s);
-    if (!PyArg_ParseTuple(v, "OiiiII", &shape, &dt, &sc, &qd, &us, &fl)) return -1;
-    PyObject *l = opf_py_list(shape, "tensor shape must be a sequence");
-    if (!l) return -1;
-    Py_ssize_t n = PyList_Size(l);
-    if (n > OPF_MAX_DIMS) {
-        Py_DECREF(l);
-        opf_raise_msg(OPF_ERR_SHAPE, "tensor has %zd dims, at most %d", n, OPF_MAX_DIMS);
-        return -1;
-    }
-    int64_t dims[OPF_MAX_DIMS] = {0};
-    for (Py_ssize_t i = 0; i < n; i++) dims[i] = PyLong_AsLongLong(PyList_GetItem(l, i));
-    Py_DECREF(l);
-    *s = opf_spec_make((int)n, dims, (opf_dtype)dt);
-    s->scaling = (opf_scaling)sc;
-    s->qdtype = (opf_dtype)qd;
-    s->usage = us;
-    s->flags = fl;
-    return PyErr_Occurred() ? -1 : 0;
-}
-
 /* A quantizer as its fields in order, all integers (amax_epsilon by its
  * bits, the delayed state and the amax reduction by address): padding
  * bytes never reach the value. */
@@ -210,36 +184,6 @@ int opf_py_allocs(const opf_spec *s, opf_py_alloc *a)
     return n;
 }
 
-/* None, "pass", or (spec, ((present, dtype, rows, cols, nbytes) x 6)). */
-static PyObject *out_entry(const opf_spec *s)
-{
-    if (s->ndim == OPF_GRAD_PASSTHROUGH) return PyUnicode_FromString("pass");
-    if (s->ndim < 0) Py_RETURN_NONE;
-    opf_layout L;
-    opf_status st = opf_spec_layout(s, &L);
-    if (st) return opf_raise(st, NULL);
-    PyObject *comps = PyTuple_New(OPF_COMP_COUNT);
-    for (int c = 0; comps && c < OPF_COMP_COUNT; c++)
-        PyTuple_SetItem(comps, c, Py_BuildValue("(iiLLn)", L.comp[c].present, L.comp[c].dtype,
-                                                (long long)L.comp[c].rows, (long long)L.comp[c].cols,
-                                                (Py_ssize_t)L.comp[c].nbytes));
-    return comps ? Py_BuildValue("(NN)", spec_tuple(s), comps) : NULL;
-}
-
-static PyObject *out_list(const opf_spec *s, int n)
-{
-    PyObject *r = PyList_New(n);
-    for (int i = 0; r && i < n; i++) {
-        PyObject *e = out_entry(&s[i]);
-        if (!e) {
-            Py_DECREF(r);
-            return NULL;
-        }
-        PyList_SetItem(r, i, e);
-    }
-    return r;
-}
-
 static void none_specs(opf_spec *s, int n)
 {
     memset(s, 0, sizeof *s * (size_t)n);
@@ -270,50 +214,14 @@ int opf_py_out_specs(const opf_op_class *c, int bwd, int n_grads, opf_py_fake_sp
     return n + OPF_OP_MAX_AUX;
 }
 
-/* ---- resolve -------------------------------------------------------------------------
- * Placeholders stand for the tensors the torch side will pass: the main
- * input, the forward's outputs and aux, and dy. A field pointing at one of
- * them (or at a parameter's value or quantized copy) is recorded as that
- * source; any other memory cannot be placed and is refused. */
-
-enum { SRC_X, SRC_OUT, SRC_AUX = SRC_OUT + 1 + OPF_OP_MAX_EXTRA, SRC_DY = SRC_AUX + OPF_OP_MAX_AUX,
-       SRC_COUNT };
-static unsigned char sentinel[SRC_COUNT][OPF_COMP_COUNT];
-
-static void placeholder_tensor(const opf_spec *s, int src, opf_tensor *t)
-{
-    memset(t, 0, sizeof *t);
-    t->spec = *s;
-    opf_layout L;
-    if (s->ndim < 0 || opf_spec_layout(s, &L)) return;
-    for (int c = 0; c < OPF_COMP_COUNT; c++)
-        if (L.comp[c].present) t->data[c] = &sentinel[src][c];
-}
-
-/* ("x"|"out"|"aux"|"dy"|"param"|"qparam", index, component) or NULL. */
-static PyObject *source_of(opf_op *op, const void *p)
-{
-    const unsigned char *b = p;
-    if (b >= &sentinel[0][0] && b < &sentinel[0][0] + sizeof sentinel) {
-        int i = (int)(b - &sentinel[0][0]), src = i / OPF_COMP_COUNT, comp = i % OPF_COMP_COUNT;
-        if (src == SRC_X) return Py_BuildValue("(sii)", "x", 0, comp);
-        if (src == SRC_DY) return Py_BuildValue("(sii)", "dy", 0, comp);
-        if (src < SRC_AUX) return Py_BuildValue("(sii)", "out", src - SRC_OUT, comp);
-        return Py_BuildValue("(sii)", "aux", src - SRC_AUX, comp);
-    }
-    for (int i = 0; i < opf_op_num_params(op); i++) {
-        const opf_param *pr = opf_op_param_const(op, i);
-        for (int c = 0; c < OPF_COMP_COUNT; c++) {
-            if (pr->value.data[c] == p) return Py_BuildValue("(sii)", "param", i, c);
-            if (pr->qvalue.data[c] == p) return Py_BuildValue("(sii)", "qparam", i, c);
-        }
-    }
-    return NULL;
-}
+/* Where one component of a tensor field comes from (a new reference), or
+ * NULL without an exception when it cannot be placed. */
+typedef PyObject *(*source_fn)(void *user, const opf_tensor *t, int comp);
 
 /* One entry per flattened field: ("t", spec, sources) for a present tensor,
  * ("v", value) otherwise (None for an absent tensor). */
-static PyObject *record(opf_op *op, const opf_schema *s, const void *args)
+static PyObject *record_with(const opf_schema *s, const void *args, const char *who,
+                             source_fn source, void *user)
 {
     flat_field ff[MAX_FLAT];
     int n = opf_py_flatten(s, ff);
@@ -331,12 +239,12 @@ static PyObject *record(opf_op *op, const opf_schema *s, const void *args)
                 PyObject *src = Py_None;
                 if (t->data[c]) {
                     any = true;
-                    if (!(src = source_of(op, t->data[c]))) {
+                    if (!(src = source(user, t, c))) {
                         Py_DECREF(srcs);
                         Py_DECREF(r);
                         return opf_raise_msg(OPF_ERR_UNSUPPORTED,
                                              "%s \"%s\": field %s reads memory the torch path "
-                                             "cannot place", s->name, opf_op_name(op), ff[i].name);
+                                             "cannot place", s->name, who, ff[i].name);
                     }
                 } else {
                     Py_INCREF(src);
@@ -357,123 +265,147 @@ static PyObject *record(opf_op *op, const opf_schema *s, const void *args)
     return r;
 }
 
+/* ---- graph programs ----------------------------------------------------------------
+ * A compiled graph (compile.h, "export") as the program opfuse.torch replays
+ * with custom ops under torch.compile: the seq's forward and backward plans
+ * with their fused ops, channels and gradient sums, every tensor placed as a
+ * graph value or a parameter. */
+
+/* ("param"|"qparam", index over the seq's parameters, component) or NULL. */
+static PyObject *param_source(opf_seq *seq, const void *p)
+{
+    for (int i = 0, k = 0; i < opf_seq_len(seq); i++) {
+        opf_op *op = opf_seq_at(seq, i);
+        for (int j = 0; j < opf_op_num_params(op); j++, k++) {
+            const opf_param *pr = opf_op_param_const(op, j);
+            for (int c = 0; c < OPF_COMP_COUNT; c++) {
+                if (pr->value.data[c] == p) return Py_BuildValue("(sii)", "param", k, c);
+                if (pr->qvalue.data[c] == p) return Py_BuildValue("(sii)", "qparam", k, c);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* The node's args are recorded from a copy (buf) in which every component
+ * that refers to a graph value is non-NULL: baking leaves graph inputs NULL
+ * (they are bound per call). */
 typedef struct {
-    opf_ctx          *ctx;
-    const opf_recipe *recipe;
-    bool              requires_grad;
-    PyObject         *kwargs;  /* a mapping or None */
-} resolve_in;
+    const opf_graph *g;
+    opf_seq         *seq;
+    int              node;
+    const char      *args, *buf;
+} graph_src;
 
-/* The backward half: setup_context on placeholders, resolve_bwd, the fake. */
-static PyObject *resolve_backward(opf_op *op, const resolve_in *in, const void *fargs,
-                                  const opf_py_fake_specs *fs)
+/* ("val", value, component, byte offset) for graph memory, else param_source. */
+static PyObject *graph_source(void *user, const opf_tensor *t, int c)
 {
-    const opf_op_class *c = opf_op_class_of(op);
-    opf_tensor outs[1 + OPF_OP_MAX_EXTRA + OPF_OP_MAX_AUX];
-    for (int i = 0; i < 1 + OPF_OP_MAX_EXTRA + OPF_OP_MAX_AUX; i++)
-        placeholder_tensor(&fs->outs[i], SRC_OUT + i, &outs[i]);
-    opf_op_ctx octx;
-    memset(&octx, 0, sizeof octx);
-    octx.requires_grad = true;
-    octx.prev_grad_q = opf_quantizer_default();
-    opf_status st = OPF_OK;
-    const opf_tensor *aux = outs + 1 + OPF_OP_MAX_EXTRA;
-    if (c->setup_context) {
-        st = c->setup_context(op, &octx, fargs, outs, aux);
-    } else {
-        for (int i = 0; i < OPF_OP_MAX_AUX; i++)
-            if (aux[i].data[0] || aux[i].data[OPF_COMP_COL_DATA])
-                opf_tensor_retain(&aux[i], &octx.saved[octx.n_saved++]);
+    graph_src *s = user;
+    const opf_tensor *orig = (const opf_tensor *)(s->args + ((const char *)t - s->buf));
+    for (int r = 0; r < opf_graph_node_num_refs(s->g, s->node); r++) {
+        opf_graph_ref ref;
+        if (opf_graph_node_ref(s->g, s->node, r, &ref) || ref.t != orig) continue;
+        if (ref.value[c] >= 0)
+            return Py_BuildValue("(siin)", "val", ref.value[c], ref.comp[c],
+                                 (Py_ssize_t)ref.offset[c]);
+        break;
     }
-    octx.valid = !st;
-    opf_tensor dy;
-    placeholder_tensor(&fs->outs[0], SRC_DY, &dy);
-    opf_bwd_env env = {.ctx = in->ctx, .dy = &dy};
-    _Alignas(64) unsigned char bargs[OPF_OP_ARGS_MAX];
-    memset(bargs, 0, c->bwd_schema->size);
-    if (!st) st = c->resolve_bwd(op, &octx, &env, bargs);
-    int n = 1 + opf_op_num_params(op) + opf_op_num_extra_in(op);
-    opf_py_fake_specs bs;
-    if (!st) st = opf_py_run_fake(c, 1, bargs, &bs);
-    PyObject *r = st ? opf_raise(st, in->ctx) : record(op, c->bwd_schema, bargs);
-    opf_op_ctx_clear(&octx);
-    if (!r) return NULL;
-    return Py_BuildValue("(NNi)", r, out_list(bs.grads, n), n);
+    return param_source(s->seq, t->data[c]);
 }
 
-static PyObject *resolve_one(opf_op *op, const resolve_in *in, opf_spec *x_spec, PyObject *kw)
+/* (kind, backward, class or None, first, count, fields or None, outs, ins,
+ * n_extra_out, n_grads):
+ * outs the (place, value) pairs it writes, ins the values of its other refs
+ * (what a gradient sum adds), the class's extra outputs and the gradients
+ * a backward returns. */
+static PyObject *graph_node(const opf_graph *g, opf_seq *seq, int i)
 {
-    const opf_op_class *c = opf_op_class_of(op);
-    if (opf_op_num_extra_in(op) || opf_op_num_extra_out(op) || opf_op_is_fused(op) ||
-        !c->forward_impl)
-        return opf_raise_msg(OPF_ERR_UNSUPPORTED, "op \"%s\" (%s): extra inputs, extra outputs "
-                             "and fused ops are not in the torch custom-op path yet",
-                             opf_op_name(op), c->name);
-    _Alignas(16) unsigned char kwbuf[OPF_OP_ARGS_MAX];
-    const void *kwargs = NULL;
-    if (kw != Py_None && c->kwargs_schema) {
-        memset(kwbuf, 0, c->kwargs_schema->size);
-        if (opf_py_pack_values(c->kwargs_schema, kw, kwbuf) < 0) return NULL;
-        kwargs = kwbuf;
+    opf_graph_node_info info;
+    const opf_schema *schema;
+    const void *args;
+    if (opf_graph_node(g, i, &info) || opf_graph_node_args(g, i, &schema, &args))
+        return opf_raise(OPF_ERR_INVALID_ARG, NULL);
+    static unsigned char bound;  /* the stand-in pointer of a graph input */
+    _Alignas(64) unsigned char buf[OPF_OP_ARGS_MAX];
+    graph_src src = {g, seq, i, args, (const char *)buf};
+    if (schema) {
+        memcpy(buf, args, schema->size);
+        for (int r = 0; r < opf_graph_node_num_refs(g, i); r++) {
+            opf_graph_ref ref;
+            opf_graph_node_ref(g, i, r, &ref);
+            size_t at = (size_t)((const char *)ref.t - (const char *)args);
+            if (ref.output || (const char *)ref.t < (const char *)args || at >= schema->size)
+                continue;
+            opf_tensor *t = (opf_tensor *)(buf + at);
+            for (int c = 0; c < OPF_COMP_COUNT; c++)
+                if (ref.value[c] >= 0 && !t->data[c]) t->data[c] = &bound;
+        }
     }
-    opf_tensor x;
-    placeholder_tensor(x_spec, SRC_X, &x);
-    opf_fwd_env env = {.ctx = in->ctx, .x = &x, .recipe = in->recipe,
-                       .requires_grad = in->requires_grad, .kwargs = kwargs};
-    _Alignas(64) unsigned char args[OPF_OP_ARGS_MAX];
-    memset(args, 0, c->fwd_schema->size);
-    opf_py_fake_specs fs;
-    opf_status st = c->resolve_fwd(op, &env, args);
-    if (!st && (st = opf_schema_validate(c->fwd_schema, args)))
-        opf_raise_msg(st, "%s: %s", opf_op_name(op), opf_last_error(NULL));
-    if (!st && (st = opf_py_run_fake(c, 0, args, &fs)))
-        opf_raise_msg(st, "%s: %s", opf_op_name(op), opf_last_error(NULL));
-    if (!st && c->after_fake)
-        st = c->after_fake(op, &env, args, fs.outs, fs.outs + 1 + OPF_OP_MAX_EXTRA);
-    if (st) return PyErr_Occurred() ? NULL : opf_raise(st, in->ctx);
-    PyObject *fwd = record(op, c->fwd_schema, args);
-    PyObject *bwd = fwd && in->requires_grad && c->backward_impl
-                        ? resolve_backward(op, in, args, &fs)
-                        : (Py_INCREF(Py_None), Py_None);
-    PyObject *r = fwd && bwd ? Py_BuildValue("{s:s,s:O,s:N,s:N,s:O}", "class", c->name, "fwd", fwd,
-                                             "outs", out_list(fs.outs, 1 + c->n_extra_out), "aux",
-                                             out_list(fs.outs + 1 + OPF_OP_MAX_EXTRA, OPF_OP_MAX_AUX),
-                                             "bwd", bwd)
-                             : NULL;
-    Py_XDECREF(fwd);
-    Py_XDECREF(bwd);
-    *x_spec = fs.outs[0];
-    return r;
+    PyObject *fields = schema ? record_with(schema, buf, info.op_name, graph_source, &src)
+                              : (Py_INCREF(Py_None), Py_None);
+    PyObject *outs = PyList_New(0), *ins = PyList_New(0);
+    for (int r = 0; fields && outs && ins && r < opf_graph_node_num_refs(g, i); r++) {
+        opf_graph_ref ref;
+        opf_graph_node_ref(g, i, r, &ref);
+        int v = -1;
+        for (int c = 0; c < OPF_COMP_COUNT && v < 0; c++) v = ref.value[c];
+        PyObject *e = ref.output ? Py_BuildValue("(ii)", ref.out_index, v) : PyLong_FromLong(v);
+        if (!e || PyList_Append(ref.output ? outs : ins, e) < 0) Py_CLEAR(fields);
+        Py_XDECREF(e);
+    }
+    if (!fields || !outs || !ins) {
+        Py_XDECREF(fields);
+        Py_XDECREF(outs);
+        Py_XDECREF(ins);
+        return NULL;
+    }
+    /* what the custom op returns: its class's outputs, or the covered ops' gradients */
+    const opf_op_class *c = info.class_name ? opf_op_class_find(info.class_name) : NULL;
+    int n_grads = 1;
+    for (int k = info.first; c && k < info.first + info.count; k++)
+        n_grads += opf_op_num_params(opf_seq_at(seq, k)) + opf_op_num_extra_in(opf_seq_at(seq, k));
+    return Py_BuildValue("(iizii" "NNN" "ii)", (int)info.kind, (int)info.backward, info.class_name,
+                         info.first, info.count, fields, outs, ins, c ? c->n_extra_out : 0,
+                         n_grads);
 }
 
-/* resolve(ctx, ops, x_spec, recipe, requires_grad, kwargs) -> one dict per op */
-static PyObject *py_resolve(PyObject *mod, PyObject *a)
+static PyObject *int_list(const int *v, int n)
 {
-    PyObject *ctx_obj, *ops, *xs, *recipe_obj, *kwargs;
-    int rg;
-    if (!PyArg_ParseTuple(a, "OOOOpO", &ctx_obj, &ops, &xs, &recipe_obj, &rg, &kwargs)) return NULL;
-    resolve_in in = {.ctx = opf_py_ctx_get(ctx_obj), .requires_grad = rg, .kwargs = kwargs};
-    opf_recipe recipe;
-    opf_spec x;
-    if (!in.ctx || spec_from(xs, &x) < 0) return NULL;
-    if (recipe_obj != Py_None) {
-        if (opf_py_to_recipe(recipe_obj, &recipe) < 0) return NULL;
-        in.recipe = &recipe;
+    PyObject *l = PyList_New(n);
+    for (int i = 0; l && i < n; i++) PyList_SetItem(l, i, PyLong_FromLong(v[i]));
+    return l;
+}
+
+PyObject *opf_py_graph_program(const opf_graph *g, opf_seq *seq)
+{
+    int nv = opf_graph_num_values(g), nn = opf_graph_num_nodes(g);
+    PyObject *vals = PyList_New(nv), *nodes = PyList_New(nn);
+    for (int v = 0; vals && v < nv; v++) {
+        opf_graph_value_info vi;
+        opf_graph_value(g, v, &vi);
+        PyObject *e = Py_BuildValue("(Niinii" "s)", spec_tuple(&vi.spec), (int)vi.kind, vi.index,
+                                    (Py_ssize_t)vi.field, vi.def, vi.def_out, vi.name);
+        if (!e) Py_CLEAR(vals);
+        else PyList_SetItem(vals, v, e);
     }
-    PyObject *l = opf_py_list(ops, "ops must be a sequence");
-    if (!l) return NULL;
-    Py_ssize_t n = PyList_Size(l);
-    PyObject *r = PyList_New(n);
-    for (Py_ssize_t i = 0; r && i < n; i++) {
-        opf_op *op = opf_py_op_get(PyList_GetItem(l, i));
-        PyObject *kw = kwargs == Py_None ? Py_None : PySequence_GetItem(kwargs, i);
-        PyObject *e = op && kw ? resolve_one(op, &in, &x, kw) : NULL;
-        if (kw != Py_None) Py_XDECREF(kw);
-        if (!e) Py_CLEAR(r);
-        else PyList_SetItem(r, i, e);
+    for (int i = 0; vals && nodes && i < nn; i++) {
+        PyObject *e = graph_node(g, seq, i);
+        if (!e) Py_CLEAR(nodes);
+        else PyList_SetItem(nodes, i, e);
     }
-    Py_DECREF(l);
-    return r;
+    if (!vals || !nodes) {
+        Py_XDECREF(vals);
+        Py_XDECREF(nodes);
+        return NULL;
+    }
+    opf_graph_io io;
+    opf_graph_get_io(g, &io);
+    return Py_BuildValue("{s:N,s:N,s:(iiii),s:N,s:N,s:N,s:N}", "values", vals, "nodes", nodes,
+                         "io", io.x, io.y, io.dy, io.dx, "extra_in",
+                         int_list(io.extra_in, io.n_extra_in), "dextra_in",
+                         int_list(io.dextra_in, io.n_extra_in), "extra_out",
+                         int_list(io.extra_out, io.n_extra_out), "dextra_out",
+                         int_list(io.dextra_out, io.n_extra_out));
 }
 
 /* ---- delayed scaling ---------------------------------------------------------------
@@ -530,7 +462,5 @@ PyMethodDef opf_py_classop_methods[] = {
      "delayed_update(ctx, addresses, backward): the delayed-scaling update of those ops."},
     {"class_fields", py_class_fields, METH_VARARGS,
      "class_fields(cls, bwd): the flattened args schema as (name, kind, flags)."},
-    {"resolve", py_resolve, METH_VARARGS,
-     "resolve(ctx, ops, x_spec, recipe, requires_grad, kwargs): per-op field sources."},
     {NULL, NULL, 0, NULL},
 };

@@ -53,4 +53,7 @@ typedef struct {
  * count (at most OPF_COMP_COUNT), or -1 with an exception set. */
 int opf_py_allocs(const opf_spec *s, opf_py_alloc *a);
 
+/* A compiled graph as opfuse.torch's program (classop.c, "graph programs"). */
+PyObject *opf_py_graph_program(const opf_graph *g, opf_seq *seq);
+
 #endif

@@ -5,7 +5,7 @@
  * then on the seq owns it and the Python object only borrows it (holding a
  * reference to the Seq). */
 
-#include "ext.h"
+#include "classop.h"
 #include <string.h>
 
 typedef struct {
@@ -568,6 +568,33 @@ static PyObject *seq_forward(PyObject *self, PyObject *args, PyObject *kw)
     return run_forward(self, NULL, NULL, args, kw);
 }
 
+/* trace(x, recipe, requires_grad, input_requires_grad, extra_in, kwargs): the
+ * program of the graph opf_compile makes for this call (classop.c); x and
+ * extra_in are read for their specs only. */
+static PyObject *seq_trace(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *recipe, *extra_in, *kwargs;
+    int rg, irg;
+    if (!PyArg_ParseTuple(args, "OOppOO", &xo, &recipe, &rg, &irg, &extra_in, &kwargs))
+        return NULL;
+    opf_py_seq *s = (opf_py_seq *)self;
+    opf_seq *seq = seq_get(self);
+    const opf_tensor *x = seq ? opf_py_tensor_get(xo, 0) : NULL;
+    call_store *cs = x ? PyMem_Calloc(1, sizeof *cs) : NULL;
+    if (!cs)
+        return x ? PyErr_NoMemory() : NULL;
+    PyObject *r = NULL;
+    opf_graph *g = NULL;
+    opf_compile_options o = opf_compile_options_default();
+    if (build_call(s, recipe, rg, irg, extra_in, kwargs, cs) == 0) {
+        opf_status st = opf_compile(seq, &x->spec, &cs->call, &o, &g);
+        r = st ? opf_raise(st, opf_py_ctx_get(s->ctx)) : opf_py_graph_program(g, seq);
+    }
+    opf_graph_destroy(g);
+    PyMem_Free(cs);
+    return r;
+}
+
 /* Gradients passed from Python: a sequence of Tensor or None, copied into ts. */
 static int tensor_array(PyObject *o, opf_tensor *ts, int max, int *n)
 {
@@ -706,6 +733,9 @@ static PyMethodDef seq_methods[] = {
      "forward(x, recipe=None, requires_grad=True, input_requires_grad=True, extra_in=None, "
      "kwargs=None) -> (y, extra_out)."},
     {"backward", seq_backward, METH_VARARGS, "backward(dy, dextra_out=None) -> (dx, dextra_in)."},
+    {"trace", seq_trace, METH_VARARGS,
+     "trace(x, recipe, requires_grad, input_requires_grad, extra_in, kwargs): the compiled "
+     "graph's program."},
     {"zero_grad", seq_zero_grad, METH_NOARGS, NULL},
     {"discard", seq_discard, METH_NOARGS, NULL},
     {"set_fusions", seq_set_fusions, METH_VARARGS, NULL},

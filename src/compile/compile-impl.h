@@ -68,6 +68,8 @@ typedef struct opf_gref {
     opf_tensor *t;
     int         val;
     bool        output;         /* written by the node */
+    void       *traced[OPF_COMP_COUNT];  /* t's data as traced (tags), kept past baking for
+                                            opf_graph_node_ref */
 } opf_gref;
 
 typedef struct opf_gnode {

@@ -74,7 +74,9 @@ static opf_status add_ref(opf_graph *g, opf_gnode *n, opf_tensor *t, bool output
     opf_gref *r = realloc(n->refs, sizeof *r * (size_t)(n->n_refs + 1));
     if (!r) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
     n->refs = r;
-    n->refs[n->n_refs++] = (opf_gref){t, tensor_val(t), output};
+    opf_gref *ref = &n->refs[n->n_refs++];
+    *ref = (opf_gref){.t = t, .val = tensor_val(t), .output = output};
+    memcpy(ref->traced, t->data, sizeof t->data);
     return OPF_OK;
 }
 

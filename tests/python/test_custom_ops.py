@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 import opfuse  # noqa: E402
 import opfuse.torch as ot  # noqa: E402
-from opfuse.torch import _ops  # noqa: E402
+from opfuse.torch import _ops, _program  # noqa: E402
 
 RECIPES = {"none": None, "mxfp8": opfuse.Recipe.mxfp8(), "current": opfuse.Recipe.current(),
            "block": opfuse.Recipe.block(), "nvfp4": opfuse.Recipe.nvfp4(),
@@ -62,24 +62,36 @@ def test_custom_ops_equal_eager(recipe):
     assert_same_bits(run(make(False), RECIPES[recipe], x), run(make(True), RECIPES[recipe], x))
 
 
-def plans(m, x, recipe):
+def program(m, x, recipe, needs_grad=True):
     dt = ot._FROM_TORCH_DT[x.dtype]
-    return ot._resolved(m._key, ot._recipe_id(recipe), True, dt, x.shape[-1])[0]
+    return ot._resolved(m._key, ot._recipe_id(recipe), needs_grad, needs_grad, dt, x.shape[-1],
+                        (), x.shape[0])
+
+
+def each_call(m, x, recipe, on_call):
+    """Runs the traced graph's forward and backward steps eagerly, handing
+    every custom-op call to on_call first."""
+    prog, delayed = program(m, x, recipe)
+    env = {(prog[4], 0): x}
+    params = [p.detach() for p in m._plist]
+    _program.run(prog[0], env, params, x.shape[0], delayed, on_call)
+    y = env[(prog[5], 0)]
+    env[(prog[6], 0)] = torch.randn_like(y)
+    _program.run(prog[1], env, params, x.shape[0], delayed, on_call)
 
 
 @pytest.mark.parametrize("recipe", ["none", "mxfp8"])
 def test_opcheck_forward_and_backward(recipe):
+    """opcheck on every call of the graph, fused and backward-only ops included."""
     m, r = make(True), RECIPES[recipe]
-    x = x_in().requires_grad_()
-    for pid, cls, template, main, first in plans(m, x, r):
-        args = _ops.fwd_args(template, x, m._plist[first:])
-        fwd = getattr(torch.ops.opfuse, cls + "_fwd").default
-        torch.library.opcheck(fwd, args)
-        outs = fwd([t.detach() for t in args[0]], *args[1:])
-        saved = [t.detach() for t in _ops.saved_tensors(pid, args[0], outs)]
-        bwd = getattr(torch.ops.opfuse, cls + "_bwd").default
-        torch.library.opcheck(bwd, _ops.bwd_args(pid, saved, torch.randn_like(outs[main])))
-        x = outs[main].detach().requires_grad_()
+    seen = []
+
+    def check(op, args):
+        seen.append(op.name())
+        torch.library.opcheck(op, args)
+    each_call(m, x_in(), r, check)
+    assert "opfuse::forward_linear_bias_activation_fwd" in seen
+    assert "opfuse::layernorm_bwd" in seen
 
 
 @pytest.mark.parametrize("recipe", ["none", "mxfp8", "current"])
@@ -131,21 +143,18 @@ def python_calls(fn) -> list:
 @pytest.mark.parametrize("recipe", ["none", "mxfp8"])
 def test_impls_run_without_python(recipe):
     """A compiled graph calls its forward ops with grad off and its backward
-    ops directly: both reach C with no Python function in between."""
+    ops directly: both reach C with no Python function in between, and
+    give what the class's ClassCall gives."""
     m, r = make(True), RECIPES[recipe]
-    x = x_in().requires_grad_()
-    for pid, cls, template, main, first in plans(m, x, r):
-        args = _ops.fwd_args(template, x, m._plist[first:])
-        fwd = getattr(torch.ops.opfuse, cls + "_fwd").default
+
+    def check(op, args):
         with torch.no_grad():
-            outs = fwd(*args)
-            assert python_calls(lambda: fwd(*args)) == []
-        bargs = _ops.bwd_args(pid, _ops.saved_tensors(pid, args[0], outs), outs[main])
-        bwd = getattr(torch.ops.opfuse, cls + "_bwd").default
-        assert python_calls(lambda: bwd(*bargs)) == []
-        direct = opfuse._C.ClassCall(cls, False)(*args)
-        assert all(torch.equal(a, b) for a, b in zip(outs, direct))
-        x = outs[main].detach().requires_grad_()
+            assert python_calls(lambda: op(*args)) == []
+            out = op(*args)
+        cls, which = op.name().split("::")[1].rsplit("_", 1)
+        direct = opfuse._C.ClassCall(cls, which == "bwd")(*args)
+        assert all(torch.equal(a, b) for a, b in zip(out, direct))
+    each_call(m, x_in(), r, check)
 
 
 def test_packed_arguments_checked():

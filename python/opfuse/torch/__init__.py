@@ -24,12 +24,12 @@ import torch
 
 import opfuse
 
-from .. import DType, Recipe, Seq, _C, default_context
-from . import _ops, _tensor
+from .. import DType, Op, Recipe, Seq, _C, default_context
+from . import _ops, _program, _tensor
 from ._tensor import component, to_opf, to_torch
 
 __all__ = ["Sequential", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SwiGLU",
-           "Bias", "BasicLinear", "autocast", "to_opf", "to_torch", "component"]
+           "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput", "autocast", "to_opf", "to_torch", "component"]
 
 _state = threading.local()
 
@@ -55,10 +55,13 @@ _DTYPES = {torch.float32: DType.F32, torch.bfloat16: DType.BF16, torch.float16: 
 
 
 class OpSpec:
-    """One basic op of a Sequential: class name, config, name."""
+    """One basic op of a Sequential: class name, config, name, and its
+    extra inputs' and outputs' channels as (output, index, channel,
+    to_caller) (channel None: a public one, passed or returned)."""
 
-    def __init__(self, class_name: str, config=None, name=None):
+    def __init__(self, class_name: str, config=None, name=None, channels=()):
         self.class_name, self.config, self.name = class_name, config, name
+        self.channels = channels
 
 
 class _Module(torch.nn.Module):
@@ -68,10 +71,10 @@ class _Module(torch.nn.Module):
     def op_specs(self) -> list:
         raise NotImplementedError
 
-    def forward(self, x):
+    def forward(self, x, *extra_in):
         if not hasattr(self, "_alone"):
             object.__setattr__(self, "_alone", Sequential(self))
-        return self._alone(x)
+        return self._alone(x, *extra_in)
 
 
 def _dt(dtype) -> int:
@@ -151,6 +154,35 @@ def _activation(kind):
 GELU, ReLU, SiLU, SwiGLU = (_activation(k) for k in ("gelu", "relu", "silu", "swiglu"))
 
 
+class AddExtraInput(_Module):
+    """y = x + extra: a residual from a channel made earlier in the same
+    Sequential (MakeExtraOutput), or with channel None from the caller (the
+    Sequential's extra inputs follow x, in op order)."""
+
+    def __init__(self, channel=None, in_place=False, name=None):
+        super().__init__()
+        self.channel, self.in_place, self.name = channel, in_place, name
+
+    def op_specs(self):
+        return [OpSpec("add_extra_input", {"in_place": self.in_place}, self.name,
+                       ((False, 0, self.channel, False),))]
+
+
+class MakeExtraOutput(_Module):
+    """y = x, and x again as an extra output: into a channel a later
+    AddExtraInput reads, and with to_caller (or channel None) returned after
+    y."""
+
+    def __init__(self, channel=None, to_caller=False, in_place=False, name=None):
+        super().__init__()
+        self.channel, self.to_caller, self.name = channel, to_caller, name
+        self.in_place = in_place
+
+    def op_specs(self):
+        return [OpSpec("make_extra_output", {"in_place": self.in_place}, self.name,
+                       ((True, 0, self.channel, self.to_caller),))]
+
+
 _MODELS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 _RECIPES: list = [None]
 _PLAN_CACHE: dict = {}
@@ -177,38 +209,35 @@ def _recipe_id(recipe) -> int:
         return len(_RECIPES) - 1
 
 
-# Row counts the resolve step runs at: two, so that what follows the rows
-# shows (and becomes the symbolic row count in the graph); multiples of
-# every block size of every format.
+# Row counts the trace runs at: two, so that what follows the rows shows
+# (and becomes the symbolic row count in the graph); multiples of every
+# block size of every format.
 _PROBES = (128, 256)
 
 
 @torch._dynamo.assume_constant_result
-def _resolved(key, recipe_id, needs_grad, dtype, k, rows=-1):
-    """The per-op plans of model `key` for inputs [rows, k] (resolved once
-    per key; rows -1: any row count, or None when some op's fields follow
-    the rows in a way the templates cannot carry). Dynamo calls this at
-    trace time and bakes the result, a tuple of constants."""
-    key_ = (key, recipe_id, needs_grad, dtype, k, rows)
+def _resolved(key, recipe_id, needs_grad, x_grad, dtype, k, extra=(), rows=-1):
+    """The program (_program.build) of model `key` for inputs [rows, k] and
+    extra inputs [rows, e] of extra = ((dtype, e), ...), with the ops'
+    delayed-scaling addresses; traced once per key (rows -1: any row count,
+    or None when some op's fields follow the rows in a way the program
+    cannot carry). Dynamo calls this at trace time and bakes the result, a
+    tuple of constants."""
+    key_ = (key, recipe_id, needs_grad, x_grad, dtype, k, extra, rows)
     if key_ not in _PLAN_CACHE:
-        _PLAN_CACHE[key_] = _MODELS[key]._resolve(recipe_id, needs_grad, dtype, k, rows)
+        _PLAN_CACHE[key_] = _MODELS[key]._resolve(recipe_id, needs_grad, x_grad, dtype, k, extra,
+                                                  rows)
     return _PLAN_CACHE[key_]
 
 
 def _merge_rows(a, b):
-    """a and b (the same resolve at the two probes) as one, with None
+    """a and b (the same program at the two probes) as one, with None
     where the value is the row count; ValueError where they differ
     otherwise."""
     if isinstance(a, (tuple, list)):
         if len(a) != len(b):
             raise ValueError
         return type(a)(_merge_rows(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        # output layouts (component rows and cols) are not arguments: the fakes lift them
-        r = {k: v if k in ("outs", "aux", "bwd") else _merge_rows(v, b[k]) for k, v in a.items()}
-        if a.get("bwd") is not None:
-            r["bwd"] = (_merge_rows(a["bwd"][0], b["bwd"][0]),) + tuple(a["bwd"][1:])
-        return r
     if a == b:
         return a
     if (a, b) == _PROBES and not isinstance(a, bool):
@@ -216,25 +245,77 @@ def _merge_rows(a, b):
     raise ValueError
 
 
+def _run_program(prog, delayed, x, extra_in, params):
+    """The forward steps of prog on x: the environment they leave."""
+    env = {(prog[4], 0): x}
+    env.update(((v, 0), t) for v, t in zip(prog[8], extra_in))
+    _program.run(prog[0], env, params, x.shape[0], delayed)
+    return env
+
+
+def _outputs(prog, env):
+    y = env[(prog[5], 0)]
+    return (y,) + tuple(env[(v, 0)] for v in prog[9]) if prog[9] else y
+
+
+class _GraphFunction(torch.autograd.Function):
+    """The forward nodes of a traced graph forward, its backward nodes
+    backward (what torch.compile sees: custom ops only)."""
+
+    @staticmethod
+    def forward(ctx, resolved, n_extra, x, *rest):
+        prog, delayed = resolved
+        extra_in, params = rest[:n_extra], rest[n_extra:]
+        env = _run_program(prog, delayed, x, extra_in, params)
+        ctx.resolved, ctx.n_extra, ctx.n_params = resolved, n_extra, len(params)
+        ctx.save_for_backward(*[params[k[1]] if k[0] == "p" else env[k[1:]] for k in prog[2]])
+        return _outputs(prog, env)
+
+    @staticmethod
+    def backward(ctx, dy, *dextra_out):
+        prog, delayed = ctx.resolved
+        env, params = {(prog[6], 0): dy.contiguous()}, {}
+        for k, t in zip(prog[2], ctx.saved_tensors):
+            if k[0] == "p":
+                params[k[1]] = t
+            else:
+                env[k[1:]] = t
+        for v, d in zip(prog[10], dextra_out):
+            env[(v, 0)] = torch.zeros_like(env[(prog[6], 0)]) if d is None else d.contiguous()
+        _program.run(prog[1], env, params, dy.shape[0], delayed)
+        grads = [None] * ctx.n_params
+        for i, v in prog[3]:
+            grads[i] = env[(v, 0)]
+        dx = env.get((prog[7], 0)) if prog[7] >= 0 else None
+        dein = [env.get((v, 0)) if v >= 0 else None for v in prog[11]]
+        return (None, None, dx, *dein, *grads)
+
+
 class _SeqFunction(torch.autograd.Function):
-    """One C forward and one C backward for a whole Sequential."""
+    """One C forward and one C backward for a whole Sequential; public extra
+    inputs follow x, public extra outputs follow y."""
 
     @staticmethod
-    def forward(ctx, seq_module, needs_grad, x, *params):
+    def forward(ctx, seq_module, needs_grad, n_extra, x, *rest):
         seq = seq_module._seq
-        recipe = current_recipe()
+        extra_in = [to_opf(e.contiguous()) for e in rest[:n_extra]]
         ctx.seq_module = seq_module
-        ctx.x_requires_grad = x.requires_grad
-        y, _ = seq._s.forward(to_opf(x.contiguous()), recipe, needs_grad, x.requires_grad)
-        return to_torch(y)
+        ctx.wants = [x.requires_grad] + [e.requires_grad for e in rest[:n_extra]]
+        y, extra_out = seq._s.forward(to_opf(x.contiguous()), current_recipe(), needs_grad,
+                                      x.requires_grad, extra_in or None)
+        y = to_torch(y)
+        return (y, *[to_torch(e) for e in extra_out]) if extra_out else y
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, *dextra_out):
         m = ctx.seq_module
         m._seq.zero_grad()
-        dx, _ = m._seq._s.backward(to_opf(dy.contiguous()))
+        de = [to_opf((torch.zeros_like(dy) if d is None else d).contiguous()) for d in dextra_out]
+        dx, dextra_in = m._seq._s.backward(to_opf(dy.contiguous()), de or None)
         grads = [g.clone() for g in m._c_grads]
-        return (None, None, None if dx is None or not ctx.x_requires_grad else to_torch(dx), *grads)
+        ins = [None if d is None or not w else to_torch(d).clone()
+               for d, w in zip([dx] + list(dextra_in), ctx.wants)]
+        return (None, None, None, *ins, *grads)
 
 
 class Sequential(torch.nn.Module):
@@ -247,8 +328,13 @@ class Sequential(torch.nn.Module):
         self._seq = Seq(ctx=ctx if ctx is not None else default_context())
         for m in modules:
             for spec in m.op_specs():
-                from .. import Op
-                self._seq.append(Op(spec.class_name, spec.config, spec.name, ctx=self._seq.ctx))
+                op = Op(spec.class_name, spec.config, spec.name, ctx=self._seq.ctx)
+                for output, index, channel, to_caller in spec.channels:
+                    if output:
+                        op.set_extra_output(index, channel, to_caller)
+                    else:
+                        op.set_extra_input(index, channel)
+                self._seq.append(op)
         self._c_grads = []
         plist = []
         for i in range(len(self._seq)):
@@ -260,22 +346,26 @@ class Sequential(torch.nn.Module):
                 plist.append(param)
                 self._c_grads.append(to_torch(p["grad"]))
         self._plist = plist
+        self._first_param = [0]
+        for i in range(len(self._seq)):
+            self._first_param.append(self._first_param[-1] + self._seq[i]._h.info()["num_params"])
         self.custom_ops = custom_ops
         self._key = _register_model(self)
 
-    def forward(self, x):
+    def forward(self, x, *extra_in):
         # Grad mode is off inside Function.forward: decide here.
-        needs_grad = torch.is_grad_enabled() and (x.requires_grad or
-                                                  any(p.requires_grad for p in self._plist))
+        needs_grad = torch.is_grad_enabled() and (
+            x.requires_grad or any(e.requires_grad for e in extra_in) or
+            any(p.requires_grad for p in self._plist))
         if self.custom_ops or torch.compiler.is_compiling():
-            return self._forward_ops(x, needs_grad)
-        return _SeqFunction.apply(self, needs_grad, x, *self._plist)
+            return self._forward_ops(x, extra_in, needs_grad)
+        return _SeqFunction.apply(self, needs_grad, len(extra_in), x, *extra_in, *self._plist)
 
-    def _forward_ops(self, x, needs_grad):
-        """One forward custom op per basic op, each with its autograd
-        formula: what torch.compile sees. The ops run on the 2D view
-        [rows, features]; the plans hold for any row count where they can,
-        so a dynamic batch size stays symbolic."""
+    def _forward_ops(self, x, extra_in, needs_grad):
+        """The traced graph's nodes as custom ops (_program): what
+        torch.compile sees. The ops run on the 2D view [rows, features];
+        the program holds for any row count where it can, so a dynamic
+        batch size stays symbolic."""
         rid = getattr(_state, "recipe_id", 0)
         dt = _FROM_TORCH_DT.get(x.dtype, -1)
         if x.dim() == 0:
@@ -283,46 +373,52 @@ class Sequential(torch.nn.Module):
         # operator.index: Dynamo pins a symbolic size it converts so (a guard)
         shape, k = x.shape, operator.index(x.shape[-1])
         x = x.reshape(-1, k)
-        r = _resolved(self._key, rid, bool(needs_grad), dt, k)
+        extra_in = tuple(e.reshape(-1, operator.index(e.shape[-1])) for e in extra_in)
+        extra = tuple((_FROM_TORCH_DT.get(e.dtype, -1), operator.index(e.shape[-1]))
+                      for e in extra_in)
+        x_grad = bool(needs_grad and x.requires_grad)
+        r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra)
         if r is None:  # pinned to this row count (a guard under torch.compile)
-            r = _resolved(self._key, rid, bool(needs_grad), dt, k, operator.index(x.shape[0]))
-        plans, delayed = r
-        for pid, cls, template, main, first in plans:
-            x = _ops.call(cls, template, main, x, self._plist[first:])
+            r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra,
+                          operator.index(x.shape[0]))
         if needs_grad:
-            _ops.delayed_update(x, delayed, False)
-        return x.reshape(*shape[:-1], x.shape[-1])
-
-    def _resolve_at(self, recipe_id, needs_grad, dtype, k, rows):
-        ops = [self._seq[i]._h for i in range(len(self._seq))]
-        return _C.resolve(self._seq.ctx, ops, ((rows, k), dtype, 0, 0, 0, 0),
-                          _RECIPES[recipe_id], needs_grad, None), ops
-
-    def _resolve(self, recipe_id, needs_grad, dtype, k, rows):
-        if rows >= 0:
-            res, ops = self._resolve_at(recipe_id, needs_grad, dtype, k, rows)
+            out = _GraphFunction.apply(r, len(extra_in), x, *extra_in, *self._plist)
         else:
-            res, ops = self._resolve_at(recipe_id, needs_grad, dtype, k, _PROBES[0])
+            out = _outputs(r[0], _run_program(r[0], r[1], x, extra_in, self._plist))
+        if isinstance(out, tuple):
+            return (out[0].reshape(*shape[:-1], out[0].shape[-1]),) + out[1:]
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+    def _resolve_at(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows):
+        dt = _tensor._TORCH_DTYPES[DType(dtype)]
+        x = to_opf(torch.zeros(rows, k, dtype=dt))
+        ein = [to_opf(torch.zeros(rows, e, dtype=_tensor._TORCH_DTYPES[DType(d)]))
+               for d, e in extra]
+        prog = self._seq._s.trace(x, _RECIPES[recipe_id], needs_grad, x_grad, ein or None, None)
+        return _program.build(prog, self._first_param)
+
+    def _resolve(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows):
+        if dtype < 0:
+            raise opfuse.DtypeError("opfuse.torch.Sequential: the input's torch dtype has no "
+                                    "opfuse dtype")
+        args = (recipe_id, needs_grad, x_grad, dtype, k, extra)
+        if rows >= 0:
+            prog = self._resolve_at(*args, rows)
+        else:
             try:
-                res = _merge_rows(res, self._resolve_at(recipe_id, needs_grad, dtype, k,
-                                                        _PROBES[1])[0])
-            except ValueError:
+                prog = _merge_rows(self._resolve_at(*args, _PROBES[0]),
+                                   self._resolve_at(*args, _PROBES[1]))
+            except (ValueError, opfuse.Error):
                 return None
-        out, first = [], 0
-        try:
-            for r, op in zip(res, ops):
-                n = op.info()["num_params"]
-                out.append(_ops.add_plan(r, n) + (first,))
-                first += n
-        except opfuse.UnsupportedError:
-            if rows >= 0:
-                raise
-            return None
-        delayed = tuple(_C.delayed_ops(ops))
-        with_bwd = [p[0] for p, r in zip(out, res) if r["bwd"] is not None]
-        if delayed and with_bwd:  # the first op's backward is the step's last
-            _ops.set_bwd_update(with_bwd[0], delayed)
-        return tuple(out), delayed
+            if _has_none_value(prog):
+                return None
+        ops = [self._seq[i]._h for i in range(len(self._seq))]
+        return prog, tuple(_C.delayed_ops(ops))
 
     def plans(self):
         return self._seq.plans()
+
+
+def _has_none_value(prog) -> bool:
+    """Whether a value field of some step follows the row count."""
+    return any(st[0] == "op" and None in st[3] for st in prog[0] + prog[1])

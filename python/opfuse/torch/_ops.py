@@ -19,8 +19,7 @@ in field order:
     float                values: the bits of the double
     int, enum, bool, ref values: one int
 
-and ``values`` ends with the plan (forward: which resolved op the autograd
-formula belongs to) or n_grads (backward). Lists keep every class under
+and ``values`` ends with NO_PLAN (forward) or n_grads (backward). Lists keep every class under
 torch's 64-argument limit (grouped_linear has hundreds of fields) and make a
 call cheap for the dispatcher; absent tensors take no slot. Both return the
 outputs' (forward: outputs then aux) or the gradients' components in order;
@@ -31,14 +30,11 @@ computed, only empty tensors made from the specs. The impl is the
 ``_C.ClassCall`` itself: one C call that reads the torch arguments,
 allocates the same tensors and runs the C impl on their memory.
 
-What the C resolve step reads from an op (parameters, quantizers of its
-recipe state, kwargs) is resolved once per (model, input rank, feature size,
-dtype, recipe, requires_grad) outside the graph (``resolve``): the result says,
-per field, whether it is the main input, a parameter, one of the forward's
-outputs, dy or a constant, and the autograd formula registered on each
-forward op builds the backward op's arguments from it. The forward and
-backward custom ops of an op are independent calls, so a graph compiler sees
-and schedules them separately.
+Models reach these ops through _program: the graph opf_compile traces
+for a call (forward and backward plans with their fused ops) replayed node
+by node, differentiated as a whole by one torch.autograd.Function. The
+forward and backward custom ops of an op are independent calls, so a graph
+compiler sees and schedules them separately.
 """
 from __future__ import annotations
 
@@ -61,7 +57,8 @@ SCHEMA = "(Tensor[] tensors, int[] values, SymInt[] shapes) -> Tensor[]"
 _lib = torch.library.Library("opfuse", "FRAGMENT")
 _lock = threading.Lock()
 _CLASS_OPS: dict = {}
-_PLANS: list = []
+
+NO_PLAN = 0  # the forward's last value: a reserved slot (a plan id once)
 
 
 def _float_bits(v: float) -> int:
@@ -200,28 +197,35 @@ class ClassOps:
 
     def __init__(self, cls: str):
         self.cls = cls
-        self.fwd_fields = _C.class_fields(cls, False)
-        try:
-            self.bwd_fields = _C.class_fields(cls, True)
-        except _C.UnsupportedError:
-            self.bwd_fields = None
-        self.fwd = self._define("fwd")
-        self.bwd = self._define("bwd") if self.bwd_fields else None
-        torch.library.register_autograd(f"opfuse::{cls}_fwd", _backward,
-                                        setup_context=_setup_context, lib=_lib)
-        _fast_autograd(self.fwd, self.calls["fwd"])
+        self.fwd_fields, self.bwd_fields = _fields(cls, False), _fields(cls, True)
+        if not self.fwd_fields and not self.bwd_fields:
+            raise _C.UnsupportedError(f"op class \"{cls}\" has neither forward nor backward")
+        self.calls = {}
+        self.fwd = self._define("fwd") if self.fwd_fields is not None else None
+        self.bwd = self._define("bwd") if self.bwd_fields is not None else None
+        if self.fwd is not None:  # a backward-only class has no forward to differentiate
+            torch.library.register_autograd(f"opfuse::{cls}_fwd", _backward,
+                                            setup_context=_setup_context, lib=_lib)
+            _fast_autograd(self.fwd, self.calls["fwd"])
 
     def _define(self, which: str):
         name = f"{self.cls}_{which}"
         _lib.define(name + SCHEMA)
         call = _C.ClassCall(self.cls, which == "bwd")
-        self.calls = getattr(self, "calls", {})
         self.calls[which] = call
         # the real call is one C call: no Python between the dispatcher and C
         _lib.impl(name, call, "CPU")
         torch.library.register_fake(f"opfuse::{name}",
                                     lambda t, v, s: _fake(call, t, v, s), lib=_lib)
         return getattr(torch.ops.opfuse, name).default
+
+
+def _fields(cls: str, bwd: bool):
+    """A class's flattened forward or backward fields; None when it has none."""
+    try:
+        return _C.class_fields(cls, bwd)
+    except _C.UnsupportedError:
+        return None
 
 
 def _fast_autograd(op, call):
@@ -248,7 +252,8 @@ def class_ops(cls: str) -> ClassOps:
 
 
 def register_all() -> list:
-    """Registers every op class with a forward; returns the class names."""
+    """Registers every op class (forward, backward or both); returns the
+    class names."""
     names = []
     for cls in _C.op_classes():
         try:
@@ -320,158 +325,16 @@ class _Packer:
                         self.tensors.append(src(name, c, srcs[c], len(self.tensors)))
 
 
-class OpPlan:
-    """One resolved op: how to call its forward and backward custom ops."""
-
-    def __init__(self, r: dict, n_params: int):
-        self.cls = r["class"]
-        self.ops = class_ops(self.cls)
-        entries = list(r["outs"]) + list(r["aux"])
-        self.out_index, k = {}, 0   # (slot, component) -> index in the forward's outputs
-        for slot, e in enumerate(entries):
-            if e is None:
-                continue
-            comps = [0] if e[0][2] == 0 else [c for c, p in enumerate(e[1]) if p[0]]
-            for c in comps:
-                self.out_index[(slot, c)] = k
-                k += 1
-        self.n_aux_base = len(r["outs"])
-        self.main = self.out_index[(0, 0)]
-        self._fwd_template(r["fwd"])
-        self.bwd = r["bwd"] is not None
-        self.bwd_update = ()  # the ops whose backward delayed update follows this op's backward
-        if self.bwd:
-            self._bwd_template(*r["bwd"])
-
-    def _fwd_template(self, entries):
-        """Forward tensors as ("x",) or ("param", i); x_arg and param_arg:
-        where the main input and each parameter sit in the tensors list."""
-        self.x_arg, self.param_arg = None, {}
-
-        def src(name, c, s, n):
-            if s[0] == "x" and s[2] == c == 0:
-                self.x_arg = n if self.x_arg is None else self.x_arg
-                return ("x",)
-            if s[0] == "param" and s[2] == c == 0:
-                self.param_arg.setdefault(s[1], n)
-                return ("param", s[1])
-            raise _C.UnsupportedError(f"{self.cls}: field {name} reads {s[0]} component "
-                                      f"{s[2]}: not in the torch path yet")
-
-        p = _Packer(self.ops.fwd_fields, entries, src)
-        self.fwd_tensors, self.fwd_values, self.fwd_shapes = p.tensors, p.values, p.shapes
-
-    def _bwd_template(self, entries, grads, n_grads):
-        """Backward tensors as ("dy",) or ("saved", k); what setup_context
-        saves as ("in", tensor index) or ("out", output index)."""
-        self.saved, self.n_grads = [], n_grads
-        where = {}
-
-        def saved_index(src):
-            kind, idx, comp = src
-            if kind == "x" and comp == 0:
-                key = ("in", self.x_arg)
-            elif kind == "param" and comp == 0 and idx in self.param_arg:
-                key = ("in", self.param_arg[idx])
-            elif kind in ("out", "aux"):
-                slot = idx if kind == "out" else self.n_aux_base + idx
-                key = ("out", self.out_index[(slot, comp)])
-            else:
-                raise _C.UnsupportedError(f"{self.cls}: backward reads {kind} {idx}.{comp}: "
-                                          "not in the torch path yet")
-            if key not in where:
-                where[key] = len(self.saved)
-                self.saved.append(key)
-            return where[key]
-
-        def src(name, c, s, n):
-            if s[0] == "dy" and s[2] == 0 and c == 0:
-                return ("dy",)
-            return ("saved", saved_index(s))
-
-        p = _Packer(self.ops.bwd_fields, entries, src)
-        self.bwd_tensors, self.bwd_values = p.tensors, p.values + [n_grads]
-        self.bwd_shapes = p.shapes
-        # gradient i -> index in the backward's outputs ("pass": dx = dy)
-        self.grad_index, k = [], 0
-        for g in grads:
-            if g is None or g == "pass":
-                self.grad_index.append(g)
-            else:
-                self.grad_index.append(k)
-                k += 1 if g[0][2] == 0 else sum(1 for p in g[1] if p[0])
-
-
 def _setup_context(ctx, inputs, output):
-    pid = inputs[1][-1]
-    plan = _PLANS[pid]
-    ctx.plan = pid
     ctx.n_tensors = len(inputs[0])
     # torch matches the gradients' structure to the inputs': an empty list
     # is a list, a list of ints a leaf
     ctx.no_shapes = [] if len(inputs[2]) == 0 else None
-    if plan.bwd:
-        ctx.save_for_backward(*saved_tensors(pid, inputs[0], output))
 
 
 def _backward(ctx, grads):
-    plan = _PLANS[ctx.plan]
-    result = [None] * ctx.n_tensors
-    dy = grads[plan.main] if plan.bwd else None
-    if dy is None:
-        return result, None, ctx.no_shapes
-    out = plan.ops.bwd(*bwd_args(ctx.plan, ctx.saved_tensors, dy))
-    delayed_update(out[0] if len(out) else dy, plan.bwd_update, True)
-    dx = plan.grad_index[0]
-    if plan.x_arg is not None:
-        result[plan.x_arg] = dy if dx == "pass" else None if dx is None else out[dx]
-    for i, arg in plan.param_arg.items():
-        g = plan.grad_index[1 + i]
-        result[arg] = None if g is None or g == "pass" else out[g]
-    return result, None, ctx.no_shapes
-
-
-def saved_tensors(pid: int, tensors, outputs) -> list:
-    """What the autograd formula of plan pid keeps from a forward call."""
-    return [tensors[i] if k == "in" else outputs[i] for k, i in _PLANS[pid].saved]
-
-
-def _shapes(template, rows) -> list:
-    return [rows if s is None else s for s in template] + [rows]
-
-
-def bwd_args(pid: int, saved, dy) -> tuple:
-    """The backward custom op's packed arguments (dy is 2D: its rows are
-    the row count)."""
-    plan = _PLANS[pid]
-    dy = dy.contiguous()
-    tensors = [dy if a[0] == "dy" else saved[a[1]] for a in plan.bwd_tensors]
-    return tensors, plan.bwd_values, _shapes(plan.bwd_shapes, dy.shape[0])
-
-
-def set_bwd_update(pid: int, ops) -> None:
-    _PLANS[pid].bwd_update = tuple(ops)
-
-
-def add_plan(r: dict, n_params: int) -> tuple:
-    """Registers a resolved op; returns (plan id, class, forward template,
-    main output): what the traced forward reads, all constants."""
-    plan = OpPlan(r, n_params)
-    with _lock:
-        _PLANS.append(plan)
-        pid = len(_PLANS) - 1
-    template = (tuple(plan.fwd_tensors), tuple(plan.fwd_values) + (pid,), tuple(plan.fwd_shapes))
-    return pid, plan.cls, template, plan.main
-
-
-def fwd_args(template, x, params) -> tuple:
-    """The forward custom op's packed arguments (x is 2D: its rows are the
-    row count)."""
-    tensors, values, shapes = template
-    return ([x if a[0] == "x" else params[a[1]] for a in tensors], list(values),
-            _shapes(shapes, x.shape[0]))
-
-
-def call(cls: str, template, main: int, x, params):
-    """One op's forward custom op (traceable by Dynamo: only constants)."""
-    return getattr(torch.ops.opfuse, cls + "_fwd")(*fwd_args(template, x, params))[main]
+    """A forward op called on its own carries no gradient: opfuse.torch
+    differentiates a whole traced graph (its backward nodes are the
+    backward ops, _program), because a backward plan may fuse ops that the
+    forward plan split."""
+    return [None] * ctx.n_tensors, None, ctx.no_shapes
