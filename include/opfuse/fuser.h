@@ -96,14 +96,28 @@ OPF_API opf_seq_call opf_seq_call_default(void);   /* requires_grad and input_re
 
 /* Runs the forward. *y receives the main output (a counted reference the
  * caller releases); extra_out, when not NULL, receives the public extra
- * outputs in order (opf_seq_num_extra_out of them). */
+ * outputs in order (opf_seq_num_extra_out of them). A refused forward (any
+ * status, out of memory included) leaves the amaxes recorded since the last
+ * delayed-scaling update and the Philox offset as they were. */
 OPF_API opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
                                    opf_tensor *y, opf_tensor *extra_out);
 /* Runs the backward of the last forward. dextra_out: gradients of the public
  * extra outputs (NULL or entries with no data count as zero). *dx receives the
  * input gradient (zeroed tensor when not wanted or stopped early); dextra_in
  * the gradients of the public extra inputs. Parameter gradients accumulate
- * into each parameter's grad (or main_grad). */
+ * into each parameter's grad (or main_grad).
+ *
+ * All or nothing: a refused backward (any status, out of memory included)
+ * leaves the parameters' gradients, the forward's saved state (the backward
+ * stays pending and may be retried, or dropped with opf_seq_discard), the
+ * amaxes recorded since the last update and the Philox offset as they were.
+ * To that end each op's parameter gradients are held until the whole walk
+ * has run and then added (plain gradients: no allocation), and the saved
+ * contexts are released at the end rather than op by op (a recompute
+ * span's as soon as its backward ran: a retry re-runs the span). One
+ * exception: a linear with accumulate_into_main_grad adds its wgrad into
+ * main_grad inside its GEMM, so a backward refused after that op ran has
+ * changed main_grad. */
 OPF_API opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy,
                                     const opf_tensor *dextra_out, opf_tensor *dx,
                                     opf_tensor *dextra_in);
