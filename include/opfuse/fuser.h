@@ -224,7 +224,21 @@ typedef struct opf_optim opf_optim;
 OPF_API opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
                                     const opf_optim_options *opts, opf_optim **out);
 OPF_API void opf_optim_destroy(opf_optim *opt);
+/* One step. A step whose gradients hold a NaN or an infinity is skipped, as
+ * PyTorch's gradient scaler does: master weights, moments, parameters and
+ * the step count stay as they were, the skip is counted
+ * (opf_optim_skipped_steps) and warned about once per context. The check is
+ * one read-only pass over the gradients before the step (the verdict must
+ * come before the first write). On the CPU the call knows and warns at
+ * once; on a device the verdict, the skip and the count stay on the device
+ * (no host wait) and the warning comes when the host reads the count. */
 OPF_API opf_status opf_optim_step(opf_optim *opt);
+/* The steps skipped for non-finite gradients so far (on a device: one
+ * counted read of the device's count, opf_ctx_sync_stats; warns once when
+ * nonzero). NULL: 0. Read it every few skipped steps on a device (at most
+ * 16 unseen skips keep AdamW's bias corrections the CPU's bit for bit;
+ * backend/optim.h). */
+OPF_API int64_t opf_optim_skipped_steps(opf_optim *opt);
 
 /* The optimizer's state, for checkpoints: one slot per parameter of the seq
  * (opf_seq_for_each_param order) with its fp32 master copy and moments (m:
@@ -236,6 +250,7 @@ OPF_API opf_optim_kind opf_optim_kind_of(const opf_optim *opt);
 OPF_API int opf_optim_num_slots(const opf_optim *opt);
 OPF_API opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master,
                                   float **m, float **v, int64_t *n);
+/* Steps taken, skipped ones not counted (on a device: a counted read). */
 OPF_API int64_t opf_optim_step_count(const opf_optim *opt);
 OPF_API void opf_optim_set_step_count(opf_optim *opt, int64_t steps);
 
