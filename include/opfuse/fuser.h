@@ -191,6 +191,14 @@ OPF_API opf_status opf_register_joint_fusion(const char *name, opf_fusion_fn fn,
 OPF_API opf_status opf_unregister_fusion(const char *name);
 /* Turns every fusion on or off for this seq (on by default); rebuilds plans. */
 OPF_API void opf_seq_set_fusions(opf_seq *seq, bool enabled);
+/* Stop at the first non-finite activation (off by default; no cost when
+ * off): when on, every plain (unquantized) output of each op's forward and
+ * every input gradient of its backward is checked, and the first holding a
+ * NaN or an infinity fails the call with OPF_ERR_STATE (all or nothing,
+ * as any refusal) naming the op (index, class, name) and the tensor. On a
+ * device the verdict is read back (a counted copy and host wait per
+ * output: a debugging aid, not for production). */
+OPF_API void opf_seq_check_finite(opf_seq *seq, bool enabled);
 
 /* ---- training ------------------------------------------------------------- */
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend-impl.h"
 #include "fuser/walk-impl.h"
 #include "quant/quant-impl.h"
 
@@ -176,10 +177,57 @@ static opf_status add_grad(opf_walker *w, opf_tensor *acc, const opf_tensor *g)
 
 /* ---- the eager visitor of the seq walker: the ops' own runners ---- */
 
+void opf_seq_check_finite(opf_seq *seq, bool enabled)
+{
+    if (seq) seq->check_finite = enabled;
+}
+
+/* True when a plain tensor holds a NaN or an infinity: the optimizer's
+ * check pass (backend/optim.h) over it, its verdict read back from a
+ * device; quantized tensors are not looked at. */
+static bool nonfinite(opf_ctx *ctx, const opf_tensor *t)
+{
+    opf_dtype dt = t->spec.dtype;
+    opf_device dev = t->spec.device;
+    if (!t->data[0] || t->spec.scaling != OPF_SCALING_NONE ||
+        (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16))
+        return false;
+    const opf_optim_kernels *k = opf_backend_kernels(ctx, "opf_seq_check_finite", dev, OPF_KERNELS_OPTIM);
+    opf_optim_tensor ot = {.grad = t->data[0], .grad_dtype = dt, .n = opf_spec_numel(&t->spec)};
+    int32_t found = 0;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    int32_t *flag = dev == OPF_DEVICE_CPU ? &found : (int32_t *)opf_op_scratch_on(ctx, dev, 1);
+    if (k && flag && !k->check(ctx, &ot, 1, flag) && flag != &found) {
+        opf_spec sp = opf_spec_make(1, (int64_t[]){1}, OPF_F32);
+        opf_tensor d, h;
+        sp.device = dev;
+        opf_tensor_wrap(&sp, flag, &d);
+        sp.device = OPF_DEVICE_CPU;
+        opf_tensor_wrap(&sp, &found, &h);
+        opf_tensor_copy(ctx, &d, &h);
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    return found != 0;
+}
+
+/* OPF_ERR_STATE naming the entry's op and the tensor when t is not finite. */
+static opf_status check_finite(opf_walker *w, const opf_plan_entry *e, const char *what, int k,
+                               const opf_tensor *t)
+{
+    if (!w->seq->check_finite || !nonfinite(w->seq->ctx, t)) return OPF_OK;
+    return opf_error(w->seq->ctx, OPF_ERR_STATE, "seq: op %d (%s \"%s\"): %s %d holds a NaN or "
+                     "an infinity (opf_seq_check_finite)", e->first, e->op->cls->name,
+                     opf_op_name(e->op), what, k);
+}
+
 static opf_status run_forward(opf_walker *w, const opf_plan_entry *e, const opf_fwd_env *env,
                               opf_tensor *outs)
 {
-    return opf_op_forward(e->op, env, &w->seq->octx[e->first], outs);
+    opf_status st = opf_op_forward(e->op, env, &w->seq->octx[e->first], outs);
+    for (int k = 0; !st && w->seq->check_finite && k <= e->op->n_extra_out; k++)
+        if ((st = check_finite(w, e, "forward output", k, &outs[k])))
+            for (int j = 0; j <= e->op->n_extra_out; j++) opf_tensor_release(&outs[j]);
+    return st;
 }
 
 /* The op's parameter gradients are staged (committed by opf_seq_backward
@@ -193,6 +241,11 @@ static opf_status run_backward(opf_walker *w, const opf_plan_entry *e, const opf
     opf_op_ctx *octx = &seq->octx[e->first];
     opf_status st = opf_op_backward_staged(e->op, octx, env, dx, dextra_in,
                                            &seq->pgrad[seq->param_off[e->first]]);
+    if (!st && seq->check_finite && (st = check_finite(w, e, "backward input gradient", 0, dx))) {
+        opf_tensor_release(dx);
+        for (int k = 0; k < e->op->n_extra_in; k++) opf_tensor_release(&dextra_in[k]);
+        return st;
+    }
     if (!st && seq->rc_of[e->first] >= 0)
         for (int k = 0; k < opf_op_num_basic(e->op); k++) opf_op_ctx_clear(&octx[k]);
     return st;

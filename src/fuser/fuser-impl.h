@@ -81,6 +81,7 @@ struct opf_seq {
     bool            has_recipe;
     /* fusions */
     bool            fusions;                  /* on unless opf_seq_set_fusions(false) */
+    bool            check_finite;             /* opf_seq_check_finite */
     bool            first_forward_done;       /* pre_first_forward ran */
     /* activation recompute */
     opf_rc_span     rc[OPF_RC_MAX];

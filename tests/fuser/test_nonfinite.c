@@ -2,7 +2,8 @@
  * among 2,048 input elements makes every gradient non-finite; the optimizer
  * step then changes nothing (weights, master weights, AdamW moments, step
  * count), counts the skip and warns once, and the next finite step trains
- * as usual. */
+ * as usual. opf_seq_check_finite stops a forward or backward at the first
+ * non-finite output, naming the op; the refused call can be retried. */
 #include <math.h>
 
 #include "test.h"
@@ -137,11 +138,44 @@ static void test_optim_skip(opf_optim_kind kind, float bad_value)
     opf_ctx_destroy(ctx);
 }
 
+static void test_check_finite(void)
+{
+    opf_ctx *ctx = make_ctx();
+    opf_seq *seq = make_seq(ctx);
+    float xb[T * H], gb[T * H];
+    memcpy(xb, xv, sizeof xb);
+    memcpy(gb, gv, sizeof gb);
+    xb[77] = NAN;
+    opf_spec sp = {.ndim = 2, .shape = {T, H}, .dtype = OPF_F32};
+    opf_tensor x, dy, y, dx;
+    opf_tensor_wrap(&sp, xb, &x);
+    opf_tensor_wrap(&sp, gb, &dy);
+    opf_seq_call call = opf_seq_call_default();
+    CHECK_OK(ctx, opf_seq_forward(seq, &x, &call, &y, NULL));  /* off: no check */
+    opf_tensor_release(&y);
+    opf_seq_discard(seq);
+    opf_seq_check_finite(seq, true);
+    CHECK_FAILS(ctx, opf_seq_forward(seq, &x, &call, &y, NULL), OPF_ERR_STATE, "op 0",
+                "layernorm \"ln\"", "forward output 0", "NaN");
+    xb[77] = xv[77];
+    CHECK_OK(ctx, opf_seq_forward(seq, &x, &call, &y, NULL));  /* nothing pending after the refusal */
+    opf_tensor_release(&y);
+    gb[5] = INFINITY;  /* the gelu's dx is non-finite */
+    CHECK_FAILS(ctx, opf_seq_backward(seq, &dy, NULL, &dx, NULL), OPF_ERR_STATE, "op 3",
+                "\"act\"", "backward input gradient", "infinity");
+    gb[5] = gv[5];
+    CHECK_OK(ctx, opf_seq_backward(seq, &dy, NULL, &dx, NULL));  /* the forward was kept */
+    opf_tensor_release(&dx);
+    opf_seq_destroy(seq);
+    opf_ctx_destroy(ctx);
+}
+
 int main(void)
 {
     fill_inputs();
     test_optim_skip(OPF_OPTIM_ADAMW, NAN);
     test_optim_skip(OPF_OPTIM_ADAMW, INFINITY);
     test_optim_skip(OPF_OPTIM_SGD, -INFINITY);
+    test_check_finite();
     TEST_DONE();
 }
