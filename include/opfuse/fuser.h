@@ -96,14 +96,28 @@ OPF_API opf_seq_call opf_seq_call_default(void);   /* requires_grad and input_re
 
 /* Runs the forward. *y receives the main output (a counted reference the
  * caller releases); extra_out, when not NULL, receives the public extra
- * outputs in order (opf_seq_num_extra_out of them). */
+ * outputs in order (opf_seq_num_extra_out of them). A refused forward (any
+ * status, out of memory included) leaves the amaxes recorded since the last
+ * delayed-scaling update and the Philox offset as they were. */
 OPF_API opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
                                    opf_tensor *y, opf_tensor *extra_out);
 /* Runs the backward of the last forward. dextra_out: gradients of the public
  * extra outputs (NULL or entries with no data count as zero). *dx receives the
  * input gradient (zeroed tensor when not wanted or stopped early); dextra_in
  * the gradients of the public extra inputs. Parameter gradients accumulate
- * into each parameter's grad (or main_grad). */
+ * into each parameter's grad (or main_grad).
+ *
+ * All or nothing: a refused backward (any status, out of memory included)
+ * leaves the parameters' gradients, the forward's saved state (the backward
+ * stays pending and may be retried, or dropped with opf_seq_discard), the
+ * amaxes recorded since the last update and the Philox offset as they were.
+ * To that end each op's parameter gradients are held until the whole walk
+ * has run and then added (plain gradients: no allocation), and the saved
+ * contexts are released at the end rather than op by op (a recompute
+ * span's as soon as its backward ran: a retry re-runs the span). One
+ * exception: a linear with accumulate_into_main_grad adds its wgrad into
+ * main_grad inside its GEMM, so a backward refused after that op ran has
+ * changed main_grad. */
 OPF_API opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy,
                                     const opf_tensor *dextra_out, opf_tensor *dx,
                                     opf_tensor *dextra_in);
@@ -177,6 +191,14 @@ OPF_API opf_status opf_register_joint_fusion(const char *name, opf_fusion_fn fn,
 OPF_API opf_status opf_unregister_fusion(const char *name);
 /* Turns every fusion on or off for this seq (on by default); rebuilds plans. */
 OPF_API void opf_seq_set_fusions(opf_seq *seq, bool enabled);
+/* Stop at the first non-finite activation (off by default; no cost when
+ * off): when on, every plain (unquantized) output of each op's forward and
+ * every input gradient of its backward is checked, and the first holding a
+ * NaN or an infinity fails the call with OPF_ERR_STATE (all or nothing,
+ * as any refusal) naming the op (index, class, name) and the tensor. On a
+ * device the verdict is read back (a counted copy and host wait per
+ * output: a debugging aid, not for production). */
+OPF_API void opf_seq_check_finite(opf_seq *seq, bool enabled);
 
 /* ---- training ------------------------------------------------------------- */
 
@@ -210,7 +232,21 @@ typedef struct opf_optim opf_optim;
 OPF_API opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
                                     const opf_optim_options *opts, opf_optim **out);
 OPF_API void opf_optim_destroy(opf_optim *opt);
+/* One step. A step whose gradients hold a NaN or an infinity is skipped, as
+ * PyTorch's gradient scaler does: master weights, moments, parameters and
+ * the step count stay as they were, the skip is counted
+ * (opf_optim_skipped_steps) and warned about once per context. The check is
+ * one read-only pass over the gradients before the step (the verdict must
+ * come before the first write). On the CPU the call knows and warns at
+ * once; on a device the verdict, the skip and the count stay on the device
+ * (no host wait) and the warning comes when the host reads the count. */
 OPF_API opf_status opf_optim_step(opf_optim *opt);
+/* The steps skipped for non-finite gradients so far (on a device: one
+ * counted read of the device's count, opf_ctx_sync_stats; warns once when
+ * nonzero). NULL: 0. Read it every few skipped steps on a device (at most
+ * 16 unseen skips keep AdamW's bias corrections the CPU's bit for bit;
+ * backend/optim.h). */
+OPF_API int64_t opf_optim_skipped_steps(opf_optim *opt);
 
 /* The optimizer's state, for checkpoints: one slot per parameter of the seq
  * (opf_seq_for_each_param order) with its fp32 master copy and moments (m:
@@ -222,6 +258,7 @@ OPF_API opf_optim_kind opf_optim_kind_of(const opf_optim *opt);
 OPF_API int opf_optim_num_slots(const opf_optim *opt);
 OPF_API opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master,
                                   float **m, float **v, int64_t *n);
+/* Steps taken, skipped ones not counted (on a device: a counted read). */
 OPF_API int64_t opf_optim_step_count(const opf_optim *opt);
 OPF_API void opf_optim_set_step_count(opf_optim *opt, int64_t steps);
 

@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend-impl.h"
 #include "fuser/walk-impl.h"
+#include "quant/quant-impl.h"
 
 opf_seq_call opf_seq_call_default(void)
 {
@@ -84,8 +86,14 @@ opf_status opf_seq_prepare(opf_seq *seq, const opf_recipe *recipe)
     return OPF_OK;
 }
 
+void opf_seq_release_staged(opf_seq *seq)
+{
+    for (int i = 0; seq->param_off && i < seq->param_off[seq->n]; i++) opf_tensor_release(&seq->pgrad[i]);
+}
+
 static void release_pending(opf_seq *seq)
 {
+    opf_seq_release_staged(seq);
     for (int i = 0; i < seq->n; i++) opf_op_ctx_clear(&seq->octx[i]), seq->rc_kw[i] = NULL;
     for (int g = 0; g < seq->n_groups; g++) opf_tensor_release(&seq->groups[g].rc_x);
     for (int i = 0; i < seq->n * OPF_OP_MAX_EXTRA; i++) {
@@ -169,16 +177,78 @@ static opf_status add_grad(opf_walker *w, opf_tensor *acc, const opf_tensor *g)
 
 /* ---- the eager visitor of the seq walker: the ops' own runners ---- */
 
+void opf_seq_check_finite(opf_seq *seq, bool enabled)
+{
+    if (seq) seq->check_finite = enabled;
+}
+
+/* True when a plain tensor holds a NaN or an infinity: the optimizer's
+ * check pass (backend/optim.h) over it, its verdict read back from a
+ * device; quantized tensors are not looked at. */
+static bool nonfinite(opf_ctx *ctx, const opf_tensor *t)
+{
+    opf_dtype dt = t->spec.dtype;
+    opf_device dev = t->spec.device;
+    if (!t->data[0] || t->spec.scaling != OPF_SCALING_NONE ||
+        (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16))
+        return false;
+    const opf_optim_kernels *k = opf_backend_kernels(ctx, "opf_seq_check_finite", dev, OPF_KERNELS_OPTIM);
+    opf_optim_tensor ot = {.grad = t->data[0], .grad_dtype = dt, .n = opf_spec_numel(&t->spec)};
+    int32_t found = 0;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    int32_t *flag = dev == OPF_DEVICE_CPU ? &found : (int32_t *)opf_op_scratch_on(ctx, dev, 1);
+    if (k && flag && !k->check(ctx, &ot, 1, flag) && flag != &found) {
+        opf_spec sp = opf_spec_make(1, (int64_t[]){1}, OPF_F32);
+        opf_tensor d, h;
+        sp.device = dev;
+        opf_tensor_wrap(&sp, flag, &d);
+        sp.device = OPF_DEVICE_CPU;
+        opf_tensor_wrap(&sp, &found, &h);
+        opf_tensor_copy(ctx, &d, &h);
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    return found != 0;
+}
+
+/* OPF_ERR_STATE naming the entry's op and the tensor when t is not finite. */
+static opf_status check_finite(opf_walker *w, const opf_plan_entry *e, const char *what, int k,
+                               const opf_tensor *t)
+{
+    if (!w->seq->check_finite || !nonfinite(w->seq->ctx, t)) return OPF_OK;
+    return opf_error(w->seq->ctx, OPF_ERR_STATE, "seq: op %d (%s \"%s\"): %s %d holds a NaN or "
+                     "an infinity (opf_seq_check_finite)", e->first, e->op->cls->name,
+                     opf_op_name(e->op), what, k);
+}
+
 static opf_status run_forward(opf_walker *w, const opf_plan_entry *e, const opf_fwd_env *env,
                               opf_tensor *outs)
 {
-    return opf_op_forward(e->op, env, &w->seq->octx[e->first], outs);
+    opf_status st = opf_op_forward(e->op, env, &w->seq->octx[e->first], outs);
+    for (int k = 0; !st && w->seq->check_finite && k <= e->op->n_extra_out; k++)
+        if ((st = check_finite(w, e, "forward output", k, &outs[k])))
+            for (int j = 0; j <= e->op->n_extra_out; j++) opf_tensor_release(&outs[j]);
+    return st;
 }
 
+/* The op's parameter gradients are staged (committed by opf_seq_backward
+ * once the whole walk has run) and its saved context kept, so that a
+ * refused backward can be taken back; only a recompute span's contexts go
+ * at once (a retry re-runs the span from its kept input). */
 static opf_status run_backward(opf_walker *w, const opf_plan_entry *e, const opf_bwd_env *env,
                                opf_tensor *dx, opf_tensor *dextra_in)
 {
-    return opf_op_backward(e->op, &w->seq->octx[e->first], env, dx, dextra_in);
+    opf_seq *seq = w->seq;
+    opf_op_ctx *octx = &seq->octx[e->first];
+    opf_status st = opf_op_backward_staged(e->op, octx, env, dx, dextra_in,
+                                           &seq->pgrad[seq->param_off[e->first]]);
+    if (!st && seq->check_finite && (st = check_finite(w, e, "backward input gradient", 0, dx))) {
+        opf_tensor_release(dx);
+        for (int k = 0; k < e->op->n_extra_in; k++) opf_tensor_release(&dextra_in[k]);
+        return st;
+    }
+    if (!st && seq->rc_of[e->first] >= 0)
+        for (int k = 0; k < opf_op_num_basic(e->op); k++) opf_op_ctx_clear(&octx[k]);
+    return st;
 }
 
 /* Recompute (recompute.c): MARK keeps the forward's kwargs for the re-run,
@@ -196,6 +266,36 @@ static opf_status run_recompute(opf_walker *w, int g, opf_rc_phase phase)
 
 static const opf_walk_i eager_walk = {run_forward, run_backward, add_grad, run_recompute};
 
+/* What a call may change before it is known to succeed, kept at its start
+ * (no allocation, a few floats per op): the Philox offset, and row 0 of the
+ * amax histories of the direction that records amaxes. A refused call puts
+ * both back; gradients are staged and saved contexts kept (run_backward),
+ * so nothing else needs taking back. */
+typedef struct call_mark {
+    uint64_t seed, offset;
+    bool     backward;
+} call_mark;
+
+static void each_delayed(opf_seq *seq, bool backward, void (*fn)(opf_delayed_state *))
+{
+    for (int i = 0; i < seq->n; i++)
+        if (seq->ops[i]->rs) fn(opf_recipe_state_delayed(seq->ops[i]->rs, backward));
+}
+
+static call_mark mark_call(opf_seq *seq, bool backward)
+{
+    call_mark m = {.backward = backward};
+    opf_ctx_get_rng(seq->ctx, &m.seed, &m.offset);
+    each_delayed(seq, backward, opf_delayed_state_keep_row0);
+    return m;
+}
+
+static void rollback_call(opf_seq *seq, const call_mark *m)
+{
+    opf_ctx_set_rng(seq->ctx, m->seed, m->offset);
+    each_delayed(seq, m->backward, opf_delayed_state_rollback_row0);
+}
+
 opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
                            opf_tensor *y, opf_tensor *extra_out)
 {
@@ -210,8 +310,10 @@ opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call
     seq->first_req = first_req;
     opf_walker w = {.seq = seq, .vt = &eager_walk, .first_req = first_req, .kwargs = call->kwargs,
                     .extra_in = call->extra_in, .chan = seq->chan, .chan_grad = seq->chan_grad};
+    call_mark m = mark_call(seq, false);
     if ((st = opf_walk_forward(&w, x, y))) {
         release_pending(seq);
+        rollback_call(seq, &m);
         return st;
     }
     if (extra_out) opf_walk_extra_out(&w, extra_out);
@@ -241,9 +343,17 @@ opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor
     opf_walker w = {.seq = seq, .vt = &eager_walk, .first_req = seq->first_req,
                     .kwargs = seq->rc_kw, .chan = seq->chan, .chan_grad = seq->chan_grad};
     opf_tensor d;
+    memset(&d, 0, sizeof d);
+    call_mark m = mark_call(seq, true);
     st = opf_walk_backward(&w, dy, dextra_out, &d, dextra_in);
-    if (st) {
-        release_pending(seq);
+    for (int i = 0; !st && i < seq->n; i++)  /* plain gradients: no allocation, cannot fail */
+        st = opf_op_commit_grads(seq->ctx, seq->ops[i], &seq->pgrad[seq->param_off[i]]);
+    if (st) {  /* the forward stays: the backward may be retried */
+        opf_tensor_release(&d);
+        opf_seq_release_staged(seq);
+        for (int i = 0; i < seq->n * OPF_OP_MAX_EXTRA; i++) opf_tensor_release(&seq->chan_grad[i]);
+        for (int i = 0; dextra_in && i < seq->n_pub_in; i++) opf_tensor_release(&dextra_in[i]);
+        rollback_call(seq, &m);
         return st;
     }
     if (dx) *dx = d;

@@ -63,6 +63,10 @@ struct opf_seq {
     opf_tensor *chan;                         /* [n][OPF_OP_MAX_EXTRA] extra outputs of the forward */
     opf_tensor *chan_grad;                    /* [n][OPF_OP_MAX_EXTRA] gradients flowing back */
     bool        pending;                      /* a forward awaits its backward */
+    /* the backward's parameter gradients, staged until the whole backward
+     * has run (exec.c): op i's at pgrad[param_off[i]] */
+    opf_tensor *pgrad;                        /* [param_off[n]] */
+    int        *param_off;                    /* [n + 1] */
     opf_spec    y_spec;                       /* its main output: what dy must match */
     int         first_req;
     /* plan cache */
@@ -77,6 +81,7 @@ struct opf_seq {
     bool            has_recipe;
     /* fusions */
     bool            fusions;                  /* on unless opf_seq_set_fusions(false) */
+    bool            check_finite;             /* opf_seq_check_finite */
     bool            first_forward_done;       /* pre_first_forward ran */
     /* activation recompute */
     opf_rc_span     rc[OPF_RC_MAX];
@@ -139,6 +144,8 @@ bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b);
 int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call);
 /* The recipe state and plans for a call (plan cache, te-ops.md 3.3). */
 opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int first_req);
+/* Releases the parameter gradients a backward staged (pgrad). */
+void opf_seq_release_staged(opf_seq *seq);
 /* Delayed-scaling updates of every op after a forward or a backward. */
 void opf_seq_update_delayed(opf_seq *seq, bool backward);
 /* Channel gradients: the spec of a sum (acc's shape; acc's dtype when plain,

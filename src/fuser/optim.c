@@ -4,7 +4,16 @@
  * device's multi-tensor kernel (backend/optim.h) over every parameter that
  * has a gradient. A quantized primary parameter (its value is qvalue) gets
  * its master from the decoded qvalue, and after each step the master
- * quantized again with the parameter's quantizer. */
+ * quantized again with the parameter's quantizer.
+ *
+ * Non-finite gradients (as PyTorch's gradient scaler): a step whose
+ * gradients hold a NaN or an infinity changes nothing (master weights,
+ * moments, parameters, step count) and is counted; the check is the
+ * kernel table's read-only pass before the step (backend/optim.h says why
+ * it is a pass of its own). On the CPU the host reads the verdict and warns
+ * at once; on a device the verdict, the count and the skip stay there (no
+ * host wait) and the host learns of them when it reads the count
+ * (opf_optim_skipped_steps, opf_optim_step_count), warning then. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +36,9 @@ struct opf_optim {
     int               n, cap;  /* slots filled, allocated */
     slot             *s;
     opf_optim_tensor *list;  /* [cap] the kernel's view of the slots of one step */
-    int64_t           step;
+    int64_t           step;    /* on a device: the steps run less the skips the host has seen */
+    int64_t           skipped; /* CPU: steps skipped; device: the count as last read */
+    opf_tensor        guard;   /* on a device: int32 verdict, pad, int64 count (opf_optim_guard) */
     opf_seq          *seq;   /* NULL once the seq is destroyed */
     opf_optim        *next;  /* the seq's next optimizer */
 };
@@ -95,6 +106,7 @@ void opf_optim_destroy(opf_optim *opt)
         opf_ctx_free(ctx, opt->s[i].m, bytes);
         opf_ctx_free(ctx, opt->s[i].v, bytes);
     }
+    opf_tensor_release(&opt->guard);
     opf_ctx_free(ctx, opt->s, sizeof *opt->s * (size_t)opt->cap);
     opf_ctx_free(ctx, opt->list, sizeof *opt->list * (size_t)opt->cap);
     opf_ctx_free(ctx, opt, sizeof *opt);
@@ -154,6 +166,18 @@ static opf_status device_slot(opf_ctx *ctx, slot *s, bool need_m, bool need_v)
     return st;
 }
 
+/* A device optimizer's guard words (opf_optim_guard), zeroed. */
+static opf_status device_guard(opf_ctx *ctx, opf_tensor *t)
+{
+    opf_spec sp = opf_spec_make(1, (int64_t[]){4}, OPF_F32);  /* 16 bytes: int32, pad, int64 */
+    sp.device = opf_ctx_device(ctx);
+    const opf_elem_kernels *k = opf_backend_kernels(ctx, "opf_optim_create", sp.device,
+                                                    OPF_KERNELS_ELEM);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    opf_status st = opf_tensor_alloc(ctx, &sp, t);
+    return st ? st : k->fill(ctx, 0.0, t);  /* 0.0f: all bits zero */
+}
+
 opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
                             const opf_optim_options *opts, opf_optim **out)
 {
@@ -173,6 +197,7 @@ opf_status opf_optim_create(opf_ctx *ctx, opf_seq *seq, opf_optim_kind kind,
     opt->s = opf_ctx_calloc(ctx, (size_t)opt->cap, sizeof *opt->s);
     opt->list = opf_ctx_calloc(ctx, (size_t)opt->cap, sizeof *opt->list);
     if (!c.p || !opt->s || !opt->list) goto oom;
+    if (opf_ctx_device(ctx) != OPF_DEVICE_CPU && (st = device_guard(ctx, &opt->guard))) goto fail;
     int total = c.n;
     c.n = 0;
     opf_seq_for_each_param(seq, count_param, &c);
@@ -233,6 +258,54 @@ static opf_status requantize(opf_optim *opt)
     return st;
 }
 
+static const char NONFINITE_KEY[] = "opf_optim_step: non-finite gradient";
+
+static void warn_skipped(opf_optim *opt, int64_t skipped)
+{
+    opf_ctx_warn_once(opt->ctx, NONFINITE_KEY, "opf_optim_step: %lld step(s) skipped so far: a "
+                      "gradient held a NaN or an infinity (parameters, moments and step count "
+                      "left as they were; opf_optim_skipped_steps counts them)", (long long)skipped);
+}
+
+/* The device's count of skipped steps (a counted read; the CPU's is here). */
+static int64_t device_skipped(const opf_optim *opt)
+{
+    if (!opt->guard.buf) return opt->skipped;
+    int64_t words[2] = {0, 0};
+    opf_tensor host;
+    opf_tensor_wrap(&opt->guard.spec, words, &host);
+    if (opf_tensor_copy(opt->ctx, &opt->guard, &host)) return opt->skipped;
+    return words[1];
+}
+
+/* The kernels' list of the slots with a gradient; a quantized primary
+ * parameter takes f32 scratch (popped by the caller). */
+static opf_status gather(opf_optim *opt, int *count)
+{
+    opf_ctx *ctx = opt->ctx;
+    *count = 0;
+    for (int i = 0; i < opt->n; i++) {
+        opf_param *p = opt->s[i].p;
+        if (!p->requires_grad || (!p->has_grad && !p->main_grad.data[0])) continue;
+        float *spare = NULL;
+        if (is_primary(p) && !(spare = opf_op_scratch(ctx, opt->s[i].n)))
+            return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_step: no scratch for %lld floats",
+                             (long long)opt->s[i].n);
+        opt->list[(*count)++] = slot_tensor(&opt->s[i], spare);
+    }
+    return OPF_OK;
+}
+
+/* A cached quantized copy is stale after a step that ran. */
+static void mark_stale(opf_optim *opt)
+{
+    for (int i = 0; i < opt->n; i++) {
+        opf_param *p = opt->s[i].p;
+        if (p->requires_grad && (p->has_grad || p->main_grad.data[0]) && !is_primary(p))
+            p->qvalue_valid = false;
+    }
+}
+
 opf_status opf_optim_step(opf_optim *opt)
 {
     OPF_CHECK_NULL(NULL, "opf_optim_step", opt);
@@ -244,29 +317,47 @@ opf_status opf_optim_step(opf_optim *opt)
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_ctx *ctx = opt->ctx;
     size_t mark = opf_ctx_scratch_mark(ctx);
-    opt->step++;
-    int count = 0;
-    for (int i = 0; i < opt->n; i++) {
-        opf_param *p = opt->s[i].p;
-        if (!p->requires_grad || (!p->has_grad && !p->main_grad.data[0])) continue;
-        float *spare = NULL;
-        if (is_primary(p) && !(spare = opf_op_scratch(ctx, opt->s[i].n))) {
-            opf_ctx_scratch_pop(ctx, mark);
-            opt->step--;
-            return opf_error(ctx, OPF_ERR_NO_MEMORY, "opf_optim_step: no scratch for %lld floats",
-                             (long long)opt->s[i].n);
-        }
-        opt->list[count++] = slot_tensor(&opt->s[i], spare);
-        if (!spare) p->qvalue_valid = false;  /* a cached quantized copy is stale after the step */
+    int count;
+    opf_status st = gather(opt, &count);
+    int32_t found = 0;
+    opf_optim_guard guard = {0}, *g = NULL;
+    if (opt->guard.buf) {  /* the verdict stays on the device */
+        guard.found = opt->guard.data[OPF_COMP_DATA];
+        guard.skipped = (int64_t *)guard.found + 1;
+        guard.known = opt->skipped;
+        g = &guard;
+    }
+    if (!st) st = k->check(ctx, opt->list, count, g ? guard.found : &found);
+    if (!st && found) {  /* the CPU: nothing changes */
+        warn_skipped(opt, ++opt->skipped);
+        opf_ctx_scratch_pop(ctx, mark);
+        return OPF_OK;
     }
     const opf_optim_options *o = &opt->o;
-    opf_status st = opt->kind == OPF_OPTIM_SGD
-                        ? k->sgd(ctx, opt->list, count, o->lr, o->momentum, o->weight_decay)
-                        : k->adamw(ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
-                                   o->weight_decay, opt->step);
-    if (!st) st = requantize(opt);
+    if (!st) {
+        opt->step++;
+        st = opt->kind == OPF_OPTIM_SGD
+                 ? k->sgd(ctx, opt->list, count, o->lr, o->momentum, o->weight_decay, g)
+                 : k->adamw(ctx, opt->list, count, o->lr, o->beta1, o->beta2, o->eps,
+                            o->weight_decay, opt->step, g);
+        if (st) opt->step--;
+    }
+    if (!st) mark_stale(opt);
+    if (!st) st = requantize(opt);  /* on a device after a skip: the same master, the same bits */
     opf_ctx_scratch_pop(ctx, mark);
     return st;
+}
+
+int64_t opf_optim_skipped_steps(opf_optim *opt)
+{
+    if (!opt) return 0;
+    int64_t now = device_skipped(opt);
+    if (opt->guard.buf) {  /* the host catches up: the skips it had not seen */
+        opt->step -= now - opt->skipped;
+        opt->skipped = now;
+    }
+    if (now) warn_skipped(opt, now);
+    return now;
 }
 
 opf_status opf_optim_set_lr(opf_optim *opt, float lr)
@@ -280,8 +371,16 @@ opf_status opf_optim_set_lr(opf_optim *opt, float lr)
 
 opf_optim_kind opf_optim_kind_of(const opf_optim *opt) { return opt->kind; }
 int opf_optim_num_slots(const opf_optim *opt) { return opt->n; }
-int64_t opf_optim_step_count(const opf_optim *opt) { return opt->step; }
-void opf_optim_set_step_count(opf_optim *opt, int64_t steps) { opt->step = steps; }
+int64_t opf_optim_step_count(const opf_optim *opt)
+{
+    return opt->guard.buf ? opt->step - (device_skipped(opt) - opt->skipped) : opt->step;
+}
+
+void opf_optim_set_step_count(opf_optim *opt, int64_t steps)
+{
+    if (opt->guard.buf) opt->skipped = device_skipped(opt);
+    opt->step = steps;
+}
 
 opf_status opf_optim_slot(opf_optim *opt, int i, opf_param **param, float **master, float **m,
                           float **v, int64_t *n)

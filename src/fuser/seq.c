@@ -41,7 +41,13 @@ void opf_seq_unbuild(opf_seq *seq)
     opf_ctx_free(ctx, seq->chan_grad, ne * sizeof *seq->chan_grad);
     opf_ctx_free(ctx, seq->rc_of, n * sizeof *seq->rc_of);
     opf_ctx_free(ctx, (void *)seq->rc_kw, n * sizeof *seq->rc_kw);
-    seq->rc_of = NULL, seq->rc_kw = NULL;
+    if (seq->param_off) {
+        size_t np = (size_t)seq->param_off[seq->n];
+        opf_seq_release_staged(seq);
+        opf_ctx_free(ctx, seq->pgrad, (np ? np : 1) * sizeof *seq->pgrad);
+    }
+    opf_ctx_free(ctx, seq->param_off, (n + 1) * sizeof *seq->param_off);
+    seq->rc_of = NULL, seq->rc_kw = NULL, seq->pgrad = NULL, seq->param_off = NULL;
     seq->groups = NULL, seq->octx = NULL, seq->in_src = NULL, seq->out_pub = NULL;
     seq->chan = seq->chan_grad = NULL;
     seq->n_groups = 0;
@@ -232,10 +238,15 @@ opf_status opf_seq_build(opf_seq *seq)
     seq->chan_grad = opf_ctx_calloc(ctx, ne, sizeof *seq->chan_grad);
     seq->rc_of = opf_ctx_calloc(ctx, (size_t)(seq->n ? seq->n : 1), sizeof *seq->rc_of);
     seq->rc_kw = opf_ctx_calloc(ctx, (size_t)(seq->n ? seq->n : 1), sizeof *seq->rc_kw);
+    seq->param_off = opf_ctx_calloc(ctx, (size_t)seq->n + 1, sizeof *seq->param_off);
+    for (int i = 0; seq->param_off && i < seq->n; i++)
+        seq->param_off[i + 1] = seq->param_off[i] + seq->ops[i]->n_params;
+    size_t np = seq->param_off ? (size_t)seq->param_off[seq->n] : 0;
+    seq->pgrad = seq->param_off ? opf_ctx_calloc(ctx, np ? np : 1, sizeof *seq->pgrad) : NULL;
     seq->n_pub_in = seq->n_pub_out = 0;
     opf_status st = OPF_OK;
     if (!seq->groups || !seq->octx || !seq->in_src || !seq->out_pub || !seq->chan || !seq->chan_grad ||
-        !seq->rc_of || !seq->rc_kw)
+        !seq->rc_of || !seq->rc_kw || !seq->param_off || !seq->pgrad)
         st = opf_error(seq->ctx, OPF_ERR_NO_MEMORY, "seq: out of memory");
     if (!st) st = opf_seq_resolve_recompute(seq);
     for (int i = 0; !st && i < seq->n;) {

@@ -109,7 +109,8 @@ static opf_status forward_group(opf_walker *w, int g, opf_tensor *cur)
 }
 
 /* Group g's forward again from its kept input, its output dropped, with the
- * forward's Philox offset and scales (recompute.c). */
+ * forward's Philox offset and scales (recompute.c). The input stays kept
+ * until the backward has succeeded (a refused one may be retried). */
 static opf_status rerun_group(opf_walker *w, int g)
 {
     opf_group *gr = &w->seq->groups[g];
@@ -119,7 +120,6 @@ static opf_status rerun_group(opf_walker *w, int g)
     for (int k = 0; k < gr->n_fwd && !st; k++) st = forward_entry(w, &gr->fwd[k], &cur);
     opf_status st2 = w->vt->recompute(w, g, OPF_RC_LEAVE);
     opf_tensor_release(&cur);
-    opf_tensor_release(&gr->rc_x);
     return st ? st : st2;
 }
 

@@ -126,6 +126,16 @@ opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_b
 /* p->grad (+)= g: the first gradient is converted in, later ones summed in
  * fp32; sets has_grad. */
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g);
+/* opf_op_backward in two steps, for a caller that must be able to take a
+ * refused backward back (the seq's, all-or-nothing): staged runs the op's
+ * backward into *dx, dextra_in[n_extra_in] and pgrad[opf_op_num_params]
+ * (the parameters' gradients, empty where none) without touching the
+ * parameters or the saved context (octx); nothing is returned on error.
+ * commit adds pgrad into the parameters' gradients and releases pgrad; it
+ * allocates nothing for plain gradients. */
+opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
+                                  opf_tensor *dx, opf_tensor *dextra_in, opf_tensor *pgrad);
+opf_status opf_op_commit_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad);
 /* The gradient g (named `what`) a caller hands to a backward of fn: not
  * NULL, with data, f32/bf16/f16, and when want is not NULL the shape and
  * device of the output it is the gradient of. Checked before anything runs,

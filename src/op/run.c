@@ -178,11 +178,11 @@ opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_b
     return OPF_OK;
 }
 
-opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env, opf_tensor *dx,
-                           opf_tensor *dextra_in)
+opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
+                                  opf_tensor *dx, opf_tensor *dextra_in, opf_tensor *pgrad)
 {
     opf_ctx *ctx = env->ctx;
-    int n_ctx = opf_op_num_basic(op), n_params = opf_op_num_params(op), n;
+    int n_params = opf_op_num_params(op), n;
     opf_spec gs[OPF_OP_MAX_GRADS];
     char fn[112];
     snprintf(fn, sizeof fn, "%s \"%s\"", op->cls->name, op->name);
@@ -195,19 +195,47 @@ opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
     size_t mark = opf_ctx_scratch_mark(ctx);
     st = op->cls->backward_impl(ctx, op->bwd_args, g);
     opf_ctx_scratch_pop(ctx, mark);
-    for (int i = 0; !st && i < n_params; i++) {
-        opf_param *p = opf_op_param(op, i);
-        if (g[1 + i].data[0] && p->requires_grad) st = opf_param_accumulate(ctx, p, &g[1 + i]);
+    if (st) {
+        release_all(g, n);
+        return st;
     }
-    if (!st) {
-        if (pass) opf_tensor_retain(env->dy, dx);
-        else *dx = g[0], memset(&g[0], 0, sizeof g[0]);
-        for (int i = 0; i < op->n_extra_in; i++)
-            dextra_in[i] = g[1 + n_params + i], memset(&g[1 + n_params + i], 0, sizeof g[0]);
-        for (int k = 0; k < n_ctx; k++) opf_op_ctx_clear(&octx[k]);
+    if (pass) opf_tensor_retain(env->dy, dx);
+    else *dx = g[0];
+    for (int i = 0; i < n_params; i++) {
+        bool keep = g[1 + i].data[0] && opf_op_param(op, i)->requires_grad;
+        if (keep) pgrad[i] = g[1 + i];
+        else opf_tensor_release(&g[1 + i]), memset(&pgrad[i], 0, sizeof pgrad[i]);
     }
-    release_all(g, n);
+    for (int i = 0; i < op->n_extra_in; i++) dextra_in[i] = g[1 + n_params + i];
+    return OPF_OK;
+}
+
+opf_status opf_op_commit_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad)
+{
+    opf_status st = OPF_OK;
+    for (int i = 0; i < opf_op_num_params(op); i++) {
+        if (!st && pgrad[i].data[0]) st = opf_param_accumulate(ctx, opf_op_param(op, i), &pgrad[i]);
+        opf_tensor_release(&pgrad[i]);
+    }
     return st;
+}
+
+opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env, opf_tensor *dx,
+                           opf_tensor *dextra_in)
+{
+    opf_tensor pg[OPF_OP_MAX_GRADS], d, dxi[OPF_OP_MAX_EXTRA];
+    memset(&d, 0, sizeof d);
+    opf_status st = opf_op_backward_staged(op, octx, env, &d, dxi, pg);
+    if (st) return st;
+    if ((st = opf_op_commit_grads(env->ctx, op, pg))) {
+        opf_tensor_release(&d);
+        for (int i = 0; i < op->n_extra_in; i++) opf_tensor_release(&dxi[i]);
+        return st;
+    }
+    *dx = d;
+    for (int i = 0; i < op->n_extra_in; i++) dextra_in[i] = dxi[i];
+    for (int k = 0; k < opf_op_num_basic(op); k++) opf_op_ctx_clear(&octx[k]);
+    return OPF_OK;
 }
 
 void opf_op_zero_grad(opf_op *op)

@@ -29,10 +29,11 @@ struct opf_delayed_state {
     opf_dtype     dtype;       /* element dtype of this direction */
     float         scaled_max;  /* fp8_max * 2^-margin (2.2) */
     opf_device    device;      /* where the arrays are: the context's device */
-    opf_tensor    dev_mem;     /* a device state's arrays (f32 [n * (L + 2)]) */
+    opf_tensor    dev_mem;     /* a device state's arrays (f32 [n * (L + 3)]) */
     float        *scale;       /* [n] */
     float        *history;     /* [L][n], row 0 = current step */
     float        *reduced;     /* [n] scratch for the reduced copy of row 0 */
+    float        *kept;        /* [n] row 0 at the start of a call (opf_delayed_state_keep_row0) */
 };
 
 /* The arrays of a device state: one f32 tensor on the context's device. */
@@ -87,12 +88,12 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
     opf_status st = check_create(ctx, format, margin, history_len, algo, n_slots, out);
     if (st) return st;
     *out = NULL;
-    /* One block: the struct, then (on the CPU) scale, history and the
-     * reduce scratch; a device holds those in its own memory. */
+    /* One block: the struct, then (on the CPU) scale, history, the reduce
+     * scratch and the kept row 0; a device holds those in its own memory. */
     bool on_device = opf_ctx_device(ctx) != OPF_DEVICE_CPU;
     size_t head = (sizeof(opf_delayed_state) + 63) / 64 * 64;
     size_t nfl = 0, bytes = 0;
-    if (!opf_mul_size((size_t)n_slots, (size_t)history_len + 2, &nfl) ||
+    if (!opf_mul_size((size_t)n_slots, (size_t)history_len + 3, &nfl) ||
         !opf_mul_size(nfl, sizeof(float), &bytes) ||
         !opf_add_size(head, on_device ? 0 : bytes, &bytes))
         return opf_error(ctx, OPF_ERR_SHAPE,
@@ -122,6 +123,7 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
     }
     s->history = s->scale + n_slots;
     s->reduced = s->history + (size_t)n_slots * (size_t)history_len;
+    s->kept = s->reduced + n_slots;
     opf_delayed_state_reset(s);
     *out = s;
     return OPF_OK;
@@ -194,6 +196,32 @@ void opf_delayed_state_reset(opf_delayed_state *s)
         move_floats(s->ctx, s, s->scale, host, nfl, true);
     }
     opf_ctx_scratch_pop(s->ctx, mark);
+}
+
+/* n floats within the state's arrays (memcpy on the CPU, an asynchronous
+ * copy on the device: no host wait). */
+static void copy_row(const opf_delayed_state *s, float *dst, const float *src)
+{
+    if (s->device == OPF_DEVICE_CPU) {
+        memcpy(dst, src, (size_t)s->n * sizeof(float));
+        return;
+    }
+    opf_spec sp = opf_spec_make(1, (int64_t[]){s->n}, OPF_F32);
+    sp.device = s->device;
+    opf_tensor a, b;
+    opf_tensor_wrap(&sp, (void *)src, &a);
+    opf_tensor_wrap(&sp, dst, &b);
+    opf_tensor_copy(s->ctx, &a, &b);  /* wrapped device memory on its own device: cannot fail */
+}
+
+void opf_delayed_state_keep_row0(opf_delayed_state *s)
+{
+    if (s) copy_row(s, s->kept, s->history);
+}
+
+void opf_delayed_state_rollback_row0(opf_delayed_state *s)
+{
+    if (s) copy_row(s, s->history, s->kept);
 }
 
 /* reduced = reduce(copy of row 0). The hook is host code: on a device the

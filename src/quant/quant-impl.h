@@ -5,6 +5,13 @@
 
 #include "backend/backend-impl.h"
 
+/* Row 0 of s's amax history (the amaxes recorded since the last update)
+ * kept in the state's own arrays, and put back: a call that records amaxes
+ * and is then refused forgets what it recorded (all-or-nothing). Neither
+ * allocates nor waits for the device. */
+void opf_delayed_state_keep_row0(opf_delayed_state *s);
+void opf_delayed_state_rollback_row0(opf_delayed_state *s);
+
 /* Sets qs's delayed-scaling pointers to q's slot of its delayed state (the
  * scale, and the slot's entry of amax-history row 0); leaves qs untouched
  * when q is NULL or has no delayed state. q must be validated. */

@@ -102,8 +102,8 @@ static void run(opf_ctx *ctx, bool adamw, bool momentum)
     }
     for (int64_t step = 1; step <= 3; step++) {
         for (int k = 0; k < NT; k++) fill_grad(&got[k], &want[k], k);
-        if (adamw) CHECK_OK(ctx, K->adamw(ctx, t, NT, 0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, step));
-        else CHECK_OK(ctx, K->sgd(ctx, t, NT, 0.01f, momentum ? 0.9f : 0.0f, 0.01f));
+        if (adamw) CHECK_OK(ctx, K->adamw(ctx, t, NT, 0.01f, 0.9f, 0.999f, 1e-8f, 0.01f, step, NULL));
+        else CHECK_OK(ctx, K->sgd(ctx, t, NT, 0.01f, momentum ? 0.9f : 0.0f, 0.01f, NULL));
         for (int k = 0; k < NT; k++) {
             ref_step(&want[k], k, adamw, momentum, step);
             CHECK(same(&got[k], &want[k], k), "%s%s step %lld tensor %d (n %lld, %s grad): "
@@ -123,7 +123,7 @@ int main(void)
     run(ctx, false, false);
     run(ctx, false, true);
     run(ctx, true, false);
-    CHECK_OK(ctx, K->sgd(ctx, NULL, 0, 0.01f, 0.0f, 0.0f));  /* no tensors: nothing to do */
+    CHECK_OK(ctx, K->sgd(ctx, NULL, 0, 0.01f, 0.0f, 0.0f, NULL));  /* no tensors: nothing to do */
     opf_ctx_destroy(ctx);
     TEST_DONE();
 }

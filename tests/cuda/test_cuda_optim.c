@@ -3,7 +3,11 @@
  * moments and the parameters, over ten steps on tensors of odd sizes with
  * mixed gradient and parameter dtypes, more tensors than one launch takes,
  * misaligned arrays, and gradients holding NaN (exact) or infinities (NaNs
- * of two kinds meet there: see cuda_cmp.h; compared as NaN on both sides). */
+ * of two kinds meet there: see cuda_cmp.h; compared as NaN on both sides).
+ * Then the non-finite guard (backend/optim.h): the check's verdict on the
+ * device, skipped steps that change nothing, the skip count, and AdamW's
+ * bias corrections after skips the host has not seen, against the CPU
+ * kernels given the same guard in host memory. */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -146,15 +150,74 @@ static void run_case(opf_ctx *ctx, kind k, const int64_t *sizes, int count, cmp_
     for (int step = 1; step <= STEPS; step++) {
         for (int t = 0; t < count; t++) new_grads(ctx, &s[t], e);
         if (k == ADAMW) {
-            CHECK_OK(ctx, cpu()->adamw(ctx, th, count, 1e-3f, 0.9f, 0.999f, 1e-8f, wd, step));
-            CHECK_OK(ctx, gpu()->adamw(ctx, td, count, 1e-3f, 0.9f, 0.999f, 1e-8f, wd, step));
+            CHECK_OK(ctx, cpu()->adamw(ctx, th, count, 1e-3f, 0.9f, 0.999f, 1e-8f, wd, step, NULL));
+            CHECK_OK(ctx, gpu()->adamw(ctx, td, count, 1e-3f, 0.9f, 0.999f, 1e-8f, wd, step, NULL));
         } else {
             float mom = k == SGD_MOMENTUM ? 0.9f : 0.0f;
-            CHECK_OK(ctx, cpu()->sgd(ctx, th, count, 0.01f, mom, wd));
-            CHECK_OK(ctx, gpu()->sgd(ctx, td, count, 0.01f, mom, wd));
+            CHECK_OK(ctx, cpu()->sgd(ctx, th, count, 0.01f, mom, wd, NULL));
+            CHECK_OK(ctx, gpu()->sgd(ctx, td, count, 0.01f, mom, wd, NULL));
         }
         for (int t = 0; t < count; t++) cmp_slot(ctx, &s[t], t, step, e == EDGES_INF, name);
     }
+    for (int t = 0; t < count; t++) free_slot(ctx, &s[t]);
+}
+
+/* One gradient element of tensor t made non-finite on both sides (the
+ * last one, or the first of an even step), value v. */
+static void poison(opf_ctx *ctx, slot *s, int step, float v)
+{
+    int64_t i = step % 2 ? s->h.n - 1 : 0;
+    size_t es = nb(s->h.grad_dtype, 1);
+    char *h = (char *)s->h.grad + (size_t)i * es;
+    CHECK_OK(ctx, opf_convert(&v, OPF_F32, h, s->h.grad_dtype, 1));
+    CHECK_OK(ctx, opf_cuda_copy(ctx, (char *)s->d.grad + (size_t)i * es, h, es, OPF_CUDA_H2D));
+}
+
+/* STEPS guarded steps with non-finite gradients at steps 3, 4 (NaN, Inf in
+ * different tensors) and 7 (-Inf): the verdicts, the states after every
+ * step (a skip changes nothing) and the skip counts equal the CPU's; the
+ * host never reads the count (known 0), so AdamW's steps after a skip take
+ * the device's bias corrections from the window. */
+static void run_guarded(opf_ctx *ctx, kind k, const int64_t *sizes, int count, const char *name)
+{
+    slot s[MAX_T];
+    opf_optim_tensor th[MAX_T], td[MAX_T];
+    for (int t = 0; t < count; t++) {
+        s[t] = make_slot(ctx, sizes[t], D[t % 3], D[(t / 3 + t) % 3], k, 0);
+        th[t] = s[t].h, td[t] = s[t].d;
+    }
+    int64_t hwords[2] = {0, 0};  /* int32 verdict (and pad), int64 count */
+    int64_t *dwords = cmp_upload(ctx, hwords, sizeof hwords);
+    opf_optim_guard hg = {(int32_t *)&hwords[0], &hwords[1], 0};
+    opf_optim_guard dg = {(int32_t *)&dwords[0], &dwords[1], 0};
+    for (int step = 1; step <= STEPS; step++) {
+        for (int t = 0; t < count; t++) new_grads(ctx, &s[t], EDGES_FINITE);
+        if (step == 3) poison(ctx, &s[count - 1], step, NAN);
+        if (step == 4) poison(ctx, &s[step % count], step, INFINITY);
+        if (step == 7) poison(ctx, &s[1], step, -INFINITY);
+        CHECK_OK(ctx, cpu()->check(ctx, th, count, hg.found));
+        CHECK_OK(ctx, gpu()->check(ctx, td, count, dg.found));
+        int64_t got[2];
+        CHECK_OK(ctx, opf_cuda_copy(ctx, got, dwords, sizeof got, OPF_CUDA_D2H));
+        bool want = step == 3 || step == 4 || step == 7;
+        CHECK((int32_t)hwords[0] == want && (int32_t)got[0] == want,
+              "%s guarded step %d: verdict cpu %d gpu %d, want %d", name, step, (int)hwords[0],
+              (int)(int32_t)got[0], (int)want);
+        if (k == ADAMW) {
+            CHECK_OK(ctx, cpu()->adamw(ctx, th, count, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, &hg));
+            CHECK_OK(ctx, gpu()->adamw(ctx, td, count, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step, &dg));
+        } else {
+            float mom = k == SGD_MOMENTUM ? 0.9f : 0.0f;
+            CHECK_OK(ctx, cpu()->sgd(ctx, th, count, 0.01f, mom, 0.01f, &hg));
+            CHECK_OK(ctx, gpu()->sgd(ctx, td, count, 0.01f, mom, 0.01f, &dg));
+        }
+        CHECK_OK(ctx, opf_cuda_copy(ctx, got, dwords, sizeof got, OPF_CUDA_D2H));
+        CHECK(hwords[1] == got[1], "%s guarded step %d: skipped cpu %lld gpu %lld", name, step,
+              (long long)hwords[1], (long long)got[1]);
+        for (int t = 0; t < count; t++) cmp_slot(ctx, &s[t], t, step, false, name);
+    }
+    CHECK(hwords[1] == 3, "%s guarded: %lld steps skipped, want 3", name, (long long)hwords[1]);
+    opf_cuda_free(ctx, dwords);
     for (int t = 0; t < count; t++) free_slot(ctx, &s[t]);
 }
 
@@ -174,6 +237,8 @@ int main(void)
         run_case(ctx, kinds[i].k, many, 60, EDGES_FINITE, 0, 0.01f, kinds[i].name);
         run_case(ctx, kinds[i].k, odd, N_ODD, EDGES_NAN, 0, 0.01f, kinds[i].name);
         run_case(ctx, kinds[i].k, odd, N_ODD, EDGES_INF, 0, 0.01f, kinds[i].name);
+        run_guarded(ctx, kinds[i].k, odd, N_ODD, kinds[i].name);
+        run_guarded(ctx, kinds[i].k, many, 60, kinds[i].name);
     }
     cuda_test_done(ctx);
     TEST_DONE();

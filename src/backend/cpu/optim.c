@@ -6,6 +6,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "backend/cpu/cpu-impl.h"
 #include "backend/optim.h"
@@ -76,16 +77,63 @@ static opf_status step_all(opf_ctx *ctx, const step_params *p, const opf_optim_t
     return OPF_OK;
 }
 
-static opf_status cpu_sgd(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
-                          float momentum, float weight_decay)
+/* Non-finite elements among n of a gradient: an all-ones exponent, read
+ * from the bits. u & e <= e with equality exactly there, so the largest
+ * u & e tells (a vectorized max reduction). */
+static bool nonfinite(const void *g, opf_dtype dt, int64_t n)
 {
+    if (dt == OPF_F32) {
+        const uint32_t *u = g;
+        uint32_t mx = 0;
+#pragma omp simd reduction(max : mx)
+        for (int64_t i = 0; i < n; i++) mx = (u[i] & 0x7f800000u) > mx ? u[i] & 0x7f800000u : mx;
+        return mx == 0x7f800000u;
+    }
+    const uint16_t *u = g;
+    uint16_t e = dt == OPF_BF16 ? 0x7f80 : 0x7c00, mx = 0;
+#pragma omp simd reduction(max : mx)
+    for (int64_t i = 0; i < n; i++) mx = (uint16_t)(u[i] & e) > mx ? (uint16_t)(u[i] & e) : mx;
+    return mx == e;
+}
+
+static opf_status cpu_check(opf_ctx *ctx, const opf_optim_tensor *t, int count, int32_t *found)
+{
+    int32_t hit = 0;
+    for (int k = 0; k < count && !hit; k++) {
+        int64_t n = t[k].n, nchunks = opf_ceil_div(n, CHUNK);
+        size_t es = opf_dtype_nbytes(t[k].grad_dtype, 1);
+        int nt = opf_cpu_threads(ctx, n, PAR_MIN);
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : hit)
+        for (int64_t c = 0; c < nchunks; c++)
+            hit |= nonfinite((const char *)t[k].grad + (size_t)(c * CHUNK) * es, t[k].grad_dtype,
+                             n - c * CHUNK < CHUNK ? n - c * CHUNK : CHUNK);
+    }
+    *found = hit;
+    return OPF_OK;
+}
+
+/* A guard's verdict in host memory (the CPU's caller passes none). */
+static bool guarded_skip(const opf_optim_guard *g)
+{
+    if (!g || !*g->found) return false;
+    ++*g->skipped;
+    return true;
+}
+
+static opf_status cpu_sgd(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
+                          float momentum, float weight_decay, const opf_optim_guard *guard)
+{
+    if (guarded_skip(guard)) return OPF_OK;
     step_params p = {.lr = lr, .momentum = momentum, .weight_decay = weight_decay};
     return step_all(ctx, &p, t, count);
 }
 
 static opf_status cpu_adamw(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
-                            float beta1, float beta2, float eps, float weight_decay, int64_t step)
+                            float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                            const opf_optim_guard *guard)
 {
+    if (guarded_skip(guard)) return OPF_OK;
+    step -= guard ? *guard->skipped - guard->known : 0;
     step_params p = {.adamw = true, .lr = lr, .weight_decay = weight_decay, .beta1 = beta1,
                      .beta2 = beta2, .eps = eps, .bc1 = 1.0f - powf(beta1, (float)step),
                      .bc2 = 1.0f - powf(beta2, (float)step)};
@@ -93,6 +141,7 @@ static opf_status cpu_adamw(opf_ctx *ctx, const opf_optim_tensor *t, int count, 
 }
 
 const opf_optim_kernels opf_cpu_optim = {
+    .check = cpu_check,
     .sgd = cpu_sgd,
     .adamw = cpu_adamw,
 };

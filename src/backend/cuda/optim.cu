@@ -12,10 +12,16 @@
  * operation at a time (no FMA contraction), with x86's NaN bits where a NaN
  * comes out (opf_dev_add and friends, cuda-impl.h; a rare branch). The
  * AdamW bias corrections are computed on the host with the same powf as the
- * CPU and passed in. */
+ * CPU and passed in, for the OPF_OPTIM_BC_WINDOW steps the device may be at
+ * (backend/optim.h: skipped steps the host has not seen yet).
+ *
+ * Non-finite gradients: check_kernel writes the verdict to the guard's
+ * device word, the step kernels read it and return at once when it is set,
+ * and tally_kernel counts the skip after the last batch: no host wait. */
 #include <math.h>
 
 #include "backend/cuda/cuda-impl.h"
+#include "backend/optim.h"
 
 enum {
     THREADS = 256,
@@ -46,6 +52,11 @@ typedef struct step_params {
     bool  adamw;
     float lr, momentum, weight_decay;
     float beta1, beta2, eps, bc1, bc2;
+    /* the guard (NULL found: none); bc[j]: the corrections of step - j */
+    const int32_t *found;
+    const int64_t *skipped;
+    int64_t        known, step;
+    float          bc[2][OPF_OPTIM_BC_WINDOW];
 } step_params;
 
 /* The arithmetic of the step, two ways: plain IEEE operations (fast), and
@@ -177,8 +188,22 @@ __device__ __forceinline__ int tensor_of(const batch &b, int64_t c)
     return lo;
 }
 
+/* 1 - beta^step the host's way when the host computed it, else here (pow
+ * in double, rounded: powf's value but for a rare last bit). */
+__device__ __forceinline__ float bias_correction(const step_params &p, int which, int64_t lag)
+{
+    if (lag < OPF_OPTIM_BC_WINDOW) return p.bc[which][lag];
+    double beta = which ? p.beta2 : p.beta1;
+    return __fsub_rn(1.0f, (float)pow(beta, (double)(p.step - lag)));
+}
+
 __global__ void __launch_bounds__(THREADS) step_kernel(const __grid_constant__ batch b, step_params p)
 {
+    if (p.found) {
+        if (*p.found) return;  /* a non-finite gradient: the step is skipped */
+        int64_t lag = *p.skipped - p.known;
+        if (p.adamw) p.bc1 = bias_correction(p, 0, lag), p.bc2 = bias_correction(p, 1, lag);
+    }
     for (int64_t c = blockIdx.x; c < b.first[b.count]; c += gridDim.x) {
         int k = tensor_of(b, c);
         const desc &t = b.t[k];
@@ -194,6 +219,44 @@ __global__ void __launch_bounds__(THREADS) step_kernel(const __grid_constant__ b
     }
 }
 
+/* Non-finite among 8 elements of a gradient: an all-ones exponent. */
+template <opf_dtype DG> __device__ __forceinline__ bool nonfinite8(const desc &t, int64_t i0, int w)
+{
+    typedef typename opf_dev_plain<DG>::store SG;
+    float g[VEC];
+    opf_dev_load8_as<DG>((const SG *)t.grad + i0, false, w, g);  /* exact widening */
+    bool hit = false;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) hit |= !isfinite(g[k]);
+    return hit;
+}
+
+/* *found = 1 when some gradient of the batch is not finite (zeroed before). */
+__global__ void __launch_bounds__(THREADS) check_kernel(const __grid_constant__ batch b, int32_t *found)
+{
+    for (int64_t c = blockIdx.x; c < b.first[b.count]; c += gridDim.x) {
+        int k = tensor_of(b, c);
+        const desc &t = b.t[k];
+        int64_t i0 = (c - b.first[k]) * CHUNK + threadIdx.x * VEC;
+        bool hit = false;
+        if (i0 < t.n) {
+            int w = t.n - i0 < VEC ? (int)(t.n - i0) : VEC;
+            switch (t.grad_dtype) {
+            case OPF_F32: hit = nonfinite8<OPF_F32>(t, i0, w); break;
+            case OPF_BF16: hit = nonfinite8<OPF_BF16>(t, i0, w); break;
+            default: hit = nonfinite8<OPF_F16>(t, i0, w); break;
+            }
+        }
+        if (__syncthreads_or(hit) && threadIdx.x == 0) *found = 1;  /* every writer writes 1 */
+    }
+}
+
+/* After a step's last batch: one more skipped step when it was skipped. */
+__global__ void tally_kernel(const int32_t *found, int64_t *skipped)
+{
+    if (*found) ++*skipped;
+}
+
 /* ---- host side ----------------------------------------------------------- */
 
 static bool all_aligned(const opf_optim_tensor &t)
@@ -203,11 +266,9 @@ static bool all_aligned(const opf_optim_tensor &t)
            opf_cuda_aligned16(t.param);
 }
 
-/* One launch for up to BATCH tensors from t (empty ones skipped). */
-static opf_status launch_batch(opf_ctx *ctx, opf_cuda_state *s, const char *fn,
-                               const step_params &p, const opf_optim_tensor *t, int count)
+/* The launch descriptors of up to BATCH tensors from t (empty ones skipped). */
+static void fill_batch(batch &b, const opf_optim_tensor *t, int count)
 {
-    batch b;
     b.count = 0;
     b.first[0] = 0;
     for (int k = 0; k < count; k++) {
@@ -220,47 +281,80 @@ static opf_status launch_batch(opf_ctx *ctx, opf_cuda_state *s, const char *fn,
         b.first[b.count + 1] = b.first[b.count] + opf_ceil_div(t[k].n, CHUNK);
         b.count++;
     }
-    if (b.count == 0) return OPF_OK;
-    int64_t chunks = b.first[b.count], cap = (int64_t)s->sm_count * (2048 / THREADS);
-    unsigned grid = (unsigned)(chunks < cap ? chunks : cap);
-    step_kernel<<<grid, THREADS, 0, s->stream>>>(b, p);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    return OPF_OK;
 }
 
-static opf_status step_all(opf_ctx *ctx, const char *fn, const step_params &p,
-                           const opf_optim_tensor *t, int count)
+static unsigned grid_of(const opf_cuda_state *s, const batch &b)
+{
+    int64_t chunks = b.first[b.count], cap = (int64_t)s->sm_count * (2048 / THREADS);
+    return (unsigned)(chunks < cap ? chunks : cap);
+}
+
+/* The step over every tensor, BATCH per launch; found: check, not step. */
+static opf_status launch_all(opf_ctx *ctx, const char *fn, const step_params *p,
+                             const opf_optim_tensor *t, int count, int32_t *found)
 {
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
+    batch b;
     for (int k = 0; k < count; k += BATCH) {
-        opf_status st = launch_batch(ctx, s, fn, p, t + k, count - k < BATCH ? count - k : BATCH);
-        if (st) return st;
+        fill_batch(b, t + k, count - k < BATCH ? count - k : BATCH);
+        if (b.count == 0) continue;
+        if (found) check_kernel<<<grid_of(s, b), THREADS, 0, s->stream>>>(b, found);
+        else step_kernel<<<grid_of(s, b), THREADS, 0, s->stream>>>(b, *p);
+        OPF_CUDA_LAUNCHED(ctx, fn);
     }
     return OPF_OK;
 }
 
+static opf_status cuda_check(opf_ctx *ctx, const opf_optim_tensor *t, int count, int32_t *found)
+{
+    opf_cuda_state *s = opf_cuda_state_of(ctx, "optim check");
+    if (!s) return OPF_ERR_STATE;
+    OPF_CUDA_TRY(ctx, "optim check", cudaMemsetAsync(found, 0, sizeof *found, s->stream));
+    return launch_all(ctx, "optim check", NULL, t, count, found);
+}
+
+/* The step, and with a guard the skip's count after it. */
+static opf_status step_all(opf_ctx *ctx, const char *fn, step_params &p, const opf_optim_tensor *t,
+                           int count, const opf_optim_guard *g)
+{
+    if (g) p.found = g->found, p.skipped = g->skipped, p.known = g->known;
+    opf_status st = launch_all(ctx, fn, &p, t, count, NULL);
+    if (st || !g) return st;
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    tally_kernel<<<1, 1, 0, s->stream>>>(g->found, g->skipped);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
 static opf_status cuda_sgd(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
-                           float momentum, float weight_decay)
+                           float momentum, float weight_decay, const opf_optim_guard *g)
 {
     step_params p = {};
     p.lr = lr, p.momentum = momentum, p.weight_decay = weight_decay;
-    return step_all(ctx, "sgd", p, t, count);
+    return step_all(ctx, "sgd", p, t, count, g);
 }
 
-/* The bias corrections as the CPU computes them (optim.c), on the host. */
+/* The bias corrections as the CPU computes them (optim.c), on the host: of
+ * step, and with a guard of the steps before it too (skips not yet seen). */
 static opf_status cuda_adamw(opf_ctx *ctx, const opf_optim_tensor *t, int count, float lr,
-                             float beta1, float beta2, float eps, float weight_decay, int64_t step)
+                             float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                             const opf_optim_guard *g)
 {
     step_params p = {};
     p.adamw = true, p.lr = lr, p.weight_decay = weight_decay;
-    p.beta1 = beta1, p.beta2 = beta2, p.eps = eps;
+    p.beta1 = beta1, p.beta2 = beta2, p.eps = eps, p.step = step;
     p.bc1 = 1.0f - powf(beta1, (float)step);
     p.bc2 = 1.0f - powf(beta2, (float)step);
-    return step_all(ctx, "adamw", p, t, count);
+    for (int j = 0; g && j < OPF_OPTIM_BC_WINDOW && step - j >= 1; j++) {
+        p.bc[0][j] = 1.0f - powf(beta1, (float)(step - j));
+        p.bc[1][j] = 1.0f - powf(beta2, (float)(step - j));
+    }
+    return step_all(ctx, "adamw", p, t, count, g);
 }
 
 extern "C" const opf_optim_kernels opf_cuda_optim = {
+    /* .check = */ cuda_check,
     /* .sgd = */ cuda_sgd,
     /* .adamw = */ cuda_adamw,
 };
