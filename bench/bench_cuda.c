@@ -423,7 +423,7 @@ static opf_status run_adamw(opf_ctx *ctx, void *p)
 {
     adamw_arg *a = p;
     return opf_backend_get(OPF_DEVICE_CUDA)->optim->adamw(ctx, a->t, ADAMW_TENSORS, 1e-3f, 0.9f,
-                                                           0.999f, 1e-8f, 0.01f, ++a->step);
+                                                           0.999f, 1e-8f, 0.01f, ++a->step, NULL);
 }
 
 /* AdamW's GB/s counts the 28 bytes a parameter must move (gradient, weight
