@@ -158,6 +158,8 @@ static opf_status build(opf_gpt *g)
     if (b.st) return b.st;
     g->head = opf_seq_at(g->seq, opf_seq_len(g->seq) - 1);
     tie(g);
+    opf_status st = c->quantize_head ? OPF_OK : opf_op_set_recipe(g->head, NULL);
+    if (st) return st;
     return opf_op_create(g->ctx, "cross_entropy", NULL, "loss", &g->loss);
 }
 

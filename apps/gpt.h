@@ -6,7 +6,8 @@
  *               -> linear(C, C) + bias -> add_extra_input        (residual 1)
  *               make_extra_output -> layernorm -> linear(C, 4C) + bias -> gelu
  *               -> linear(4C, C) + bias -> add_extra_input       (residual 2)
- *   layernorm, lm_head: linear(C, vocab) without bias, tied to wte
+ *   layernorm, lm_head: linear(C, vocab) without bias, tied to wte, unquantized
+ *   under every recipe unless cfg.quantize_head
  * and a "cross_entropy" op outside the seq turns logits and targets into the
  * loss. The residuals travel through named channels ("b0.res1", ...).
  *
@@ -25,6 +26,10 @@ typedef struct opf_gpt_config {
     int64_t   layers, width, heads;
     opf_dtype dtype;    /* parameters and activations */
     uint64_t  seed;     /* initial weights */
+    /* false (the default): lm_head runs in dtype under any recipe
+     * (opf_op_set_recipe), as the anchor's models keep their output layer
+     * outside quantized autocast; true: it takes the run's recipe too */
+    bool      quantize_head;
 } opf_gpt_config;
 
 typedef struct opf_gpt {

@@ -34,7 +34,8 @@ static void usage(void)
             "                    [--layers N] [--width N] [--heads N] [--seed N] [--lr X]\n"
             "                    [--data FILE [--context T]] [--digits D] [--eval-every N]\n"
             "                    [--save DIR [--save-every N]] [--resume DIR] [--stop-after N]\n"
-            "                    [--compare RECIPE,RECIPE,... [--out PREFIX]] [--quiet]\n");
+            "                    [--compare RECIPE,RECIPE,... [--out PREFIX]] [--quantize-head]\n"
+            "                    [--quiet]\n");
 }
 
 static train_opts default_opts(void)
@@ -86,6 +87,7 @@ static int parse_one(train_opts *o, const char *k, const char *v)
     if (!strcmp(k, "--lr") && v) return o->lr = atof(v), 2;
     if (!strcmp(k, "--compile")) return o->compile = true, 1;
     if (!strcmp(k, "--quiet")) return o->quiet = true, 1;
+    if (!strcmp(k, "--quantize-head")) return o->quantize_head = true, 1;
     fprintf(stderr, "opfuse train: unknown option or missing value: %s\n", k);
     return -1;
 }
@@ -166,7 +168,7 @@ static int64_t model_vocab(const opf_data *d) { return (d->vocab + 63) / 64 * 64
 static opf_status setup_model(trainer *t, opf_dtype dt)
 {
     opf_gpt_config gc = {model_vocab(&t->data), t->data.T, t->o.layers, t->o.width, t->o.heads,
-                         dt, (uint64_t)t->o.seed};
+                         dt, (uint64_t)t->o.seed, t->o.quantize_head};
     char msg[256];
     if (!opf_gpt_check(&gc, msg, sizeof msg)) {
         fprintf(stderr, "opfuse train: %s\n", msg);
@@ -338,10 +340,11 @@ static int run(trainer *t)
     if (!st) st = setup_model(t, rn->dtype);
     if (st == OPF_ERR_INVALID_ARG && !t->gpt) return 1;  /* the message is out */
     if (st) goto fail;
-    printf("opfuse train: %s, %lld layers x %lld wide, %lld heads, %lld parameters, recipe %s%s, "
+    printf("opfuse train: %s, %lld layers x %lld wide, %lld heads, %lld parameters, recipe %s%s%s, "
            "%lld steps of %lld x %lld tokens\n", t->data.addition ? "addition" : t->o.data,
            (long long)t->o.layers, (long long)t->o.width, (long long)t->o.heads,
-           (long long)opf_gpt_num_params(t->gpt), rn->name, t->cc ? " (compiled)" : "",
+           (long long)opf_gpt_num_params(t->gpt), rn->name,
+           t->quantized && !t->o.quantize_head ? " (head bf16)" : "", t->cc ? " (compiled)" : "",
            (long long)t->o.steps, (long long)t->o.batch, (long long)t->data.T);
     int64_t s0 = 0;
     if (t->o.resume) {

@@ -13,6 +13,7 @@ typedef struct train_opts {
     const char *compare;  /* "bf16,fp8-current,...": train each, write out.csv (+ .png) */
     const char *out;      /* --compare's file prefix */
     bool        compile;
+    bool        quantize_head;  /* lm_head under the recipe too (default: unquantized) */
     int64_t     steps, batch, layers, width, heads, context, digits, seed;
     int64_t     warmup, eval_every, save_every, eval_batches;
     int64_t     stop_after;  /* > 0: end after this step (the schedule still spans steps) */
