@@ -167,13 +167,12 @@ opf_status opf_gpt_create(opf_ctx *ctx, const opf_gpt_config *cfg, opf_gpt **out
 {
     char msg[256];
     if (!opf_gpt_check(cfg, msg, sizeof msg)) return OPF_ERR_INVALID_ARG;
-    opf_status st = opf_nn_register();
-    if (st) return st;
     opf_gpt *g = calloc(1, sizeof *g);
     if (!g) return OPF_ERR_NO_MEMORY;
     g->cfg = *cfg;
     g->ctx = ctx;
-    if (!(st = opf_seq_create(ctx, &g->seq)) && !(st = build(g))) st = init_weights(g);
+    opf_status st = opf_seq_create(ctx, &g->seq);
+    if (!st && !(st = build(g))) st = init_weights(g);
     if (st) {
         opf_gpt_destroy(g);
         return st;
