@@ -9,7 +9,8 @@
  * Cases: every registered basic op class x recipe x dtype through the eager
  * op runner; seqs that make every fused class fire; the optimizers; quantize
  * and dequantize per recipe and role; the GEMM per layout; a compiled
- * LayerNorm-MLP step per recipe.
+ * LayerNorm-MLP step per recipe; the language-model ops (embedding,
+ * attention, cross-entropy) per recipe and dtype and gradient clipping.
  *
  * OPF_DIGEST_WRITE=1 rewrites the golden file (see its header for when that
  * is allowed). OPF_DIGEST_VERBOSE=1 prints every case and every skip reason. */
@@ -254,7 +255,8 @@ static bool digested_elsewhere(const char *cls)
 }
 
 /* The language-model classes take token ids, a packed qkv or logits with
- * targets, not the rows' [ROWS, COLS] input (tests/ops/test_nn.c pins them). */
+ * targets, not the rows' [ROWS, COLS] input: their cases are the nn
+ * section's (run_nn_cases). */
 static bool nn_class(const char *cls)
 {
     return !strcmp(cls, "embedding") || !strcmp(cls, "attention") || !strcmp(cls, "cross_entropy");
@@ -700,6 +702,95 @@ static void run_gemm_cases(opf_ctx *ctx)
             for (int d = 0; d < NDT; d++) run_gemm_case(ctx, row, recipes[k], dtypes[d]);
 }
 
+/* ---- the language-model ops and gradient clipping (nn.h) ------------------------------ */
+
+enum { NN_B = 4, NN_T = 16, NN_C = 64, NN_HEADS = 2, NN_V = 96 };
+
+/* int32 values in [0, n), every 7th -1 when with_ignored (ignored targets). */
+static opf_tensor rand_ids(opf_ctx *ctx, unsigned long long *s, int64_t n, bool with_ignored)
+{
+    opf_tensor t;
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &(opf_spec){.ndim = 2, .shape = {NN_B, NN_T}, .dtype = OPF_I32}, &t));
+    int32_t *v = t.data[0];
+    for (int64_t i = 0; v && i < NN_B * NN_T; i++)
+        v[i] = with_ignored && i % 7 == 3 ? -1 : (int32_t)(opf_test_uniform(s, 0.0f, 1.0f) * (float)n) % (int32_t)n;
+    return t;
+}
+
+static void nn_inputs(opf_ctx *ctx, const op_case *c, opf_dtype dt, opf_recipe_kind rk, unsigned long long *s,
+                      opf_tensor *x, opf_tensor *ex)
+{
+    (void)rk;
+    memset(ex, 0, sizeof *ex);
+    if (!strcmp(c->cls, "embedding")) {
+        *x = rand_ids(ctx, s, NN_V, false);
+    } else if (!strcmp(c->cls, "attention")) {
+        *x = rand_tensor(ctx, s, 3, (int64_t[]){NN_B, NN_T, 3 * NN_C}, dt, -2.0f, 2.0f);
+    } else {
+        *x = rand_tensor(ctx, s, 3, (int64_t[]){NN_B, NN_T, NN_V}, dt, -3.0f, 3.0f);
+        *ex = rand_ids(ctx, s, NN_V, true);
+    }
+}
+
+/* Each class per recipe (the neighbours' quantizers: embedding quantizes its
+ * output for the next op, attention and cross_entropy their dx for the
+ * previous one) and dtype. */
+static void run_nn_op_cases(opf_ctx *ctx)
+{
+    static const char *const classes[] = {"embedding", "attention", "cross_entropy"};
+    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
+        for (int k = 0; k < NREC; k++)
+            for (int d = 0; d < NDT; d++) {
+                char name[96];
+                snprintf(name, sizeof name, "nn/%s/%s/%s", classes[i], opf_recipe_name(recipes[k]),
+                         opf_dtype_name(dtypes[d]));
+                opf_embedding_config ec = {NN_V, NN_T, NN_C, dtypes[d]};
+                opf_attention_config ac = {NN_HEADS};
+                const void *cfg = i == 0 ? (const void *)&ec : i == 1 ? (const void *)&ac : NULL;
+                op_case oc = {classes[i], classes[i], nn_inputs, NULL, i == 2};
+                run_class_case(ctx, name, &oc, cfg, dtypes[d], recipes[k]);
+            }
+}
+
+/* Clipping: a LayerNorm-MLP's gradients after one step, clipped to half
+ * their norm; the norm and the clipped gradients are hashed. */
+static void run_clip_case(opf_ctx *ctx, opf_dtype dt)
+{
+    char name[96];
+    snprintf(name, sizeof name, "nn/clip_grad_norm/%s", opf_dtype_name(dt));
+    unsigned long long s = case_rng(name);
+    opf_seq *seq = NULL;
+    opf_status st = build_seq(ctx, SQ_LN_MLP, dt, &seq);
+    const char *stage = "seq";
+    opf_tensor x, y, dy, dx;
+    memset(&y, 0, sizeof y), memset(&dy, 0, sizeof dy), memset(&dx, 0, sizeof dx);
+    x = rand2(ctx, &s, ROWS, COLS, dt);
+    if (!st) {
+        randomize_seq(seq, &s);
+        opf_seq_call call = opf_seq_call_default();
+        stage = "step";
+        st = opf_seq_forward(seq, &x, &call, &y, NULL);
+        if (!st) dy = rand_like(ctx, &s, &y, dt), st = opf_seq_backward(seq, &dy, NULL, &dx, NULL);
+    }
+    double norm = 0, clipped = 0;
+    if (!st) stage = "clip", st = opf_clip_grad_norm(ctx, &seq, 1, 1e30, &norm);
+    if (!st) st = opf_clip_grad_norm(ctx, &seq, 1, 0.5 * norm, NULL);
+    if (!st) st = opf_clip_grad_norm(ctx, &seq, 1, 1e30, &clipped);
+    uint64_t h = 0xCBF29CE484222325ull;
+    dg_bytes(&h, &norm, sizeof norm), dg_bytes(&h, &clipped, sizeof clipped);
+    for (int i = 0; !st && i < opf_seq_len(seq); i++) dg_op_state(&h, opf_seq_at(seq, i));
+    if (st) dg_skip(ctx, name, stage, st);
+    else dg_done(name, h);
+    opf_tensor_release(&x), opf_tensor_release(&y), opf_tensor_release(&dy), opf_tensor_release(&dx);
+    opf_seq_destroy(seq);
+}
+
+static void run_nn_cases(opf_ctx *ctx)
+{
+    run_nn_op_cases(ctx);
+    for (int d = 0; d < NDT; d++) run_clip_case(ctx, dtypes[d]);
+}
+
 /* ---- the golden file ------------------------------------------------------------- */
 
 static const char golden_header[] =
@@ -778,6 +869,7 @@ int main(void)
     run_seq_cases(ctx);
     run_quant_cases(ctx);
     run_gemm_cases(ctx);
+    run_nn_cases(ctx);
     opf_ctx_destroy(ctx);
     if (verbose)
         for (int i = 0; i < n_cases; i++) printf("%s %s\n", cases[i].name, cases[i].line);
