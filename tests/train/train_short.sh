@@ -60,7 +60,10 @@ expect_error() {
 expect_error "cannot read $dir/missing.txt" --data "$dir/missing.txt"
 expect_error "is empty" --data "$dir/empty.txt"
 expect_error "not divisible by 3 heads" --heads 3
-expect_error "not available yet" --device cuda
+expect_error "unknown device" --device tpu
+# --device cuda trains where a GPU is, else says why
+"$bin" train $tiny --steps 2 --device cuda >"$dir/cuda.out" 2>&1 ||
+    grep -q "cannot use --device cuda: " "$dir/cuda.out" || { fail "--device cuda:"; cat "$dir/cuda.out"; }
 expect_error "unknown recipe" --recipe fp6
 expect_error "does not take --save" --compare bf16 --save "$dir/x"
 expect_error "was saved with \"width 64\", this run has \"width 128\"" --resume "$dir/part-bf16" --width 128
