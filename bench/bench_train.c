@@ -82,8 +82,12 @@ static int run_peer(const bench_cfg *c, const char *modes, peer_result *r, int m
 
 static bool parse(int argc, char **argv, bench_cfg *c)
 {
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cuda")) *c = cuda_default;
+    for (int i = 0; i < argc; i++)  /* the device first: it picks the defaults */
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            if (!strcmp(argv[i + 1], "cuda")) *c = cuda_default;
+            else if (strcmp(argv[i + 1], "cpu"))
+                return fprintf(stderr, "bench train: unknown device \"%s\" (cpu or cuda)\n", argv[i + 1]), false;
+        }
     static const struct { const char *name; size_t off; } ints[] = {
         {"--layers", offsetof(bench_cfg, layers)}, {"--width", offsetof(bench_cfg, width)},
         {"--heads", offsetof(bench_cfg, heads)},   {"--batch", offsetof(bench_cfg, batch)},
