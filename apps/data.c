@@ -30,6 +30,14 @@ void opf_data_addition(int digits, opf_data *d)
     d->T = (len + 7) / 8 * 8;         /* rows padded to a multiple of 8 tokens */
 }
 
+void opf_data_random(int64_t vocab, int64_t T, opf_data *d)
+{
+    memset(d, 0, sizeof *d);
+    d->random = true;
+    d->vocab = vocab;
+    d->T = T;
+}
+
 int opf_data_prompt_len(const opf_data *d) { return 2 * d->digits + 2; }
 int opf_data_answer_len(const opf_data *d) { return d->digits + 1; }
 
@@ -78,12 +86,25 @@ static void file_row(const opf_data *d, uint64_t seed, int split, int64_t index,
     }
 }
 
+/* Token t + 1 of the row is token t's target, as in a text. */
+static void random_row(const opf_data *d, uint64_t seed, int split, int64_t index, int32_t *tok,
+                       int32_t *tgt)
+{
+    uint64_t v = (uint64_t)d->vocab;
+    for (int64_t t = 0; t <= d->T; t++) {
+        int32_t x = (int32_t)(mix(seed, (uint64_t)split, (uint64_t)index, 3 + (uint64_t)t) % v);
+        if (t < d->T) tok[t] = x;
+        if (t > 0) tgt[t - 1] = x;
+    }
+}
+
 void opf_data_batch(const opf_data *d, uint64_t seed, int split, int64_t index, int64_t B,
                     int32_t *tok, int32_t *tgt)
 {
     for (int64_t r = 0; r < B; r++) {
         int64_t row = index * B + r;
         if (d->addition) addition_row(d, seed, split, row, tok + r * d->T, tgt + r * d->T);
+        else if (d->random) random_row(d, seed, split, row, tok + r * d->T, tgt + r * d->T);
         else file_row(d, seed, split, row, tok + r * d->T, tgt + r * d->T);
     }
 }

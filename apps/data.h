@@ -6,7 +6,9 @@
  *    loss and the exact-match accuracy measure the sum.
  *  - A text file (--data FILE), read through a memory map as bytes (vocab
  *    256): rows are windows of T + 1 bytes from the first 90% (training) or
- *    the last 10% (evaluation). */
+ *    the last 10% (evaluation).
+ *  - Uniform random tokens of a given vocabulary (benchmarks: the shapes of
+ *    a real model without its data). */
 #ifndef OPFUSE_APPS_DATA_H
 #define OPFUSE_APPS_DATA_H
 
@@ -18,6 +20,7 @@ enum { OPF_ADD_PLUS = 10, OPF_ADD_EQ = 11, OPF_ADD_PAD = 12, OPF_ADD_VOCAB = 13 
 
 typedef struct opf_data {
     bool           addition;
+    bool           random;        /* uniform random tokens of [0, vocab) */
     int            digits;        /* addition: digits of each operand */
     const uint8_t *bytes;         /* file: the mapped bytes */
     size_t         n, n_train;    /* file: all bytes, the training part */
@@ -27,6 +30,8 @@ typedef struct opf_data {
 
 /* The addition task with `digits` (1..9) digits per operand. */
 void opf_data_addition(int digits, opf_data *d);
+/* Uniform random rows of T tokens from [0, vocab). */
+void opf_data_random(int64_t vocab, int64_t T, opf_data *d);
 /* Maps the file at path for rows of T tokens; false with msg when it cannot
  * be read, is empty, or is shorter than 2 (T + 1) bytes. */
 bool opf_data_open(const char *path, int64_t T, opf_data *d, char *msg, size_t size);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gpt.h"
+#include "op/op-impl.h"  /* opf_param_accumulate: the gradient sum of backward */
 
 typedef struct builder {
     opf_ctx   *ctx;
@@ -96,13 +97,23 @@ static double normal(uint64_t *s)
     return sqrt(-2.0 * log(u[0] + 1e-300)) * cos(6.283185307179586 * u[1]);
 }
 
-static opf_status fill_normal(opf_param *p, double sigma, uint64_t *s)
+/* Drawn on the host in f32, rounded to the parameter's dtype there, then
+ * copied to wherever the parameter lives. */
+static opf_status fill_normal(opf_ctx *ctx, opf_param *p, double sigma, uint64_t *s)
 {
     int64_t n = opf_spec_numel(&p->value.spec);
     float *v = malloc(sizeof(float) * (size_t)n);
     if (!v) return OPF_ERR_NO_MEMORY;
     for (int64_t i = 0; i < n; i++) v[i] = (float)(sigma * normal(s));
-    opf_status st = opf_convert(v, OPF_F32, p->value.data[0], p->value.spec.dtype, (size_t)n);
+    opf_spec hs = p->value.spec;
+    hs.device = OPF_DEVICE_CPU;
+    opf_tensor h;
+    opf_status st = opf_tensor_alloc(ctx, &hs, &h);
+    if (!st) {
+        st = opf_convert(v, OPF_F32, h.data[0], hs.dtype, (size_t)n);
+        if (!st) st = opf_tensor_copy(ctx, &h, &p->value);
+        opf_tensor_release(&h);
+    }
     free(v);
     return st;
 }
@@ -125,11 +136,11 @@ static opf_status init_weights(opf_gpt *g)
         const char *cls = opf_op_class_of(op)->name, *name = opf_op_name(op);
         if (op == g->head) continue;  /* tied: wte's values */
         if (!strcmp(cls, "embedding")) {
-            st = fill_normal(opf_op_param(op, 0), 0.02, &s);
-            if (!st) st = fill_normal(opf_op_param(op, 1), 0.01, &s);
+            st = fill_normal(g->ctx, opf_op_param(op, 0), 0.02, &s);
+            if (!st) st = fill_normal(g->ctx, opf_op_param(op, 1), 0.01, &s);
         } else if (!strcmp(cls, "basic_linear")) {
             bool out = ends_with(name, ".proj") || ends_with(name, ".fc2");
-            st = fill_normal(opf_op_param(op, 0), out ? proj : 0.02, &s);
+            st = fill_normal(g->ctx, opf_op_param(op, 0), out ? proj : 0.02, &s);
         }
     }
     return st;
@@ -158,6 +169,12 @@ static opf_status build(opf_gpt *g)
     if (b.st) return b.st;
     g->head = opf_seq_at(g->seq, opf_seq_len(g->seq) - 1);
     tie(g);
+    opf_status st = c->quantize_head ? OPF_OK : opf_op_set_recipe(g->head, NULL);
+    float one = 1.0f;
+    opf_tensor h;
+    if (!st) st = opf_tensor_wrap(&(opf_spec){.ndim = 1, .shape = {1}, .dtype = OPF_F32}, &one, &h);
+    if (!st) st = opf_tensor_to(g->ctx, &h, opf_ctx_device(g->ctx), &g->one);
+    if (st) return st;
     return opf_op_create(g->ctx, "cross_entropy", NULL, "loss", &g->loss);
 }
 
@@ -165,13 +182,12 @@ opf_status opf_gpt_create(opf_ctx *ctx, const opf_gpt_config *cfg, opf_gpt **out
 {
     char msg[256];
     if (!opf_gpt_check(cfg, msg, sizeof msg)) return OPF_ERR_INVALID_ARG;
-    opf_status st = opf_nn_register();
-    if (st) return st;
     opf_gpt *g = calloc(1, sizeof *g);
     if (!g) return OPF_ERR_NO_MEMORY;
     g->cfg = *cfg;
     g->ctx = ctx;
-    if (!(st = opf_seq_create(ctx, &g->seq)) && !(st = build(g))) st = init_weights(g);
+    opf_status st = opf_seq_create(ctx, &g->seq);
+    if (!st && !(st = build(g))) st = init_weights(g);
     if (st) {
         opf_gpt_destroy(g);
         return st;
@@ -184,6 +200,7 @@ void opf_gpt_destroy(opf_gpt *g)
 {
     if (!g) return;
     opf_op_ctx_clear(&g->loss_ctx);
+    opf_tensor_release(&g->one);
     opf_op_destroy(g->loss);
     opf_seq_destroy(g->seq);
     free(g);
@@ -205,42 +222,40 @@ int64_t opf_gpt_num_params(opf_gpt *g)
 }
 
 opf_status opf_gpt_loss(opf_gpt *g, const opf_tensor *logits, const opf_tensor *targets, bool grad,
-                        float *loss)
+                        opf_tensor *loss)
 {
     opf_fwd_env env = {.ctx = g->ctx, .x = logits, .extra_in = {targets}, .requires_grad = grad};
     opf_tensor outs[1 + OPF_OP_MAX_EXTRA];
     opf_status st = opf_op_forward(g->loss, &env, grad ? &g->loss_ctx : NULL, outs);
-    if (st) return st;
-    *loss = *(const float *)outs[0].data[0];
-    opf_tensor_release(&outs[0]);
-    return OPF_OK;
+    if (!st) *loss = outs[0];
+    return st;
+}
+
+opf_status opf_gpt_read(opf_gpt *g, const opf_tensor *t, float *v)
+{
+    if (t->spec.device == OPF_DEVICE_CPU) return *v = *(const float *)t->data[0], OPF_OK;
+    opf_tensor h;
+    opf_status st = opf_tensor_to(g->ctx, t, OPF_DEVICE_CPU, &h);
+    if (!st) *v = *(const float *)h.data[0], opf_tensor_release(&h);
+    return st;
 }
 
 opf_status opf_gpt_loss_backward(opf_gpt *g, opf_tensor *dlogits)
 {
-    float one = 1.0f;
-    opf_tensor dy, dt[OPF_OP_MAX_EXTRA];
-    opf_status st = opf_tensor_wrap(&(opf_spec){.ndim = 1, .shape = {1}, .dtype = OPF_F32}, &one, &dy);
-    opf_bwd_env env = {.ctx = g->ctx, .dy = &dy};
+    opf_tensor dt[OPF_OP_MAX_EXTRA];
+    opf_bwd_env env = {.ctx = g->ctx, .dy = &g->one};
     memset(dt, 0, sizeof dt);
-    if (!st) st = opf_op_backward(g->loss, &g->loss_ctx, &env, dlogits, dt);
-    return st;
+    return opf_op_backward(g->loss, &g->loss_ctx, &env, dlogits, dt);
 }
 
-/* wte.grad += lm_head.grad in fp32, rounded once to the grad's dtype. */
+/* wte.grad += lm_head.grad (the library's gradient accumulation: an fp32
+ * sum rounded once to the grad's dtype, or a cast when wte has none yet),
+ * on the parameters' device. */
 opf_status opf_gpt_tie_grads(opf_gpt *g)
 {
     opf_param *h = opf_op_param(g->head, 0), *e = opf_op_param(g->emb, 0);
     if (!h->has_grad) return OPF_OK;
-    int64_t n = opf_spec_numel(&h->grad.spec);
-    float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
-    opf_status st = a && b ? OPF_OK : OPF_ERR_NO_MEMORY;
-    if (!st) st = opf_convert(h->grad.data[0], h->grad.spec.dtype, a, OPF_F32, (size_t)n);
-    if (!st && e->has_grad) st = opf_convert(e->grad.data[0], e->grad.spec.dtype, b, OPF_F32, (size_t)n);
-    for (int64_t i = 0; !st && e->has_grad && i < n; i++) a[i] += b[i];
-    if (!st) st = opf_convert(a, OPF_F32, e->grad.data[0], e->grad.spec.dtype, (size_t)n);
-    free(a), free(b);
-    e->has_grad = !st;
+    opf_status st = opf_param_accumulate(g->ctx, e, &h->grad);
     h->has_grad = false;
     return st;
 }

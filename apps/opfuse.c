@@ -31,6 +31,7 @@ static const command commands[] = {
     {"bench", "compile", opf_bench_compile, "LayerNorm-MLP step host time, eager vs compiled"},
     {"bench", "cuda", opf_bench_cuda, "GPU quantize GB/s vs a device copy; cuBLASLt GEMM TFLOP/s"},
     {"bench", "cuda-train", opf_bench_cuda_train, "GPU Linear and LayerNorm-MLP steps per recipe; CUDA graphs"},
+    {"bench", "train", opf_bench_train, "GPT training tokens/s per recipe vs PyTorch (--device cuda)"},
 };
 
 static void usage(void)

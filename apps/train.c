@@ -34,10 +34,11 @@ static void usage(void)
             "                    [--layers N] [--width N] [--heads N] [--seed N] [--lr X]\n"
             "                    [--data FILE [--context T]] [--digits D] [--eval-every N]\n"
             "                    [--save DIR [--save-every N]] [--resume DIR] [--stop-after N]\n"
-            "                    [--compare RECIPE,RECIPE,... [--out PREFIX]] [--quiet]\n");
+            "                    [--compare RECIPE,RECIPE,... [--out PREFIX]] [--quantize-head]\n"
+            "                    [--quiet]\n");
 }
 
-static train_opts default_opts(void)
+train_opts train_default_opts(void)
 {
     return (train_opts){.recipe = "bf16", .device = "cpu", .steps = 1500, .batch = 32,
                         .layers = 2, .width = 64, .heads = 4, .context = 64, .digits = 3,
@@ -86,6 +87,7 @@ static int parse_one(train_opts *o, const char *k, const char *v)
     if (!strcmp(k, "--lr") && v) return o->lr = atof(v), 2;
     if (!strcmp(k, "--compile")) return o->compile = true, 1;
     if (!strcmp(k, "--quiet")) return o->quiet = true, 1;
+    if (!strcmp(k, "--quantize-head")) return o->quantize_head = true, 1;
     fprintf(stderr, "opfuse train: unknown option or missing value: %s\n", k);
     return -1;
 }
@@ -134,22 +136,31 @@ static double now_s(void)
 
 /* ---- setup ------------------------------------------------------------------------ */
 
-/* The device the run asks for, or false with a message. */
-static bool check_device(const char *dev)
+/* The context on the device the run asks for, or false with a message. */
+static bool open_ctx(trainer *t)
 {
-    if (!strcmp(dev, "cpu")) return true;
-    if (!strcmp(dev, "cuda"))
-        fprintf(stderr, "opfuse train: --device cuda is not available yet: the CUDA backend has "
-                        "quantize and GEMM kernels but no norm, attention or optimizer kernels; "
-                        "train with --device cpu\n");
-    else
-        fprintf(stderr, "opfuse train: unknown device \"%s\" (cpu or cuda)\n", dev);
+    opf_ctx_options co = opf_ctx_options_default();
+    co.seed = (uint64_t)t->o.seed;
+    if (!strcmp(t->o.device, "cuda")) {
+        co.device = OPF_DEVICE_CUDA;
+    } else if (strcmp(t->o.device, "cpu")) {
+        fprintf(stderr, "opfuse train: unknown device \"%s\" (cpu or cuda)\n", t->o.device);
+        return false;
+    }
+    opf_status st = opf_ctx_create(&co, &t->ctx);
+    if (!st) return true;
+    fprintf(stderr, "opfuse train: cannot use --device %s: %s\n", t->o.device, opf_last_error(NULL));
+    t->ctx = NULL;
     return false;
 }
 
 static bool setup_data(trainer *t)
 {
     char msg[512];
+    if (t->o.random_vocab > 0) {
+        opf_data_random(t->o.random_vocab, t->o.context, &t->data);
+        return true;
+    }
     if (!t->o.data) {
         opf_data_addition((int)t->o.digits, &t->data);
         return true;
@@ -166,7 +177,7 @@ static int64_t model_vocab(const opf_data *d) { return (d->vocab + 63) / 64 * 64
 static opf_status setup_model(trainer *t, opf_dtype dt)
 {
     opf_gpt_config gc = {model_vocab(&t->data), t->data.T, t->o.layers, t->o.width, t->o.heads,
-                         dt, (uint64_t)t->o.seed};
+                         dt, (uint64_t)t->o.seed, t->o.quantize_head};
     char msg[256];
     if (!opf_gpt_check(&gc, msg, sizeof msg)) {
         fprintf(stderr, "opfuse train: %s\n", msg);
@@ -185,8 +196,9 @@ static opf_status setup_model(trainer *t, opf_dtype dt)
     return st;
 }
 
-static void teardown(trainer *t)
+void train_close(trainer *t)
 {
+    opf_tensor_release(&t->tok_d), opf_tensor_release(&t->tgt_d);
     opf_compiled_destroy(t->cc);
     opf_optim_destroy(t->opt);
     opf_gpt_destroy(t->gpt);
@@ -197,22 +209,36 @@ static void teardown(trainer *t)
 
 /* ---- one step ------------------------------------------------------------------------ */
 
+/* Rows [B, T] of token ids on the model's device into *slot (t->tok_d or
+ * t->tgt_d): a view of the host rows on the CPU, one upload per batch to a
+ * GPU. The slot keeps them until the next batch: a compiled backward reads
+ * the forward's token ids. */
+static opf_status upload(trainer *t, const int32_t *rows, int64_t B, opf_tensor *slot)
+{
+    opf_tensor h;
+    opf_status st = opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {B, t->data.T}, .dtype = OPF_I32},
+                                    (void *)rows, &h);
+    opf_device dev = opf_ctx_device(t->ctx);
+    opf_tensor_release(slot);
+    if (st || dev == OPF_DEVICE_CPU) return *slot = h, st;
+    return opf_tensor_to(t->ctx, &h, dev, slot);
+}
+
 opf_status train_forward(trainer *t, const int32_t *tok, const int32_t *tgt, int64_t B, bool grad,
                          opf_tensor *logits, float *loss)
 {
-    int64_t T = t->data.T;
-    opf_tensor x, y;
-    opf_status st = opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {B, T}, .dtype = OPF_I32},
-                                    (void *)tok, &x);
+    opf_tensor l;
+    opf_status st = upload(t, tok, B, &t->tok_d);
     opf_seq_call call = opf_seq_call_default();
     call.recipe = t->quantized ? &t->recipe : NULL;
     call.requires_grad = grad;
     call.input_requires_grad = false;
-    if (!st) st = grad && t->cc ? opf_compiled_forward(t->cc, &x, &call, logits, NULL)
-                                : opf_seq_forward(t->gpt->seq, &x, &call, logits, NULL);
+    if (!st) st = grad && t->cc ? opf_compiled_forward(t->cc, &t->tok_d, &call, logits, NULL)
+                                : opf_seq_forward(t->gpt->seq, &t->tok_d, &call, logits, NULL);
     if (st || !tgt) return st;
-    st = opf_tensor_wrap(&(opf_spec){.ndim = 2, .shape = {B, T}, .dtype = OPF_I32}, (void *)tgt, &y);
-    if (!st) st = opf_gpt_loss(t->gpt, logits, &y, grad, loss);
+    if (!(st = upload(t, tgt, B, &t->tgt_d))) st = opf_gpt_loss(t->gpt, logits, &t->tgt_d, grad, &l);
+    if (!st && loss) st = opf_gpt_read(t->gpt, &l, loss);
+    if (!st) opf_tensor_release(&l);
     if (st) opf_tensor_release(logits);
     return st;
 }
@@ -226,7 +252,7 @@ static opf_status backward(trainer *t, const opf_tensor *dlogits)
     return st;
 }
 
-static opf_status step(trainer *t, int64_t s, float *loss)
+opf_status train_step(trainer *t, int64_t s, float *loss)
 {
     opf_tensor logits, dlogits;
     opf_seq_zero_grad(t->gpt->seq);
@@ -249,6 +275,8 @@ static opf_status step(trainer *t, int64_t s, float *loss)
 }
 
 /* ---- the loop --------------------------------------------------------------------- */
+
+enum { LOG_EVERY = 10 };  /* steps between loss reads on a device */
 
 /* The progress line, redrawn at most ten times a second. */
 static void progress(const trainer *t, int64_t s, double loss, double t0, int64_t s0)
@@ -301,17 +329,19 @@ static opf_status train_loop(trainer *t, int64_t s0)
     opf_status st = OPF_OK;
     int64_t end = t->o.stop_after > 0 && t->o.stop_after < t->o.steps ? t->o.stop_after : t->o.steps;
     for (int64_t s = s0; s < end && !st; s++) {
+        bool last = s + 1 == end, eval = (s + 1) % t->o.eval_every == 0 || last;
+        /* a device's loss is read (a host synchronization) every LOG_EVERY steps only */
+        bool read = opf_ctx_device(t->ctx) == OPF_DEVICE_CPU || eval || (s + 1) % LOG_EVERY == 0;
         float loss;
-        if ((st = step(t, s, &loss))) break;
-        t->last_loss = loss;
-        if (!isfinite(loss)) {
+        if ((st = train_step(t, s, read ? &loss : NULL))) break;
+        if (read) t->last_loss = loss;
+        if (read && !isfinite(loss)) {
             fprintf(stderr, "\nopfuse train: the loss is %g at step %lld\n", (double)loss, (long long)s + 1);
             return OPF_ERR_INVALID_ARG;
         }
-        if (tty) progress(t, s, loss, t0, s0);
+        if (tty) progress(t, s, t->last_loss, t0, s0);
         if (s == s0 && t->cc) report_graph(t, tty);
-        bool last = s + 1 == end;
-        if ((s + 1) % t->o.eval_every == 0 || last) st = evaluate(t, s + 1, tty);
+        if (eval) st = evaluate(t, s + 1, tty);
         if (!st && t->o.save && ((s + 1) % t->o.save_every == 0 || last)) st = train_save(t, t->o.save);
     }
     t->seconds = now_s() - t0;
@@ -322,26 +352,34 @@ static opf_status train_loop(trainer *t, int64_t s0)
     return st;
 }
 
-static int run(trainer *t)
+int train_open(trainer *t)
 {
     const recipe_name *rn = find_recipe(t->o.recipe);
     if (!rn) {
         fprintf(stderr, "opfuse train: unknown recipe \"%s\"\n", t->o.recipe);
         return 2;
     }
-    if (!check_device(t->o.device) || !setup_data(t)) return 1;
+    if (!setup_data(t) || !open_ctx(t)) return 1;
     t->recipe = opf_recipe_default(rn->kind);
     t->quantized = rn->kind != OPF_RECIPE_NONE;
-    opf_ctx_options co = opf_ctx_options_default();
-    co.seed = (uint64_t)t->o.seed;
-    opf_status st = opf_ctx_create(&co, &t->ctx);
-    if (!st) st = setup_model(t, rn->dtype);
+    opf_status st = setup_model(t, rn->dtype);
     if (st == OPF_ERR_INVALID_ARG && !t->gpt) return 1;  /* the message is out */
-    if (st) goto fail;
-    printf("opfuse train: %s, %lld layers x %lld wide, %lld heads, %lld parameters, recipe %s%s, "
+    if (st) {
+        fprintf(stderr, "opfuse train: %s: %s\n", opf_status_str(st), opf_last_error(t->ctx));
+        return 1;
+    }
+    return 0;
+}
+
+static int run(trainer *t)
+{
+    int rc = train_open(t);
+    if (rc) return rc;
+    printf("opfuse train: %s, %lld layers x %lld wide, %lld heads, %lld parameters, recipe %s%s%s, "
            "%lld steps of %lld x %lld tokens\n", t->data.addition ? "addition" : t->o.data,
            (long long)t->o.layers, (long long)t->o.width, (long long)t->o.heads,
-           (long long)opf_gpt_num_params(t->gpt), rn->name, t->cc ? " (compiled)" : "",
+           (long long)opf_gpt_num_params(t->gpt), t->o.recipe,
+           t->quantized && !t->o.quantize_head ? " (head bf16)" : "", t->cc ? " (compiled)" : "",
            (long long)t->o.steps, (long long)t->o.batch, (long long)t->data.T);
     int64_t s0 = 0;
     if (t->o.resume) {
@@ -349,9 +387,9 @@ static int run(trainer *t)
         s0 = opf_optim_step_count(t->opt);
         printf("resumed from %s at step %lld\n", t->o.resume, (long long)s0);
     }
-    if ((st = train_loop(t, s0)) || (!t->csv && (st = train_sample(t)))) goto fail;
-    return 0;
-fail:
+    opf_status st = train_loop(t, s0);
+    if (!st && !t->csv) st = train_sample(t);
+    if (!st) return 0;
     fprintf(stderr, "opfuse train: %s: %s\n", opf_status_str(st), opf_last_error(t->ctx));
     return 1;
 }
@@ -360,7 +398,7 @@ fail:
 static int run_one(trainer *t)
 {
     int rc = run(t);
-    teardown(t);
+    train_close(t);
     return rc;
 }
 
@@ -368,7 +406,7 @@ int opf_app_train(int argc, char **argv)
 {
     trainer t;
     memset(&t, 0, sizeof t);
-    t.o = default_opts();
+    t.o = train_default_opts();
     for (int i = 0; i < argc;) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(), 0;
         int used = parse_one(&t.o, argv[i], i + 1 < argc ? argv[i + 1] : NULL);

@@ -13,8 +13,10 @@ typedef struct train_opts {
     const char *compare;  /* "bf16,fp8-current,...": train each, write out.csv (+ .png) */
     const char *out;      /* --compare's file prefix */
     bool        compile;
+    bool        quantize_head;  /* lm_head under the recipe too (default: unquantized) */
     int64_t     steps, batch, layers, width, heads, context, digits, seed;
     int64_t     warmup, eval_every, save_every, eval_batches;
+    int64_t     random_vocab;  /* > 0: uniform random tokens of this vocabulary (bench) */
     int64_t     stop_after;  /* > 0: end after this step (the schedule still spans steps) */
     double      lr, min_lr, clip, weight_decay;
     bool        quiet;    /* no progress line even on a terminal */
@@ -29,11 +31,23 @@ typedef struct trainer {
     opf_gpt       *gpt;
     opf_optim     *opt;
     opf_compiled  *cc;
-    int32_t       *tok, *tgt;  /* [batch, T] */
+    int32_t       *tok, *tgt;  /* [batch, T] on the host */
+    opf_tensor     tok_d, tgt_d;  /* the last batch's on the model's device (train.c) */
     double         last_loss;
     FILE          *csv;        /* --compare: one row per evaluation */
     double         eval_loss, accuracy, seconds, tokens_per_s;  /* the last evaluation; the run */
 } trainer;
+
+/* The options of a plain `opfuse train`. */
+train_opts train_default_opts(void);
+/* Builds t's data, context, model and optimizer (and compiled seq) from
+ * t->o: 0, or the exit code (1 or 2) with the message on stderr. Free
+ * with train_close, also after a failure. */
+int train_open(trainer *t);
+void train_close(trainer *t);
+/* One training step s (0-based: the data batch and the learning rate's
+ * schedule): forward, loss, backward, tied gradients, clipping, AdamW. */
+opf_status train_step(trainer *t, int64_t s, float *loss);
 
 /* --compare LIST (train_compare.c): trains base's configuration under each
  * recipe of the list, writes PREFIX.csv, PREFIX.png where gnuplot is

@@ -33,7 +33,8 @@ static void plot(const char *prefix, const result *r, int n)
     fprintf(f, "\n");
     fclose(f);
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
-        printf("plot: gnuplot is not installed; %s draws %s.png from %s.csv\n", path, prefix, prefix);
+        printf("plot: gnuplot is not installed (Debian: apt-get install gnuplot-nox); `gnuplot %s` "
+               "then draws %s.png from %s.csv\n", path, prefix, prefix);
         return;
     }
     snprintf(cmd, sizeof cmd, "gnuplot '%s'", path);

@@ -15,16 +15,18 @@ static opf_status argmax_at(const trainer *t, const opf_tensor *logits, int64_t 
     int64_t T = t->data.T, V = logits->spec.shape[2];
     float row[1024];
     size_t esz = opf_dtype_nbytes(logits->spec.dtype, 1);
-    for (int64_t r = 0; r < B; r++) {
-        const char *p = (const char *)logits->data[0] + (size_t)((r * T + pos) * V) * esz;
-        opf_status st = opf_convert(p, logits->spec.dtype, row, OPF_F32, (size_t)t->data.vocab);
-        if (st) return st;
+    opf_tensor h = *logits;  /* a device's logits come to the host first */
+    opf_status st = logits->spec.device == OPF_DEVICE_CPU ? OPF_OK
+                  : opf_tensor_to(t->ctx, logits, OPF_DEVICE_CPU, &h);
+    for (int64_t r = 0; r < B && !st; r++) {
+        const char *p = (const char *)h.data[0] + (size_t)((r * T + pos) * V) * esz;
+        st = opf_convert(p, logits->spec.dtype, row, OPF_F32, (size_t)t->data.vocab);
         int32_t best = 0;
         for (int32_t j = 1; j < t->data.vocab; j++) best = row[j] > row[best] ? j : best;
         out[r] = best;
     }
-    (void)V;
-    return OPF_OK;
+    if (logits->spec.device != OPF_DEVICE_CPU) opf_tensor_release(&h);
+    return st;
 }
 
 /* Greedy answers to the prompts of tok [B, T] written over the answer

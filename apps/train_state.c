@@ -18,10 +18,11 @@ static void describe(const trainer *t, char *buf, size_t size)
     const train_opts *o = &t->o;
     snprintf(buf, size,
              "opfuse-train 1\nrecipe %s\nlayers %lld\nwidth %lld\nheads %lld\ntokens %lld\n"
-             "data %s\ndigits %lld\nbatch %lld\nseed %lld\n",
+             "data %s\ndigits %lld\nbatch %lld\nseed %lld\nquantize-head %d\n",
              o->recipe, (long long)o->layers, (long long)o->width, (long long)o->heads,
              (long long)t->data.T, o->data ? o->data : "addition",
-             (long long)(o->data ? 0 : o->digits), (long long)o->batch, (long long)o->seed);
+             (long long)(o->data ? 0 : o->digits), (long long)o->batch, (long long)o->seed,
+             o->quantize_head);
 }
 
 static bool write_text(const char *path, const char *text, char *msg, size_t size)

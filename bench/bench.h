@@ -68,4 +68,13 @@ int opf_bench_cuda(int argc, char **argv);
  *     opfuse bench cuda-train [--out FILE] [S [T H]]   default 8192 8192 4096 */
 int opf_bench_cuda_train(int argc, char **argv);
 
+/* GPT training tokens per second of `opfuse train`'s model per recipe,
+ * eager and compiled, against the same model in PyTorch, eager and
+ * torch.compile, in the same run (bench_train.c). The CPU default is a
+ * small model; --device cuda GPT-2 small's shapes (bf16 peer, flash
+ * attention, fused AdamW).
+ *     opfuse bench train [--device cpu|cuda] [--recipes LIST] [--steps N] [--layers N]
+ *                        [--width N] [--heads N] [--batch N] [--context T] [--vocab V] [--no-peer] */
+int opf_bench_train(int argc, char **argv);
+
 #endif

@@ -58,10 +58,14 @@ step "bench cuda"
 "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_opfuse.log"
 step "bench cuda-train"
 "$build/opfuse" bench cuda-train --out "$logs/bench_train.txt" 2>&1 | tee "$logs/bench_train.log"
+step "bench train (the GPT of opfuse train per recipe; PyTorch bf16 eager and compiled in the same run)"
+OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda 2>&1 | tee "$logs/bench_gpt.log"
+OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda --layers 24 --width 2048 --heads 16 \
+  --batch 8 2>&1 | tee -a "$logs/bench_gpt.log"
 step "PyTorch peers (kernels, then training steps)"
 PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt" >"$logs/bench_peer.log" 2>&1
 PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda_train.py "$logs/bench_train.txt" \
   >"$logs/bench_peer_train.log" 2>&1
 step "the tables"
-cat "$logs/bench_peer.log" "$logs/bench_peer_train.log"
+cat "$logs/bench_peer.log" "$logs/bench_peer_train.log" "$logs/bench_gpt.log"
 exit "$ctest_rc"

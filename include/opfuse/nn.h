@@ -1,7 +1,7 @@
 /* opfuse/nn.h: the ops a language model needs beyond the linear layers, and
  * training helpers.
  *
- * Op classes (registered by opf_nn_register, created with opf_op_create):
+ * Op classes (built in, created with opf_op_create):
  *   "embedding"      x: int32 token ids [B, T] -> y [B, T, width] =
  *                    wte[token] + wpe[position]; parameters "wte" [vocab,
  *                    width] and "wpe" [context, width]. Backward: the
@@ -16,7 +16,6 @@
  *                    logsumexp (the probabilities are formed once, there).
  * The math and its order are the backend's (src/backend/nn.h).
  *
- *     opf_nn_register();
  *     opf_attention_config ac = {.heads = 4};
  *     opf_op *attn;
  *     opf_op_create(ctx, "attention", &ac, "attn0", &attn);
@@ -43,7 +42,8 @@ typedef struct opf_attention_config {  /* "attention" */
 
 /* "cross_entropy" takes no config (NULL). */
 
-/* Registers the classes above once (thread-safe; later calls do nothing). */
+/* Does nothing: the classes above are built in. Kept for callers written
+ * when they were registered on demand. */
 OPF_API opf_status opf_nn_register(void);
 
 /* Global gradient-norm clipping over every parameter gradient of the seqs

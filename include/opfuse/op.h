@@ -359,6 +359,22 @@ OPF_API opf_recipe_state *opf_op_recipe_state(const opf_op *op);
 /* Rebuilds the recipe state for recipe r (NULL: none). Called by the fuser
  * when the recipe kind changes; a no-op for ops with n_gemms == 0. */
 OPF_API opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r);
+/* Per-op recipe override, for the layers a model keeps in high precision
+ * under a quantized recipe (a language model's output projection, as the
+ * anchor's users leave it outside quantized autocast). From then on the op
+ * runs under *r (copied) instead of the recipe of the call that runs it,
+ * eagerly, compiled and from checkpoints alike; r NULL: unquantized (its
+ * dtype's GEMM; no recipe state). opf_op_clear_recipe returns to the
+ * call's recipe. Built-in fusions leave an op with an override out; a
+ * user fusion function should too (opf_op_has_recipe).
+ * OPF_ERR_INVALID_ARG for a fused op or a recipe opf_recipe_validate
+ * refuses; OPF_ERR_STATE once the op's seq has been built (its first
+ * forward, prepare or compile): set it before, or remove and re-append. */
+OPF_API opf_status opf_op_set_recipe(opf_op *op, const opf_recipe *r);
+OPF_API opf_status opf_op_clear_recipe(opf_op *op);
+/* Whether the op has an override; *r (may be NULL) receives it (NULL:
+ * unquantized). */
+OPF_API bool opf_op_has_recipe(const opf_op *op, const opf_recipe **r);
 /* The quantizer for (role, gemm) of the op's recipe state, or NULL. The
  * pointer is into the op and valid until the next call for the same role. */
 OPF_API const opf_quantizer *opf_op_quantizer(const opf_op *op, opf_tensor_role role, int gemm);

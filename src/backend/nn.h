@@ -75,6 +75,15 @@ typedef struct opf_nn_kernels {
                            const float *dloss, float *dx, int64_t rows, int64_t V);
     /* *out = the sum of squares of n values of x (f32, bf16 or f16). */
     opf_status (*sumsq)(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out);
+    /* Gradient clipping with no host read: *acc, one double in the
+     * device's memory, becomes (add ? *acc : 0) + sumsq of x, the same sum
+     * as sumsq's; clip_scale then, when norm = sqrt(*sumsq) is finite and
+     * above max_norm, scales x (n values of dt, in place) by
+     * f = fl32(max_norm / (norm + 1e-6)): x = fl32(f * x) rounded to dt. */
+    opf_status (*sumsq_acc)(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *acc,
+                            bool add);
+    opf_status (*clip_scale)(opf_ctx *ctx, void *x, opf_dtype dt, int64_t n, const double *sumsq,
+                             double max_norm);
 } opf_nn_kernels;
 
 extern const opf_nn_kernels opf_cpu_nn;

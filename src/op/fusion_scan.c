@@ -21,6 +21,8 @@ opf_status opf_fusion_scan(opf_ctx *ctx, opf_op *const *ops_in, int n, const opf
         int k = opf_op_is_fused(ops_in[i]) ? 0 : match(ops_in + i, n - i, recipe, user);
         for (int j = 1; j < k; j++)
             if (i + j >= n || opf_op_is_fused(ops_in[i + j])) k = 0;  /* fusions never nest */
+        for (int j = 0; j < k; j++)  /* an op under its own recipe runs by itself */
+            if (opf_op_has_recipe(ops_in[i + j], NULL)) k = 0;
         opf_op *f = NULL;
         if (k >= 1) {
             opf_status st = build(ctx, ops_in + i, k, recipe, user, &f);

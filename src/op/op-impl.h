@@ -30,6 +30,10 @@ struct opf_op {
     int                 n_gemms;      /* recipe-state GEMMs: cls->n_gemms unless init sets it */
     opf_recipe_state   *rs;           /* NULL without a recipe */
     opf_recipe_kind     recipe_kind;
+    /* opf_op_set_recipe: own_recipe (or none when !own_quantized) replaces
+     * the call's recipe when has_own_recipe */
+    bool                has_own_recipe, own_quantized;
+    opf_recipe          own_recipe;
     opf_channel_bind    extra_in[OPF_OP_MAX_EXTRA], extra_out[OPF_OP_MAX_EXTRA];
     bool                locked;       /* channel bindings frozen by a fuser */
     const void         *owner;        /* the seq holding the op, or NULL */
@@ -43,6 +47,10 @@ struct opf_op {
      * class has no such schema) */
     void               *fwd_args, *bwd_args;
 };
+
+/* The recipe op runs under in a call with recipe `call` (NULL: none):
+ * its override where it has one, else call. */
+const opf_recipe *opf_op_recipe_for(const opf_op *op, const opf_recipe *call);
 
 /* A float view of a tensor's values: the tensor's data when it is plain
  * f32, else a decode (dequantize or convert) into ws (n floats). */

@@ -251,8 +251,70 @@ opf_status opf_op_set_param_quantized(opf_ctx *ctx, opf_op *op, int i, const opf
     return OPF_OK;
 }
 
+/* ---- per-op recipe override --------------------------------------------------------- */
+
+static opf_status recipe_settable(const opf_op *op, const char *fn)
+{
+    OPF_CHECK_NULL(NULL, fn, op);
+    if (op->n_basic)
+        return opf_error(op->ctx, OPF_ERR_INVALID_ARG, "%s: \"%s\" is a fused op; set the recipe of "
+                         "its basic ops", fn, op->name);
+    if (op->locked)
+        return opf_error(op->ctx, OPF_ERR_STATE, "%s: op \"%s\": its seq has been built (plans and "
+                         "graphs assume the recipe); set it before the seq's first forward", fn,
+                         op->name);
+    return OPF_OK;
+}
+
+/* The state of the old recipe goes; the next forward builds the new one. */
+static void drop_recipe_state(opf_op *op)
+{
+    opf_recipe_state_destroy(op->rs);
+    op->rs = NULL;
+    op->recipe_kind = OPF_RECIPE_NONE;
+    for (int i = 0; i < op->n_params; i++)  /* a quantized primary is no cache: it stays */
+        if (op->params[i].primary_q.scaling == OPF_SCALING_NONE) op->params[i].qvalue_valid = false;
+}
+
+opf_status opf_op_set_recipe(opf_op *op, const opf_recipe *r)
+{
+    const char *fn = "opf_op_set_recipe";
+    opf_status st = recipe_settable(op, fn);
+    if (st) return st;
+    if (r && (st = opf_recipe_validate(r)))
+        return opf_error(op->ctx, st, "%s: op \"%s\": %s", fn, op->name, opf_last_error(NULL));
+    if (r && r->kind == OPF_RECIPE_NONE) r = NULL;
+    op->has_own_recipe = true;
+    op->own_quantized = r != NULL;
+    if (r) op->own_recipe = *r;
+    drop_recipe_state(op);
+    return OPF_OK;
+}
+
+opf_status opf_op_clear_recipe(opf_op *op)
+{
+    opf_status st = recipe_settable(op, "opf_op_clear_recipe");
+    if (st || !op->has_own_recipe) return st;
+    op->has_own_recipe = false;
+    drop_recipe_state(op);
+    return OPF_OK;
+}
+
+bool opf_op_has_recipe(const opf_op *op, const opf_recipe **r)
+{
+    if (r) *r = op && op->has_own_recipe && op->own_quantized ? &op->own_recipe : NULL;
+    return op && op->has_own_recipe;
+}
+
+const opf_recipe *opf_op_recipe_for(const opf_op *op, const opf_recipe *call)
+{
+    if (!op->has_own_recipe) return call;
+    return op->own_quantized ? &op->own_recipe : NULL;
+}
+
 opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
 {
+    r = opf_op_recipe_for(op, r);
     opf_recipe_kind kind = r ? r->kind : OPF_RECIPE_NONE;
     if (op->n_gemms == 0) return OPF_OK;
     opf_recipe_state *rs = NULL;
@@ -261,11 +323,9 @@ opf_status opf_op_reset_recipe(opf_ctx *ctx, opf_op *op, const opf_recipe *r)
                                                 op->n_gemms, &rs);
         if (st) return st;
     }
-    opf_recipe_state_destroy(op->rs);
+    drop_recipe_state(op);
     op->rs = rs;
     op->recipe_kind = kind;
-    for (int i = 0; i < op->n_params; i++)  /* a quantized primary is no cache: it stays */
-        if (op->params[i].primary_q.scaling == OPF_SCALING_NONE) op->params[i].qvalue_valid = false;
     return OPF_OK;
 }
 

@@ -51,6 +51,8 @@ opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, 
     if (!c->forward_impl)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: the op has no forward (backward-only fusion)",
                          op->name);
+    opf_fwd_env own;  /* opf_op_set_recipe: the op's recipe replaces the call's */
+    if (opf_op_has_recipe(op, NULL)) own = *env, own.recipe = opf_op_recipe_for(op, env->recipe), env = &own;
     memset(args, 0, c->fwd_schema->size);
     opf_status st = c->resolve_fwd(op, env, args);
     if (st) return st;

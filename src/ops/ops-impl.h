@@ -106,7 +106,7 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
     X(gelu) X(qgelu) X(relu) X(srelu) X(silu)                                  \
     X(glu) X(geglu) X(qgeglu) X(reglu) X(sreglu) X(swiglu) X(clamped_swiglu)   \
     X(add_extra_input) X(make_extra_output) X(quantize) X(dropout)             \
-    X(grouped_linear)
+    X(grouped_linear) X(embedding) X(attention) X(cross_entropy)
 
 /* Built-in fused op classes (src/ops/fused/, one file each) and basic ops
  * that only fused paths need. */

@@ -4,7 +4,8 @@
  * backward with repeated tokens and a bad token, causal attention forward
  * and backward (T = 1, T not a multiple of 32, heads 1..12, D = 1 and past
  * one pass of 256), cross-entropy with ignored targets and a vocabulary of
- * 50257, sumsq per dtype; and the device expf/logf against the host's libm. */
+ * 50257, sumsq per dtype, clipping's sumsq_acc and clip_scale; and the
+ * device expf/logf against the host's libm. */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -231,6 +232,58 @@ static void test_sumsq(opf_ctx *ctx)
     printf("  sumsq: f32, bf16, f16 at %d sizes\n", (int)(sizeof ns / sizeof ns[0]));
 }
 
+/* Clipping without a host read: two tensors' sums of squares accumulated
+ * into one device double (sumsq_acc), then clip_scale at a max_norm below
+ * the norm (scales), above it (leaves x alone) and with an infinite value
+ * (leaves x alone): the sum and every element byte for byte with the CPU's. */
+static void clip_case(opf_ctx *ctx, opf_dtype dt, int64_t n, double frac, bool inf)
+{
+    float *x = frand(n, 3.0f, 0, false), *y = frand(n, 0.5f, 0, false);
+    if (inf && n) x[n / 2] = INFINITY;
+    size_t bytes = opf_dtype_nbytes(dt, (size_t)n);
+    void *hx = malloc(bytes + 8), *hy = malloc(bytes + 8), *back = malloc(bytes + 8);
+    opf_convert(x, OPF_F32, hx, dt, (size_t)n), opf_convert(y, OPF_F32, hy, dt, (size_t)n);
+    void *gx = dev_from(ctx, hx, bytes), *gy = dev_from(ctx, hy, bytes);
+    double ref = -1.0, got = -2.0, *gacc = dev_from(ctx, NULL, sizeof(double));
+    CHECK_OK(ctx, opf_cpu_nn.sumsq_acc(ctx, hx, dt, n, &ref, false));
+    CHECK_OK(ctx, opf_cpu_nn.sumsq_acc(ctx, hy, dt, n, &ref, true));
+    CHECK_OK(ctx, opf_cuda_nn.sumsq_acc(ctx, gx, dt, n, gacc, false));
+    CHECK_OK(ctx, opf_cuda_nn.sumsq_acc(ctx, gy, dt, n, gacc, true));
+    host_from(ctx, &got, gacc, sizeof got);
+    CHECK(memcmp(&ref, &got, sizeof ref) == 0, "sumsq_acc %s n %lld: gpu %a cpu %a", opf_dtype_name(dt),
+          (long long)n, got, ref);
+    double max_norm = frac * sqrt(ref);
+    CHECK_OK(ctx, opf_cpu_nn.clip_scale(ctx, hx, dt, n, &ref, max_norm));
+    CHECK_OK(ctx, opf_cuda_nn.clip_scale(ctx, gx, dt, n, gacc, max_norm));
+    host_from(ctx, back, gx, bytes);
+    size_t es = opf_dtype_nbytes(dt, 1);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp((char *)hx + i * es, (char *)back + i * es, es) && bad++ < 4) {
+            float a, b;
+            opf_convert((char *)back + i * es, dt, &a, OPF_F32, 1), opf_convert((char *)hx + i * es, dt, &b, OPF_F32, 1);
+            fprintf(stderr, "  clip_scale %s n %lld frac %g [%lld]: gpu %a cpu %a\n", opf_dtype_name(dt),
+                    (long long)n, frac, (long long)i, (double)a, (double)b);
+        }
+    CHECK(bad == 0, "clip_scale %s n %lld frac %g%s: %lld of %lld differ", opf_dtype_name(dt), (long long)n,
+          frac, inf ? " (inf)" : "", (long long)bad, (long long)n);
+    opf_cuda_free(ctx, gx), opf_cuda_free(ctx, gy), opf_cuda_free(ctx, gacc);
+    free(hx), free(hy), free(back), free(x), free(y);
+}
+
+static void test_clip(opf_ctx *ctx)
+{
+    static const opf_dtype dts[] = {OPF_F32, OPF_BF16, OPF_F16};
+    static const int64_t ns[] = {0, 1, 4097, 1000003};
+    for (int d = 0; d < 3; d++)
+        for (int i = 0; i < (int)(sizeof ns / sizeof ns[0]); i++) {
+            clip_case(ctx, dts[d], ns[i], 0.3, false);
+            clip_case(ctx, dts[d], ns[i], 2.0, false);
+            clip_case(ctx, dts[d], ns[i], 0.3, true);
+        }
+    printf("  sumsq_acc, clip_scale: f32, bf16, f16 at %d sizes\n", (int)(sizeof ns / sizeof ns[0]));
+}
+
 /* ---- expf / logf ------------------------------------------------------------------ */
 
 /* Every STRIDE-th bit pattern (all of them near 0 and 1) against the host's
@@ -280,6 +333,7 @@ int main(void)
     test_attention(ctx);
     test_xent(ctx);
     test_sumsq(ctx);
+    test_clip(ctx);
     cuda_test_done(ctx);
     TEST_DONE();
 }

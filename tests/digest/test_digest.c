@@ -9,7 +9,8 @@
  * Cases: every registered basic op class x recipe x dtype through the eager
  * op runner; seqs that make every fused class fire; the optimizers; quantize
  * and dequantize per recipe and role; the GEMM per layout; a compiled
- * LayerNorm-MLP step per recipe.
+ * LayerNorm-MLP step per recipe; the language-model ops (embedding,
+ * attention, cross-entropy) per recipe and dtype and gradient clipping.
  *
  * OPF_DIGEST_WRITE=1 rewrites the golden file (see its header for when that
  * is allowed). OPF_DIGEST_VERBOSE=1 prints every case and every skip reason. */
@@ -131,12 +132,32 @@ static unsigned long long case_rng(const char *name) { return dg_str_hash(name);
 
 /* ---- every basic op class x recipe x dtype ------------------------------------------ */
 
+/* What a case runs: a class with its config for the case's dtype, and a
+ * maker of the step's inputs (x and extra input 0). */
+typedef struct op_case op_case;
+struct op_case {
+    const char *cls, *op_name;
+    void (*inputs)(opf_ctx *ctx, const op_case *c, opf_dtype dt, opf_recipe_kind rk, unsigned long long *s,
+                   opf_tensor *x, opf_tensor *ex);
+    const op_row *row;  /* op rows: the row; NULL for the nn cases */
+    bool f32_dy;        /* the output is a loss: its gradient is one f32 */
+};
+
+/* An op row's inputs: x [ROWS, COLS] in dt and the row's extra input. */
+static void row_inputs(opf_ctx *ctx, const op_case *c, opf_dtype dt, opf_recipe_kind rk, unsigned long long *s,
+                       opf_tensor *x, opf_tensor *ex)
+{
+    *x = rand2(ctx, s, ROWS, COLS, dt);
+    *ex = make_extra(ctx, c->row->extra, dt, rk, s);
+}
+
 /* One forward and backward of op on fresh inputs, hashed into *h. */
-static opf_status op_step(opf_ctx *ctx, opf_op *op, const op_row *row, opf_dtype dt, const opf_recipe *r,
+static opf_status op_step(opf_ctx *ctx, opf_op *op, const op_case *oc, opf_dtype dt, const opf_recipe *r,
                           op_quant q, unsigned long long *s, uint64_t *h, const char **stage)
 {
     const opf_op_class *cls = opf_op_class_of(op);
-    opf_tensor x = rand2(ctx, s, ROWS, COLS, dt), ex = make_extra(ctx, row->extra, dt, r->kind, s);
+    opf_tensor x, ex;
+    oc->inputs(ctx, oc, dt, r->kind, s, &x, &ex);
     opf_dropout_kwargs dk = {.training = true};
     opf_fwd_env env = {.ctx = ctx, .x = &x, .requires_grad = true,
                        .recipe = r->kind == OPF_RECIPE_NONE ? NULL : r,
@@ -151,7 +172,7 @@ static opf_status op_step(opf_ctx *ctx, opf_op *op, const op_row *row, opf_dtype
     *stage = "forward";
     if (!st) {
         for (int i = 0; i < 1 + cls->n_extra_out; i++) dg_tensor(h, &outs[i]);
-        dy = rand_like(ctx, s, &outs[0], dt);
+        dy = rand_like(ctx, s, &outs[0], oc->f32_dy ? OPF_F32 : dt);
         opf_bwd_env benv = {.ctx = ctx, .dy = &dy, .prev_grad_q = q.grad};
         for (int i = 0; i < cls->n_extra_out; i++) {
             dex[i] = rand_like(ctx, s, &outs[1 + i], dt);
@@ -171,15 +192,15 @@ static opf_status op_step(opf_ctx *ctx, opf_op *op, const op_row *row, opf_dtype
     return st;
 }
 
-static void run_op_case(opf_ctx *ctx, const op_row *row, opf_dtype dt, opf_recipe_kind rk)
+/* The case `name`: oc's op (config cfg) under recipe rk in dtype dt, steps
+ * as the recipe needs, with a neighbour's quantizers under a recipe. */
+static void run_class_case(opf_ctx *ctx, const char *name, const op_case *oc, const void *cfg, opf_dtype dt,
+                           opf_recipe_kind rk)
 {
-    char name[96];
-    snprintf(name, sizeof name, "op/%s/%s/%s", row->name, opf_recipe_name(rk), opf_dtype_name(dt));
     unsigned long long s = case_rng(name);
     opf_ctx_set_rng(ctx, 0x5EED, 0);
-    unsigned char cfg[256];
     opf_op *op = NULL;
-    opf_status st = opf_op_create(ctx, row->cls, row_config(row, dt, cfg, sizeof cfg), row->name, &op);
+    opf_status st = opf_op_create(ctx, oc->cls, cfg, oc->op_name, &op);
     if (st) {
         dg_skip(ctx, name, "create", st);
         return;
@@ -198,7 +219,7 @@ static void run_op_case(opf_ctx *ctx, const op_row *row, opf_dtype dt, opf_recip
     }
     uint64_t h = 0xCBF29CE484222325ull;
     for (int step = 0; !st && step < steps_for(rk); step++) {
-        st = op_step(ctx, op, row, dt, &r, q, &s, &h, &stage);
+        st = op_step(ctx, op, oc, dt, &r, q, &s, &h, &stage);
         if (!st && rk == OPF_RECIPE_DELAYED) update_delayed(ctx, op, ds, 2);
     }
     if (st) {
@@ -210,6 +231,15 @@ static void run_op_case(opf_ctx *ctx, const op_row *row, opf_dtype dt, opf_recip
     }
     opf_delayed_state_destroy(ds[0]), opf_delayed_state_destroy(ds[1]);
     opf_op_destroy(op);
+}
+
+static void run_op_case(opf_ctx *ctx, const op_row *row, opf_dtype dt, opf_recipe_kind rk)
+{
+    char name[96];
+    snprintf(name, sizeof name, "op/%s/%s/%s", row->name, opf_recipe_name(rk), opf_dtype_name(dt));
+    unsigned char cfg[256];
+    op_case oc = {row->cls, row->name, row_inputs, row, false};
+    run_class_case(ctx, name, &oc, row_config(row, dt, cfg, sizeof cfg), dt, rk);
 }
 
 /* Classes added after the golden file was frozen: rows here would add
@@ -224,6 +254,14 @@ static bool digested_elsewhere(const char *cls)
     return false;
 }
 
+/* The language-model classes take token ids, a packed qkv or logits with
+ * targets, not the rows' [ROWS, COLS] input: their cases are the nn
+ * section's (run_nn_cases). */
+static bool nn_class(const char *cls)
+{
+    return !strcmp(cls, "embedding") || !strcmp(cls, "attention") || !strcmp(cls, "cross_entropy");
+}
+
 /* Every registered basic class has a row: a new class cannot be forgotten.
  * "callback" runs only user code. */
 static void check_op_rows_cover_registry(void)
@@ -231,7 +269,8 @@ static void check_op_rows_cover_registry(void)
     int n_basic = 0, n_row_classes = 0;
     for (int i = 0; i < opf_op_class_count(); i++) {
         const opf_op_class *c = opf_op_class_at(i);
-        if (c->covers > 0 || !strcmp(c->name, "callback") || digested_elsewhere(c->name)) continue;
+        if (c->covers > 0 || !strcmp(c->name, "callback") || digested_elsewhere(c->name) || nn_class(c->name))
+            continue;
         n_basic++;
         bool found = false;
         for (int r = 0; r < N_OP_ROWS; r++) found |= !strcmp(op_rows[r].cls, c->name);
@@ -663,6 +702,95 @@ static void run_gemm_cases(opf_ctx *ctx)
             for (int d = 0; d < NDT; d++) run_gemm_case(ctx, row, recipes[k], dtypes[d]);
 }
 
+/* ---- the language-model ops and gradient clipping (nn.h) ------------------------------ */
+
+enum { NN_B = 4, NN_T = 16, NN_C = 64, NN_HEADS = 2, NN_V = 96 };
+
+/* int32 values in [0, n), every 7th -1 when with_ignored (ignored targets). */
+static opf_tensor rand_ids(opf_ctx *ctx, unsigned long long *s, int64_t n, bool with_ignored)
+{
+    opf_tensor t;
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &(opf_spec){.ndim = 2, .shape = {NN_B, NN_T}, .dtype = OPF_I32}, &t));
+    int32_t *v = t.data[0];
+    for (int64_t i = 0; v && i < NN_B * NN_T; i++)
+        v[i] = with_ignored && i % 7 == 3 ? -1 : (int32_t)(opf_test_uniform(s, 0.0f, 1.0f) * (float)n) % (int32_t)n;
+    return t;
+}
+
+static void nn_inputs(opf_ctx *ctx, const op_case *c, opf_dtype dt, opf_recipe_kind rk, unsigned long long *s,
+                      opf_tensor *x, opf_tensor *ex)
+{
+    (void)rk;
+    memset(ex, 0, sizeof *ex);
+    if (!strcmp(c->cls, "embedding")) {
+        *x = rand_ids(ctx, s, NN_V, false);
+    } else if (!strcmp(c->cls, "attention")) {
+        *x = rand_tensor(ctx, s, 3, (int64_t[]){NN_B, NN_T, 3 * NN_C}, dt, -2.0f, 2.0f);
+    } else {
+        *x = rand_tensor(ctx, s, 3, (int64_t[]){NN_B, NN_T, NN_V}, dt, -3.0f, 3.0f);
+        *ex = rand_ids(ctx, s, NN_V, true);
+    }
+}
+
+/* Each class per recipe (the neighbours' quantizers: embedding quantizes its
+ * output for the next op, attention and cross_entropy their dx for the
+ * previous one) and dtype. */
+static void run_nn_op_cases(opf_ctx *ctx)
+{
+    static const char *const classes[] = {"embedding", "attention", "cross_entropy"};
+    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
+        for (int k = 0; k < NREC; k++)
+            for (int d = 0; d < NDT; d++) {
+                char name[96];
+                snprintf(name, sizeof name, "nn/%s/%s/%s", classes[i], opf_recipe_name(recipes[k]),
+                         opf_dtype_name(dtypes[d]));
+                opf_embedding_config ec = {NN_V, NN_T, NN_C, dtypes[d]};
+                opf_attention_config ac = {NN_HEADS};
+                const void *cfg = i == 0 ? (const void *)&ec : i == 1 ? (const void *)&ac : NULL;
+                op_case oc = {classes[i], classes[i], nn_inputs, NULL, i == 2};
+                run_class_case(ctx, name, &oc, cfg, dtypes[d], recipes[k]);
+            }
+}
+
+/* Clipping: a LayerNorm-MLP's gradients after one step, clipped to half
+ * their norm; the norm and the clipped gradients are hashed. */
+static void run_clip_case(opf_ctx *ctx, opf_dtype dt)
+{
+    char name[96];
+    snprintf(name, sizeof name, "nn/clip_grad_norm/%s", opf_dtype_name(dt));
+    unsigned long long s = case_rng(name);
+    opf_seq *seq = NULL;
+    opf_status st = build_seq(ctx, SQ_LN_MLP, dt, &seq);
+    const char *stage = "seq";
+    opf_tensor x, y, dy, dx;
+    memset(&y, 0, sizeof y), memset(&dy, 0, sizeof dy), memset(&dx, 0, sizeof dx);
+    x = rand2(ctx, &s, ROWS, COLS, dt);
+    if (!st) {
+        randomize_seq(seq, &s);
+        opf_seq_call call = opf_seq_call_default();
+        stage = "step";
+        st = opf_seq_forward(seq, &x, &call, &y, NULL);
+        if (!st) dy = rand_like(ctx, &s, &y, dt), st = opf_seq_backward(seq, &dy, NULL, &dx, NULL);
+    }
+    double norm = 0, clipped = 0;
+    if (!st) stage = "clip", st = opf_clip_grad_norm(ctx, &seq, 1, 1e30, &norm);
+    if (!st) st = opf_clip_grad_norm(ctx, &seq, 1, 0.5 * norm, NULL);
+    if (!st) st = opf_clip_grad_norm(ctx, &seq, 1, 1e30, &clipped);
+    uint64_t h = 0xCBF29CE484222325ull;
+    dg_bytes(&h, &norm, sizeof norm), dg_bytes(&h, &clipped, sizeof clipped);
+    for (int i = 0; !st && i < opf_seq_len(seq); i++) dg_op_state(&h, opf_seq_at(seq, i));
+    if (st) dg_skip(ctx, name, stage, st);
+    else dg_done(name, h);
+    opf_tensor_release(&x), opf_tensor_release(&y), opf_tensor_release(&dy), opf_tensor_release(&dx);
+    opf_seq_destroy(seq);
+}
+
+static void run_nn_cases(opf_ctx *ctx)
+{
+    run_nn_op_cases(ctx);
+    for (int d = 0; d < NDT; d++) run_clip_case(ctx, dtypes[d]);
+}
+
 /* ---- the golden file ------------------------------------------------------------- */
 
 static const char golden_header[] =
@@ -741,6 +869,7 @@ int main(void)
     run_seq_cases(ctx);
     run_quant_cases(ctx);
     run_gemm_cases(ctx);
+    run_nn_cases(ctx);
     opf_ctx_destroy(ctx);
     if (verbose)
         for (int i = 0; i < n_cases; i++) printf("%s %s\n", cases[i].name, cases[i].line);

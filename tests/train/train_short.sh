@@ -1,6 +1,7 @@
 #!/bin/sh
 # train_short.sh OPFUSE WORKDIR: `opfuse train` end to end on a tiny model.
-#  - 40 steps reduce the evaluation loss under every recipe;
+#  - 40 steps reduce the evaluation loss under every recipe (the output
+#    projection in bf16, or quantized too with --quantize-head);
 #  - eager and compiled runs end in byte-identical checkpoints;
 #  - a run stopped, saved and resumed ends byte-identical to an uninterrupted one;
 #  - --compare writes its CSV and table;
@@ -25,6 +26,16 @@ for r in bf16 fp8-delayed fp8-current fp8-block mxfp8 nvfp4; do
     awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "$r: eval loss $first -> $last"
     echo "$r: eval loss $first -> $last"
 done
+
+# the output projection stays bf16 under a quantized recipe unless --quantize-head
+grep -q "recipe fp8-current (head bf16)" "$dir/fp8-current.out" || fail "fp8-current: the header does not say (head bf16)"
+"$bin" train $tiny --recipe fp8-current --quantize-head --steps 40 --eval-every 10 >"$dir/qhead.out" 2>&1 ||
+    { fail "--quantize-head: training failed"; cat "$dir/qhead.out"; }
+grep -q "(head bf16)" "$dir/qhead.out" && fail "--quantize-head: the header still says (head bf16)"
+cmp -s "$dir/fp8-current.out" "$dir/qhead.out" && fail "--quantize-head changed nothing"
+first=$(losses "$dir/qhead.out" | head -1)
+last=$(losses "$dir/qhead.out" | tail -1)
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "--quantize-head: eval loss $first -> $last"
 
 for r in bf16 fp8-delayed nvfp4; do
     "$bin" train $tiny --recipe $r --steps 12 --save "$dir/eager-$r" >/dev/null 2>&1 &&
@@ -60,7 +71,10 @@ expect_error() {
 expect_error "cannot read $dir/missing.txt" --data "$dir/missing.txt"
 expect_error "is empty" --data "$dir/empty.txt"
 expect_error "not divisible by 3 heads" --heads 3
-expect_error "not available yet" --device cuda
+expect_error "unknown device" --device tpu
+# --device cuda trains where a GPU is, else says why
+"$bin" train $tiny --steps 2 --device cuda >"$dir/cuda.out" 2>&1 ||
+    grep -q "cannot use --device cuda: " "$dir/cuda.out" || { fail "--device cuda:"; cat "$dir/cuda.out"; }
 expect_error "unknown recipe" --recipe fp6
 expect_error "does not take --save" --compare bf16 --save "$dir/x"
 expect_error "was saved with \"width 64\", this run has \"width 128\"" --resume "$dir/part-bf16" --width 128

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu-impl.h"
+#include "backend/elem.h"
 #include "backend/nn.h"
 #include "core/core-impl.h"
 
@@ -187,6 +188,26 @@ static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, do
     return OPF_OK;
 }
 
+static opf_status sumsq_acc(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *acc,
+                            bool add)
+{
+    double s;
+    opf_status st = sumsq(ctx, x, dt, n, &s);
+    if (!st) *acc = add ? *acc + s : s;
+    return st;
+}
+
+/* The factor's multiply is the element-wise scale entry's. */
+static opf_status clip_scale(opf_ctx *ctx, void *x, opf_dtype dt, int64_t n, const double *sumsq,
+                             double max_norm)
+{
+    double norm = sqrt(*sumsq);
+    if (!isfinite(norm) || norm <= max_norm || n <= 0) return OPF_OK;
+    opf_tensor t;
+    opf_status st = opf_tensor_wrap(&(opf_spec){.ndim = 1, .shape = {n}, .dtype = dt}, x, &t);
+    return st ? st : opf_cpu_elem.scale(ctx, &t, (float)(max_norm / (norm + 1e-6)), &t);
+}
+
 const opf_nn_kernels opf_cpu_nn = {
     .embed_fwd = embed_fwd,
     .embed_bwd = embed_bwd,
@@ -195,4 +216,6 @@ const opf_nn_kernels opf_cpu_nn = {
     .xent_fwd = xent_fwd,
     .xent_bwd = xent_bwd,
     .sumsq = sumsq,
+    .sumsq_acc = sumsq_acc,
+    .clip_scale = clip_scale,
 };

@@ -635,8 +635,9 @@ static __global__ void sumsq_chunks_kernel(const T *x, int64_t n, int64_t nc, do
     if (c0 + lane < nc) part[c0 + lane] = s;
 }
 
-/* One warp: the chunk sums added in chunk order (lanes load, the sum walks them). */
-static __global__ void sumsq_total_kernel(const double *part, int64_t nc, double *out)
+/* One warp: the chunk sums added in chunk order (lanes load, the sum walks
+ * them), into *out or (add) onto it. */
+static __global__ void sumsq_total_kernel(const double *part, int64_t nc, double *out, bool add)
 {
     double t = 0.0;
     for (int64_t c0 = 0; c0 < nc; c0 += 32) {
@@ -644,7 +645,33 @@ static __global__ void sumsq_total_kernel(const double *part, int64_t nc, double
         int n = (int)(nc - c0 < 32 ? nc - c0 : 32);
         for (int k = 0; k < n; k++) t = __dadd_rn(t, __shfl_sync(FULL, v, k));
     }
-    if (threadIdx.x == 0) *out = t;
+    if (threadIdx.x == 0) *out = add ? __dadd_rn(*out, t) : t;
+}
+
+static int64_t sumsq_chunks(int64_t n) { return n > 0 ? (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK : 0; }
+
+/* The sum of squares of x into the device double *out (or onto it); part:
+ * scratch for sumsq_chunks(n) doubles. */
+static opf_status sumsq_dev(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const void *x,
+                            opf_dtype dt, int64_t n, double *part, double *out, bool add)
+{
+    if (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16)
+        return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtype %s, expected f32, bf16 or f16", fn,
+                         opf_dtype_name(dt));
+    int64_t nc = sumsq_chunks(n);
+    unsigned grid = warp_grid((nc + 31) / 32), threads = 32 * WARPS;
+    cudaStream_t strm = s->stream;
+    if (nc && dt == OPF_F32)
+        sumsq_chunks_kernel<float><<<grid, threads, 0, strm>>>((const float *)x, n, nc, part);
+    else if (nc && dt == OPF_BF16)
+        sumsq_chunks_kernel<__nv_bfloat16><<<grid, threads, 0, strm>>>((const __nv_bfloat16 *)x, n,
+                                                                     nc, part);
+    else if (nc)
+        sumsq_chunks_kernel<__half><<<grid, threads, 0, strm>>>((const __half *)x, n, nc, part);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    sumsq_total_kernel<<<1, 32, 0, strm>>>(part, nc, out, add);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
 }
 
 static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out)
@@ -652,29 +679,55 @@ static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, do
     const char *fn = "sumsq (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16)
-        return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtype %s, expected f32, bf16 or f16", fn,
-                         opf_dtype_name(dt));
     *out = 0.0;
     if (n <= 0) return OPF_OK;
-    int64_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    void *ws;
+    int64_t nc = sumsq_chunks(n);
+    void *ws = NULL;
     opf_status st = opf_cuda_scratch(ctx, s, sizeof(double) * (size_t)(nc + 1), &ws);
-    if (st) return st;
     double *part = (double *)ws, *total = part + nc;
-    unsigned grid = warp_grid((nc + 31) / 32), threads = 32 * WARPS;
-    cudaStream_t strm = s->stream;
-    if (dt == OPF_F32)
-        sumsq_chunks_kernel<float><<<grid, threads, 0, strm>>>((const float *)x, n, nc, part);
-    else if (dt == OPF_BF16)
-        sumsq_chunks_kernel<__nv_bfloat16><<<grid, threads, 0, strm>>>((const __nv_bfloat16 *)x, n,
-                                                                     nc, part);
-    else
-        sumsq_chunks_kernel<__half><<<grid, threads, 0, strm>>>((const __half *)x, n, nc, part);
+    if (!st) st = sumsq_dev(ctx, s, fn, x, dt, n, part, total, false);
+    return st ? st : opf_cuda_copy(ctx, out, total, sizeof(double), OPF_CUDA_D2H);
+}
+
+static opf_status sumsq_acc(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *acc,
+                            bool add)
+{
+    const char *fn = "sumsq_acc (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    void *ws = NULL;
+    opf_status st = opf_cuda_scratch(ctx, s, sizeof(double) * (size_t)(sumsq_chunks(n) + 1), &ws);
+    return st ? st : sumsq_dev(ctx, s, fn, x, dt, n, (double *)ws, acc, add);
+}
+
+/* Each thread reads the sum and decides, as the CPU does once. */
+template <opf_dtype D>
+static __global__ void clip_scale_kernel(void *x, int64_t n, const double *sumsq, double max_norm)
+{
+    double norm = __dsqrt_rn(*sumsq);
+    if (!(norm > max_norm) || isinf(norm)) return;
+    float f = __double2float_rn(__ddiv_rn(max_norm, __dadd_rn(norm, 1e-6)));
+    typename opf_dev_plain<D>::store *p = (typename opf_dev_plain<D>::store *)x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = opf_dev_from_f32<D>(opf_dev_mul(f, opf_dev_to_f32<D>(p[i])));
+}
+
+static opf_status clip_scale(opf_ctx *ctx, void *x, opf_dtype dt, int64_t n, const double *sumsq,
+                             double max_norm)
+{
+    const char *fn = "clip_scale (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (n <= 0) return OPF_OK;
+    unsigned grid = opf_cuda_grid(s, n, 256);
+    if (dt == OPF_F32) clip_scale_kernel<OPF_F32><<<grid, 256, 0, s->stream>>>(x, n, sumsq, max_norm);
+    else if (dt == OPF_BF16) clip_scale_kernel<OPF_BF16><<<grid, 256, 0, s->stream>>>(x, n, sumsq, max_norm);
+    else if (dt == OPF_F16) clip_scale_kernel<OPF_F16><<<grid, 256, 0, s->stream>>>(x, n, sumsq, max_norm);
+    else return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtype %s, expected f32, bf16 or f16", fn,
+                          opf_dtype_name(dt));
     OPF_CUDA_LAUNCHED(ctx, fn);
-    sumsq_total_kernel<<<1, 32, 0, s->stream>>>(part, nc, total);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    return opf_cuda_copy(ctx, out, total, sizeof(double), OPF_CUDA_D2H);
+    return OPF_OK;
 }
 
 extern "C" const opf_nn_kernels opf_cuda_nn = {
@@ -685,4 +738,6 @@ extern "C" const opf_nn_kernels opf_cuda_nn = {
     .xent_fwd = xent_fwd,
     .xent_bwd = xent_bwd,
     .sumsq = sumsq,
+    .sumsq_acc = sumsq_acc,
+    .clip_scale = clip_scale,
 };

@@ -9,9 +9,6 @@
 #include "ops/ops-impl.h"
 #include "opfuse/nn.h"
 
-extern const opf_op_class opf_op_class_embedding, opf_op_class_attention,
-    opf_op_class_cross_entropy;
-
 /* The nn kernels of t's device, or NULL with OPF_ERR_UNSUPPORTED naming `who`. */
 const opf_nn_kernels *opf_nn_kernels_of(opf_ctx *ctx, const char *who, const opf_tensor *t);
 

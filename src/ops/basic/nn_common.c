@@ -1,7 +1,5 @@
-/* nn_common.c: the helpers of nn-impl.h and the registration of the
- * language-model op classes. */
+/* nn_common.c: the helpers of nn-impl.h. */
 #include <math.h>
-#include <pthread.h>
 
 #include "ops/basic/nn-impl.h"
 
@@ -68,21 +66,6 @@ opf_status opf_nn_check_float(opf_ctx *ctx, const opf_op *op, const char *what,
     return OPF_OK;
 }
 
-/* ---- registration ------------------------------------------------------------ */
-
-static opf_status register_status = OPF_OK;
-
-static void register_once(void)
-{
-    const opf_op_class *classes[] = {&opf_op_class_embedding, &opf_op_class_attention,
-                                     &opf_op_class_cross_entropy};
-    for (int i = 0; i < (int)(sizeof classes / sizeof classes[0]) && !register_status; i++)
-        register_status = opf_op_class_register(classes[i]);
-}
-
-opf_status opf_nn_register(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, register_once);
-    return register_status;
-}
+/* The classes are built in (ops-impl.h); kept for callers of the first
+ * version, which registered them on demand. */
+opf_status opf_nn_register(void) { return OPF_OK; }
