@@ -187,6 +187,7 @@ _MODELS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 _RECIPES: list = [None]
 _PLAN_CACHE: dict = {}
 _FROM_TORCH_DT = {t: int(d) for t, d in _tensor._FROM_TORCH.items()}
+_FLAG = ("f",)  # the environment key of a runtime value read from a tensor
 
 
 def _register_model(m) -> int:
@@ -216,17 +217,17 @@ _PROBES = (128, 256)
 
 
 @torch._dynamo.assume_constant_result
-def _resolved(key, recipe_id, needs_grad, x_grad, dtype, k, extra=(), rows=-1):
+def _resolved(key, recipe_id, needs_grad, x_grad, dtype, k, extra=(), rows=-1, kw=()):
     """The program (_program.build) of model `key` for inputs [rows, k] and
-    extra inputs [rows, e] of extra = ((dtype, e), ...), with the ops'
-    delayed-scaling addresses; traced once per key (rows -1: any row count,
-    or None when some op's fields follow the rows in a way the program
-    cannot carry). Dynamo calls this at trace time and bakes the result, a
-    tuple of constants."""
-    key_ = (key, recipe_id, needs_grad, x_grad, dtype, k, extra, rows)
+    extra inputs [rows, e] of extra = ((dtype, e), ...) and the kwargs kw
+    (Sequential._kwargs), with the ops' delayed-scaling addresses; traced
+    once per key (rows -1: any row count, or None when some op's fields
+    follow the rows in a way the program cannot carry). Dynamo calls this at
+    trace time and bakes the result, a tuple of constants."""
+    key_ = (key, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw)
     if key_ not in _PLAN_CACHE:
         _PLAN_CACHE[key_] = _MODELS[key]._resolve(recipe_id, needs_grad, x_grad, dtype, k, extra,
-                                                  rows)
+                                                  rows, kw)
     return _PLAN_CACHE[key_]
 
 
@@ -245,10 +246,13 @@ def _merge_rows(a, b):
     raise ValueError
 
 
-def _run_program(prog, delayed, x, extra_in, params):
-    """The forward steps of prog on x: the environment they leave."""
+def _run_program(prog, delayed, x, extra_in, params, side=()):
+    """The forward steps of prog on x: the environment they leave. side:
+    the weight caches prog reads (prog[12], in order), then the runtime
+    flag when the program takes one."""
     env = {(prog[4], 0): x}
     env.update(((v, 0), t) for v, t in zip(prog[8], extra_in))
+    env.update(zip(prog[12] + (_FLAG,), side))
     _program.run(prog[0], env, params, x.shape[0], delayed)
     return env
 
@@ -263,12 +267,13 @@ class _GraphFunction(torch.autograd.Function):
     backward (what torch.compile sees: custom ops only)."""
 
     @staticmethod
-    def forward(ctx, resolved, n_extra, x, *rest):
+    def forward(ctx, resolved, n_extra, n_side, x, *rest):
         prog, delayed = resolved
-        extra_in, params = rest[:n_extra], rest[n_extra:]
-        env = _run_program(prog, delayed, x, extra_in, params)
-        ctx.resolved, ctx.n_extra, ctx.n_params = resolved, n_extra, len(params)
-        ctx.save_for_backward(*[params[k[1]] if k[0] == "p" else env[k[1:]] for k in prog[2]])
+        extra_in, side = rest[:n_extra], rest[n_extra:n_extra + n_side]
+        params = rest[n_extra + n_side:]
+        env = _run_program(prog, delayed, x, extra_in, params, side)
+        ctx.resolved, ctx.n_extra, ctx.n_side, ctx.n_params = resolved, n_extra, n_side, len(params)
+        ctx.save_for_backward(*[_program.get(env, params, k) for k in prog[2]])
         return _outputs(prog, env)
 
     @staticmethod
@@ -279,7 +284,7 @@ class _GraphFunction(torch.autograd.Function):
             if k[0] == "p":
                 params[k[1]] = t
             else:
-                env[k[1:]] = t
+                env[k[1:] if k[0] == "v" else k] = t
         for v, d in zip(prog[10], dextra_out):
             env[(v, 0)] = torch.zeros_like(env[(prog[6], 0)]) if d is None else d.contiguous()
         _program.run(prog[1], env, params, dy.shape[0], delayed)
@@ -288,7 +293,7 @@ class _GraphFunction(torch.autograd.Function):
             grads[i] = env[(v, 0)]
         dx = env.get((prog[7], 0)) if prog[7] >= 0 else None
         dein = [env.get((v, 0)) if v >= 0 else None for v in prog[11]]
-        return (None, None, dx, *dein, *grads)
+        return (None, None, None, dx, *dein, *[None] * ctx.n_side, *grads)
 
 
 class _SeqFunction(torch.autograd.Function):
@@ -296,13 +301,13 @@ class _SeqFunction(torch.autograd.Function):
     inputs follow x, public extra outputs follow y."""
 
     @staticmethod
-    def forward(ctx, seq_module, needs_grad, n_extra, x, *rest):
+    def forward(ctx, seq_module, needs_grad, kwargs, n_extra, x, *rest):
         seq = seq_module._seq
         extra_in = [to_opf(e.contiguous()) for e in rest[:n_extra]]
         ctx.seq_module = seq_module
         ctx.wants = [x.requires_grad] + [e.requires_grad for e in rest[:n_extra]]
         y, extra_out = seq._s.forward(to_opf(x.contiguous()), current_recipe(), needs_grad,
-                                      x.requires_grad, extra_in or None)
+                                      x.requires_grad, extra_in or None, kwargs)
         y = to_torch(y)
         return (y, *[to_torch(e) for e in extra_out]) if extra_out else y
 
@@ -315,7 +320,7 @@ class _SeqFunction(torch.autograd.Function):
         grads = [g.clone() for g in m._c_grads]
         ins = [None if d is None or not w else to_torch(d).clone()
                for d, w in zip([dx] + list(dextra_in), ctx.wants)]
-        return (None, None, None, *ins, *grads)
+        return (None, None, None, None, *ins, *grads)
 
 
 class Sequential(torch.nn.Module):
@@ -346,22 +351,60 @@ class Sequential(torch.nn.Module):
                 plist.append(param)
                 self._c_grads.append(to_torch(p["grad"]))
         self._plist = plist
+        self._linears = tuple(i for i in range(len(self._seq))
+                              if self._seq[i]._h.info()["class_name"] == "basic_linear")
+        self._cache_views = {}  # ("q", parameter, component) -> a torch view of the C cache
         self._first_param = [0]
         for i in range(len(self._seq)):
             self._first_param.append(self._first_param[-1] + self._seq[i]._h.info()["num_params"])
         self.custom_ops = custom_ops
         self._key = _register_model(self)
 
-    def forward(self, x, *extra_in):
+    def forward(self, x, *extra_in, is_first_microbatch=None, op_kwargs=None):
+        """y (and the public extra outputs after it) of x and the public extra
+        inputs. is_first_microbatch (every basic_linear's weight cache): None
+        quantizes the weights on every call; True quantizes them and caches
+        them, False reuses the cache; a one-element integer tensor says the
+        same as a graph input, so that under torch.compile one graph runs
+        the whole schedule. op_kwargs: {basic op index: {kwarg: value}},
+        value kwargs of other ops (a new value compiles a graph of its own)."""
         # Grad mode is off inside Function.forward: decide here.
         needs_grad = torch.is_grad_enabled() and (
             x.requires_grad or any(e.requires_grad for e in extra_in) or
             any(p.requires_grad for p in self._plist))
         if self.custom_ops or torch.compiler.is_compiling():
-            return self._forward_ops(x, extra_in, needs_grad)
-        return _SeqFunction.apply(self, needs_grad, len(extra_in), x, *extra_in, *self._plist)
+            return self._forward_ops(x, extra_in, needs_grad, is_first_microbatch, op_kwargs)
+        kw = self._kwargs(is_first_microbatch, op_kwargs, eager=True)
+        kwargs = self._kwargs_list(kw) if kw else None
+        return _SeqFunction.apply(self, needs_grad, kwargs, len(extra_in), x, *extra_in,
+                                  *self._plist)
 
-    def _forward_ops(self, x, extra_in, needs_grad):
+    def _kwargs(self, first_mb, op_kwargs, eager=False) -> tuple:
+        """The call's kwargs as constants: ((op, name, value), ...) sorted;
+        a tensor is_first_microbatch as the value "tensor" (eagerly: its
+        value)."""
+        kw = []
+        if first_mb is not None:
+            if isinstance(first_mb, torch.Tensor):
+                first_mb = int(first_mb) if eager else "tensor"
+            else:
+                first_mb = int(bool(first_mb))
+            kw += [(i, "is_first_microbatch", first_mb) for i in self._linears]
+        for i, d in (op_kwargs or {}).items():
+            kw += [(operator.index(i), str(n), v) for n, v in d.items()]
+        return tuple(sorted(kw))
+
+    def _kwargs_list(self, kw, tensor_value=1) -> list:
+        """kw as the C call's per-op kwargs (a tensor value as tensor_value)."""
+        out = [None] * len(self._seq)
+        for i, name, v in kw:
+            if not 0 <= i < len(out):
+                raise opfuse.InvalidArgError(f"opfuse.torch.Sequential: op_kwargs names op {i}, "
+                                             f"the seq has {len(out)} ops")
+            out[i] = dict(out[i] or {}, **{name: tensor_value if v == "tensor" else v})
+        return out
+
+    def _forward_ops(self, x, extra_in, needs_grad, first_mb=None, op_kwargs=None):
         """The traced graph's nodes as custom ops (_program): what
         torch.compile sees. The ops run on the 2D view [rows, features];
         the program holds for any row count where it can, so a dynamic
@@ -377,41 +420,60 @@ class Sequential(torch.nn.Module):
         extra = tuple((_FROM_TORCH_DT.get(e.dtype, -1), operator.index(e.shape[-1]))
                       for e in extra_in)
         x_grad = bool(needs_grad and x.requires_grad)
-        r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra)
+        kw = self._kwargs(first_mb, op_kwargs)
+        r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra, -1, kw)
         if r is None:  # pinned to this row count (a guard under torch.compile)
             r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra,
-                          operator.index(x.shape[0]))
+                          operator.index(x.shape[0]), kw)
+        side = [self._cache_views[q] for q in r[0][12]]
+        if isinstance(first_mb, torch.Tensor):
+            side.append(first_mb.reshape(()).to(torch.int64))
         if needs_grad:
-            out = _GraphFunction.apply(r, len(extra_in), x, *extra_in, *self._plist)
+            out = _GraphFunction.apply(r, len(extra_in), len(side), x, *extra_in, *side,
+                                       *self._plist)
         else:
-            out = _outputs(r[0], _run_program(r[0], r[1], x, extra_in, self._plist))
+            out = _outputs(r[0], _run_program(r[0], r[1], x, extra_in, self._plist, side))
         if isinstance(out, tuple):
             return (out[0].reshape(*shape[:-1], out[0].shape[-1]),) + out[1:]
         return out.reshape(*shape[:-1], out.shape[-1])
 
-    def _resolve_at(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows):
+    def _resolve_at(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw):
         dt = _tensor._TORCH_DTYPES[DType(dtype)]
         x = to_opf(torch.zeros(rows, k, dtype=dt))
         ein = [to_opf(torch.zeros(rows, e, dtype=_tensor._TORCH_DTYPES[DType(d)]))
                for d, e in extra]
-        prog = self._seq._s.trace(x, _RECIPES[recipe_id], needs_grad, x_grad, ein or None, None)
-        return _program.build(prog, self._first_param)
+        # a tensor is_first_microbatch traces as 1 (the cache is made) and is
+        # read from its tensor at run time: 1 and 0 run the same nodes
+        prog = self._seq._s.trace(x, _RECIPES[recipe_id], needs_grad, x_grad, ein or None,
+                                  self._kwargs_list(kw) if kw else None)
+        runtime = {n: _FLAG for _, n, v in kw if v == "tensor"}
+        return _program.build(prog, self._first_param, runtime)
 
-    def _resolve(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows):
+    def _cache_view(self, key):
+        """A torch view of component key[2] of parameter key[1]'s quantized
+        copy (the weight cache: its memory stays put across calls)."""
+        i = next(i for i in range(len(self._seq)) if self._first_param[i + 1] > key[1])
+        q = self._seq[i]._h.param(key[1] - self._first_param[i])["qvalue"]
+        t = component(q, key[2])  # as the custom ops pass components: bytes, fp32 scales
+        return t if t.dtype == torch.float32 else t.view(torch.uint8)
+
+    def _resolve(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw=()):
         if dtype < 0:
             raise opfuse.DtypeError("opfuse.torch.Sequential: the input's torch dtype has no "
                                     "opfuse dtype")
         args = (recipe_id, needs_grad, x_grad, dtype, k, extra)
         if rows >= 0:
-            prog = self._resolve_at(*args, rows)
+            prog = self._resolve_at(*args, rows, kw)
         else:
             try:
-                prog = _merge_rows(self._resolve_at(*args, _PROBES[0]),
-                                   self._resolve_at(*args, _PROBES[1]))
+                prog = _merge_rows(self._resolve_at(*args, _PROBES[0], kw),
+                                   self._resolve_at(*args, _PROBES[1], kw))
             except (ValueError, opfuse.Error):
                 return None
             if _has_none_value(prog):
                 return None
+        for q in prog[12]:
+            self._cache_views[q] = self._cache_view(q)
         ops = [self._seq[i]._h for i in range(len(self._seq))]
         return prog, tuple(_C.delayed_ops(ops))
 
