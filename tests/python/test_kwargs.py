@@ -164,3 +164,46 @@ def test_opcheck_reusing_the_cache():
     env[(prog[6], 0)] = torch.randn_like(env[(prog[5], 0)])
     _program.run(prog[1], env, params, x.shape[0], delayed, check)
     assert "opfuse::basic_linear_bwd" in seen and len(seen) >= 4
+
+
+def test_bad_input_raises_and_changes_nothing():
+    """Wrong dtypes and shapes, a recipe the shape cannot take, a bad flag,
+    a closed context: the C message, the caller's tensors and the
+    parameters untouched, the model usable after."""
+    m = mlp()
+    before = [p.detach().clone() for p in m.parameters()]
+    x = x_of(0)
+    x0 = x.clone()
+    with pytest.raises(opfuse.ShapeError, match="mxfp8 needs both dims"):
+        with ot.autocast(recipe=RECIPES["mxfp8"]):
+            m(x[:30], is_first_microbatch=True)
+    with pytest.raises(opfuse.ShapeError, match="basic_linear"):
+        m(torch.zeros(16, 96), is_first_microbatch=torch.tensor(1))
+    with pytest.raises(opfuse.DtypeError):
+        m(x.to(torch.int32))
+    for bad in (torch.tensor([1, 0]), torch.tensor(1.0)):
+        with pytest.raises(opfuse.DtypeError, match="one integer or bool element"):
+            with ot.autocast(recipe=RECIPES["current"]):
+                m._forward_ops(x, (), False, bad, None)
+    with pytest.raises(opfuse.InvalidArgError, match="is_first_microbatch"):
+        with ot.autocast(recipe=RECIPES["current"]):
+            m(x, op_kwargs={0: {"is_first_microbatch": 7}})
+    assert torch.equal(x, x0)
+    same(before, [p.detach() for p in m.parameters()])
+    same(schedule(m, RECIPES["current"], [True, False], touch=False),
+         schedule(mlp(), RECIPES["current"], [True, False], touch=False))
+
+    ctx = opfuse.Context()
+    c = ot.Sequential(ot.Linear(128, 128), ctx=ctx)
+    c(x)
+    ctx.close()
+    with pytest.raises(opfuse.StateError, match="closed"):
+        c(x)
+    # compiled: raised while Dynamo traces, which wraps it (the cause is ours)
+    with pytest.raises(Exception) as info:
+        torch.compile(c, fullgraph=True)(x)
+    err = info.value
+    while err is not None and not isinstance(err, opfuse.Error):
+        err = err.__cause__ or err.__context__
+    assert isinstance(err, opfuse.StateError) and "closed" in str(err), repr(info.value)
+    assert torch.equal(x, x0)

@@ -28,7 +28,7 @@ from .. import DType, Op, Recipe, Seq, _C, default_context
 from . import _ops, _program, _tensor
 from ._tensor import component, to_opf, to_torch
 
-__all__ = ["Sequential", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SwiGLU",
+__all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SwiGLU",
            "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput", "autocast", "to_opf", "to_torch", "component"]
 
 _state = threading.local()
@@ -427,6 +427,10 @@ class Sequential(torch.nn.Module):
                           operator.index(x.shape[0]), kw)
         side = [self._cache_views[q] for q in r[0][12]]
         if isinstance(first_mb, torch.Tensor):
+            if first_mb.numel() != 1 or first_mb.is_floating_point() or first_mb.is_complex():
+                raise opfuse.DtypeError(f"opfuse.torch.Sequential: is_first_microbatch as a "
+                                        f"tensor is one integer or bool element, not "
+                                        f"{first_mb.dtype} of {first_mb.numel()}")
             side.append(first_mb.reshape(()).to(torch.int64))
         if needs_grad:
             out = _GraphFunction.apply(r, len(extra_in), len(side), x, *extra_in, *side,
@@ -484,3 +488,99 @@ class Sequential(torch.nn.Module):
 def _has_none_value(prog) -> bool:
     """Whether a value field of some step follows the row count."""
     return any(st[0] == "op" and None in st[3] for st in prog[0] + prog[1])
+
+
+# ---- whole-seq ops ---------------------------------------------------------------------
+# An op the traced graph cannot carry (grouped_linear reads its split sizes
+# on the host and its weights through a reference: an eager node of the C
+# graph) runs under torch.compile as one custom op per direction around the
+# C fuser's own forward and backward of its seq; the backward op reads what
+# the forward op left in the seq (one backward per forward, in order, as
+# autograd runs them). The fake needs only the output's features.
+_ops._lib.define("seq_fwd(Tensor x, Tensor[] extra, Tensor[] params, int key, int recipe, "
+                 "bool x_grad, int out_features) -> Tensor")
+_ops._lib.define("seq_bwd(Tensor dy, Tensor[] params, int key, SymInt[] x_shape) -> Tensor[]")
+
+
+def _seq_fwd(x, extra, params, key, recipe, x_grad, out_features):
+    m = _MODELS[key]
+    y, _ = m._seq._s.forward(to_opf(x.contiguous()), _RECIPES[recipe], True, x_grad,
+                             [to_opf(e.contiguous()) for e in extra] or None)
+    return to_torch(y).clone()
+
+
+def _seq_bwd(dy, params, key, x_shape):
+    m = _MODELS[key]
+    m._seq.zero_grad()
+    dx, _ = m._seq._s.backward(to_opf(dy.contiguous()), None)
+    dx = dy.new_zeros(x_shape) if dx is None else to_torch(dx).clone()
+    return [dx] + [g.clone() for g in m._c_grads]
+
+
+_ops._lib.impl("seq_fwd", _seq_fwd, "CPU")
+_ops._lib.impl("seq_bwd", _seq_bwd, "CPU")
+torch.library.register_fake(
+    "opfuse::seq_fwd", lambda x, extra, params, key, recipe, x_grad, out_features:
+    x.new_empty(x.shape[0], out_features), lib=_ops._lib)
+torch.library.register_fake(
+    "opfuse::seq_bwd", lambda dy, params, key, x_shape: [dy.new_empty(x_shape)] + [
+        torch.empty_like(p) for p in params],
+    lib=_ops._lib)
+
+
+def _seq_setup(ctx, inputs, output):
+    ctx.key, ctx.n_extra, ctx.x_grad = inputs[3], len(inputs[1]), inputs[5]
+    ctx.x_shape = inputs[0].shape
+    ctx.save_for_backward(*inputs[2])
+
+
+def _seq_backward(ctx, dy):
+    out = torch.ops.opfuse.seq_bwd(dy, list(ctx.saved_tensors), ctx.key, list(ctx.x_shape))
+    dx = out[0] if ctx.x_grad else None
+    return dx, [None] * ctx.n_extra, list(out[1:]), None, None, None, None
+
+
+torch.library.register_autograd("opfuse::seq_fwd", _seq_backward, setup_context=_seq_setup,
+                                lib=_ops._lib)
+
+
+class GroupedLinear(torch.nn.Module):
+    """groups independent linears over consecutive row groups of x:
+    y_g = x_g W_g^T (+ b_g), the rows of group g given by split_sizes (a
+    list of ints read on the host, the documented exception: under
+    torch.compile each distinct list compiles a graph of its own; an int64
+    tensor is taken eagerly). Rows past the sum are padding (zero in y and
+    dx). Parameters weight0..G-1 (then bias0..G-1) share memory with the C
+    op."""
+
+    def __init__(self, groups, in_features, out_features, bias=True, dtype=None, name=None,
+                 ctx=None):
+        super().__init__()
+        self.groups, self.in_features, self.out_features = groups, in_features, out_features
+        spec = OpSpec("grouped_linear", {"groups": groups, "in_features": in_features,
+                                         "out_features": out_features, "bias": bias,
+                                         "dtype": _dt(dtype)}, name, ((False, 0, None, False),))
+        holder = _Module()
+        holder.op_specs = lambda: [spec]
+        object.__setattr__(self, "_model", Sequential(holder, ctx=ctx))
+        for pname, p in self._model.named_parameters():
+            self.register_parameter(pname.split("_", 1)[1], p)
+
+    def forward(self, x, split_sizes):
+        m = self._model
+        if isinstance(split_sizes, torch.Tensor):
+            if torch.compiler.is_compiling():
+                raise opfuse.UnsupportedError("opfuse.torch.GroupedLinear: under torch.compile "
+                                              "the split sizes are a list of ints (host values)")
+            splits = split_sizes.to(torch.int64)
+        else:
+            splits = torch.tensor([operator.index(s) for s in split_sizes], dtype=torch.int64)
+        if not torch.compiler.is_compiling():
+            return m(x, splits)
+        shape = x.shape
+        x2 = x.reshape(-1, operator.index(shape[-1]))
+        y = torch.ops.opfuse.seq_fwd(x2, [splits], list(m._plist), m._key,
+                                     getattr(_state, "recipe_id", 0),
+                                     bool(torch.is_grad_enabled() and x.requires_grad),
+                                     self.out_features)
+        return y.reshape(*shape[:-1], self.out_features)
