@@ -84,6 +84,7 @@ extern PyMethodDef opf_py_quant_methods[];
 extern PyMethodDef opf_py_op_methods[];
 extern PyMethodDef opf_py_classop_methods[];
 extern PyMethodDef opf_py_torchcall_methods[];
+extern PyMethodDef opf_py_fusion_methods[];
 int opf_py_torchcall_init_types(PyObject *m);
 int opf_py_op_init_types(PyObject *m);
 int opf_py_quant_init_types(PyObject *m);

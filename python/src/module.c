@@ -135,7 +135,8 @@ PyMODINIT_FUNC PyInit__C(void)
         opf_py_add_methods(m, opf_py_quant_methods) < 0 ||
         opf_py_add_methods(m, opf_py_op_methods) < 0 ||
         opf_py_add_methods(m, opf_py_classop_methods) < 0 ||
-        opf_py_add_methods(m, opf_py_torchcall_methods) < 0) {
+        opf_py_add_methods(m, opf_py_torchcall_methods) < 0 ||
+        opf_py_add_methods(m, opf_py_fusion_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -26,10 +26,14 @@ import opfuse
 
 from .. import DType, Op, Recipe, Seq, _C, default_context
 from . import _ops, _program, _tensor
+from ._fusion import (Fused, FusionOp, register_backward_fusion, register_forward_backward_fusion,
+                      register_forward_fusion, unregister_fusion)
 from ._tensor import component, to_opf, to_torch
 
-__all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SwiGLU",
-           "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput", "autocast", "to_opf", "to_torch", "component"]
+__all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
+           "SwiGLU", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput", "autocast", "to_opf",
+           "to_torch", "component", "register_forward_fusion", "register_backward_fusion",
+           "register_forward_backward_fusion", "unregister_fusion", "Fused", "FusionOp"]
 
 _state = threading.local()
 
