@@ -12,6 +12,7 @@
 #include "opfuse/compile.h"
 #include "opfuse/gemm.h"
 #include "opfuse/io.h"
+#include "opfuse/nn.h"
 
 /* ---- errors (module.c) -------------------------------------------------------
  * One exception class per opf_status, all subclasses of opfuse.Error, each

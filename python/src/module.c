@@ -140,6 +140,12 @@ PyMODINIT_FUNC PyInit__C(void)
         Py_DECREF(m);
         return NULL;
     }
+    /* the language-model ops (attention, embedding, cross_entropy) as well */
+    opf_status st = opf_nn_register();
+    if (st) {
+        Py_DECREF(m);
+        return opf_raise(st, NULL);
+    }
     PyModule_AddIntConstant(m, "MAX_DIMS", OPF_MAX_DIMS);
     PyModule_AddIntConstant(m, "COMPONENT_ALIGN", OPF_COMPONENT_ALIGN);
     return m;

@@ -105,6 +105,8 @@ static int pack_config(const char *name, PyObject *cfg, void *buf)
         BOOL_FIELD(c, backward);
     } else if (!strcmp(name, "dropout")) {
         FLOAT_FIELD((opf_dropout_config *)buf, p);
+    } else if (!strcmp(name, "attention")) {
+        INT_FIELD((opf_attention_config *)buf, heads);
     } else if (!strcmp(name, "grouped_linear")) {
         opf_grouped_linear_config *c = buf;
         INT_FIELD(c, groups);

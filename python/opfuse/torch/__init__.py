@@ -31,9 +31,10 @@ from ._fusion import (Fused, FusionOp, register_backward_fusion, register_forwar
 from ._tensor import component, to_opf, to_torch
 
 __all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
-           "SwiGLU", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput", "autocast", "to_opf",
-           "to_torch", "component", "register_forward_fusion", "register_backward_fusion",
-           "register_forward_backward_fusion", "unregister_fusion", "Fused", "FusionOp"]
+           "SwiGLU", "Attention", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
+           "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
+           "register_backward_fusion", "register_forward_backward_fusion", "unregister_fusion",
+           "Fused", "FusionOp"]
 
 _state = threading.local()
 
@@ -158,6 +159,19 @@ def _activation(kind):
 GELU, ReLU, SiLU, SwiGLU = (_activation(k) for k in ("gelu", "relu", "silu", "swiglu"))
 
 
+class Attention(_Module):
+    """Causal multi-head self-attention over a packed qkv [B, T, 3C] (what a
+    Linear(C, 3C) gives) into [B, T, C]; computed in fp32, never
+    quantized. A Sequential holding one keeps x's dims (B and T are read)."""
+
+    def __init__(self, heads, name=None):
+        super().__init__()
+        self.heads, self.name = heads, name
+
+    def op_specs(self):
+        return [OpSpec("attention", {"heads": self.heads}, self.name)]
+
+
 class AddExtraInput(_Module):
     """y = x + extra: a residual from a channel made earlier in the same
     Sequential (MakeExtraOutput), or with channel None from the caller (the
@@ -191,7 +205,8 @@ _MODELS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 _RECIPES: list = [None]
 _PLAN_CACHE: dict = {}
 _FROM_TORCH_DT = {t: int(d) for t, d in _tensor._FROM_TORCH.items()}
-_FLAG = ("f",)  # the environment key of a runtime value read from a tensor
+_FLAG = ("f",)
+_READS_DIMS = {"attention"}  # the environment key of a runtime value read from a tensor
 
 
 def _register_model(m) -> int:
@@ -355,8 +370,10 @@ class Sequential(torch.nn.Module):
                 plist.append(param)
                 self._c_grads.append(to_torch(p["grad"]))
         self._plist = plist
-        self._linears = tuple(i for i in range(len(self._seq))
-                              if self._seq[i]._h.info()["class_name"] == "basic_linear")
+        classes = [self._seq[i]._h.info()["class_name"] for i in range(len(self._seq))]
+        self._linears = tuple(i for i, c in enumerate(classes) if c == "basic_linear")
+        # ops that read x's leading dims themselves: the torch path keeps them
+        self._keeps_dims = any(c in _READS_DIMS for c in classes)
         self._cache_views = {}  # ("q", parameter, component) -> a torch view of the C cache
         self._first_param = [0]
         for i in range(len(self._seq)):
@@ -419,7 +436,10 @@ class Sequential(torch.nn.Module):
             raise opfuse.ShapeError("opfuse.torch.Sequential: input has no dims")
         # operator.index: Dynamo pins a symbolic size it converts so (a guard)
         shape, k = x.shape, operator.index(x.shape[-1])
-        x = x.reshape(-1, k)
+        if self._keeps_dims and x.dim() > 2:  # [rows, middle dims..., k]
+            k = tuple(operator.index(d) for d in shape[1:])
+        else:
+            x = x.reshape(-1, k)
         extra_in = tuple(e.reshape(-1, operator.index(e.shape[-1])) for e in extra_in)
         extra = tuple((_FROM_TORCH_DT.get(e.dtype, -1), operator.index(e.shape[-1]))
                       for e in extra_in)
@@ -447,7 +467,7 @@ class Sequential(torch.nn.Module):
 
     def _resolve_at(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw):
         dt = _tensor._TORCH_DTYPES[DType(dtype)]
-        x = to_opf(torch.zeros(rows, k, dtype=dt))
+        x = to_opf(torch.zeros(rows, *(k if isinstance(k, tuple) else (k,)), dtype=dt))
         ein = [to_opf(torch.zeros(rows, e, dtype=_tensor._TORCH_DTYPES[DType(d)]))
                for d, e in extra]
         # a tensor is_first_microbatch traces as 1 (the cache is made) and is
