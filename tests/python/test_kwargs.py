@@ -207,3 +207,32 @@ def test_bad_input_raises_and_changes_nothing():
         err = err.__cause__ or err.__context__
     assert isinstance(err, opfuse.StateError) and "closed" in str(err), repr(info.value)
     assert torch.equal(x, x0)
+
+
+def chain(q_backward):
+    m = ot.Sequential(ot.Linear(128, 128), ot.Quantize(backward=q_backward), ot.Linear(128, 128))
+    with torch.no_grad():
+        for i, p in enumerate(m.parameters()):
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.1)
+    return m
+
+
+@pytest.mark.parametrize("recipe", ["current", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("q_backward", [False, True])
+def test_quantized_output_into_next_op(recipe, q_backward):
+    """Quantize hands the next Linear an FP8 (FP4) activation: the traced
+    graph carries it as its component tensors; training and the
+    forward-only path compile with the eager bits, caller memory untouched."""
+    torch._dynamo.reset()
+    r = RECIPES[recipe]
+    m = chain(q_backward)
+    prog = ot._resolved(m._key, ot._recipe_id(r), True, True, 0, 128, (), 128)[0]
+    assert "quantize_fwd" in [st[1] for st in prog[0]]
+    eager = schedule(m, r, [None, None], touch=False)
+    same(eager, schedule(torch.compile(chain(q_backward), fullgraph=True, dynamic=False), r,
+                         [None, None], touch=False))
+    x = x_of(0)
+    x0 = x.clone()
+    with torch.no_grad(), ot.autocast(recipe=r):
+        y_eager, y_comp = m(x), torch.compile(chain(q_backward), fullgraph=True)(x)
+    assert torch.equal(y_eager, y_comp) and torch.equal(y_eager, eager[0]) and torch.equal(x, x0)

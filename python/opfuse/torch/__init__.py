@@ -31,7 +31,7 @@ from ._fusion import (Fused, FusionOp, register_backward_fusion, register_forwar
 from ._tensor import component, to_opf, to_torch
 
 __all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
-           "SwiGLU", "Attention", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
+           "SwiGLU", "Attention", "Quantize", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
            "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
            "register_backward_fusion", "register_forward_backward_fusion", "unregister_fusion",
            "Fused", "FusionOp"]
@@ -170,6 +170,19 @@ class Attention(_Module):
 
     def op_specs(self):
         return [OpSpec("attention", {"heads": self.heads}, self.name)]
+
+
+class Quantize(_Module):
+    """Quantizes the activation (forward) and/or its gradient (backward)
+    with the op's own recipe quantizers, so that the next op takes it
+    quantized (FP8 output into the next op). Identity without a recipe."""
+
+    def __init__(self, forward=True, backward=False, name=None):
+        super().__init__()
+        self.cfg, self.name = {"forward": forward, "backward": backward}, name
+
+    def op_specs(self):
+        return [OpSpec("quantize", self.cfg, self.name)]
 
 
 class AddExtraInput(_Module):
