@@ -236,3 +236,34 @@ def test_quantized_output_into_next_op(recipe, q_backward):
     with torch.no_grad(), ot.autocast(recipe=r):
         y_eager, y_comp = m(x), torch.compile(chain(q_backward), fullgraph=True)(x)
     assert torch.equal(y_eager, y_comp) and torch.equal(y_eager, eager[0]) and torch.equal(x, x0)
+
+
+def test_value_kwarg_compiles_once_per_value():
+    """dropout's training kwarg is a value: each new value compiles a graph
+    of its own, a value seen before reuses its graph; every call equals
+    eager (the same Philox draws)."""
+    torch._dynamo.reset()
+
+    def make():
+        m = ot.Sequential(ot.Linear(128, 128), ot.Dropout(0.25), ot.Linear(128, 128))
+        with torch.no_grad():
+            for i, p in enumerate(m.parameters()):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.1)
+        return m
+
+    def run(m, values):
+        out = []
+        for s, v in enumerate(values):
+            opfuse.default_context().set_rng(9, s)
+            x = x_of(s).requires_grad_()
+            y = m(x, op_kwargs={2: {"training": v}})  # basic ops: linear, bias, dropout
+            y.square().sum().backward()
+            out += [y.detach(), x.grad]
+        return out
+    values = [True, False, True, False, True]
+    eager = run(make(), values)
+    opfuse.default_context().set_rng(9, 0)
+    assert not torch.equal(eager[0], run(make(), [False])[0])  # dropout on differs from off
+    cm, n = _count_compiles(make())
+    same(eager, run(cm, values))
+    assert n[0] == 2, f"{n[0]} compiles for two values"

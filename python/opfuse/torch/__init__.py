@@ -31,7 +31,7 @@ from ._fusion import (Fused, FusionOp, register_backward_fusion, register_forwar
 from ._tensor import component, to_opf, to_torch
 
 __all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
-           "SwiGLU", "Attention", "Quantize", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
+           "SwiGLU", "Attention", "Dropout", "Quantize", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
            "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
            "register_backward_fusion", "register_forward_backward_fusion", "unregister_fusion",
            "Fused", "FusionOp"]
@@ -170,6 +170,19 @@ class Attention(_Module):
 
     def op_specs(self):
         return [OpSpec("attention", {"heads": self.heads}, self.name)]
+
+
+class Dropout(_Module):
+    """Drops activations with probability p (Philox draws of the context's
+    generator); the kwarg training (op_kwargs={index: {"training": False}})
+    makes it the identity, a value kwarg: compiled, one graph per value."""
+
+    def __init__(self, p=0.1, name=None):
+        super().__init__()
+        self.cfg, self.name = {"p": p}, name
+
+    def op_specs(self):
+        return [OpSpec("dropout", self.cfg, self.name)]
 
 
 class Quantize(_Module):
@@ -408,8 +421,9 @@ class Sequential(torch.nn.Module):
             any(p.requires_grad for p in self._plist))
         if self.custom_ops or torch.compiler.is_compiling():
             return self._forward_ops(x, extra_in, needs_grad, is_first_microbatch, op_kwargs)
-        kw = self._kwargs(is_first_microbatch, op_kwargs, eager=True)
-        kwargs = self._kwargs_list(kw) if kw else None
+        kwargs = None  # the common call builds nothing
+        if is_first_microbatch is not None or op_kwargs:
+            kwargs = self._kwargs_list(self._kwargs(is_first_microbatch, op_kwargs, eager=True))
         return _SeqFunction.apply(self, needs_grad, kwargs, len(extra_in), x, *extra_in,
                                   *self._plist)
 
