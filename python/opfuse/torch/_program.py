@@ -15,7 +15,9 @@ A program is made of constants only (tuples of ints and strings), so that
 Dynamo bakes it: steps
 
     ("op", name, tensors, values, shapes, outs)   a custom op; tensors as
-        ("v", value, component) or ("p", parameter); shapes None where the
+        ("v", value, component), ("p", parameter), ("q", parameter,
+        component) (its quantized copy: the weight cache) or ("f",) (a
+        runtime value's tensor: is_first_microbatch); shapes None where the
         row count goes; outs as (position in the result, value, component)
     ("add", value, a, b)                          a channel's gradient sum
     ("update", backward, value)                   delayed scaling, after value
