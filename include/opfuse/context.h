@@ -94,6 +94,10 @@ OPF_API void opf_ctx_destroy(opf_ctx *ctx);
 OPF_API const char *opf_last_error(const opf_ctx *ctx);
 /* Clears the last error. */
 OPF_API void opf_clear_error(opf_ctx *ctx);
+/* Sets the last error of ctx (and of this thread) to the printf-style
+ * message and returns st: for user ops and fusion functions, whose failures
+ * then read like the library's own. */
+OPF_API opf_status opf_set_error(opf_ctx *ctx, opf_status st, const char *fmt, ...);
 
 /* A NULL context: every entry that returns a status refuses it with
  * OPF_ERR_INVALID_ARG (but for those documented to use an object's own

@@ -23,6 +23,9 @@ const opf_op_class *opf_py_find_class(const char *name);
 const opf_schema *opf_py_class_schema(const opf_op_class *c, int bwd);
 /* A quantizer from its OPF_PY_Q_FIELDS integers (classop.c, quantizer_tuple). */
 enum { OPF_PY_Q_FIELDS = 14 };
+/* A runtime field's value in the values list: read it from the next tensor
+ * (torchcall.c, runtime_value). */
+#define OPF_PY_FROM_TENSOR (-(1LL << 62))
 void opf_py_quantizer_from_ints(const long long *f, opf_quantizer *q);
 
 /* Output specs of one fake call: forward outs at [0, 1 + OPF_OP_MAX_EXTRA),

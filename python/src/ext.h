@@ -12,6 +12,7 @@
 #include "opfuse/compile.h"
 #include "opfuse/gemm.h"
 #include "opfuse/io.h"
+#include "opfuse/nn.h"
 
 /* ---- errors (module.c) -------------------------------------------------------
  * One exception class per opf_status, all subclasses of opfuse.Error, each
@@ -84,6 +85,7 @@ extern PyMethodDef opf_py_quant_methods[];
 extern PyMethodDef opf_py_op_methods[];
 extern PyMethodDef opf_py_classop_methods[];
 extern PyMethodDef opf_py_torchcall_methods[];
+extern PyMethodDef opf_py_fusion_methods[];
 int opf_py_torchcall_init_types(PyObject *m);
 int opf_py_op_init_types(PyObject *m);
 int opf_py_quant_init_types(PyObject *m);

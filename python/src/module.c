@@ -135,9 +135,16 @@ PyMODINIT_FUNC PyInit__C(void)
         opf_py_add_methods(m, opf_py_quant_methods) < 0 ||
         opf_py_add_methods(m, opf_py_op_methods) < 0 ||
         opf_py_add_methods(m, opf_py_classop_methods) < 0 ||
-        opf_py_add_methods(m, opf_py_torchcall_methods) < 0) {
+        opf_py_add_methods(m, opf_py_torchcall_methods) < 0 ||
+        opf_py_add_methods(m, opf_py_fusion_methods) < 0) {
         Py_DECREF(m);
         return NULL;
+    }
+    /* the language-model ops (attention, embedding, cross_entropy) as well */
+    opf_status st = opf_nn_register();
+    if (st) {
+        Py_DECREF(m);
+        return opf_raise(st, NULL);
     }
     PyModule_AddIntConstant(m, "MAX_DIMS", OPF_MAX_DIMS);
     PyModule_AddIntConstant(m, "COMPONENT_ALIGN", OPF_COMPONENT_ALIGN);

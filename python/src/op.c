@@ -105,6 +105,8 @@ static int pack_config(const char *name, PyObject *cfg, void *buf)
         BOOL_FIELD(c, backward);
     } else if (!strcmp(name, "dropout")) {
         FLOAT_FIELD((opf_dropout_config *)buf, p);
+    } else if (!strcmp(name, "attention")) {
+        INT_FIELD((opf_attention_config *)buf, heads);
     } else if (!strcmp(name, "grouped_linear")) {
         opf_grouped_linear_config *c = buf;
         INT_FIELD(c, groups);
@@ -247,8 +249,9 @@ static PyObject *retained(const opf_tensor *t, PyObject *ctx)
     return opf_py_tensor_wrap(&r, ctx, NULL);
 }
 
-/* param(i): {name, value, grad, main_grad, requires_grad, has_grad}; the
- * tensors share the parameter's memory. */
+/* param(i): {name, value, grad, main_grad, qvalue, requires_grad, has_grad};
+ * the tensors share the parameter's memory (qvalue: its quantized copy, the
+ * weight cache, or None). */
 static PyObject *op_param(PyObject *self, PyObject *args)
 {
     int i;
@@ -262,9 +265,10 @@ static PyObject *op_param(PyObject *self, PyObject *args)
                              opf_op_name(op), opf_op_num_params(op), i);
     opf_param *p = opf_op_param(op, i);
     PyObject *ctx = ((opf_py_op *)self)->ctx;
-    return Py_BuildValue("{s:s,s:N,s:N,s:N,s:O,s:O}", "name", p->name, "value",
+    return Py_BuildValue("{s:s,s:N,s:N,s:N,s:N,s:O,s:O}", "name", p->name, "value",
                          retained(&p->value, ctx), "grad", retained(&p->grad, ctx), "main_grad",
-                         retained(&p->main_grad, ctx), "requires_grad",
+                         retained(&p->main_grad, ctx), "qvalue", retained(&p->qvalue, ctx),
+                         "requires_grad",
                          p->requires_grad ? Py_True : Py_False, "has_grad",
                          p->has_grad ? Py_True : Py_False);
 }

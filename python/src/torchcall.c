@@ -243,6 +243,29 @@ static int read_quantized(packed *p, const char *field, opf_tensor *out)
     return 0;
 }
 
+/* A runtime field (OPF_FIELD_RUNTIME) whose value is the next tensor's: a
+ * one-element i64 or i32 tensor, a graph input, so that a compiled graph
+ * takes every value without recompiling (is_first_microbatch). A fake
+ * reads none: the class's specs do not follow a runtime value. */
+static int runtime_value(packed *p, const flat_field *f, long long *v)
+{
+    PyObject *t = next_tensor(p, f->name);
+    if (!t) return -1;
+    *v = 0;
+    if (p->fake) return 0;
+    void *ptr;
+    size_t nbytes;
+    opf_dtype dt = torch_dtype(t, f->name);
+    if ((int)dt < 0 || torch_memory(t, f->name, &ptr, &nbytes) < 0) return -1;
+    if ((dt != OPF_I64 && dt != OPF_I32) || nbytes != opf_dtype_nbytes(dt, 1)) {
+        opf_raise_msg(OPF_ERR_DTYPE, "%s: a runtime value is one i64 or i32 element, not %s of "
+                      "%zu bytes", f->name, opf_dtype_name(dt), nbytes);
+        return -1;
+    }
+    *v = dt == OPF_I64 ? *(const int64_t *)ptr : *(const int32_t *)ptr;
+    return 0;
+}
+
 static int read_value(packed *p, const flat_field *f, char *at)
 {
     long long v;
@@ -256,6 +279,8 @@ static int read_value(packed *p, const flat_field *f, char *at)
         return 0;
     }
     if (next_value(p, f->name, &v) < 0) return -1;
+    if (v == OPF_PY_FROM_TENSOR && (f->f->flags & OPF_FIELD_RUNTIME) && runtime_value(p, f, &v))
+        return -1;
     double d;
     memcpy(&d, &v, sizeof d);
     switch (f->f->kind) {

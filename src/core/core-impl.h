@@ -17,8 +17,10 @@
 #endif
 
 /* Records a message for ctx (if not NULL) and for this thread, returns st.
- * Usage: return opf_error(ctx, OPF_ERR_SHAPE, "gemm: K %lld != %lld", ...); */
-opf_status opf_error(opf_ctx *ctx, opf_status st, const char *fmt, ...) OPF_PRINTF(3, 4);
+ * Usage: return opf_error(ctx, OPF_ERR_SHAPE, "gemm: K %lld != %lld", ...);
+ * The public opf_set_error (context.h) is the same function. */
+opf_status opf_set_error(opf_ctx *ctx, opf_status st, const char *fmt, ...) OPF_PRINTF(3, 4);
+#define opf_error opf_set_error
 
 /* Null checks that name the function and the argument. */
 #define OPF_CHECK_NULL(ctx, fn, p)                                                     \

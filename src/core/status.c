@@ -43,7 +43,7 @@ void opf_assert_fail(const char *file, int line, const char *expr)
 /* The message of the last failure on this thread, for calls without a ctx. */
 static _Thread_local char thread_error[OPF_ERROR_MAX];
 
-opf_status opf_error(opf_ctx *ctx, opf_status st, const char *fmt, ...)
+opf_status opf_set_error(opf_ctx *ctx, opf_status st, const char *fmt, ...)
 {
     /* Format into a local first: callers may pass opf_last_error() itself. */
     char msg[OPF_ERROR_MAX];

@@ -26,10 +26,15 @@ import opfuse
 
 from .. import DType, Op, Recipe, Seq, _C, default_context
 from . import _ops, _program, _tensor
+from ._fusion import (Fused, FusionOp, register_backward_fusion, register_forward_backward_fusion,
+                      register_forward_fusion, unregister_fusion)
 from ._tensor import component, to_opf, to_torch
 
-__all__ = ["Sequential", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU", "SwiGLU",
-           "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput", "autocast", "to_opf", "to_torch", "component"]
+__all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
+           "SwiGLU", "Attention", "Dropout", "Quantize", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
+           "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
+           "register_backward_fusion", "register_forward_backward_fusion", "unregister_fusion",
+           "Fused", "FusionOp"]
 
 _state = threading.local()
 
@@ -154,6 +159,45 @@ def _activation(kind):
 GELU, ReLU, SiLU, SwiGLU = (_activation(k) for k in ("gelu", "relu", "silu", "swiglu"))
 
 
+class Attention(_Module):
+    """Causal multi-head self-attention over a packed qkv [B, T, 3C] (what a
+    Linear(C, 3C) gives) into [B, T, C]; computed in fp32, never
+    quantized. A Sequential holding one keeps x's dims (B and T are read)."""
+
+    def __init__(self, heads, name=None):
+        super().__init__()
+        self.heads, self.name = heads, name
+
+    def op_specs(self):
+        return [OpSpec("attention", {"heads": self.heads}, self.name)]
+
+
+class Dropout(_Module):
+    """Drops activations with probability p (Philox draws of the context's
+    generator); the kwarg training (op_kwargs={index: {"training": False}})
+    makes it the identity, a value kwarg: compiled, one graph per value."""
+
+    def __init__(self, p=0.1, name=None):
+        super().__init__()
+        self.cfg, self.name = {"p": p}, name
+
+    def op_specs(self):
+        return [OpSpec("dropout", self.cfg, self.name)]
+
+
+class Quantize(_Module):
+    """Quantizes the activation (forward) and/or its gradient (backward)
+    with the op's own recipe quantizers, so that the next op takes it
+    quantized (FP8 output into the next op). Identity without a recipe."""
+
+    def __init__(self, forward=True, backward=False, name=None):
+        super().__init__()
+        self.cfg, self.name = {"forward": forward, "backward": backward}, name
+
+    def op_specs(self):
+        return [OpSpec("quantize", self.cfg, self.name)]
+
+
 class AddExtraInput(_Module):
     """y = x + extra: a residual from a channel made earlier in the same
     Sequential (MakeExtraOutput), or with channel None from the caller (the
@@ -187,6 +231,8 @@ _MODELS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 _RECIPES: list = [None]
 _PLAN_CACHE: dict = {}
 _FROM_TORCH_DT = {t: int(d) for t, d in _tensor._FROM_TORCH.items()}
+_FLAG = ("f",)
+_READS_DIMS = {"attention"}  # the environment key of a runtime value read from a tensor
 
 
 def _register_model(m) -> int:
@@ -216,17 +262,17 @@ _PROBES = (128, 256)
 
 
 @torch._dynamo.assume_constant_result
-def _resolved(key, recipe_id, needs_grad, x_grad, dtype, k, extra=(), rows=-1):
+def _resolved(key, recipe_id, needs_grad, x_grad, dtype, k, extra=(), rows=-1, kw=()):
     """The program (_program.build) of model `key` for inputs [rows, k] and
-    extra inputs [rows, e] of extra = ((dtype, e), ...), with the ops'
-    delayed-scaling addresses; traced once per key (rows -1: any row count,
-    or None when some op's fields follow the rows in a way the program
-    cannot carry). Dynamo calls this at trace time and bakes the result, a
-    tuple of constants."""
-    key_ = (key, recipe_id, needs_grad, x_grad, dtype, k, extra, rows)
+    extra inputs [rows, e] of extra = ((dtype, e), ...) and the kwargs kw
+    (Sequential._kwargs), with the ops' delayed-scaling addresses; traced
+    once per key (rows -1: any row count, or None when some op's fields
+    follow the rows in a way the program cannot carry). Dynamo calls this at
+    trace time and bakes the result, a tuple of constants."""
+    key_ = (key, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw)
     if key_ not in _PLAN_CACHE:
         _PLAN_CACHE[key_] = _MODELS[key]._resolve(recipe_id, needs_grad, x_grad, dtype, k, extra,
-                                                  rows)
+                                                  rows, kw)
     return _PLAN_CACHE[key_]
 
 
@@ -245,10 +291,13 @@ def _merge_rows(a, b):
     raise ValueError
 
 
-def _run_program(prog, delayed, x, extra_in, params):
-    """The forward steps of prog on x: the environment they leave."""
+def _run_program(prog, delayed, x, extra_in, params, side=()):
+    """The forward steps of prog on x: the environment they leave. side:
+    the weight caches prog reads (prog[12], in order), then the runtime
+    flag when the program takes one."""
     env = {(prog[4], 0): x}
     env.update(((v, 0), t) for v, t in zip(prog[8], extra_in))
+    env.update(zip(prog[12] + (_FLAG,), side))
     _program.run(prog[0], env, params, x.shape[0], delayed)
     return env
 
@@ -263,12 +312,13 @@ class _GraphFunction(torch.autograd.Function):
     backward (what torch.compile sees: custom ops only)."""
 
     @staticmethod
-    def forward(ctx, resolved, n_extra, x, *rest):
+    def forward(ctx, resolved, n_extra, n_side, x, *rest):
         prog, delayed = resolved
-        extra_in, params = rest[:n_extra], rest[n_extra:]
-        env = _run_program(prog, delayed, x, extra_in, params)
-        ctx.resolved, ctx.n_extra, ctx.n_params = resolved, n_extra, len(params)
-        ctx.save_for_backward(*[params[k[1]] if k[0] == "p" else env[k[1:]] for k in prog[2]])
+        extra_in, side = rest[:n_extra], rest[n_extra:n_extra + n_side]
+        params = rest[n_extra + n_side:]
+        env = _run_program(prog, delayed, x, extra_in, params, side)
+        ctx.resolved, ctx.n_extra, ctx.n_side, ctx.n_params = resolved, n_extra, n_side, len(params)
+        ctx.save_for_backward(*[_program.get(env, params, k) for k in prog[2]])
         return _outputs(prog, env)
 
     @staticmethod
@@ -279,7 +329,7 @@ class _GraphFunction(torch.autograd.Function):
             if k[0] == "p":
                 params[k[1]] = t
             else:
-                env[k[1:]] = t
+                env[k[1:] if k[0] == "v" else k] = t
         for v, d in zip(prog[10], dextra_out):
             env[(v, 0)] = torch.zeros_like(env[(prog[6], 0)]) if d is None else d.contiguous()
         _program.run(prog[1], env, params, dy.shape[0], delayed)
@@ -288,7 +338,7 @@ class _GraphFunction(torch.autograd.Function):
             grads[i] = env[(v, 0)]
         dx = env.get((prog[7], 0)) if prog[7] >= 0 else None
         dein = [env.get((v, 0)) if v >= 0 else None for v in prog[11]]
-        return (None, None, dx, *dein, *grads)
+        return (None, None, None, dx, *dein, *[None] * ctx.n_side, *grads)
 
 
 class _SeqFunction(torch.autograd.Function):
@@ -296,13 +346,13 @@ class _SeqFunction(torch.autograd.Function):
     inputs follow x, public extra outputs follow y."""
 
     @staticmethod
-    def forward(ctx, seq_module, needs_grad, n_extra, x, *rest):
+    def forward(ctx, seq_module, needs_grad, kwargs, n_extra, x, *rest):
         seq = seq_module._seq
         extra_in = [to_opf(e.contiguous()) for e in rest[:n_extra]]
         ctx.seq_module = seq_module
         ctx.wants = [x.requires_grad] + [e.requires_grad for e in rest[:n_extra]]
         y, extra_out = seq._s.forward(to_opf(x.contiguous()), current_recipe(), needs_grad,
-                                      x.requires_grad, extra_in or None)
+                                      x.requires_grad, extra_in or None, kwargs)
         y = to_torch(y)
         return (y, *[to_torch(e) for e in extra_out]) if extra_out else y
 
@@ -315,7 +365,7 @@ class _SeqFunction(torch.autograd.Function):
         grads = [g.clone() for g in m._c_grads]
         ins = [None if d is None or not w else to_torch(d).clone()
                for d, w in zip([dx] + list(dextra_in), ctx.wants)]
-        return (None, None, None, *ins, *grads)
+        return (None, None, None, None, *ins, *grads)
 
 
 class Sequential(torch.nn.Module):
@@ -346,22 +396,63 @@ class Sequential(torch.nn.Module):
                 plist.append(param)
                 self._c_grads.append(to_torch(p["grad"]))
         self._plist = plist
+        classes = [self._seq[i]._h.info()["class_name"] for i in range(len(self._seq))]
+        self._linears = tuple(i for i, c in enumerate(classes) if c == "basic_linear")
+        # ops that read x's leading dims themselves: the torch path keeps them
+        self._keeps_dims = any(c in _READS_DIMS for c in classes)
+        self._cache_views = {}  # ("q", parameter, component) -> a torch view of the C cache
         self._first_param = [0]
         for i in range(len(self._seq)):
             self._first_param.append(self._first_param[-1] + self._seq[i]._h.info()["num_params"])
         self.custom_ops = custom_ops
         self._key = _register_model(self)
 
-    def forward(self, x, *extra_in):
+    def forward(self, x, *extra_in, is_first_microbatch=None, op_kwargs=None):
+        """y (and the public extra outputs after it) of x and the public extra
+        inputs. is_first_microbatch (every basic_linear's weight cache): None
+        quantizes the weights on every call; True quantizes them and caches
+        them, False reuses the cache; a one-element integer tensor says the
+        same as a graph input, so that under torch.compile one graph runs
+        the whole schedule. op_kwargs: {basic op index: {kwarg: value}},
+        value kwargs of other ops (a new value compiles a graph of its own)."""
         # Grad mode is off inside Function.forward: decide here.
         needs_grad = torch.is_grad_enabled() and (
             x.requires_grad or any(e.requires_grad for e in extra_in) or
             any(p.requires_grad for p in self._plist))
         if self.custom_ops or torch.compiler.is_compiling():
-            return self._forward_ops(x, extra_in, needs_grad)
-        return _SeqFunction.apply(self, needs_grad, len(extra_in), x, *extra_in, *self._plist)
+            return self._forward_ops(x, extra_in, needs_grad, is_first_microbatch, op_kwargs)
+        kwargs = None  # the common call builds nothing
+        if is_first_microbatch is not None or op_kwargs:
+            kwargs = self._kwargs_list(self._kwargs(is_first_microbatch, op_kwargs, eager=True))
+        return _SeqFunction.apply(self, needs_grad, kwargs, len(extra_in), x, *extra_in,
+                                  *self._plist)
 
-    def _forward_ops(self, x, extra_in, needs_grad):
+    def _kwargs(self, first_mb, op_kwargs, eager=False) -> tuple:
+        """The call's kwargs as constants: ((op, name, value), ...) sorted;
+        a tensor is_first_microbatch as the value "tensor" (eagerly: its
+        value)."""
+        kw = []
+        if first_mb is not None:
+            if isinstance(first_mb, torch.Tensor):
+                first_mb = int(first_mb) if eager else "tensor"
+            else:
+                first_mb = int(bool(first_mb))
+            kw += [(i, "is_first_microbatch", first_mb) for i in self._linears]
+        for i, d in (op_kwargs or {}).items():
+            kw += [(operator.index(i), str(n), v) for n, v in d.items()]
+        return tuple(sorted(kw))
+
+    def _kwargs_list(self, kw, tensor_value=1) -> list:
+        """kw as the C call's per-op kwargs (a tensor value as tensor_value)."""
+        out = [None] * len(self._seq)
+        for i, name, v in kw:
+            if not 0 <= i < len(out):
+                raise opfuse.InvalidArgError(f"opfuse.torch.Sequential: op_kwargs names op {i}, "
+                                             f"the seq has {len(out)} ops")
+            out[i] = dict(out[i] or {}, **{name: tensor_value if v == "tensor" else v})
+        return out
+
+    def _forward_ops(self, x, extra_in, needs_grad, first_mb=None, op_kwargs=None):
         """The traced graph's nodes as custom ops (_program): what
         torch.compile sees. The ops run on the 2D view [rows, features];
         the program holds for any row count where it can, so a dynamic
@@ -372,46 +463,72 @@ class Sequential(torch.nn.Module):
             raise opfuse.ShapeError("opfuse.torch.Sequential: input has no dims")
         # operator.index: Dynamo pins a symbolic size it converts so (a guard)
         shape, k = x.shape, operator.index(x.shape[-1])
-        x = x.reshape(-1, k)
+        if self._keeps_dims and x.dim() > 2:  # [rows, middle dims..., k]
+            k = tuple(operator.index(d) for d in shape[1:])
+        else:
+            x = x.reshape(-1, k)
         extra_in = tuple(e.reshape(-1, operator.index(e.shape[-1])) for e in extra_in)
         extra = tuple((_FROM_TORCH_DT.get(e.dtype, -1), operator.index(e.shape[-1]))
                       for e in extra_in)
         x_grad = bool(needs_grad and x.requires_grad)
-        r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra)
+        kw = self._kwargs(first_mb, op_kwargs)
+        r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra, -1, kw)
         if r is None:  # pinned to this row count (a guard under torch.compile)
             r = _resolved(self._key, rid, bool(needs_grad), x_grad, dt, k, extra,
-                          operator.index(x.shape[0]))
+                          operator.index(x.shape[0]), kw)
+        side = [self._cache_views[q] for q in r[0][12]]
+        if isinstance(first_mb, torch.Tensor):
+            if first_mb.numel() != 1 or first_mb.is_floating_point() or first_mb.is_complex():
+                raise opfuse.DtypeError(f"opfuse.torch.Sequential: is_first_microbatch as a "
+                                        f"tensor is one integer or bool element, not "
+                                        f"{first_mb.dtype} of {first_mb.numel()}")
+            side.append(first_mb.reshape(()).to(torch.int64))
         if needs_grad:
-            out = _GraphFunction.apply(r, len(extra_in), x, *extra_in, *self._plist)
+            out = _GraphFunction.apply(r, len(extra_in), len(side), x, *extra_in, *side,
+                                       *self._plist)
         else:
-            out = _outputs(r[0], _run_program(r[0], r[1], x, extra_in, self._plist))
+            out = _outputs(r[0], _run_program(r[0], r[1], x, extra_in, self._plist, side))
         if isinstance(out, tuple):
             return (out[0].reshape(*shape[:-1], out[0].shape[-1]),) + out[1:]
         return out.reshape(*shape[:-1], out.shape[-1])
 
-    def _resolve_at(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows):
+    def _resolve_at(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw):
         dt = _tensor._TORCH_DTYPES[DType(dtype)]
-        x = to_opf(torch.zeros(rows, k, dtype=dt))
+        x = to_opf(torch.zeros(rows, *(k if isinstance(k, tuple) else (k,)), dtype=dt))
         ein = [to_opf(torch.zeros(rows, e, dtype=_tensor._TORCH_DTYPES[DType(d)]))
                for d, e in extra]
-        prog = self._seq._s.trace(x, _RECIPES[recipe_id], needs_grad, x_grad, ein or None, None)
-        return _program.build(prog, self._first_param)
+        # a tensor is_first_microbatch traces as 1 (the cache is made) and is
+        # read from its tensor at run time: 1 and 0 run the same nodes
+        prog = self._seq._s.trace(x, _RECIPES[recipe_id], needs_grad, x_grad, ein or None,
+                                  self._kwargs_list(kw) if kw else None)
+        runtime = {n: _FLAG for _, n, v in kw if v == "tensor"}
+        return _program.build(prog, self._first_param, runtime)
 
-    def _resolve(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows):
+    def _cache_view(self, key):
+        """A torch view of component key[2] of parameter key[1]'s quantized
+        copy (the weight cache: its memory stays put across calls)."""
+        i = next(i for i in range(len(self._seq)) if self._first_param[i + 1] > key[1])
+        q = self._seq[i]._h.param(key[1] - self._first_param[i])["qvalue"]
+        t = component(q, key[2])  # as the custom ops pass components: bytes, fp32 scales
+        return t if t.dtype == torch.float32 else t.view(torch.uint8)
+
+    def _resolve(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw=()):
         if dtype < 0:
             raise opfuse.DtypeError("opfuse.torch.Sequential: the input's torch dtype has no "
                                     "opfuse dtype")
         args = (recipe_id, needs_grad, x_grad, dtype, k, extra)
         if rows >= 0:
-            prog = self._resolve_at(*args, rows)
+            prog = self._resolve_at(*args, rows, kw)
         else:
             try:
-                prog = _merge_rows(self._resolve_at(*args, _PROBES[0]),
-                                   self._resolve_at(*args, _PROBES[1]))
+                prog = _merge_rows(self._resolve_at(*args, _PROBES[0], kw),
+                                   self._resolve_at(*args, _PROBES[1], kw))
             except (ValueError, opfuse.Error):
                 return None
             if _has_none_value(prog):
                 return None
+        for q in prog[12]:
+            self._cache_views[q] = self._cache_view(q)
         ops = [self._seq[i]._h for i in range(len(self._seq))]
         return prog, tuple(_C.delayed_ops(ops))
 
@@ -422,3 +539,99 @@ class Sequential(torch.nn.Module):
 def _has_none_value(prog) -> bool:
     """Whether a value field of some step follows the row count."""
     return any(st[0] == "op" and None in st[3] for st in prog[0] + prog[1])
+
+
+# ---- whole-seq ops ---------------------------------------------------------------------
+# An op the traced graph cannot carry (grouped_linear reads its split sizes
+# on the host and its weights through a reference: an eager node of the C
+# graph) runs under torch.compile as one custom op per direction around the
+# C fuser's own forward and backward of its seq; the backward op reads what
+# the forward op left in the seq (one backward per forward, in order, as
+# autograd runs them). The fake needs only the output's features.
+_ops._lib.define("seq_fwd(Tensor x, Tensor[] extra, Tensor[] params, int key, int recipe, "
+                 "bool x_grad, int out_features) -> Tensor")
+_ops._lib.define("seq_bwd(Tensor dy, Tensor[] params, int key, SymInt[] x_shape) -> Tensor[]")
+
+
+def _seq_fwd(x, extra, params, key, recipe, x_grad, out_features):
+    m = _MODELS[key]
+    y, _ = m._seq._s.forward(to_opf(x.contiguous()), _RECIPES[recipe], True, x_grad,
+                             [to_opf(e.contiguous()) for e in extra] or None)
+    return to_torch(y).clone()
+
+
+def _seq_bwd(dy, params, key, x_shape):
+    m = _MODELS[key]
+    m._seq.zero_grad()
+    dx, _ = m._seq._s.backward(to_opf(dy.contiguous()), None)
+    dx = dy.new_zeros(x_shape) if dx is None else to_torch(dx).clone()
+    return [dx] + [g.clone() for g in m._c_grads]
+
+
+_ops._lib.impl("seq_fwd", _seq_fwd, "CPU")
+_ops._lib.impl("seq_bwd", _seq_bwd, "CPU")
+torch.library.register_fake(
+    "opfuse::seq_fwd", lambda x, extra, params, key, recipe, x_grad, out_features:
+    x.new_empty(x.shape[0], out_features), lib=_ops._lib)
+torch.library.register_fake(
+    "opfuse::seq_bwd", lambda dy, params, key, x_shape: [dy.new_empty(x_shape)] + [
+        torch.empty_like(p) for p in params],
+    lib=_ops._lib)
+
+
+def _seq_setup(ctx, inputs, output):
+    ctx.key, ctx.n_extra, ctx.x_grad = inputs[3], len(inputs[1]), inputs[5]
+    ctx.x_shape = inputs[0].shape
+    ctx.save_for_backward(*inputs[2])
+
+
+def _seq_backward(ctx, dy):
+    out = torch.ops.opfuse.seq_bwd(dy, list(ctx.saved_tensors), ctx.key, list(ctx.x_shape))
+    dx = out[0] if ctx.x_grad else None
+    return dx, [None] * ctx.n_extra, list(out[1:]), None, None, None, None
+
+
+torch.library.register_autograd("opfuse::seq_fwd", _seq_backward, setup_context=_seq_setup,
+                                lib=_ops._lib)
+
+
+class GroupedLinear(torch.nn.Module):
+    """groups independent linears over consecutive row groups of x:
+    y_g = x_g W_g^T (+ b_g), the rows of group g given by split_sizes (a
+    list of ints read on the host, the documented exception: under
+    torch.compile each distinct list compiles a graph of its own; an int64
+    tensor is taken eagerly). Rows past the sum are padding (zero in y and
+    dx). Parameters weight0..G-1 (then bias0..G-1) share memory with the C
+    op."""
+
+    def __init__(self, groups, in_features, out_features, bias=True, dtype=None, name=None,
+                 ctx=None):
+        super().__init__()
+        self.groups, self.in_features, self.out_features = groups, in_features, out_features
+        spec = OpSpec("grouped_linear", {"groups": groups, "in_features": in_features,
+                                         "out_features": out_features, "bias": bias,
+                                         "dtype": _dt(dtype)}, name, ((False, 0, None, False),))
+        holder = _Module()
+        holder.op_specs = lambda: [spec]
+        object.__setattr__(self, "_model", Sequential(holder, ctx=ctx))
+        for pname, p in self._model.named_parameters():
+            self.register_parameter(pname.split("_", 1)[1], p)
+
+    def forward(self, x, split_sizes):
+        m = self._model
+        if isinstance(split_sizes, torch.Tensor):
+            if torch.compiler.is_compiling():
+                raise opfuse.UnsupportedError("opfuse.torch.GroupedLinear: under torch.compile "
+                                              "the split sizes are a list of ints (host values)")
+            splits = split_sizes.to(torch.int64)
+        else:
+            splits = torch.tensor([operator.index(s) for s in split_sizes], dtype=torch.int64)
+        if not torch.compiler.is_compiling():
+            return m(x, splits)
+        shape = x.shape
+        x2 = x.reshape(-1, operator.index(shape[-1]))
+        y = torch.ops.opfuse.seq_fwd(x2, [splits], list(m._plist), m._key,
+                                     getattr(_state, "recipe_id", 0),
+                                     bool(torch.is_grad_enabled() and x.requires_grad),
+                                     self.out_features)
+        return y.reshape(*shape[:-1], self.out_features)

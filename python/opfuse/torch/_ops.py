@@ -300,15 +300,34 @@ def _value_ints(kind: int, v) -> list:
     return [int(v)]
 
 
+RUNTIME = 4          # OPF_FIELD_RUNTIME
+FROM_TENSOR = -(1 << 62)  # a runtime field's value slot: read from the next tensor
+
+
+def _runtime_key(runtime, name):
+    """runtime's key for field name: the kwarg's own name, or a fused op's
+    field of it (prefixed with its op's: "lin_is_first_microbatch")."""
+    for n, key in (runtime or {}).items():
+        if name == n or name.endswith("_" + n):
+            return key
+    return None
+
+
 class _Packer:
     """Builds the three packed lists of one call from a resolved field list:
     tensors as what src(field, component, source, index in tensors) returns,
-    values as constants, shapes as constants or None (the row count)."""
+    values as constants, shapes as constants or None (the row count).
+    runtime maps the names of runtime fields whose value is a tensor (a graph
+    input, so no recompile per value) to that tensor's key."""
 
-    def __init__(self, fields, entries, src):
+    def __init__(self, fields, entries, src, runtime=None):
         self.tensors, self.values, self.shapes = [], [], []
-        for (name, kind, _), e in zip(fields, entries):
-            if kind not in (TENSOR, TENSOR_Q):
+        for (name, kind, flags), e in zip(fields, entries):
+            key = _runtime_key(runtime, name) if flags & RUNTIME else None
+            if key is not None:
+                self.values.append(FROM_TENSOR)
+                self.tensors.append(key)
+            elif kind not in (TENSOR, TENSOR_Q):
                 self.values += _value_ints(kind, e[1])
             elif e[0] == "v":  # absent
                 self.values += [0] if kind == TENSOR else [0] * 6

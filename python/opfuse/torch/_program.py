@@ -15,7 +15,9 @@ A program is made of constants only (tuples of ints and strings), so that
 Dynamo bakes it: steps
 
     ("op", name, tensors, values, shapes, outs)   a custom op; tensors as
-        ("v", value, component) or ("p", parameter); shapes None where the
+        ("v", value, component), ("p", parameter), ("q", parameter,
+        component) (its quantized copy: the weight cache) or ("f",) (a
+        runtime value's tensor: is_first_microbatch); shapes None where the
         row count goes; outs as (position in the result, value, component)
     ("add", value, a, b)                          a channel's gradient sum
     ("update", backward, value)                   delayed scaling, after value
@@ -45,16 +47,18 @@ def _source(node_name):
             return ("v", s[1], s[2])
         if s[0] == "param" and s[2] == 0:
             return ("p", s[1])
+        if s[0] == "qparam":  # the weight cache or a quantized primary weight
+            return ("q", s[1], s[2])
         raise _C.UnsupportedError(f"{node_name}: field {name} reads {s[0]} {s[1]} component "
                                   f"{s[2]}: not in the torch path yet")
     return src
 
 
-def _op_step(node, values, bwd: bool):
+def _op_step(node, values, bwd: bool, runtime):
     kind, _, cls, first, count, fields, outs, ins, n_extra_out, n_grads = node
     ops = _ops.class_ops(cls)
     p = _ops._Packer(ops.bwd_fields if bwd else ops.fwd_fields, fields,
-                     _source(f"{cls} ({'backward' if bwd else 'forward'})"))
+                     _source(f"{cls} ({'backward' if bwd else 'forward'})"), runtime)
     vals = p.values + [n_grads if bwd else _ops.NO_PLAN]
 
     def slot(i):  # forward: outs[1 + MAX_EXTRA] then aux, as the op returns outs then aux
@@ -76,17 +80,18 @@ def _param_grads(node, first_param) -> list:
     return [(base + i - 1, v) for i, v in outs if 1 <= i <= n_params and n_grads]
 
 
-def build(prog: dict, first_param: list) -> tuple:
+def build(prog: dict, first_param: list, runtime=None) -> tuple:
     """The constant program of a traced graph (classop.c's export);
     first_param[i]: the index of op i's first parameter (one past the end
-    last)."""
+    last); runtime: the runtime fields read from a tensor ("is_first_microbatch"
+    -> its key in the environment)."""
     values, fwd, bwd, grads = prog["values"], [], [], []
     last = (prog["io"][0], 0)
     for node in prog["nodes"]:
         kind, backward = node[0], node[1]
         steps = bwd if backward else fwd
         if kind in (NODE_FORWARD, NODE_BACKWARD):
-            step = _op_step(node, values, kind == NODE_BACKWARD)
+            step = _op_step(node, values, kind == NODE_BACKWARD, runtime)
             if kind == NODE_BACKWARD:
                 grads += _param_grads(node, first_param)
             if step[5]:
@@ -108,9 +113,18 @@ def build(prog: dict, first_param: list) -> tuple:
             raise _C.UnsupportedError(f"tensor kwarg {values[v][-1]}: not in the torch path yet")
     x, y, dy, dx = prog["io"]
     saved = _saved(prog, bwd)
+    caches = tuple(sorted({k for st in fwd + bwd if st[0] == "op" for k in st[2]
+                           if k[0] == "q"}))
     return (tuple(fwd), tuple(bwd), saved, tuple(sorted(grads)), x, y, dy, dx,
             tuple(prog["extra_in"]), tuple(prog["extra_out"]), tuple(prog["dextra_out"]),
-            tuple(prog["dextra_in"]))
+            tuple(prog["dextra_in"]), caches)
+
+
+def get(env: dict, params, k):
+    """The tensor of a program key: a graph value component, a parameter,
+    or what the environment holds under the key itself (the weight caches
+    ("q", parameter, component), a runtime value)."""
+    return params[k[1]] if k[0] == "p" else env[k[1:]] if k[0] == "v" else env[k]
 
 
 def _saved(prog: dict, bwd) -> tuple:
@@ -138,7 +152,7 @@ def run(steps, env: dict, params, rows, delayed, on_call=None) -> None:
     for st in steps:
         if st[0] == "op":
             _, name, tkeys, vals, shapes, placed = st
-            ts = [params[k[1]] if k[0] == "p" else env[(k[1], k[2])] for k in tkeys]
+            ts = [get(env, params, k) for k in tkeys]
             op = getattr(torch.ops.opfuse, name)
             args = (ts, list(vals), [rows if s is None else s for s in shapes] + [rows])
             if on_call is not None:
