@@ -166,11 +166,15 @@ typedef struct opf_recipe {
      * it is kept out: the slot is handled as a step it did not see (an amax
      * of 0): no roll, the scale as it was, and its current row cleared, so
      * the history stays finite and the next finite amax updates the scale
-     * at once. Either way the update counts such amaxes and the context
-     * warns once (opf_delayed_state_nonfinite_amaxes). It filters only what
-     * the update rolls in: a history written with opf_delayed_state_write or
-     * loaded from a checkpoint is taken as it is. For a custom recipe it
-     * applies to the delayed states its requests make. */
+     * at once (an infinity bounds nothing, so the scale it would freeze is
+     * only older, not safer). Either way the update counts such amaxes and
+     * the context warns once (opf_delayed_state_nonfinite_amaxes). It
+     * filters only what the update rolls in: a history written with
+     * opf_delayed_state_write or loaded from a checkpoint is taken as it is
+     * (checkpoints do not record the field; one loads under either value).
+     * For a custom recipe it applies to the delayed states its requests
+     * make. Like any recipe field, changing it between calls of a seq
+     * resets the recipe states. */
     bool            reject_nonfinite_amax; /* false */
     /* current and block scaling */
     bool            power_2_scales;   /* current: false; block: true */
