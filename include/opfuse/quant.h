@@ -158,6 +158,24 @@ typedef struct opf_recipe {
     int             amax_history_len; /* 1024 */
     opf_amax_algo   amax_algo;        /* max */
     bool            reduce_amax;      /* true */
+    /* What the update does with a non-finite (infinite or NaN) amax of a
+     * slot. false, the anchor's rule: it enters the history like any amax;
+     * an infinity then holds the slot's scale where it was (2.2 keeps the
+     * previous scale for an amax that is not finite) for as long as it stays
+     * in the window, up to amax_history_len - 1 more steps under max. true:
+     * it is kept out: the slot is handled as a step it did not see (an amax
+     * of 0): no roll, the scale as it was, and its current row cleared, so
+     * the history stays finite and the next finite amax updates the scale
+     * at once (an infinity bounds nothing, so the scale it would freeze is
+     * only older, not safer). Either way the update counts such amaxes and
+     * the context warns once (opf_delayed_state_nonfinite_amaxes). It
+     * filters only what the update rolls in: a history written with
+     * opf_delayed_state_write or loaded from a checkpoint is taken as it is
+     * (checkpoints do not record the field; one loads under either value).
+     * For a custom recipe it applies to the delayed states its requests
+     * make. Like any recipe field, changing it between calls of a seq
+     * resets the recipe states. */
+    bool            reject_nonfinite_amax; /* false */
     /* current and block scaling */
     bool            power_2_scales;   /* current: false; block: true */
     float           amax_epsilon;     /* 0 */
@@ -230,10 +248,25 @@ OPF_API opf_status opf_delayed_state_write(opf_ctx *ctx, opf_delayed_state *s,
                                            const float *scale, const float *history);
 /* The update after a step (fused path of 3.1): optional reduce() on a copy of
  * row 0, then per slot: no roll on zero amax, roll, amax by algorithm, new
- * scale by 2.2. ctx NULL: the state's context. */
+ * scale by 2.2. A non-finite amax is counted, and rolled in or kept out as
+ * set below. ctx NULL: the state's context. */
 OPF_API opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                                             opf_amax_reduce_fn reduce, void *reduce_user);
-/* Scales back to 1, history to 0 (on a device: one counted copy). */
+/* Keep non-finite amaxes out of the history from the next update on
+ * (opf_recipe.reject_nonfinite_amax says what that means; false at
+ * creation: the anchor's rule). A recipe state sets it from its recipe.
+ * NULL: no-op. */
+OPF_API void opf_delayed_state_set_reject_nonfinite(opf_delayed_state *s, bool reject);
+/* How many non-finite amaxes the updates have met since creation or the
+ * last reset (one per slot and update, rolled in or kept out). The count
+ * lives with the arrays: on the CPU the update warns (once per context) as
+ * soon as it meets one; on a device the update counts there and never waits
+ * for the host, so this call is where the host learns of them: one counted
+ * read (8 bytes device to host), warning once per context when nonzero.
+ * Read it every so often (with the loss, say). NULL: 0. */
+OPF_API int64_t opf_delayed_state_nonfinite_amaxes(opf_delayed_state *s);
+/* Scales back to 1, history and the non-finite count to 0 (on a device:
+ * one counted copy). */
 OPF_API void opf_delayed_state_reset(opf_delayed_state *s);
 
 /* ---- recipe state: the quantizers of one module ---------------------------- */
@@ -257,6 +290,10 @@ OPF_API opf_delayed_state *opf_recipe_state_delayed(opf_recipe_state *rs, bool b
  * ctx NULL: the state's context. */
 OPF_API opf_status opf_recipe_state_update(opf_ctx *ctx, opf_recipe_state *rs, bool backward,
                                            opf_amax_reduce_fn reduce, void *reduce_user);
+/* opf_delayed_state_nonfinite_amaxes summed over both directions (on a
+ * device: a counted read per delayed state); 0 for stateless recipes and
+ * NULL. */
+OPF_API int64_t opf_recipe_state_nonfinite_amaxes(opf_recipe_state *rs);
 
 /* ---- quantize / dequantize ---------------------------------------------- */
 

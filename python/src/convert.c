@@ -163,6 +163,7 @@ int opf_py_to_recipe(PyObject *o, opf_recipe *out)
     ATTR_ENUM(o, "grad_block_dim", r.grad_block_dim);
     ATTR_ENUM(o, "backward_override", r.backward_override);
     if (opf_py_attr_bool(o, "reduce_amax", &r.reduce_amax) < 0 ||
+        opf_py_attr_bool(o, "reject_nonfinite_amax", &r.reject_nonfinite_amax) < 0 ||
         opf_py_attr_bool(o, "power_2_scales", &r.power_2_scales) < 0 ||
         opf_py_attr_bool(o, "mxfp8_2d_weights", &r.mxfp8_2d_weights) < 0 ||
         opf_py_attr_bool(o, "nvfp4_rht", &r.nvfp4_rht) < 0 ||

@@ -24,8 +24,11 @@ typedef struct opf_delayed_arrays {
     float       *scale;       /* [n] fp32, in/out: the scales of the next step */
     const float *reduced;     /* [n] fp32 row 0 after the amax reduction, or NULL */
     int          n, len;
+    uint64_t    *nonfinite;   /* [1] in the device's memory, or NULL: += the slots whose amax
+                               * was infinite or NaN (the host reads it; the update never waits) */
     float        scaled_max;  /* fp8_max * 2^-margin (numerics.md 2.2) */
     opf_amax_algo algo;
+    bool         reject_nonfinite;  /* keep non-finite amaxes out of the history */
 } opf_delayed_arrays;
 
 typedef struct opf_scale_kernels {
@@ -38,7 +41,9 @@ typedef struct opf_scale_kernels {
      * row 0; a == 0 leaves the slot untouched; otherwise the window of a and
      * the len - 1 older amaxes gives the amax (max, NaN skipped, or a for
      * most_recent), the history rolls (a becomes the oldest row, row 0 is
-     * cleared) and scale = opf_delayed_scale(amax, scaled_max, scale). */
+     * cleared) and scale = opf_delayed_scale(amax, scaled_max, scale).
+     * A non-finite a adds one to *nonfinite (when set) and, under
+     * reject_nonfinite, only clears row 0 (no roll, scale unchanged). */
     opf_status (*delayed_update)(opf_ctx *ctx, const opf_delayed_arrays *states, int count);
 
     /* One scale matrix of rows x cols bytes (rows a multiple of 128, cols of

@@ -34,6 +34,7 @@ static const opf_field recipe_fields[] = {
     OPF_F_I32(opf_recipe, amax_history_len),
     OPF_F_ENUM_OF(opf_recipe, amax_algo, amax_algo_enum),
     OPF_F_BOOL(opf_recipe, reduce_amax),
+    OPF_F_BOOL(opf_recipe, reject_nonfinite_amax),
     OPF_F_BOOL(opf_recipe, power_2_scales),
     OPF_F_F32(opf_recipe, amax_epsilon),
     OPF_F_I32(opf_recipe, x_block_dim),

@@ -6,7 +6,16 @@
  * the quantize kernels read the scale and max-accumulate the amax there and
  * the device's delayed_update rolls them, so a step never waits for the
  * host. Host code reaches them only through opf_delayed_state_read/_write,
- * explicit (counted) copies. */
+ * explicit (counted) copies.
+ *
+ * Non-finite amaxes: the update counts them into a 64-bit word that lives
+ * with the arrays (a device state: the first 8 bytes of its device block),
+ * and rolls them in (the anchor's rule) or keeps them out
+ * (opf_recipe.reject_nonfinite_amax). On the CPU the host sees the count
+ * right after the update and warns then; on a device the count stays
+ * there, the step never waits for it, and the host learns of it only when
+ * it asks (opf_delayed_state_nonfinite_amaxes: one counted read), warning
+ * then, as the optimizer does with its skipped steps. */
 #include <math.h>
 #include <string.h>
 
@@ -29,22 +38,29 @@ struct opf_delayed_state {
     opf_dtype     dtype;       /* element dtype of this direction */
     float         scaled_max;  /* fp8_max * 2^-margin (2.2) */
     opf_device    device;      /* where the arrays are: the context's device */
-    opf_tensor    dev_mem;     /* a device state's arrays (f32 [n * (L + 3)]) */
+    opf_tensor    dev_mem;     /* a device state's count and arrays (f32 [2 + n * (L + 3)]) */
+    bool          reject;      /* keep non-finite amaxes out of the history */
+    uint64_t     *nonfinite;   /* [1] the count, with the arrays: here on the CPU, else dev_mem */
+    uint64_t      count_host;  /* the CPU's count; a device's as the host last read it */
     float        *scale;       /* [n] */
     float        *history;     /* [L][n], row 0 = current step */
     float        *reduced;     /* [n] scratch for the reduced copy of row 0 */
     float        *kept;        /* [n] row 0 at the start of a call (opf_delayed_state_keep_row0) */
 };
 
-/* The arrays of a device state: one f32 tensor on the context's device. */
+enum { COUNT_FLOATS = 2 };  /* the 64-bit count ahead of a device state's arrays */
+
+/* The count and arrays of a device state: one f32 tensor on the context's
+ * device (its buffer is aligned for the 64-bit count). */
 static opf_status device_arrays(opf_ctx *ctx, opf_delayed_state *s, size_t nfl)
 {
-    opf_spec sp = opf_spec_make(1, (int64_t[]){(int64_t)nfl}, OPF_F32);
+    opf_spec sp = opf_spec_make(1, (int64_t[]){(int64_t)(nfl + COUNT_FLOATS)}, OPF_F32);
     sp.device = opf_ctx_device(ctx);
     opf_status st = opf_tensor_alloc(ctx, &sp, &s->dev_mem);
     if (st) return st;
     s->device = sp.device;
-    s->scale = s->dev_mem.data[OPF_COMP_DATA];
+    s->nonfinite = s->dev_mem.data[OPF_COMP_DATA];
+    s->scale = (float *)s->dev_mem.data[OPF_COMP_DATA] + COUNT_FLOATS;
     return OPF_OK;
 }
 
@@ -117,6 +133,7 @@ opf_status opf_delayed_state_create(opf_ctx *ctx, opf_format format, float margi
     /* 2.2: computed on the host in float. */
     s->scaled_max = opf_fp8_max(s->dtype) * exp2f(-margin);
     s->scale = (float *)(mem + head);
+    s->nonfinite = &s->count_host;
     if (on_device && (st = device_arrays(ctx, s, nfl))) {
         opf_ctx_free(ctx, s, bytes);
         return st;
@@ -182,18 +199,21 @@ opf_status opf_delayed_state_write(opf_ctx *ctx, opf_delayed_state *s, const flo
 void opf_delayed_state_reset(opf_delayed_state *s)
 {
     if (!s) return;
+    s->count_host = 0;
     if (s->device == OPF_DEVICE_CPU) {
         for (int j = 0; j < s->n; j++) s->scale[j] = 1.0f;
         memset(s->history, 0, (size_t)s->n * (size_t)s->len * sizeof(float));
         return;
     }
-    /* A device state: ones and zeros staged on the host, one copy (at
-     * creation and on a recipe change, never inside a step). */
-    size_t nfl = (size_t)s->n * ((size_t)s->len + 1), mark = opf_ctx_scratch_mark(s->ctx);
+    /* A device state: the count, ones and zeros staged on the host, one copy
+     * (at creation and on a recipe change, never inside a step). */
+    size_t nfl = COUNT_FLOATS + (size_t)s->n * ((size_t)s->len + 1);
+    size_t mark = opf_ctx_scratch_mark(s->ctx);
     float *host = opf_ctx_scratch_push(s->ctx, nfl * sizeof(float));
     if (host) {
-        for (size_t j = 0; j < nfl; j++) host[j] = j < (size_t)s->n ? 1.0f : 0.0f;
-        move_floats(s->ctx, s, s->scale, host, nfl, true);
+        for (size_t j = 0; j < nfl; j++)
+            host[j] = j >= COUNT_FLOATS && j < COUNT_FLOATS + (size_t)s->n ? 1.0f : 0.0f;
+        move_floats(s->ctx, s, (float *)s->nonfinite, host, nfl, true);
     }
     opf_ctx_scratch_pop(s->ctx, mark);
 }
@@ -222,6 +242,24 @@ void opf_delayed_state_keep_row0(opf_delayed_state *s)
 void opf_delayed_state_rollback_row0(opf_delayed_state *s)
 {
     if (s) copy_row(s, s->history, s->kept);
+}
+
+static const char NONFINITE_KEY[] = "delayed scaling: non-finite amax";
+
+/* Once per context, whichever state meets one first. */
+static void warn_nonfinite(opf_ctx *ctx, const opf_delayed_state *s, uint64_t count)
+{
+    if (s->reject)
+        opf_ctx_warn_once(ctx, NONFINITE_KEY, "delayed scaling: %llu non-finite amax(es) so far "
+                          "(an infinity or NaN in a quantized tensor), kept out of the amax "
+                          "history (reject_nonfinite_amax): those slots kept their scales for "
+                          "that step", (unsigned long long)count);
+    else
+        opf_ctx_warn_once(ctx, NONFINITE_KEY, "delayed scaling: %llu non-finite amax(es) so far "
+                          "(an infinity or NaN in a quantized tensor), rolled into the amax "
+                          "history as the anchor does: a slot's scale then holds for up to %d "
+                          "more steps; opf_recipe.reject_nonfinite_amax keeps them out",
+                          (unsigned long long)count, s->len - 1);
 }
 
 /* reduced = reduce(copy of row 0). The hook is host code: on a device the
@@ -253,7 +291,28 @@ opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
     if (st) return st;
     opf_delayed_arrays a = {.history = s->history, .scale = s->scale,
                             .reduced = reduce ? s->reduced : NULL, .n = s->n, .len = s->len,
-                            .scaled_max = s->scaled_max, .algo = s->algo};
+                            .nonfinite = s->nonfinite, .scaled_max = s->scaled_max,
+                            .algo = s->algo, .reject_nonfinite = s->reject};
     /* The arrays are in the memory of the state's device, so is the roll. */
-    return k->delayed_update(s->ctx, &a, 1);
+    st = k->delayed_update(s->ctx, &a, 1);
+    if (!st && s->device == OPF_DEVICE_CPU && s->count_host) warn_nonfinite(ctx, s, s->count_host);
+    return st;
+}
+
+void opf_delayed_state_set_reject_nonfinite(opf_delayed_state *s, bool reject)
+{
+    if (s) s->reject = reject;
+}
+
+int64_t opf_delayed_state_nonfinite_amaxes(opf_delayed_state *s)
+{
+    if (!s) return 0;
+    /* A device's count: 8 bytes moved as two floats (a counted read); when
+     * the read fails, the count last read. */
+    uint64_t count;
+    if (s->device != OPF_DEVICE_CPU &&
+        !move_floats(s->ctx, s, (float *)&count, (const float *)s->nonfinite, COUNT_FLOATS, false))
+        s->count_host = count;
+    if (s->count_host) warn_nonfinite(s->ctx, s, s->count_host);
+    return (int64_t)s->count_host;
 }

@@ -334,6 +334,7 @@ static opf_status make_states(opf_ctx *ctx, opf_recipe_state *rs, const char *mt
                                                  p[d].algo, d == 1,
                                                  (d ? 2 : 3) * rs->num_gemms, &rs->delayed[d]);
         if (st) return st;
+        opf_delayed_state_set_reject_nonfinite(rs->delayed[d], r->reject_nonfinite_amax);
     }
     return OPF_OK;
 }
@@ -420,4 +421,11 @@ opf_status opf_recipe_state_update(opf_ctx *ctx, opf_recipe_state *rs, bool back
     OPF_CHECK_NULL(ctx, "opf_recipe_state_update", rs);
     opf_delayed_state *ds = rs->delayed[backward ? 1 : 0];
     return ds ? opf_delayed_state_update(ctx, ds, reduce, reduce_user) : OPF_OK;
+}
+
+int64_t opf_recipe_state_nonfinite_amaxes(opf_recipe_state *rs)
+{
+    return rs ? opf_delayed_state_nonfinite_amaxes(rs->delayed[0]) +
+                    opf_delayed_state_nonfinite_amaxes(rs->delayed[1])
+              : 0;
 }

@@ -2,9 +2,11 @@
  * CPU reference, byte for byte: amax of every dtype (NaN ignored, infinities
  * kept, empty and all-NaN tensors), the delayed-scaling update of several
  * states x 10 steps on device arrays (history lengths 1, 2 and 16, both amax
- * algorithms, reduced amaxes or not, zero, NaN and infinite amaxes, more
- * states than one launch takes), and the scale swizzle both ways,
- * transposed or not. */
+ * algorithms, reduced amaxes or not, zero, NaN and infinite amaxes rolled in
+ * or kept out, the count of non-finite amaxes, more states than one launch
+ * takes), the public delayed state on both devices (the update neither
+ * waits nor copies; the count is one 8-byte read), and the scale swizzle
+ * both ways, transposed or not. */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -65,7 +67,13 @@ typedef struct dstate {
     float *reduced_h;  /* NULL when the state has none */
 } dstate;
 
-static dstate make_state(opf_ctx *ctx, int n, int len, opf_amax_algo algo, bool reduced)
+/* The state's options beyond its shape: reduced amaxes, non-finite ones kept
+ * out, a count of them. */
+typedef struct dopts {
+    bool reduced, reject, count;
+} dopts;
+
+static dstate make_state(opf_ctx *ctx, int n, int len, opf_amax_algo algo, dopts o)
 {
     dstate s;
     memset(&s, 0, sizeof s);
@@ -78,7 +86,12 @@ static dstate make_state(opf_ctx *ctx, int n, int len, opf_amax_algo algo, bool 
     s.h.algo = s.d.algo = algo;
     s.d.history = cmp_upload(ctx, s.h.history, hb);
     s.d.scale = cmp_upload(ctx, s.h.scale, sb);
-    if (reduced) {
+    s.h.reject_nonfinite = s.d.reject_nonfinite = o.reject;
+    if (o.count) {
+        s.h.nonfinite = calloc(1, sizeof(uint64_t));
+        s.d.nonfinite = cmp_upload(ctx, s.h.nonfinite, sizeof(uint64_t));
+    }
+    if (o.reduced) {
         s.reduced_h = calloc(1, sb);
         s.h.reduced = s.reduced_h;
         s.d.reduced = cmp_upload(ctx, s.reduced_h, sb);
@@ -88,7 +101,8 @@ static dstate make_state(opf_ctx *ctx, int n, int len, opf_amax_algo algo, bool 
 
 static void free_state(opf_ctx *ctx, dstate *s)
 {
-    free(s->h.history), free(s->h.scale), free(s->reduced_h);
+    free(s->h.history), free(s->h.scale), free(s->reduced_h), free(s->h.nonfinite);
+    opf_cuda_free(ctx, s->d.nonfinite);
     opf_cuda_free(ctx, s->d.history);
     opf_cuda_free(ctx, s->d.scale);
     opf_cuda_free(ctx, (void *)s->d.reduced);
@@ -116,15 +130,18 @@ static void new_amaxes(opf_ctx *ctx, dstate *s)
                                 OPF_CUDA_H2D));
 }
 
-static void run_delayed(opf_ctx *ctx, int count, const char *label)
+/* count states, those with odd k keeping non-finite amaxes out when reject
+ * is set; every fourth state has no count. */
+static void run_delayed(opf_ctx *ctx, int count, bool reject, const char *label)
 {
     static const int lens[] = {1, 2, 16};
     static const int ns[] = {1, 3, 17, 64, 200, 2};
     dstate s[MAX_STATES];
     opf_delayed_arrays th[MAX_STATES], td[MAX_STATES];
     for (int k = 0; k < count; k++) {
+        dopts o = {.reduced = k / 6 % 2 == 1, .reject = reject && k % 2, .count = k % 4 != 3};
         s[k] = make_state(ctx, ns[k % 6], lens[k % 3], k / 3 % 2 ? OPF_AMAX_MOST_RECENT : OPF_AMAX_MAX,
-                          k / 6 % 2 == 1);
+                          o);
         th[k] = s[k].h, td[k] = s[k].d;
     }
     for (int step = 1; step <= STEPS; step++) {
@@ -133,17 +150,100 @@ static void run_delayed(opf_ctx *ctx, int count, const char *label)
         CHECK_OK(ctx, gpu()->delayed_update(ctx, td, count));
         for (int k = 0; k < count; k++) {
             char what[128];
-            int m = snprintf(what, sizeof what, "delayed %s state %d (n %d, len %d, %s%s) step %d",
+            int m = snprintf(what, sizeof what, "delayed %s state %d (n %d, len %d, %s%s%s) step %d",
                              label, k, s[k].h.n, s[k].h.len,
                              s[k].h.algo == OPF_AMAX_MAX ? "max" : "most_recent",
-                             s[k].reduced_h ? ", reduced" : "", step);
+                             s[k].reduced_h ? ", reduced" : "",
+                             s[k].h.reject_nonfinite ? ", reject" : "", step);
             snprintf(what + m, sizeof what - (size_t)m, " history");
             cmp_device(ctx, s[k].h.history, s[k].d.history, (int64_t)s[k].h.n * s[k].h.len, 4, what);
             snprintf(what + m, sizeof what - (size_t)m, " scale");
             cmp_device(ctx, s[k].h.scale, s[k].d.scale, s[k].h.n, 4, what);
+            if (!s[k].h.nonfinite) continue;
+            snprintf(what + m, sizeof what - (size_t)m, " non-finite count");
+            cmp_device(ctx, s[k].h.nonfinite, s[k].d.nonfinite, 1, 8, what);
         }
     }
     for (int k = 0; k < count; k++) free_state(ctx, &s[k]);
+}
+
+/* The public state on a CUDA context against the same on a CPU context:
+ * histories with infinities and NaNs written through the API, updates, the
+ * arrays and the count compared byte for byte. The updates queue work only
+ * (no wait, no copy); the count is one 8-byte device-to-host read, and the
+ * warning comes with it. */
+static int n_warned;
+static void on_warn(void *user, const char *msg)
+{
+    (void)user;
+    if (strstr(msg, "non-finite amax")) n_warned++;
+}
+
+static void test_public_state(bool reject)
+{
+    enum { N = 5, L = 3, STEPS_PUB = 6 };
+    opf_ctx_options co = opf_ctx_options_default();
+    co.warn = on_warn;
+    opf_ctx *cpu_ctx, *gctx;
+    CHECK_OK(NULL, opf_ctx_create(&co, &cpu_ctx));
+    co.device = OPF_DEVICE_CUDA;
+    CHECK_OK(NULL, opf_ctx_create(&co, &gctx));
+    opf_delayed_state *hs, *ds;
+    CHECK_OK(cpu_ctx, opf_delayed_state_create(cpu_ctx, OPF_FORMAT_HYBRID, 1.0f, L, OPF_AMAX_MAX,
+                                               false, N, &hs));
+    CHECK_OK(gctx, opf_delayed_state_create(gctx, OPF_FORMAT_HYBRID, 1.0f, L, OPF_AMAX_MAX, false,
+                                            N, &ds));
+    opf_delayed_state_set_reject_nonfinite(hs, reject);
+    opf_delayed_state_set_reject_nonfinite(ds, reject);
+    n_warned = 0;
+    float hist[L * N], got_s[N], got_h[L * N];
+    for (int step = 0; step < STEPS_PUB; step++) {
+        static const float row0[STEPS_PUB][N] = {
+            {1, 2, 0, 4, 5}, {INFINITY, 2, 3, NAN, 0}, {3, 0, 1, 2, INFINITY},
+            {2, 2, 2, 2, 2}, {0, NAN, 8, 1, 1}, {1, 1, 1, 1, 1},
+        };
+        float *h = opf_delayed_state_history(hs);
+        memcpy(hist, h, sizeof hist);
+        memcpy(hist, row0[step], sizeof row0[step]);
+        memcpy(h, hist, sizeof hist);
+        CHECK_OK(gctx, opf_delayed_state_write(gctx, ds, NULL, hist));
+        opf_sync_stats a, b;
+        opf_ctx_sync_stats(gctx, &a);
+        CHECK_OK(cpu_ctx, opf_delayed_state_update(cpu_ctx, hs, NULL, NULL));
+        CHECK_OK(gctx, opf_delayed_state_update(gctx, ds, NULL, NULL));
+        opf_ctx_sync_stats(gctx, &b);
+        CHECK(b.n_sync == a.n_sync && b.n_d2h == a.n_d2h && b.n_h2d == a.n_h2d,
+              "reject %d step %d: the device update waited or copied (sync %llu, d2h %llu, "
+              "h2d %llu)", (int)reject, step, (unsigned long long)(b.n_sync - a.n_sync),
+              (unsigned long long)(b.n_d2h - a.n_d2h), (unsigned long long)(b.n_h2d - a.n_h2d));
+        CHECK_OK(gctx, opf_delayed_state_read(gctx, ds, got_s, got_h));
+        char what[96];
+        snprintf(what, sizeof what, "public state reject %d step %d scale", (int)reject, step);
+        cmp_bytes(opf_delayed_state_scale(hs), got_s, N, 4, what);
+        snprintf(what, sizeof what, "public state reject %d step %d history", (int)reject, step);
+        cmp_bytes(opf_delayed_state_history(hs), got_h, L * N, 4, what);
+    }
+    int cpu_warned = n_warned;
+    CHECK(cpu_warned == 1, "reject %d: the CPU update warned %d times, want 1", (int)reject,
+          cpu_warned);
+    opf_sync_stats a, b;
+    opf_ctx_sync_stats(gctx, &a);
+    int64_t want = opf_delayed_state_nonfinite_amaxes(hs), got = opf_delayed_state_nonfinite_amaxes(ds);
+    opf_ctx_sync_stats(gctx, &b);
+    CHECK(want == 4 && got == want, "reject %d: non-finite count cpu %lld gpu %lld, want 4",
+          (int)reject, (long long)want, (long long)got);
+    CHECK(b.n_d2h == a.n_d2h + 1 && b.bytes_d2h == a.bytes_d2h + 8,
+          "reject %d: the count read made %llu copies of %llu bytes, want 1 of 8", (int)reject,
+          (unsigned long long)(b.n_d2h - a.n_d2h), (unsigned long long)(b.bytes_d2h - a.bytes_d2h));
+    CHECK(n_warned == cpu_warned + 1, "reject %d: the device's count warned %d times, want 1",
+          (int)reject, n_warned - cpu_warned);
+    opf_delayed_state_reset(ds);
+    CHECK(opf_delayed_state_nonfinite_amaxes(ds) == 0, "reject %d: reset clears the device count",
+          (int)reject);
+    opf_delayed_state_destroy(hs);
+    opf_delayed_state_destroy(ds);
+    opf_ctx_destroy(cpu_ctx);
+    opf_ctx_destroy(gctx);
 }
 
 /* ---- swizzle ---------------------------------------------------------------------- */
@@ -179,8 +279,11 @@ int main(void)
 {
     opf_ctx *ctx = cuda_test_ctx();
     test_amax(ctx);
-    run_delayed(ctx, 12, "12 states");
-    run_delayed(ctx, 75, "75 states");  /* two launches */
+    run_delayed(ctx, 12, false, "12 states");
+    run_delayed(ctx, 12, true, "12 states");
+    run_delayed(ctx, 75, true, "75 states");  /* two launches */
+    test_public_state(false);
+    test_public_state(true);
     test_swizzle(ctx);
     cuda_test_done(ctx);
     TEST_DONE();

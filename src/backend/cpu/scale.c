@@ -24,6 +24,13 @@ static void update_slot(const opf_delayed_arrays *s, int j, float a)
 {
     if (a == 0.0f) return;  /* no roll, scale unchanged */
     float *h = s->history + j;
+    if (!isfinite(a)) {
+        if (s->nonfinite) ++*s->nonfinite;
+        if (s->reject_nonfinite) {  /* as a step the slot did not see, row 0 ready for the next */
+            h[0] = 0.0f;
+            return;
+        }
+    }
     size_t n = (size_t)s->n, L = (size_t)s->len;
     /* The window is a and the L-1 previous amaxes H[1..L-1]; fmaxf skips NaN. */
     float amax = 0.0f;

@@ -8,7 +8,9 @@
  * states' descriptors passed in the kernel's parameters (copied at launch:
  * nothing for the caller to keep alive, no host synchronization), the slot
  * found by binary search over the prefix sums of the states' slot counts.
- * Its arrays are device memory.
+ * Its arrays are device memory, and so is the count of non-finite amaxes,
+ * which a slot that meets one bumps with an atomic: the host reads the
+ * count when it asks for it (quant/delayed.c), never here.
  *
  * swizzle: one thread per 4 bytes of the swizzled layout (numerics.md 4.4:
  * 4 consecutive columns of one row), read or written as one word. */
@@ -19,7 +21,7 @@
 enum {
     THREADS = 256,
     VEC = 8,
-    BATCH = 64,  /* delayed-scaling states per launch: the parameters stay under 4 KiB */
+    BATCH = 56,  /* delayed-scaling states per launch: the parameters stay under 4 KiB */
 };
 
 /* ---- amax ----------------------------------------------------------------- */
@@ -54,6 +56,8 @@ typedef struct state_batch {
     int64_t            first[BATCH + 1];  /* first[k]: state k's first slot; first[count]: all */
     int                count;
 } state_batch;
+static_assert(sizeof(state_batch) <= 4096, "delayed_kernel's parameters must fit in 4 KiB");
+static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "the count is one 64-bit word");
 
 /* numerics.md 2.2, as opf_delayed_scale. */
 __device__ __forceinline__ float delayed_scale(float amax, float scaled_max, float prev)
@@ -67,6 +71,13 @@ __device__ void update_slot(const opf_delayed_arrays &s, int j, float a)
 {
     if (a == 0.0f) return;  /* no roll, scale unchanged */
     float *h = s.history + j;
+    if (!isfinite(a)) {  /* rare: an atomic per such slot */
+        if (s.nonfinite) atomicAdd((unsigned long long *)s.nonfinite, 1ull);
+        if (s.reject_nonfinite) {
+            h[0] = 0.0f;
+            return;
+        }
+    }
     int64_t n = s.n, L = s.len;
     float amax = 0.0f;  /* the window: a and the L-1 previous amaxes; fmaxf skips NaN */
     for (int64_t i = 1; i < L; i++) amax = fmaxf(amax, h[i * n]);
