@@ -114,6 +114,33 @@ static inline void opf_test_decode(opf_ctx *ctx, const opf_tensor *t, double *ou
     free(f);
 }
 
+/* Warnings caught from a context: how many contained filter (every one when
+ * it is NULL) and the text of the last of them. */
+typedef struct opf_test_warnings {
+    const char *filter;
+    int         n;
+    char        last[512];
+} opf_test_warnings;
+
+static inline void opf_test_on_warn(void *user, const char *msg)
+{
+    opf_test_warnings *w = user;
+    if (w->filter && !strstr(msg, w->filter)) return;
+    w->n++;
+    snprintf(w->last, sizeof w->last, "%s", msg);
+}
+
+/* A CPU context whose warnings go to *w (cleared, filter kept). */
+static inline opf_ctx *opf_test_ctx_catching(opf_test_warnings *w)
+{
+    opf_ctx_options o = opf_ctx_options_default();
+    o.warn = opf_test_on_warn, o.warn_user = w;
+    w->n = 0, w->last[0] = '\0';
+    opf_ctx *ctx = NULL;
+    CHECK_OK(NULL, opf_ctx_create(&o, &ctx));
+    return ctx;
+}
+
 /* Deterministic test randomness (splitmix64). */
 static inline unsigned long long opf_test_rand_u64(unsigned long long *s)
 {

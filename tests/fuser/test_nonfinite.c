@@ -10,26 +10,9 @@
 
 enum { T = 64, H = 32 };
 
-static int n_warned;
-static char warned[512];
+static opf_test_warnings W = {NULL, 0, ""};
 
-static void on_warn(void *user, const char *msg)
-{
-    (void)user;
-    n_warned++;
-    snprintf(warned, sizeof warned, "%s", msg);
-}
-
-static opf_ctx *make_ctx(void)
-{
-    opf_ctx_options o = opf_ctx_options_default();
-    o.warn = on_warn;
-    opf_ctx *ctx;
-    CHECK_OK(NULL, opf_ctx_create(&o, &ctx));
-    n_warned = 0;
-    warned[0] = 0;
-    return ctx;
-}
+static opf_ctx *make_ctx(void) { return opf_test_ctx_catching(&W); }
 
 /* layernorm -> linear + bias -> gelu in f32 */
 static opf_seq *make_seq(opf_ctx *ctx)
@@ -125,8 +108,8 @@ static void test_optim_skip(opf_optim_kind kind, float bad_value)
               (long long)opf_optim_step_count(opt));
         CHECK(opf_optim_skipped_steps(opt) == rep + 1, "skipped %lld, want %d",
               (long long)opf_optim_skipped_steps(opt), rep + 1);
-        CHECK(n_warned == 1 && strstr(warned, "opf_optim_step") && strstr(warned, "NaN"),
-              "want one warning, got %d: %s", n_warned, warned);
+        CHECK(W.n == 1 && strstr(W.last, "opf_optim_step") && strstr(W.last, "NaN"),
+              "want one warning, got %d: %s", W.n, W.last);
     }
     fwd_bwd(ctx, seq, NULL, -1, 0);  /* finite again: trains */
     CHECK_OK(ctx, opf_optim_step(opt));

@@ -8,27 +8,10 @@
  * whose input holds one infinity. */
 #include "test.h"
 
-static int n_warned;
-static char warned[512];
+/* Only this file's warning counts. */
+static opf_test_warnings W = {"non-finite amax", 0, ""};
 
-static void on_warn(void *user, const char *msg)
-{
-    (void)user;
-    if (!strstr(msg, "non-finite amax")) return;  /* only this file's warning */
-    n_warned++;
-    snprintf(warned, sizeof warned, "%s", msg);
-}
-
-static opf_ctx *make_ctx(void)
-{
-    opf_ctx_options o = opf_ctx_options_default();
-    o.warn = on_warn;
-    opf_ctx *ctx;
-    CHECK_OK(NULL, opf_ctx_create(&o, &ctx));
-    n_warned = 0;
-    warned[0] = 0;
-    return ctx;
-}
+static opf_ctx *make_ctx(void) { return opf_test_ctx_catching(&W); }
 
 static int same(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
@@ -63,7 +46,7 @@ static void test_script(bool reject)
     opf_delayed_state *s;
     CHECK_OK(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 1.0f, 4, OPF_AMAX_MAX, false,
                                            2, &s));
-    CHECK(opf_delayed_state_nonfinite_amaxes(s) == 0 && n_warned == 0, "fresh state: no count");
+    CHECK(opf_delayed_state_nonfinite_amaxes(s) == 0 && W.n == 0, "fresh state: no count");
     opf_delayed_state_set_reject_nonfinite(s, reject);
     float *scale = opf_delayed_state_scale(s), *h = opf_delayed_state_history(s);
     int64_t nonfinite = 0;
@@ -83,10 +66,10 @@ static void test_script(bool reject)
                   (int)reject, t);
         CHECK(opf_delayed_state_nonfinite_amaxes(s) == nonfinite, "step %zu: count %lld, want %lld",
               t, (long long)opf_delayed_state_nonfinite_amaxes(s), (long long)nonfinite);
-        CHECK(n_warned == (nonfinite ? 1 : 0), "reject %d step %zu: %d warnings", (int)reject, t,
-              n_warned);
+        CHECK(W.n == (nonfinite ? 1 : 0), "reject %d step %zu: %d warnings", (int)reject, t,
+              W.n);
     }
-    CHECK(strstr(warned, reject ? "kept out" : "reject_nonfinite_amax"), "warning: %s", warned);
+    CHECK(strstr(W.last, reject ? "kept out" : "reject_nonfinite_amax"), "warning: %s", W.last);
     opf_delayed_state_reset(s);
     CHECK(opf_delayed_state_nonfinite_amaxes(s) == 0, "reset clears the count");
     opf_delayed_state_destroy(s);
@@ -115,7 +98,7 @@ static void test_reduced(void)
     CHECK(same(h[0], 0.0f) && same(h[1], 0.0f) && same(opf_delayed_state_scale(s)[0], 1.0f),
           "reduced inf kept out: H {%g, %g}, scale %g", (double)h[0], (double)h[1],
           (double)opf_delayed_state_scale(s)[0]);
-    CHECK(opf_delayed_state_nonfinite_amaxes(s) == 1 && n_warned == 1, "counted once, warned once");
+    CHECK(opf_delayed_state_nonfinite_amaxes(s) == 1 && W.n == 1, "counted once, W.last once");
     opf_delayed_state_destroy(s);
     opf_ctx_destroy(ctx);
 }
@@ -169,9 +152,9 @@ static void test_seq(bool reject)
     CHECK(same(s1, 448.0f), "input scale after amax 1: %g", (double)s1);
     step_seq(ctx, seq, &r, 1.0f, 77);  /* one infinity among T x H inputs */
     CHECK(same(scale[0], s1), "the step with the infinity keeps the scale: %g", (double)scale[0]);
-    CHECK(opf_recipe_state_nonfinite_amaxes(rs) >= 1 && n_warned == 1,
+    CHECK(opf_recipe_state_nonfinite_amaxes(rs) >= 1 && W.n == 1,
           "reject %d: count %lld, %d warnings", (int)reject,
-          (long long)opf_recipe_state_nonfinite_amaxes(rs), n_warned);
+          (long long)opf_recipe_state_nonfinite_amaxes(rs), W.n);
     CHECK(all_finite(h, n * L) == reject, "reject %d: history finite %d", (int)reject,
           (int)all_finite(h, n * L));
     for (int t = 0; t < L; t++) {  /* inputs of amax 2, finite */
@@ -182,7 +165,7 @@ static void test_seq(bool reject)
               (int)reject, t, (double)scale[0], (double)want);
     }
     CHECK(all_finite(h, n * L), "reject %d: the history is finite again", (int)reject);
-    CHECK(n_warned == 1, "one warning per context, got %d: %s", n_warned, warned);
+    CHECK(W.n == 1, "one warning per context, got %d: %s", W.n, W.last);
     opf_seq_destroy(seq);
     opf_ctx_destroy(ctx);
 }
