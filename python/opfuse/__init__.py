@@ -162,6 +162,7 @@ class Recipe:
     nvfp4_stochastic: Optional[bool] = None
     nvfp4_2d_weights: Optional[bool] = None
     backward_override: Optional[int] = None
+    reject_nonfinite_amax: Optional[bool] = None
 
     @classmethod
     def delayed(cls, **kw): return cls(RecipeKind.DELAYED, **kw)

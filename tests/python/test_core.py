@@ -159,6 +159,21 @@ def test_delayed_recipe_state_views():
     assert scale[q.slot] == f32(448) / np.max(np.abs(x))
 
 
+def test_delayed_recipe_rejects_nonfinite_amax_on_request():
+    rs = opfuse.RecipeState(opfuse.Recipe.delayed(amax_history_len=4, reject_nonfinite_amax=True),
+                            "linear", "fc1")
+    q = rs.quantizer(opfuse.Role.INPUT)
+    scale, hist = rs.scale_history()
+    x = randn(16, 32)
+    opfuse.quantize(x, q)
+    rs.update()
+    before = scale[q.slot]
+    x[3, 5] = np.inf
+    opfuse.quantize(x, q)
+    rs.update()  # the infinite amax stays out of the history; the scale holds
+    assert np.all(np.isfinite(hist)) and scale[q.slot] == before
+
+
 # ---- quantize / dequantize ----------------------------------------------------------------------
 def test_current_scaling_bit_exact():
     x = randn(64, 128)
