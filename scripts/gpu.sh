@@ -9,6 +9,8 @@
 # A quicker partial run, for one kernel family while it is written:
 #     OPF_GPU_TESTS=REGEX   run only the cuda tests whose name matches (ctest -R)
 #     OPF_GPU_BENCH=0       skip the benchmarks and the peer
+#     OPF_GPU_GPT=0         skip the GPT training benchmarks (the longest part:
+#                           two model sizes, each with torch.compile's warm-up)
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -58,10 +60,13 @@ step "bench cuda"
 "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_opfuse.log"
 step "bench cuda-train"
 "$build/opfuse" bench cuda-train --out "$logs/bench_train.txt" 2>&1 | tee "$logs/bench_train.log"
-step "bench train (the GPT of opfuse train per recipe; PyTorch bf16 eager and compiled in the same run)"
-OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda 2>&1 | tee "$logs/bench_gpt.log"
-OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda --layers 24 --width 2048 --heads 16 \
-  --batch 8 2>&1 | tee -a "$logs/bench_gpt.log"
+: >"$logs/bench_gpt.log"
+if [ "${OPF_GPU_GPT:-1}" != 0 ]; then
+  step "bench train (the GPT of opfuse train per recipe; PyTorch bf16 eager and compiled in the same run)"
+  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda 2>&1 | tee "$logs/bench_gpt.log"
+  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda --layers 24 --width 2048 --heads 16 \
+    --batch 8 2>&1 | tee -a "$logs/bench_gpt.log"
+fi
 step "PyTorch peers (kernels, then training steps)"
 PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt" >"$logs/bench_peer.log" 2>&1
 PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda_train.py "$logs/bench_train.txt" \
