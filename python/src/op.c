@@ -683,6 +683,33 @@ static PyObject *seq_set_fusions(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* set_recompute(first, count): opf_seq_set_recompute; clear_recompute():
+ * opf_seq_clear_recompute. */
+static PyObject *seq_set_recompute(PyObject *self, PyObject *args)
+{
+    int first, count;
+    if (!PyArg_ParseTuple(args, "ii", &first, &count))
+        return NULL;
+    opf_seq *seq = seq_get(self);
+    if (!seq)
+        return NULL;
+    opf_status st = opf_seq_set_recompute(seq, first, count);
+    if (st != OPF_OK)
+        return opf_raise(st, opf_py_ctx_get(((opf_py_seq *)self)->ctx));
+    Py_RETURN_NONE;
+}
+
+static PyObject *seq_clear_recompute(PyObject *self, PyObject *unused)
+{
+    opf_seq *seq = seq_get(self);
+    if (!seq)
+        return NULL;
+    opf_status st = opf_seq_clear_recompute(seq);
+    if (st != OPF_OK)
+        return opf_raise(st, opf_py_ctx_get(((opf_py_seq *)self)->ctx));
+    Py_RETURN_NONE;
+}
+
 static PyObject *seq_prepare(PyObject *self, PyObject *recipe)
 {
     opf_py_seq *s = (opf_py_seq *)self;
@@ -744,6 +771,8 @@ static PyMethodDef seq_methods[] = {
     {"discard", seq_discard, METH_NOARGS, NULL},
     {"set_fusions", seq_set_fusions, METH_VARARGS, NULL},
     {"prepare", seq_prepare, METH_O, "prepare(recipe)."},
+    {"set_recompute", seq_set_recompute, METH_VARARGS, "set_recompute(first, count)."},
+    {"clear_recompute", seq_clear_recompute, METH_NOARGS, NULL},
     {"plans", seq_plans, METH_NOARGS, "Forward and backward plans per group."},
     {NULL, NULL, 0, NULL},
 };

@@ -422,7 +422,8 @@ class Sequential(torch.nn.Module):
         # ops that read x's leading dims themselves: the torch path keeps them
         self._keeps_dims = any(c in _READS_DIMS for c in classes)
         # ops that are eager nodes of the C graph: the whole seq is one custom op per direction
-        self._whole = any(c in _EAGER_CLASSES for c in classes)
+        self._eager_nodes = any(c in _EAGER_CLASSES for c in classes)
+        self._whole = self._eager_nodes
         self._cache_views = {}  # ("q", parameter, component) -> a torch view of the C cache
         self._first_param = [0]
         for i in range(len(self._seq)):
@@ -557,6 +558,19 @@ class Sequential(torch.nn.Module):
         ops = [self._seq[i]._h for i in range(len(self._seq))]
         return prog, tuple(_C.delayed_ops(ops))
 
+    def set_recompute(self, first: int, count: int):
+        """Basic ops [first, first + count) (in op order, a Linear with bias
+        being two) as a recompute span (opf_seq_set_recompute): its forward
+        keeps only its input and the backward runs it again, same bits.
+        Under torch.compile a Sequential with spans runs as the whole-seq
+        custom ops (seq_fwd, seq_bwd), whose C fuser does the recompute."""
+        self._seq.set_recompute(operator.index(first), operator.index(count))
+        self._whole = True
+
+    def clear_recompute(self):
+        self._seq.clear_recompute()
+        self._whole = self._eager_nodes
+
     def plans(self):
         return self._seq.plans()
 
@@ -569,7 +583,8 @@ def _has_none_value(prog) -> bool:
 # ---- whole-seq ops ---------------------------------------------------------------------
 # A seq holding an op the traced graph cannot carry (grouped_linear reads its
 # split sizes on the host and its weights through a reference: an eager node
-# of the C graph) runs under torch.compile as one custom op per direction
+# of the C graph), or with recompute spans (whose re-run forward lives in the
+# C fuser's backward), runs under torch.compile as one custom op per direction
 # around the C fuser's own forward and backward of the seq: the same C calls
 # as the eager path, so the same bits. The backward op reads what the
 # forward op left in the seq (one backward per forward, in order, as
@@ -671,8 +686,9 @@ def _whole_forward(m, x, extra_in, needs_grad, rid, dt, first_mb, op_kwargs):
     2D view of x; extra inputs as they come (split sizes, scales)."""
     if isinstance(first_mb, torch.Tensor):
         raise opfuse.UnsupportedError(
-            "opfuse.torch.Sequential: a seq holding grouped_linear takes is_first_microbatch "
-            "as a bool under torch.compile (one graph per value), not a tensor")
+            "opfuse.torch.Sequential: a seq holding grouped_linear or a recompute span takes "
+            "is_first_microbatch as a bool under torch.compile (one graph per value), not a "
+            "tensor")
     shape, k = x.shape, operator.index(x.shape[-1])
     x2 = x.reshape(-1, k)
     rows = x2.shape[0]
@@ -704,7 +720,8 @@ def _sequential_whole_outputs(self, recipe_id, needs_grad, x_grad, dtype, k, ext
         spec = prog["values"][v][0]
         if spec[2] != 0:
             raise opfuse.UnsupportedError("opfuse.torch.Sequential: a quantized output of a seq "
-                                          "holding grouped_linear under torch.compile")
+                                          "holding grouped_linear or a recompute span under "
+                                          "torch.compile")
         outs.append((spec[0][-1], spec[1]))
     return tuple(outs)
 
