@@ -32,7 +32,7 @@ from ._tensor import component, to_opf, to_torch
 
 __all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
            "SwiGLU", "ScaledSwiGLU", "ScaledSReLU", "Attention", "Dropout", "Quantize", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
-           "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
+           "Optimizer", "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
            "register_backward_fusion", "register_forward_backward_fusion", "unregister_fusion",
            "Fused", "FusionOp"]
 
@@ -425,6 +425,7 @@ class Sequential(torch.nn.Module):
         self._eager_nodes = any(c in _EAGER_CLASSES for c in classes)
         self._whole = self._eager_nodes
         self._cache_views = {}  # ("q", parameter, component) -> a torch view of the C cache
+        self._primaries = {}  # parameter index -> (op, its parameter): quantized primaries
         self._first_param = [0]
         for i in range(len(self._seq)):
             self._first_param.append(self._first_param[-1] + self._seq[i]._h.info()["num_params"])
@@ -557,6 +558,47 @@ class Sequential(torch.nn.Module):
             self._cache_views[q] = self._cache_view(q)
         ops = [self._seq[i]._h for i in range(len(self._seq))]
         return prog, tuple(_C.delayed_ops(ops))
+
+    def set_param_quantized(self, name: str, quantizer):
+        """Makes parameter name ("op1_weight", as named_parameters names it) a
+        quantized primary weight (opf_op_set_param_quantized, irreversible):
+        its value quantized with quantizer (not delayed; what the recipe
+        makes for the weight) becomes the parameter, and the high-precision
+        memory goes. The quantized components are buffers ("op1_weight_q0"
+        data, "_q1" scales, ...: views of the C memory); the Parameter keeps
+        its name, shape and dtype but is the dequantized weight, a copy that
+        carries the gradient: the op reads the quantized buffers. The fp32
+        master lives in opfuse's optimizer: train with
+        opfuse.torch.Optimizer, which re-quantizes the weight after each
+        step (a torch optimizer would update the copy only)."""
+        i, j = self._param_index(name)
+        self._seq[i]._h.set_param_quantized(j, quantizer)
+        q = self._seq[i]._h.param(j)["qvalue"]
+        for c in range(6):
+            t = component(q, c)
+            if t is not None:
+                self.register_buffer(f"{name}_q{c}", t, persistent=False)
+        g = self._first_param[i] + j
+        self._primaries[g] = (i, j)
+        self._refresh_primary(g)
+
+    def _param_index(self, name):
+        for i in range(len(self._seq)):
+            h = self._seq[i]._h
+            for j in range(h.info()["num_params"]):
+                if f"op{i}_{h.param(j)['name']}" == name:
+                    return i, j
+        raise opfuse.InvalidArgError(f"opfuse.torch.Sequential: no parameter \"{name}\" "
+                                     f"(named_parameters names them)")
+
+    def _refresh_primary(self, g):
+        """The Parameter of quantized primary g: its dequantized value."""
+        i, j = self._primaries[g]
+        p = self._plist[g]
+        q = self._seq[i]._h.param(j)["qvalue"]
+        usage = 1 if q.spec["usage"] & 1 else 2
+        deq = to_torch(_C.dequantize(self._seq.ctx, q, usage, _FROM_TORCH_DT[p.dtype]))
+        p.data = deq.reshape(p.shape).clone()
 
     def set_recompute(self, first: int, count: int):
         """Basic ops [first, first + count) (in op order, a Linear with bias
@@ -727,6 +769,36 @@ def _sequential_whole_outputs(self, recipe_id, needs_grad, x_grad, dtype, k, ext
 
 
 Sequential._whole_outputs = _sequential_whole_outputs
+
+
+class Optimizer:
+    """opfuse's optimizer (opfuse.Optim: SGD or AdamW with fp32 master
+    weights in C) over an opfuse.torch.Sequential's parameters: what a
+    Sequential with quantized primary weights trains with. step() hands
+    each Parameter's .grad to the C parameter (the compiled path's
+    gradients are torch tensors), steps the C optimizer, which updates the
+    masters and re-quantizes the primaries in place, and refreshes the
+    primaries' dequantized Parameters."""
+
+    def __init__(self, model: "Sequential", kind=opfuse.OptimKind.ADAMW, **kw):
+        self.model = model
+        self._o = opfuse.Optim(model._seq, kind, **kw)
+
+    def step(self):
+        m = self.model
+        with torch.no_grad():
+            for g, (p, c) in enumerate(zip(m._plist, m._c_grads)):
+                i = next(i for i in range(len(m._seq)) if m._first_param[i + 1] > g)
+                if p.grad is not None:
+                    c.copy_(p.grad)
+                m._seq[i]._h.set_has_grad(g - m._first_param[i], p.grad is not None)
+            self._o.step()
+            for g in m._primaries:
+                m._refresh_primary(g)
+
+    def zero_grad(self):
+        for p in self.model._plist:
+            p.grad = None
 
 
 class GroupedLinear(torch.nn.Module):
