@@ -47,6 +47,16 @@ def step(m, recipe, splits=SPLITS, rows=ROWS):
     return out
 
 
+def counting_backend():
+    """A torch.compile backend that counts the graphs it gets."""
+    n = [0]
+
+    def backend(gm, example_inputs):
+        n[0] += 1
+        return gm.forward
+    return backend, n
+
+
 def c_step(recipe):
     """The same step through the opfuse layer's C calls."""
     m = mlp()
@@ -89,11 +99,7 @@ def test_grouped_linear_in_sequential_no_graph_break():
 def test_grouped_seq_split_tensor_values_without_recompile():
     """Split sizes as a tensor: a graph input, so new values run the same graph."""
     torch._dynamo.reset()
-    n = [0]
-
-    def backend(gm, example_inputs):
-        n[0] += 1
-        return gm.forward
+    backend, n = counting_backend()
     cm = torch.compile(mlp(), backend=backend, fullgraph=True)
     for splits in ([32, 64, 0], [0, 96, 32], [128, 0, 0]):
         same(step(mlp(), None, splits), step(cm, None, splits))
@@ -158,3 +164,12 @@ def test_grouped_seq_bad_input_raises_and_changes_nothing():
     with pytest.raises(opfuse.ShapeError, match="split sizes sum to 200"):
         cm(x, torch.tensor([100, 100, 0]), sc, sp)
     same(before, [p.detach() for p in m._plist])
+
+
+def test_grouped_seq_dynamic_batch_one_graph():
+    torch._dynamo.reset()
+    backend, n = counting_backend()
+    cm = torch.compile(mlp(), backend=backend, fullgraph=True, dynamic=True)
+    for rows in (128, 192, 256):
+        same(step(mlp(), None, SPLITS, rows), step(cm, None, SPLITS, rows))
+    assert n[0] == 1, n[0]
