@@ -495,6 +495,13 @@ class Seq(_Runner):
     def discard(self):
         self._s.discard()
 
+    def set_recompute(self, first: int, count: int):
+        """Ops [first, first + count) as a recompute span (opf_seq_set_recompute)."""
+        self._s.set_recompute(first, count)
+
+    def clear_recompute(self):
+        self._s.clear_recompute()
+
     def set_fusions(self, enabled: bool):
         self._s.set_fusions(enabled)
 

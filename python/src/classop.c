@@ -218,8 +218,9 @@ int opf_py_out_specs(const opf_op_class *c, int bwd, int n_grads, opf_py_fake_sp
  * NULL without an exception when it cannot be placed. */
 typedef PyObject *(*source_fn)(void *user, const opf_tensor *t, int comp);
 
-/* One entry per flattened field: ("t", spec, sources) for a present tensor,
- * ("v", value) otherwise (None for an absent tensor). */
+/* One entry per flattened field: ("t", spec, sources) for a present tensor
+ * (a plain spec without memory: its source ("empty",)), ("v", value)
+ * otherwise (None for an absent tensor). */
 static PyObject *record_with(const opf_schema *s, const void *args, const char *who,
                              source_fn source, void *user)
 {
@@ -250,6 +251,12 @@ static PyObject *record_with(const opf_schema *s, const void *args, const char *
                     Py_INCREF(src);
                 }
                 PyTuple_SetItem(srcs, c, src);
+            }
+            if (srcs && !any && t->spec.ndim > 0 && t->spec.scaling == OPF_SCALING_NONE) {
+                /* a spec without memory (a quantized primary's value: the
+                 * spec of its gradient): ("empty",) places a tensor of it */
+                any = true;
+                PyTuple_SetItem(srcs, 0, Py_BuildValue("(s)", "empty"));
             }
             e = !srcs ? NULL : any ? Py_BuildValue("(sNN)", "t", spec_tuple(&t->spec), srcs)
                                    : (Py_DECREF(srcs), Py_BuildValue("(sO)", "v", Py_None));

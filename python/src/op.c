@@ -6,6 +6,7 @@
  * reference to the Seq). */
 
 #include "classop.h"
+#include <stddef.h>
 #include <string.h>
 
 typedef struct {
@@ -273,7 +274,8 @@ static PyObject *op_param(PyObject *self, PyObject *args)
                          p->has_grad ? Py_True : Py_False);
 }
 
-static PyObject *op_set_requires_grad(PyObject *self, PyObject *args)
+/* Sets the bool field at offset off of parameter i: (i, on). */
+static PyObject *set_param_flag(PyObject *self, PyObject *args, size_t off)
 {
     int i, on;
     if (!PyArg_ParseTuple(args, "ip", &i, &on))
@@ -283,8 +285,20 @@ static PyObject *op_set_requires_grad(PyObject *self, PyObject *args)
         return NULL;
     if (i < 0 || i >= opf_op_num_params(op))
         return opf_raise_msg(OPF_ERR_INVALID_ARG, "parameter %d out of range", i);
-    opf_op_param(op, i)->requires_grad = on;
+    *(bool *)((char *)opf_op_param(op, i) + off) = on;
     Py_RETURN_NONE;
+}
+
+static PyObject *op_set_requires_grad(PyObject *self, PyObject *args)
+{
+    return set_param_flag(self, args, offsetof(opf_param, requires_grad));
+}
+
+/* set_has_grad(i, on): whether grad holds a gradient (an optimizer steps
+ * only those): set by a caller that wrote the gradient itself. */
+static PyObject *op_set_has_grad(PyObject *self, PyObject *args)
+{
+    return set_param_flag(self, args, offsetof(opf_param, has_grad));
 }
 
 static PyObject *op_zero_grad(PyObject *self, PyObject *unused)
@@ -293,6 +307,27 @@ static PyObject *op_zero_grad(PyObject *self, PyObject *unused)
     if (!op)
         return NULL;
     opf_op_zero_grad(op);
+    Py_RETURN_NONE;
+}
+
+/* set_param_quantized(i, quantizer): opf_op_set_param_quantized (the
+ * value's memory goes; param(i)["qvalue"] is the parameter). */
+static PyObject *op_set_param_quantized(PyObject *self, PyObject *args)
+{
+    int i;
+    PyObject *qo;
+    opf_quantizer q;
+    if (!PyArg_ParseTuple(args, "iO", &i, &qo) || opf_py_to_quantizer(qo, &q) < 0)
+        return NULL;
+    opf_op *op = opf_py_op_get(self);
+    if (!op)
+        return NULL;
+    opf_ctx *ctx = opf_py_ctx_get(((opf_py_op *)self)->ctx);
+    if (!ctx)
+        return NULL;
+    opf_status st = opf_op_set_param_quantized(ctx, op, i, &q);
+    if (st != OPF_OK)
+        return opf_raise(st, ctx);
     Py_RETURN_NONE;
 }
 
@@ -316,7 +351,10 @@ static PyMethodDef op_methods[] = {
     {"info", op_info, METH_NOARGS, "Class, name and counts as a dict."},
     {"param", op_param, METH_VARARGS, "param(i): the parameter's tensors (shared memory)."},
     {"set_requires_grad", op_set_requires_grad, METH_VARARGS, NULL},
+    {"set_has_grad", op_set_has_grad, METH_VARARGS, NULL},
     {"zero_grad", op_zero_grad, METH_NOARGS, NULL},
+    {"set_param_quantized", op_set_param_quantized, METH_VARARGS,
+     "set_param_quantized(i, quantizer): quantized primary."},
     {"set_channel", op_set_channel, METH_VARARGS,
      "set_channel(is_output, index, channel, to_caller=False)."},
     {NULL, NULL, 0, NULL},
@@ -683,6 +721,33 @@ static PyObject *seq_set_fusions(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* set_recompute(first, count): opf_seq_set_recompute; clear_recompute():
+ * opf_seq_clear_recompute. */
+static PyObject *seq_set_recompute(PyObject *self, PyObject *args)
+{
+    int first, count;
+    if (!PyArg_ParseTuple(args, "ii", &first, &count))
+        return NULL;
+    opf_seq *seq = seq_get(self);
+    if (!seq)
+        return NULL;
+    opf_status st = opf_seq_set_recompute(seq, first, count);
+    if (st != OPF_OK)
+        return opf_raise(st, opf_py_ctx_get(((opf_py_seq *)self)->ctx));
+    Py_RETURN_NONE;
+}
+
+static PyObject *seq_clear_recompute(PyObject *self, PyObject *unused)
+{
+    opf_seq *seq = seq_get(self);
+    if (!seq)
+        return NULL;
+    opf_status st = opf_seq_clear_recompute(seq);
+    if (st != OPF_OK)
+        return opf_raise(st, opf_py_ctx_get(((opf_py_seq *)self)->ctx));
+    Py_RETURN_NONE;
+}
+
 static PyObject *seq_prepare(PyObject *self, PyObject *recipe)
 {
     opf_py_seq *s = (opf_py_seq *)self;
@@ -744,6 +809,8 @@ static PyMethodDef seq_methods[] = {
     {"discard", seq_discard, METH_NOARGS, NULL},
     {"set_fusions", seq_set_fusions, METH_VARARGS, NULL},
     {"prepare", seq_prepare, METH_O, "prepare(recipe)."},
+    {"set_recompute", seq_set_recompute, METH_VARARGS, "set_recompute(first, count)."},
+    {"clear_recompute", seq_clear_recompute, METH_NOARGS, NULL},
     {"plans", seq_plans, METH_NOARGS, "Forward and backward plans per group."},
     {NULL, NULL, 0, NULL},
 };

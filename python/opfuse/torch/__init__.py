@@ -31,8 +31,8 @@ from ._fusion import (Fused, FusionOp, register_backward_fusion, register_forwar
 from ._tensor import component, to_opf, to_torch
 
 __all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GELU", "ReLU", "SiLU",
-           "SwiGLU", "Attention", "Dropout", "Quantize", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
-           "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
+           "SwiGLU", "ScaledSwiGLU", "ScaledSReLU", "Attention", "Dropout", "Quantize", "Bias", "BasicLinear", "AddExtraInput", "MakeExtraOutput",
+           "Optimizer", "autocast", "to_opf", "to_torch", "component", "register_forward_fusion",
            "register_backward_fusion", "register_forward_backward_fusion", "unregister_fusion",
            "Fused", "FusionOp"]
 
@@ -172,6 +172,25 @@ class Attention(_Module):
         return [OpSpec("attention", {"heads": self.heads}, self.name)]
 
 
+def _scaled_activation(kind):
+    class ScaledAct(_Module):
+        """y = act(x) * scales[row], the scales an extra input from the caller
+        (after x, in op order): the activation of a grouped MLP."""
+
+        def __init__(self, name=None):
+            super().__init__()
+            self.name = name
+
+        def op_specs(self):
+            return [OpSpec(kind, None, self.name, ((False, 0, None, False),))]
+    ScaledAct.__name__ = ScaledAct.__qualname__ = {
+        "scaled_swiglu": "ScaledSwiGLU", "scaled_srelu": "ScaledSReLU"}[kind]
+    return ScaledAct
+
+
+ScaledSwiGLU, ScaledSReLU = (_scaled_activation(k) for k in ("scaled_swiglu", "scaled_srelu"))
+
+
 class Dropout(_Module):
     """Drops activations with probability p (Philox draws of the context's
     generator); the kwarg training (op_kwargs={index: {"training": False}})
@@ -233,6 +252,8 @@ _PLAN_CACHE: dict = {}
 _FROM_TORCH_DT = {t: int(d) for t, d in _tensor._FROM_TORCH.items()}
 _FLAG = ("f",)
 _READS_DIMS = {"attention"}  # the environment key of a runtime value read from a tensor
+# classes the C trace keeps as eager nodes (host-side split sizes, weights by reference)
+_EAGER_CLASSES = {"grouped_linear"}
 
 
 def _register_model(m) -> int:
@@ -400,7 +421,11 @@ class Sequential(torch.nn.Module):
         self._linears = tuple(i for i, c in enumerate(classes) if c == "basic_linear")
         # ops that read x's leading dims themselves: the torch path keeps them
         self._keeps_dims = any(c in _READS_DIMS for c in classes)
+        # ops that are eager nodes of the C graph: the whole seq is one custom op per direction
+        self._eager_nodes = any(c in _EAGER_CLASSES for c in classes)
+        self._whole = self._eager_nodes
         self._cache_views = {}  # ("q", parameter, component) -> a torch view of the C cache
+        self._primaries = {}  # parameter index -> (op, its parameter): quantized primaries
         self._first_param = [0]
         for i in range(len(self._seq)):
             self._first_param.append(self._first_param[-1] + self._seq[i]._h.info()["num_params"])
@@ -461,6 +486,8 @@ class Sequential(torch.nn.Module):
         dt = _FROM_TORCH_DT.get(x.dtype, -1)
         if x.dim() == 0:
             raise opfuse.ShapeError("opfuse.torch.Sequential: input has no dims")
+        if self._whole:
+            return _whole_forward(self, x, extra_in, needs_grad, rid, dt, first_mb, op_kwargs)
         # operator.index: Dynamo pins a symbolic size it converts so (a guard)
         shape, k = x.shape, operator.index(x.shape[-1])
         if self._keeps_dims and x.dim() > 2:  # [rows, middle dims..., k]
@@ -532,6 +559,60 @@ class Sequential(torch.nn.Module):
         ops = [self._seq[i]._h for i in range(len(self._seq))]
         return prog, tuple(_C.delayed_ops(ops))
 
+    def set_param_quantized(self, name: str, quantizer):
+        """Makes parameter name ("op1_weight", as named_parameters names it) a
+        quantized primary weight (opf_op_set_param_quantized, irreversible):
+        its value quantized with quantizer (not delayed; what the recipe
+        makes for the weight) becomes the parameter, and the high-precision
+        memory goes. The quantized components are buffers ("op1_weight_q0"
+        data, "_q1" scales, ...: views of the C memory); the Parameter keeps
+        its name, shape and dtype but is the dequantized weight, a copy that
+        carries the gradient: the op reads the quantized buffers. The fp32
+        master lives in opfuse's optimizer: train with
+        opfuse.torch.Optimizer, which re-quantizes the weight after each
+        step (a torch optimizer would update the copy only)."""
+        i, j = self._param_index(name)
+        self._seq[i]._h.set_param_quantized(j, quantizer)
+        q = self._seq[i]._h.param(j)["qvalue"]
+        for c in range(6):
+            t = component(q, c)
+            if t is not None:
+                self.register_buffer(f"{name}_q{c}", t, persistent=False)
+        g = self._first_param[i] + j
+        self._primaries[g] = (i, j)
+        self._refresh_primary(g)
+
+    def _param_index(self, name):
+        for i in range(len(self._seq)):
+            h = self._seq[i]._h
+            for j in range(h.info()["num_params"]):
+                if f"op{i}_{h.param(j)['name']}" == name:
+                    return i, j
+        raise opfuse.InvalidArgError(f"opfuse.torch.Sequential: no parameter \"{name}\" "
+                                     f"(named_parameters names them)")
+
+    def _refresh_primary(self, g):
+        """The Parameter of quantized primary g: its dequantized value."""
+        i, j = self._primaries[g]
+        p = self._plist[g]
+        q = self._seq[i]._h.param(j)["qvalue"]
+        usage = 1 if q.spec["usage"] & 1 else 2
+        deq = to_torch(_C.dequantize(self._seq.ctx, q, usage, _FROM_TORCH_DT[p.dtype]))
+        p.data = deq.reshape(p.shape).clone()
+
+    def set_recompute(self, first: int, count: int):
+        """Basic ops [first, first + count) (in op order, a Linear with bias
+        being two) as a recompute span (opf_seq_set_recompute): its forward
+        keeps only its input and the backward runs it again, same bits.
+        Under torch.compile a Sequential with spans runs as the whole-seq
+        custom ops (seq_fwd, seq_bwd), whose C fuser does the recompute."""
+        self._seq.set_recompute(operator.index(first), operator.index(count))
+        self._whole = True
+
+    def clear_recompute(self):
+        self._seq.clear_recompute()
+        self._whole = self._eager_nodes
+
     def plans(self):
         return self._seq.plans()
 
@@ -542,57 +623,182 @@ def _has_none_value(prog) -> bool:
 
 
 # ---- whole-seq ops ---------------------------------------------------------------------
-# An op the traced graph cannot carry (grouped_linear reads its split sizes
-# on the host and its weights through a reference: an eager node of the C
-# graph) runs under torch.compile as one custom op per direction around the
-# C fuser's own forward and backward of its seq; the backward op reads what
-# the forward op left in the seq (one backward per forward, in order, as
-# autograd runs them). The fake needs only the output's features.
+# A seq holding an op the traced graph cannot carry (grouped_linear reads its
+# split sizes on the host and its weights through a reference: an eager node
+# of the C graph), or with recompute spans (whose re-run forward lives in the
+# C fuser's backward), runs under torch.compile as one custom op per direction
+# around the C fuser's own forward and backward of the seq: the same C calls
+# as the eager path, so the same bits. The backward op reads what the
+# forward op left in the seq (one backward per forward, in order, as
+# autograd runs them). The fakes need only the outputs' features and dtypes
+# (from one C trace per input signature) and the inputs' shapes.
 _ops._lib.define("seq_fwd(Tensor x, Tensor[] extra, Tensor[] params, int key, int recipe, "
-                 "bool x_grad, int out_features) -> Tensor")
-_ops._lib.define("seq_bwd(Tensor dy, Tensor[] params, int key, SymInt[] x_shape) -> Tensor[]")
+                 "bool needs_grad, bool x_grad, int kwargs, int[] out_features, "
+                 "int[] out_dtypes) -> Tensor[]")
+_ops._lib.define("seq_bwd(Tensor dy, Tensor[] dextra_out, Tensor[] extra, Tensor[] params, "
+                 "int key, SymInt[] x_shape) -> Tensor[]")
+_KWARGS: list = [()]  # the kwargs of whole-seq calls by id (0: none)
 
 
-def _seq_fwd(x, extra, params, key, recipe, x_grad, out_features):
+def _kwargs_id(kw) -> int:
+    if kw not in _KWARGS:
+        _KWARGS.append(kw)
+    return _KWARGS.index(kw)
+
+
+def _seq_fwd(x, extra, params, key, recipe, needs_grad, x_grad, kwargs, out_features,
+             out_dtypes):
     m = _MODELS[key]
-    y, _ = m._seq._s.forward(to_opf(x.contiguous()), _RECIPES[recipe], True, x_grad,
-                             [to_opf(e.contiguous()) for e in extra] or None)
-    return to_torch(y).clone()
+    kw = _KWARGS[kwargs]
+    y, extra_out = m._seq._s.forward(to_opf(x.contiguous()), _RECIPES[recipe], needs_grad, x_grad,
+                                     [to_opf(e.contiguous()) for e in extra] or None,
+                                     m._kwargs_list(kw) if kw else None)
+    return [to_torch(t).clone() for t in [y] + list(extra_out or [])]
 
 
-def _seq_bwd(dy, params, key, x_shape):
+def _seq_bwd(dy, dextra_out, extra, params, key, x_shape):
     m = _MODELS[key]
     m._seq.zero_grad()
-    dx, _ = m._seq._s.backward(to_opf(dy.contiguous()), None)
+    de = [to_opf(d.contiguous()) for d in dextra_out]
+    dx, dextra_in = m._seq._s.backward(to_opf(dy.contiguous()), de or None)
     dx = dy.new_zeros(x_shape) if dx is None else to_torch(dx).clone()
-    return [dx] + [g.clone() for g in m._c_grads]
+    dein = [torch.zeros_like(e) if d is None else to_torch(d).clone()
+            for d, e in zip(list(dextra_in or []) + [None] * len(extra), extra)]
+    return [dx] + dein + [g.clone() for g in m._c_grads]
+
+
+def _seq_fwd_fake(x, extra, params, key, recipe, needs_grad, x_grad, kwargs, out_features,
+                  out_dtypes):
+    return [x.new_empty(x.shape[0], f, dtype=_tensor._TORCH_DTYPES[DType(d)])
+            for f, d in zip(out_features, out_dtypes)]
 
 
 _ops._lib.impl("seq_fwd", _seq_fwd, "CPU")
 _ops._lib.impl("seq_bwd", _seq_bwd, "CPU")
+torch.library.register_fake("opfuse::seq_fwd", _seq_fwd_fake, lib=_ops._lib)
 torch.library.register_fake(
-    "opfuse::seq_fwd", lambda x, extra, params, key, recipe, x_grad, out_features:
-    x.new_empty(x.shape[0], out_features), lib=_ops._lib)
-torch.library.register_fake(
-    "opfuse::seq_bwd", lambda dy, params, key, x_shape: [dy.new_empty(x_shape)] + [
-        torch.empty_like(p) for p in params],
-    lib=_ops._lib)
+    "opfuse::seq_bwd", lambda dy, dextra_out, extra, params, key, x_shape:
+    [dy.new_empty(x_shape)] + [torch.empty_like(e) for e in extra] +
+    [torch.empty_like(p) for p in params], lib=_ops._lib)
 
 
 def _seq_setup(ctx, inputs, output):
-    ctx.key, ctx.n_extra, ctx.x_grad = inputs[3], len(inputs[1]), inputs[5]
-    ctx.x_shape = inputs[0].shape
-    ctx.save_for_backward(*inputs[2])
+    ctx.key, ctx.n_extra, ctx.x_grad = inputs[3], len(inputs[1]), inputs[6]
+    ctx.n_out, ctx.x_shape = len(output), inputs[0].shape
+    ctx.extra_grad = [e.requires_grad for e in inputs[1]]
+    ctx.save_for_backward(*inputs[1], *inputs[2])
 
 
-def _seq_backward(ctx, dy):
-    out = torch.ops.opfuse.seq_bwd(dy, list(ctx.saved_tensors), ctx.key, list(ctx.x_shape))
+def _seq_backward(ctx, grads):
+    saved = ctx.saved_tensors
+    extra, params = list(saved[:ctx.n_extra]), list(saved[ctx.n_extra:])
+    dy = grads[0] if grads[0] is not None else torch.zeros_like(extra[0])
+    dextra_out = [torch.zeros_like(dy) if g is None else g for g in grads[1:]]
+    out = torch.ops.opfuse.seq_bwd(dy, dextra_out, extra, params, ctx.key, list(ctx.x_shape))
     dx = out[0] if ctx.x_grad else None
-    return dx, [None] * ctx.n_extra, list(out[1:]), None, None, None, None
+    dein = [d if w else None for d, w in zip(out[1:1 + ctx.n_extra], ctx.extra_grad)]
+    return (dx, dein, list(out[1 + ctx.n_extra:]), None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("opfuse::seq_fwd", _seq_backward, setup_context=_seq_setup,
                                 lib=_ops._lib)
+
+
+@torch._dynamo.assume_constant_result
+def _whole_outputs(key, recipe_id, needs_grad, x_grad, dtype, k, extra, kw):
+    """((features, dtype), ...) of y and the public extra outputs of model
+    key for inputs [rows, k] and extra inputs extra = ((dtype, shape with
+    -1 for the rows), ...): one C trace per signature, baked by Dynamo."""
+    key_ = ("whole", key, recipe_id, needs_grad, x_grad, dtype, k, extra, kw)
+    if key_ not in _PLAN_CACHE:
+        _PLAN_CACHE[key_] = _MODELS[key]._whole_outputs(recipe_id, needs_grad, x_grad, dtype, k,
+                                                        extra, kw)
+    return _PLAN_CACHE[key_]
+
+
+def _follows(d, rows) -> bool:
+    """Whether an extra input's leading dim d is x's row count (scales)."""
+    if isinstance(d, torch.SymInt) or isinstance(rows, torch.SymInt):
+        return _ops._same(d, rows)
+    return d == rows
+
+
+def _whole_forward(m, x, extra_in, needs_grad, rid, dt, first_mb, op_kwargs):
+    """Sequential._forward_ops for a seq with eager nodes: seq_fwd on the
+    2D view of x; extra inputs as they come (split sizes, scales)."""
+    if isinstance(first_mb, torch.Tensor):
+        raise opfuse.UnsupportedError(
+            "opfuse.torch.Sequential: a seq holding grouped_linear or a recompute span takes "
+            "is_first_microbatch as a bool under torch.compile (one graph per value), not a "
+            "tensor")
+    shape, k = x.shape, operator.index(x.shape[-1])
+    x2 = x.reshape(-1, k)
+    rows = x2.shape[0]
+    extra = tuple((_FROM_TORCH_DT.get(e.dtype, -1),
+                   tuple(-1 if i == 0 and _follows(d, rows) else operator.index(d)
+                         for i, d in enumerate(e.shape))) for e in extra_in)
+    x_grad = bool(needs_grad and x.requires_grad)
+    kw = m._kwargs(first_mb, op_kwargs)
+    outs = _whole_outputs(m._key, rid, bool(needs_grad), x_grad, dt, k, extra, kw)
+    ys = torch.ops.opfuse.seq_fwd(x2, list(extra_in), list(m._plist), m._key, rid,
+                                  bool(needs_grad), x_grad, _kwargs_id(kw),
+                                  [f for f, _ in outs], [d for _, d in outs])
+    y = ys[0].reshape(*shape[:-1], outs[0][0])
+    return (y, *ys[1:]) if len(ys) > 1 else y
+
+
+def _sequential_whole_outputs(self, recipe_id, needs_grad, x_grad, dtype, k, extra, kw):
+    if dtype < 0 or any(d < 0 for d, _ in extra):
+        raise opfuse.DtypeError("opfuse.torch.Sequential: an input's torch dtype has no "
+                                "opfuse dtype")
+    rows = _PROBES[0]
+    x = to_opf(torch.zeros(rows, k, dtype=_tensor._TORCH_DTYPES[DType(dtype)]))
+    ein = [to_opf(torch.zeros(*[rows if n < 0 else n for n in shp],
+                              dtype=_tensor._TORCH_DTYPES[DType(d)])) for d, shp in extra]
+    prog = self._seq._s.trace(x, _RECIPES[recipe_id], needs_grad, x_grad, ein or None,
+                              self._kwargs_list(kw) if kw else None)
+    outs = []
+    for v in (prog["io"][1],) + tuple(prog["extra_out"]):
+        spec = prog["values"][v][0]
+        if spec[2] != 0:
+            raise opfuse.UnsupportedError("opfuse.torch.Sequential: a quantized output of a seq "
+                                          "holding grouped_linear or a recompute span under "
+                                          "torch.compile")
+        outs.append((spec[0][-1], spec[1]))
+    return tuple(outs)
+
+
+Sequential._whole_outputs = _sequential_whole_outputs
+
+
+class Optimizer:
+    """opfuse's optimizer (opfuse.Optim: SGD or AdamW with fp32 master
+    weights in C) over an opfuse.torch.Sequential's parameters: what a
+    Sequential with quantized primary weights trains with. step() hands
+    each Parameter's .grad to the C parameter (the compiled path's
+    gradients are torch tensors), steps the C optimizer, which updates the
+    masters and re-quantizes the primaries in place, and refreshes the
+    primaries' dequantized Parameters."""
+
+    def __init__(self, model: "Sequential", kind=opfuse.OptimKind.ADAMW, **kw):
+        self.model = model
+        self._o = opfuse.Optim(model._seq, kind, **kw)
+
+    def step(self):
+        m = self.model
+        with torch.no_grad():
+            for g, (p, c) in enumerate(zip(m._plist, m._c_grads)):
+                i = next(i for i in range(len(m._seq)) if m._first_param[i + 1] > g)
+                if p.grad is not None:
+                    c.copy_(p.grad)
+                m._seq[i]._h.set_has_grad(g - m._first_param[i], p.grad is not None)
+            self._o.step()
+            for g in m._primaries:
+                m._refresh_primary(g)
+
+    def zero_grad(self):
+        for p in self.model._plist:
+            p.grad = None
 
 
 class GroupedLinear(torch.nn.Module):
@@ -608,7 +814,7 @@ class GroupedLinear(torch.nn.Module):
                  ctx=None):
         super().__init__()
         self.groups, self.in_features, self.out_features = groups, in_features, out_features
-        spec = OpSpec("grouped_linear", {"groups": groups, "in_features": in_features,
+        self.spec = spec = OpSpec("grouped_linear", {"groups": groups, "in_features": in_features,
                                          "out_features": out_features, "bias": bias,
                                          "dtype": _dt(dtype)}, name, ((False, 0, None, False),))
         holder = _Module()
@@ -617,21 +823,15 @@ class GroupedLinear(torch.nn.Module):
         for pname, p in self._model.named_parameters():
             self.register_parameter(pname.split("_", 1)[1], p)
 
+    def op_specs(self):
+        """Inside an opfuse.torch.Sequential: its split sizes are an extra
+        input of the Sequential (an int64 tensor after x, in op order) and
+        its parameters the Sequential's (this module's own stay unused)."""
+        return [self.spec]
+
     def forward(self, x, split_sizes):
-        m = self._model
         if isinstance(split_sizes, torch.Tensor):
-            if torch.compiler.is_compiling():
-                raise opfuse.UnsupportedError("opfuse.torch.GroupedLinear: under torch.compile "
-                                              "the split sizes are a list of ints (host values)")
             splits = split_sizes.to(torch.int64)
         else:
             splits = torch.tensor([operator.index(s) for s in split_sizes], dtype=torch.int64)
-        if not torch.compiler.is_compiling():
-            return m(x, splits)
-        shape = x.shape
-        x2 = x.reshape(-1, operator.index(shape[-1]))
-        y = torch.ops.opfuse.seq_fwd(x2, [splits], list(m._plist), m._key,
-                                     getattr(_state, "recipe_id", 0),
-                                     bool(torch.is_grad_enabled() and x.requires_grad),
-                                     self.out_features)
-        return y.reshape(*shape[:-1], self.out_features)
+        return self._model(x, splits)

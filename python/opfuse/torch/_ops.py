@@ -332,7 +332,8 @@ class _Packer:
             elif e[0] == "v":  # absent
                 self.values += [0] if kind == TENSOR else [0] * 6
             elif kind == TENSOR or e[1][2] == 0:  # plain
-                self.tensors.append(src(name, 0, e[2][0], len(self.tensors)))
+                k = src(name, 0, e[2][0], len(self.tensors))
+                self.tensors.append(k + (e[1][0], e[1][1]) if k == ("e",) else k)
                 self.values += [1] if kind == TENSOR else [1, e[1][1], 0, 0, 0, 0]
             else:
                 spec, srcs = e[1], e[2]

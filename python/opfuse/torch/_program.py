@@ -16,16 +16,18 @@ Dynamo bakes it: steps
 
     ("op", name, tensors, values, shapes, outs)   a custom op; tensors as
         ("v", value, component), ("p", parameter), ("q", parameter,
-        component) (its quantized copy: the weight cache) or ("f",) (a
-        runtime value's tensor: is_first_microbatch); shapes None where the
+        component) (its quantized copy: the weight cache), ("f",) (a
+        runtime value's tensor: is_first_microbatch) or ("e", shape,
+        dtype) (a spec without memory: an empty tensor); shapes None where the
         row count goes; outs as (position in the result, value, component)
     ("add", value, a, b)                          a channel's gradient sum
     ("update", backward, value)                   delayed scaling, after value
 """
 from __future__ import annotations
 
-from .. import _C
+from .. import DType, _C
 from . import _ops
+from ._tensor import _TORCH_DTYPES
 
 NODE_FORWARD, NODE_BACKWARD, NODE_GRAD_ADD, NODE_AMAX_UPDATE = 0, 1, 4, 5
 VAL_NODE, VAL_DY, VAL_DEXTRA_OUT, VAL_KWARG = 0, 3, 4, 5
@@ -40,6 +42,8 @@ def _comps(spec) -> list:
 
 def _source(node_name):
     def src(name, c, s, n):
+        if s[0] == "empty":  # a spec without memory: filled in by _Packer
+            return ("e",)
         if s[0] == "val":
             if s[3]:
                 raise _C.UnsupportedError(f"{node_name}: field {name} reads a value at byte "
@@ -124,6 +128,9 @@ def get(env: dict, params, k):
     """The tensor of a program key: a graph value component, a parameter,
     or what the environment holds under the key itself (the weight caches
     ("q", parameter, component), a runtime value)."""
+    if k[0] == "e":  # a tensor whose spec alone the op reads (shape, dtype)
+        import torch
+        return torch.empty(k[1], dtype=_TORCH_DTYPES[DType(k[2])])
     return params[k[1]] if k[0] == "p" else env[k[1:]] if k[0] == "v" else env[k]
 
 
@@ -136,6 +143,8 @@ def _saved(prog: dict, bwd) -> tuple:
         reads = st[2] if st[0] == "op" else ((("v", st[2], 0), ("v", st[3], 0))
                                              if st[0] == "add" else ())
         for k in reads:
+            if k[0] == "e":  # made where it is read
+                continue
             if k[0] == "v":
                 spec, kind, _, _, d = values[k[1]][:5]
                 if kind in (VAL_DY, VAL_DEXTRA_OUT) or (kind == VAL_NODE and nodes[d][1]):
