@@ -7,8 +7,10 @@ and the ratios.
 
     python bench/bench_py_linear.py
 
-The cases run interleaved, each several rounds, and the best round counts:
-on a shared machine that is the figure least moved by other jobs.
+The cases run interleaved, each many short rounds (a few milliseconds,
+shorter than a scheduler slice), and the best round counts: on a shared
+machine that is the figure least moved by other jobs (long rounds are all
+preempted alike, and their best moves by tens of percent with the load).
 """
 import os
 
@@ -21,7 +23,7 @@ import torch  # noqa: E402
 import opfuse.torch as ot  # noqa: E402
 
 
-def rounds(cases: dict, n: int, k: int = 7, warm: int = 50) -> dict:
+def rounds(cases: dict, n: int, k: int, warm: int = 50) -> dict:
     """Best us per call of each case over k interleaved rounds of n calls."""
     for fn in cases.values():
         for _ in range(warm):
@@ -62,12 +64,12 @@ def main():
     x = torch.randn(16, 64, requires_grad=True)
     ref, ours = torch.nn.Linear(64, 64), ot.Linear(64, 64)
     lin = rounds({"ours fb": fwd_bwd(ours, x), "ref fb": fwd_bwd(ref, x),
-                  "ours f": fwd(ours, x), "ref f": fwd(ref, x)}, n=1000)
+                  "ours f": fwd(ours, x), "ref f": fwd(ref, x)}, n=10, k=400)
     mlp, tmlp = mlp_pair()
     compile_ = lambda m: torch.compile(m, fullgraph=True, dynamic=False)  # noqa: E731
     steps = rounds({"eager": fwd_bwd(mlp, x), "compiled": fwd_bwd(compile_(mlp), x),
                     "torch eager": fwd_bwd(tmlp, x),
-                    "torch compiled": fwd_bwd(compile_(tmlp), x)}, n=200)
+                    "torch compiled": fwd_bwd(compile_(tmlp), x)}, n=4, k=200)
     rows = [("Linear forward+backward vs nn.Linear", lin["ours fb"], lin["ref fb"]),
             ("Linear forward vs nn.Linear", lin["ours f"], lin["ref f"]),
             ("LN-MLP step eager vs torch eager", steps["eager"], steps["torch eager"]),

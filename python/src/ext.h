@@ -51,6 +51,17 @@ PyObject *opf_py_tensor_wrap(opf_tensor *t, PyObject *ctx, PyObject *owner);
  * NULL without an error when allow_none. */
 const opf_tensor *opf_py_tensor_get(PyObject *o, int allow_none);
 
+/* A DLPack capsule of a plain Tensor (what Tensor.__dlpack__() gives). */
+PyObject *opf_py_tensor_capsule(PyObject *tensor);
+
+/* Torch tensors in and out of an eager seq call (torchcall.c). _in points
+ * *out at t's memory (at a contiguous copy when t is strided) and appends
+ * the tensor used to the list hold, which the caller keeps alive while
+ * the C side reads it. _out takes over *t as a torch tensor (as _wrap);
+ * copy_caller: caller memory is cloned. */
+int opf_py_torch_in(PyObject *t, const char *field, opf_tensor *out, PyObject *hold);
+PyObject *opf_py_torch_out(opf_tensor *t, PyObject *ctx, PyObject *owner, int copy_caller);
+
 /* A DLPack-exportable view of ndim x shape elements of dtype at ptr, keeping
  * `keep` alive while any consumer holds it; raw as in Tensor.component. */
 PyObject *opf_py_view(PyObject *keep, void *ptr, int ndim, const int64_t *shape, opf_dtype dt,

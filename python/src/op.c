@@ -14,6 +14,7 @@ typedef struct {
     opf_seq  *seq;
     PyObject *ctx;
     opf_recipe recipe;  /* the last call's recipe, kept for the fuser's plan cache */
+    PyObject *held;     /* the inputs a pending backward reads (the seq keeps pointers) */
 } opf_py_seq;
 
 typedef struct {
@@ -403,6 +404,7 @@ static void seq_dealloc(PyObject *self)
 {
     opf_py_seq *s = (opf_py_seq *)self;
     opf_seq_destroy(s->seq);
+    Py_CLEAR(s->held);
     Py_CLEAR(s->ctx);
     generic_free(self);
 }
@@ -515,9 +517,22 @@ static int pack_kwargs(opf_seq *seq, PyObject *kwargs, call_store *cs)
     return 0;
 }
 
+/* An input of a call: an opfuse Tensor, or with torch a torch tensor
+ * (opf_py_torch_in); either way what *out points at joins hold. */
+static int call_in(PyObject *o, const char *field, int torch, PyObject *hold, opf_tensor *out)
+{
+    if (torch)
+        return opf_py_torch_in(o, field, out, hold);
+    const opf_tensor *t = opf_py_tensor_get(o, 0);
+    if (!t)
+        return -1;
+    *out = *t;
+    return PyList_Append(hold, o);
+}
+
 /* Fills cs from the forward arguments; the recipe goes into the Seq object. */
 static int build_call(opf_py_seq *s, PyObject *recipe, int rg, int irg, PyObject *extra_in,
-                      PyObject *kwargs, call_store *cs)
+                      PyObject *kwargs, int torch, PyObject *hold, call_store *cs)
 {
     cs->call = opf_seq_call_default();
     cs->call.requires_grad = rg;
@@ -534,15 +549,12 @@ static int build_call(opf_py_seq *s, PyObject *recipe, int rg, int irg, PyObject
         Py_ssize_t n = PyList_Size(list);
         for (Py_ssize_t i = 0; i < n && i < (Py_ssize_t)(sizeof cs->extra / sizeof cs->extra[0]);
              i++) {
-            const opf_tensor *t = opf_py_tensor_get(PyList_GetItem(list, i), 1);
-            if (!t && PyErr_Occurred()) {
+            PyObject *e = PyList_GetItem(list, i);
+            memset(&cs->extra[i], 0, sizeof cs->extra[i]);
+            if (e != Py_None && call_in(e, "extra_in", torch, hold, &cs->extra[i]) < 0) {
                 Py_DECREF(list);
                 return -1;
             }
-            if (t)
-                cs->extra[i] = *t;
-            else
-                memset(&cs->extra[i], 0, sizeof cs->extra[i]);
         }
         Py_DECREF(list);
         cs->call.n_extra_in = (int)n;
@@ -553,14 +565,28 @@ static int build_call(opf_py_seq *s, PyObject *recipe, int rg, int irg, PyObject
     return 0;
 }
 
-/* A list of n Tensors taking over ts (zeroed entries become None). */
-static PyObject *tensor_list(opf_tensor *ts, int n, PyObject *ctx, PyObject *owner)
+/* A result taking over *t: a Tensor, or with torch a torch tensor (grads:
+ * caller memory copied out). */
+static PyObject *call_out(opf_tensor *t, PyObject *ctx, PyObject *owner, int torch, int grads)
+{
+    return torch ? opf_py_torch_out(t, ctx, owner, grads) : opf_py_tensor_wrap(t, ctx, owner);
+}
+
+/* A list of n results taking over ts (zeroed entries become None). */
+static PyObject *tensor_list(opf_tensor *ts, int n, PyObject *ctx, PyObject *owner, int torch,
+                             int grads)
 {
     PyObject *l = PyList_New(n);
     for (int i = 0; l && i < n; i++) {
         PyObject *t;
         if (ts[i].data[0] || ts[i].buf) {
-            t = opf_py_tensor_wrap(&ts[i], ctx, owner);
+            t = call_out(&ts[i], ctx, owner, torch, grads);
+            if (!t) {
+                for (int j = i + 1; j < n; j++)
+                    opf_tensor_release(&ts[j]);
+                Py_DECREF(l);
+                return NULL;
+            }
         } else {
             t = Py_None;
             Py_INCREF(t);
@@ -571,9 +597,11 @@ static PyObject *tensor_list(opf_tensor *ts, int n, PyObject *ctx, PyObject *own
 }
 
 /* Forward of a seq, eagerly (c NULL: results are library buffers) or through
- * a compiled seq (results are arena views kept alive by `owner`). */
+ * a compiled seq (results are arena views kept alive by `owner`); torch:
+ * tensors in and out are torch tensors. A forward that records for
+ * backward keeps its inputs alive until the backward (or discard). */
 static PyObject *run_forward(PyObject *seq_obj, opf_compiled *c, PyObject *owner, PyObject *args,
-                             PyObject *kw)
+                             PyObject *kw, int torch)
 {
     static char *names[] = {"x", "recipe", "requires_grad", "input_requires_grad", "extra_in",
                             "kwargs", NULL};
@@ -584,30 +612,45 @@ static PyObject *run_forward(PyObject *seq_obj, opf_compiled *c, PyObject *owner
         return NULL;
     opf_py_seq *s = (opf_py_seq *)seq_obj;
     opf_seq *seq = seq_get(seq_obj);
-    const opf_tensor *x = seq ? opf_py_tensor_get(xo, 0) : NULL;
-    if (!x)
-        return NULL;
-    call_store *cs = PyMem_Calloc(1, sizeof *cs);
-    if (!cs)
-        return PyErr_NoMemory();
-    PyObject *r = NULL, *ctx = c ? NULL : s->ctx;
-    if (build_call(s, recipe, rg, irg, extra_in, kwargs, cs) == 0) {
-        opf_tensor y = {0}, eo[64] = {{{0}}};
-        opf_status st = c ? opf_compiled_forward(c, x, &cs->call, &y, eo)
-                          : opf_seq_forward(seq, x, &cs->call, &y, eo);
-        if (st != OPF_OK)
-            opf_raise(st, opf_py_ctx_get(s->ctx));
-        else
-            r = Py_BuildValue("(NN)", opf_py_tensor_wrap(&y, ctx, owner),
-                              tensor_list(eo, opf_seq_num_extra_out(seq), ctx, owner));
+    PyObject *hold = seq ? PyList_New(0) : NULL;
+    opf_tensor x;
+    call_store *cs = hold && call_in(xo, "x", torch, hold, &x) == 0
+                         ? PyMem_Malloc(sizeof *cs) : NULL;
+    if (!cs) {
+        Py_XDECREF(hold);
+        return hold && !PyErr_Occurred() ? PyErr_NoMemory() : NULL;
     }
+    PyObject *r = NULL, *ctx = c ? NULL : s->ctx;
+    if (build_call(s, recipe, rg, irg, extra_in, kwargs, torch, hold, cs) == 0) {
+        opf_tensor y = {0}, eo[64] = {{{0}}};
+        opf_status st = c ? opf_compiled_forward(c, &x, &cs->call, &y, eo)
+                          : opf_seq_forward(seq, &x, &cs->call, &y, eo);
+        if (st != OPF_OK) {
+            opf_raise(st, opf_py_ctx_get(s->ctx));
+        } else {
+            r = Py_BuildValue("(NN)", call_out(&y, ctx, owner, torch, 0),
+                              tensor_list(eo, opf_seq_num_extra_out(seq), ctx, owner, torch, 0));
+            if (rg) {
+                PyObject *old = s->held;
+                s->held = hold;
+                Py_INCREF(hold);
+                Py_XDECREF(old);
+            }
+        }
+    }
+    Py_DECREF(hold);
     PyMem_Free(cs);
     return r;
 }
 
 static PyObject *seq_forward(PyObject *self, PyObject *args, PyObject *kw)
 {
-    return run_forward(self, NULL, NULL, args, kw);
+    return run_forward(self, NULL, NULL, args, kw, 0);
+}
+
+static PyObject *seq_forward_torch(PyObject *self, PyObject *args, PyObject *kw)
+{
+    return run_forward(self, NULL, NULL, args, kw, 1);
 }
 
 /* trace(x, recipe, requires_grad, input_requires_grad, extra_in, kwargs): the
@@ -622,23 +665,28 @@ static PyObject *seq_trace(PyObject *self, PyObject *args)
     opf_py_seq *s = (opf_py_seq *)self;
     opf_seq *seq = seq_get(self);
     const opf_tensor *x = seq ? opf_py_tensor_get(xo, 0) : NULL;
-    call_store *cs = x ? PyMem_Calloc(1, sizeof *cs) : NULL;
-    if (!cs)
-        return x ? PyErr_NoMemory() : NULL;
+    PyObject *hold = x ? PyList_New(0) : NULL;
+    call_store *cs = hold ? PyMem_Calloc(1, sizeof *cs) : NULL;
+    if (!cs) {
+        Py_XDECREF(hold);
+        return hold ? PyErr_NoMemory() : NULL;
+    }
     PyObject *r = NULL;
     opf_graph *g = NULL;
     opf_compile_options o = opf_compile_options_default();
-    if (build_call(s, recipe, rg, irg, extra_in, kwargs, cs) == 0) {
+    if (build_call(s, recipe, rg, irg, extra_in, kwargs, 0, hold, cs) == 0) {
         opf_status st = opf_compile(seq, &x->spec, &cs->call, &o, &g);
         r = st ? opf_raise(st, opf_py_ctx_get(s->ctx)) : opf_py_graph_program(g, seq);
     }
     opf_graph_destroy(g);
+    Py_DECREF(hold);
     PyMem_Free(cs);
     return r;
 }
 
-/* Gradients passed from Python: a sequence of Tensor or None, copied into ts. */
-static int tensor_array(PyObject *o, opf_tensor *ts, int max, int *n)
+/* Gradients passed from Python: a sequence of tensors or None, into ts (as
+ * call_in). */
+static int tensor_array(PyObject *o, int torch, PyObject *hold, opf_tensor *ts, int max, int *n)
 {
     *n = 0;
     if (o == Py_None)
@@ -647,48 +695,56 @@ static int tensor_array(PyObject *o, opf_tensor *ts, int max, int *n)
     if (!l)
         return -1;
     for (Py_ssize_t i = 0; i < PyList_Size(l) && i < max; i++) {
-        const opf_tensor *t = opf_py_tensor_get(PyList_GetItem(l, i), 1);
-        if (!t && PyErr_Occurred()) {
+        PyObject *t = PyList_GetItem(l, i);
+        if (t != Py_None && call_in(t, "dextra_out", torch, hold, &ts[i]) < 0) {
             Py_DECREF(l);
             return -1;
         }
-        if (t)
-            ts[i] = *t;
         (*n)++;
     }
     Py_DECREF(l);
     return 0;
 }
 
-/* Backward of the last forward, eagerly or compiled (as run_forward). */
+/* Backward of the last forward, eagerly or compiled (as run_forward); it
+ * lets go of the forward's inputs. */
 static PyObject *run_backward(PyObject *seq_obj, opf_compiled *c, PyObject *owner,
-                              PyObject *args)
+                              PyObject *args, int torch)
 {
     PyObject *dyo, *deo = Py_None;
     if (!PyArg_ParseTuple(args, "O|O", &dyo, &deo))
         return NULL;
     opf_py_seq *s = (opf_py_seq *)seq_obj;
     opf_seq *seq = seq_get(seq_obj);
-    const opf_tensor *dy = seq ? opf_py_tensor_get(dyo, 0) : NULL;
-    if (!dy)
-        return NULL;
-    opf_tensor de[64] = {{{0}}}, dx = {0}, di[64] = {{{0}}};
+    PyObject *hold = seq ? PyList_New(0) : NULL;
+    opf_tensor dy, de[64] = {{{0}}}, dx = {0}, di[64] = {{{0}}};
     int n_de;
-    if (tensor_array(deo, de, 64, &n_de) < 0)
+    if (!hold || call_in(dyo, "dy", torch, hold, &dy) < 0 ||
+        tensor_array(deo, torch, hold, de, 64, &n_de) < 0) {
+        Py_XDECREF(hold);
         return NULL;
-    opf_status st = c ? opf_compiled_backward(c, dy, n_de ? de : NULL, &dx, di)
-                      : opf_seq_backward(seq, dy, n_de ? de : NULL, &dx, di);
+    }
+    opf_status st = c ? opf_compiled_backward(c, &dy, n_de ? de : NULL, &dx, di)
+                      : opf_seq_backward(seq, &dy, n_de ? de : NULL, &dx, di);
+    Py_DECREF(hold);
     if (st != OPF_OK)
         return opf_raise(st, opf_py_ctx_get(s->ctx));
+    Py_CLEAR(s->held);
     PyObject *ctx = c ? NULL : s->ctx;
-    PyObject *dxo = dx.data[0] ? opf_py_tensor_wrap(&dx, ctx, owner)
+    PyObject *dxo = dx.data[0] ? call_out(&dx, ctx, owner, torch, 1)
                                : (Py_INCREF(Py_None), Py_None);
-    return Py_BuildValue("(NN)", dxo, tensor_list(di, opf_seq_num_extra_in(seq), ctx, owner));
+    return Py_BuildValue("(NN)", dxo,
+                         tensor_list(di, opf_seq_num_extra_in(seq), ctx, owner, torch, 1));
 }
 
 static PyObject *seq_backward(PyObject *self, PyObject *args)
 {
-    return run_backward(self, NULL, NULL, args);
+    return run_backward(self, NULL, NULL, args, 0);
+}
+
+static PyObject *seq_backward_torch(PyObject *self, PyObject *args)
+{
+    return run_backward(self, NULL, NULL, args, 1);
 }
 
 static PyObject *seq_zero_grad(PyObject *self, PyObject *unused)
@@ -706,6 +762,7 @@ static PyObject *seq_discard(PyObject *self, PyObject *unused)
     if (!seq)
         return NULL;
     opf_seq_discard(seq);
+    Py_CLEAR(((opf_py_seq *)self)->held);
     Py_RETURN_NONE;
 }
 
@@ -802,6 +859,11 @@ static PyMethodDef seq_methods[] = {
      "forward(x, recipe=None, requires_grad=True, input_requires_grad=True, extra_in=None, "
      "kwargs=None) -> (y, extra_out)."},
     {"backward", seq_backward, METH_VARARGS, "backward(dy, dextra_out=None) -> (dx, dextra_in)."},
+    {"forward_torch", (PyCFunction)(void (*)(void))seq_forward_torch,
+     METH_VARARGS | METH_KEYWORDS, "forward with torch tensors in and out (opfuse.torch's eager "
+     "path)."},
+    {"backward_torch", seq_backward_torch, METH_VARARGS,
+     "backward with torch tensors in and out; caller memory in the results is copied."},
     {"trace", seq_trace, METH_VARARGS,
      "trace(x, recipe, requires_grad, input_requires_grad, extra_in, kwargs): the compiled "
      "graph's program."},
@@ -948,13 +1010,13 @@ static void compiled_dealloc(PyObject *self)
 static PyObject *compiled_forward(PyObject *self, PyObject *args, PyObject *kw)
 {
     opf_py_compiled *p = (opf_py_compiled *)self;
-    return run_forward(p->seq, p->c, self, args, kw);
+    return run_forward(p->seq, p->c, self, args, kw, 0);
 }
 
 static PyObject *compiled_backward(PyObject *self, PyObject *args)
 {
     opf_py_compiled *p = (opf_py_compiled *)self;
-    return run_backward(p->seq, p->c, self, args);
+    return run_backward(p->seq, p->c, self, args, 0);
 }
 
 static PyObject *compiled_stats(PyObject *self, PyObject *unused)

@@ -273,6 +273,11 @@ static PyObject *tensor_dlpack(PyObject *self, PyObject *args, PyObject *kw)
     return cap;
 }
 
+PyObject *opf_py_tensor_capsule(PyObject *tensor)
+{
+    return tensor_dlpack(tensor, NULL, NULL);
+}
+
 static PyObject *tensor_data_ptr(PyObject *self, PyObject *args)
 {
     int comp = 0;

@@ -651,8 +651,92 @@ int opf_py_torchcall_init_types(PyObject *m)
     return PyModule_AddObject(m, "FastAutograd", (PyObject *)fastag_type);
 }
 
+/* ---- eager seq calls on torch tensors (op.c) -----------------------------------------
+ * Seq.forward_torch / backward_torch take and return torch tensors, so the
+ * eager path of opfuse.torch makes no DLPack round trip in Python per
+ * call: a torch tensor in is read through its attributes, a result out is
+ * one capsule handed to torch's own importer. */
+
+static struct {
+    PyObject *from_dlpack, *to_torch, *s_contiguous, *s_clone;
+} E;
+
+static PyObject *py_torch_eager_setup(PyObject *mod, PyObject *a)
+{
+    PyObject *from_dlpack, *to_torch;
+    if (!PyArg_ParseTuple(a, "OO", &from_dlpack, &to_torch)) return NULL;
+    PyObject *olds[] = {E.from_dlpack, E.to_torch};
+    Py_INCREF(from_dlpack), Py_INCREF(to_torch);
+    E.from_dlpack = from_dlpack, E.to_torch = to_torch;
+    Py_XDECREF(olds[0]), Py_XDECREF(olds[1]);
+    if (!E.s_contiguous && !(E.s_contiguous = PyUnicode_InternFromString("contiguous")))
+        return NULL;
+    if (!E.s_clone && !(E.s_clone = PyUnicode_InternFromString("clone"))) return NULL;
+    Py_RETURN_NONE;
+}
+
+int opf_py_torch_in(PyObject *t, const char *field, opf_tensor *out, PyObject *hold)
+{
+    if (!E.from_dlpack || !T.from_torch) {
+        opf_raise_msg(OPF_ERR_STATE, "%s: opfuse.torch is not set up (import opfuse.torch)",
+                      field);
+        return -1;
+    }
+    int cpu = attr_true(t, T.s_is_cpu, 0);
+    if (cpu == 0)
+        opf_raise_msg(OPF_ERR_UNSUPPORTED, "%s: tensor is not on the CPU; this build takes CPU "
+                      "tensors", field);
+    int contig = cpu > 0 ? attr_true(t, T.s_is_contiguous, 1) : -1;
+    if (contig < 0) return -1;
+    /* a strided tensor runs as its contiguous copy, kept alive by hold */
+    PyObject *used = t;
+    if (contig) Py_INCREF(t);
+    else used = PyObject_CallMethodObjArgs(t, E.s_contiguous, NULL);
+    opf_spec spec;
+    long long addr = used ? attr_ll(used, T.s_data_ptr, 1) : -1;
+    int r = -1;
+    if (used && !PyErr_Occurred() && torch_spec(used, field, &spec) == 0) {
+        opf_status st = opf_tensor_wrap(&spec, (void *)(uintptr_t)addr, out);
+        r = st ? (opf_raise(st, NULL), -1) : PyList_Append(hold, used);
+    }
+    Py_XDECREF(used);
+    return r;
+}
+
+/* Element types torch imports natively through DLPack; others go through
+ * opfuse.torch's to_torch (raw bytes viewed as the torch dtype). */
+static int torch_native(opf_dtype dt)
+{
+    return dt == OPF_F32 || dt == OPF_F16 || dt == OPF_BF16 || dt == OPF_I32 || dt == OPF_I64;
+}
+
+PyObject *opf_py_torch_out(opf_tensor *t, PyObject *ctx, PyObject *owner, int copy_caller)
+{
+    int caller = !t->buf;
+    int native = t->spec.scaling == OPF_SCALING_NONE && torch_native(t->spec.dtype);
+    PyObject *o = opf_py_tensor_wrap(t, ctx, owner), *r = NULL;
+    if (!o) return NULL;
+    if (native) {
+        PyObject *cap = opf_py_tensor_capsule(o);
+        r = cap ? PyObject_CallFunctionObjArgs(E.from_dlpack, cap, NULL) : NULL;
+        Py_XDECREF(cap);
+    } else {
+        r = PyObject_CallFunctionObjArgs(E.to_torch, o, NULL);
+    }
+    Py_DECREF(o);
+    /* caller memory (a gradient passed straight through) is copied out */
+    if (r && copy_caller && caller) {
+        PyObject *c = PyObject_CallMethodObjArgs(r, E.s_clone, NULL);
+        Py_DECREF(r);
+        r = c;
+    }
+    return r;
+}
+
 PyMethodDef opf_py_torchcall_methods[] = {
     {"torch_setup", py_torch_setup, METH_VARARGS,
      "torch_setup(empty, zeros, default_context, from_torch, to_torch): what ClassCall calls."},
+    {"torch_eager_setup", py_torch_eager_setup, METH_VARARGS,
+     "torch_eager_setup(from_dlpack, to_torch): how Seq.forward_torch makes torch tensors."},
     {NULL, NULL, 0, NULL},
 };

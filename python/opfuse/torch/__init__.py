@@ -37,6 +37,9 @@ __all__ = ["Sequential", "GroupedLinear", "Linear", "LayerNorm", "RMSNorm", "GEL
            "Fused", "FusionOp"]
 
 _state = threading.local()
+# Seq.forward_torch / backward_torch hand their results to torch's DLPack
+# importer directly (quantized or raw-byte results: to_torch)
+_C.torch_eager_setup(getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack), to_torch)
 
 
 @contextlib.contextmanager
@@ -77,9 +80,11 @@ class _Module(torch.nn.Module):
         raise NotImplementedError
 
     def forward(self, x, *extra_in):
-        if not hasattr(self, "_alone"):
-            object.__setattr__(self, "_alone", Sequential(self))
-        return self._alone(x, *extra_in)
+        alone = self.__dict__.get("_alone")
+        if alone is None:
+            alone = Sequential(self)
+            object.__setattr__(self, "_alone", alone)
+        return alone.forward(x, *extra_in)  # hidden: no hooks of its own to run
 
 
 def _dt(dtype) -> int:
@@ -367,26 +372,23 @@ class _SeqFunction(torch.autograd.Function):
     inputs follow x, public extra outputs follow y."""
 
     @staticmethod
-    def forward(ctx, seq_module, needs_grad, kwargs, n_extra, x, *rest):
-        seq = seq_module._seq
-        extra_in = [to_opf(e.contiguous()) for e in rest[:n_extra]]
+    def forward(ctx, seq_module, kwargs, n_extra, x, *rest):
         ctx.seq_module = seq_module
-        ctx.wants = [x.requires_grad] + [e.requires_grad for e in rest[:n_extra]]
-        y, extra_out = seq._s.forward(to_opf(x.contiguous()), current_recipe(), needs_grad,
-                                      x.requires_grad, extra_in or None, kwargs)
-        y = to_torch(y)
-        return (y, *[to_torch(e) for e in extra_out]) if extra_out else y
+        ctx.wants = (x.requires_grad, *[e.requires_grad for e in rest[:n_extra]])
+        # the C side keeps x and the extra inputs alive until the backward
+        y, extra_out = seq_module._seq._s.forward_torch(x, current_recipe(), True, x.requires_grad,
+                                                        rest[:n_extra] or None, kwargs)
+        return (y, *extra_out) if extra_out else y
 
     @staticmethod
     def backward(ctx, dy, *dextra_out):
-        m = ctx.seq_module
-        m._seq.zero_grad()
-        de = [to_opf((torch.zeros_like(dy) if d is None else d).contiguous()) for d in dextra_out]
-        dx, dextra_in = m._seq._s.backward(to_opf(dy.contiguous()), de or None)
-        grads = [g.clone() for g in m._c_grads]
-        ins = [None if d is None or not w else to_torch(d).clone()
-               for d, w in zip([dx] + list(dextra_in), ctx.wants)]
-        return (None, None, None, None, *ins, *grads)
+        s = ctx.seq_module._seq._s
+        s.zero_grad()
+        de = [torch.zeros_like(dy) if d is None else d for d in dextra_out]
+        dx, dextra_in = s.backward_torch(dy, de or None)
+        grads = [g.clone() for g in ctx.seq_module._c_grads]
+        ins = [d if w else None for d, w in zip((dx, *dextra_in), ctx.wants)]
+        return (None, None, None, *ins, *grads)
 
 
 class Sequential(torch.nn.Module):
@@ -449,8 +451,11 @@ class Sequential(torch.nn.Module):
         kwargs = None  # the common call builds nothing
         if is_first_microbatch is not None or op_kwargs:
             kwargs = self._kwargs_list(self._kwargs(is_first_microbatch, op_kwargs, eager=True))
-        return _SeqFunction.apply(self, needs_grad, kwargs, len(extra_in), x, *extra_in,
-                                  *self._plist)
+        if not needs_grad:  # no graph to record: the C forward alone
+            y, extra_out = self._seq._s.forward_torch(x, current_recipe(), False, False,
+                                                      extra_in or None, kwargs)
+            return (y, *extra_out) if extra_out else y
+        return _SeqFunction.apply(self, kwargs, len(extra_in), x, *extra_in, *self._plist)
 
     def _kwargs(self, first_mb, op_kwargs, eager=False) -> tuple:
         """The call's kwargs as constants: ((op, name, value), ...) sorted;
