@@ -141,6 +141,25 @@ static inline opf_ctx *opf_test_ctx_catching(opf_test_warnings *w)
     return ctx;
 }
 
+/* One forward and backward of seq on f32 [rows, cols] host arrays x and dy
+ * under recipe (NULL: unquantized), from zeroed gradients; the outputs are
+ * dropped (the caller reads parameters, gradients and recipe state). */
+static inline void opf_test_fwd_bwd(opf_ctx *ctx, opf_seq *seq, const opf_recipe *recipe,
+                                    int64_t rows, int64_t cols, float *x, float *dy)
+{
+    opf_spec sp = {.ndim = 2, .shape = {rows, cols}, .dtype = OPF_F32};
+    opf_tensor xt, dyt, y, dx;
+    opf_tensor_wrap(&sp, x, &xt);
+    opf_tensor_wrap(&sp, dy, &dyt);
+    opf_seq_call call = opf_seq_call_default();
+    call.recipe = recipe;
+    opf_seq_zero_grad(seq);
+    CHECK_OK(ctx, opf_seq_forward(seq, &xt, &call, &y, NULL));
+    CHECK_OK(ctx, opf_seq_backward(seq, &dyt, NULL, &dx, NULL));
+    opf_tensor_release(&y);
+    opf_tensor_release(&dx);
+}
+
 /* Deterministic test randomness (splitmix64). */
 static inline unsigned long long opf_test_rand_u64(unsigned long long *s)
 {

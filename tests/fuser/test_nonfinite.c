@@ -48,17 +48,7 @@ static void fwd_bwd(opf_ctx *ctx, opf_seq *seq, const opf_recipe *recipe, int ba
     float xb[T * H];
     memcpy(xb, xv, sizeof xb);
     if (bad >= 0) xb[bad] = v;
-    opf_spec sp = {.ndim = 2, .shape = {T, H}, .dtype = OPF_F32};
-    opf_tensor x, dy, y, dx;
-    opf_tensor_wrap(&sp, xb, &x);
-    opf_tensor_wrap(&sp, gv, &dy);
-    opf_seq_call call = opf_seq_call_default();
-    call.recipe = recipe;
-    opf_seq_zero_grad(seq);
-    CHECK_OK(ctx, opf_seq_forward(seq, &x, &call, &y, NULL));
-    CHECK_OK(ctx, opf_seq_backward(seq, &dy, NULL, &dx, NULL));
-    opf_tensor_release(&y);
-    opf_tensor_release(&dx);
+    opf_test_fwd_bwd(ctx, seq, recipe, T, H, xb, gv);
 }
 
 /* Every byte the optimizer may write: parameters, master weights, moments. */
