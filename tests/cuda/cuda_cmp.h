@@ -15,11 +15,11 @@ enum { CMP_SHOW = 4 };  /* differing elements printed per case */
  * +-inf. Where every NaN has the same bits, x86 and the GPU agree on any
  * NaN result whatever operand order the CPU compiler chose; where two
  * kinds meet in one operation, the CPU's bits depend on that order. */
-typedef enum cmp_edges { EDGES_FINITE = 0, EDGES_NAN = 1, EDGES_INF = 2 } cmp_edges;
+typedef enum cmp_edges { EDGES_FINITE = 0, EDGES_NAN = 1, EDGES_INF = 2, EDGES_NONE = 3 } cmp_edges;
 
 static inline void cmp_fill(float *x, int64_t n, float scale, cmp_edges e)
 {
-    cuda_test_fill(x, n, scale, e == EDGES_NAN ? 0 : 9, e == EDGES_INF);
+    cuda_test_fill(x, n, scale, e == EDGES_NAN || e == EDGES_NONE ? 0 : 9, e == EDGES_INF);
     if (e != EDGES_NAN) return;
     for (int64_t i = 0; i < n; i++)
         if (cuda_test_u32() % 17 == 0) x[i] = NAN;
