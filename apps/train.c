@@ -35,7 +35,11 @@ static void usage(void)
             "                    [--data FILE [--context T]] [--digits D] [--eval-every N]\n"
             "                    [--save DIR [--save-every N]] [--resume DIR] [--stop-after N]\n"
             "                    [--compare RECIPE,RECIPE,... [--out PREFIX]] [--quantize-head]\n"
-            "                    [--quiet]\n");
+            "                    [--quiet] [--profile] [--random-vocab V]\n"
+            "  --random-vocab V: uniform random tokens of a vocabulary of V (timing runs)\n"
+            "  --profile: after the run, the device time of each phase of a step (forward,\n"
+            "             backward, clipping, optimizer) and, with --compile, of the costliest\n"
+            "             graph nodes; each is timed between synchronizations, so the run is slower\n");
 }
 
 train_opts train_default_opts(void)
@@ -60,6 +64,7 @@ static const int_opt int_opts[] = {
     {"--warmup", offsetof(train_opts, warmup)}, {"--eval-every", offsetof(train_opts, eval_every)},
     {"--save-every", offsetof(train_opts, save_every)},
     {"--stop-after", offsetof(train_opts, stop_after)},
+    {"--random-vocab", offsetof(train_opts, random_vocab)},
 };
 
 static bool parse_int(const char *s, int64_t *v)
@@ -87,6 +92,7 @@ static int parse_one(train_opts *o, const char *k, const char *v)
     if (!strcmp(k, "--lr") && v) return o->lr = atof(v), 2;
     if (!strcmp(k, "--compile")) return o->compile = true, 1;
     if (!strcmp(k, "--quiet")) return o->quiet = true, 1;
+    if (!strcmp(k, "--profile")) return o->profile = true, 1;
     if (!strcmp(k, "--quantize-head")) return o->quantize_head = true, 1;
     fprintf(stderr, "opfuse train: unknown option or missing value: %s\n", k);
     return -1;
@@ -252,25 +258,45 @@ static opf_status backward(trainer *t, const opf_tensor *dlogits)
     return st;
 }
 
+/* --profile: closes phase ph (the device's queue drained) and opens the
+ * next; *mark is the clock at the phase's start. */
+static opf_status phase_end(trainer *t, int ph, double *mark)
+{
+    if (!t->o.profile) return OPF_OK;
+    opf_status st = opf_ctx_sync(t->ctx);
+    double now = now_s();
+    t->phase_s[ph] += now - *mark;
+    *mark = now;
+    return st;
+}
+
 opf_status train_step(trainer *t, int64_t s, float *loss)
 {
     opf_tensor logits, dlogits;
+    opf_status st = t->o.profile ? opf_ctx_sync(t->ctx) : OPF_OK;  /* the step before */
+    double mark = now_s();
+    if (st) return st;
     opf_seq_zero_grad(t->gpt->seq);
     opf_data_batch(&t->data, (uint64_t)t->o.seed, 0, s, t->o.batch, t->tok, t->tgt);
-    opf_status st = train_forward(t, t->tok, t->tgt, t->o.batch, true, &logits, loss);
+    st = train_forward(t, t->tok, t->tgt, t->o.batch, true, &logits, loss);
+    if (!st) st = phase_end(t, PH_FORWARD, &mark);
     if (st) return st;
     st = opf_gpt_loss_backward(t->gpt, &dlogits);
+    if (!st) st = phase_end(t, PH_LOSS_BACKWARD, &mark);
     if (!st) {
         st = backward(t, &dlogits);
         opf_tensor_release(&dlogits);
     }
+    if (!st) st = phase_end(t, PH_BACKWARD, &mark);
     opf_tensor_release(&logits);
     opf_seq *seq = t->gpt->seq;
     if (!st) st = opf_gpt_tie_grads(t->gpt);
     if (!st) st = opf_clip_grad_norm(t->ctx, &seq, 1, t->o.clip, NULL);
+    if (!st) st = phase_end(t, PH_CLIP, &mark);
     if (!st) st = opf_optim_set_lr(t->opt, (float)lr_at(&t->o, s));
     if (!st) st = opf_optim_step(t->opt);
     opf_gpt_after_step(t->gpt);
+    if (!st) st = phase_end(t, PH_OPTIM, &mark);
     return st;
 }
 
@@ -322,6 +348,60 @@ static opf_status evaluate(trainer *t, int64_t s, bool tty)
     return OPF_OK;
 }
 
+/* --profile: from step s0 + 1 on (the first step warms up), phases and
+ * graph nodes accumulate their time. */
+static void profile_start(trainer *t)
+{
+    memset(t->phase_s, 0, sizeof t->phase_s);
+    opf_graph *g = t->cc ? opf_compiled_last_graph(t->cc) : NULL;
+    opf_graph_reset_profile(g);
+    opf_graph_set_profile(g, true);
+}
+
+typedef struct node_time {
+    int    i;
+    double s;
+} node_time;
+
+static int by_time_desc(const void *a, const void *b)
+{
+    double x = ((const node_time *)a)->s, y = ((const node_time *)b)->s;
+    return (x < y) - (x > y);
+}
+
+/* --profile's tables: the phases, then the costliest nodes. */
+static void profile_report(const trainer *t, int64_t steps)
+{
+    static const char *const names[PH_COUNT] = {"forward + loss", "loss backward", "backward",
+                                                "tied grads + clipping", "optimizer"};
+    if (steps <= 0) return;
+    double total = 0;
+    for (int p = 0; p < PH_COUNT; p++) total += t->phase_s[p];
+    printf("profile over %lld steps (device time between synchronizations), ms per step:\n",
+           (long long)steps);
+    for (int p = 0; p < PH_COUNT; p++)
+        printf("  %-24s %9.3f  %5.1f%%\n", names[p], 1e3 * t->phase_s[p] / (double)steps,
+               total > 0 ? 100 * t->phase_s[p] / total : 0.0);
+    printf("  %-24s %9.3f\n", "step", 1e3 * total / (double)steps);
+    opf_graph *g = t->cc ? opf_compiled_last_graph(t->cc) : NULL;
+    int n = opf_graph_num_nodes(g);
+    node_time *nt = n > 0 ? malloc(sizeof *nt * (size_t)n) : NULL;
+    if (!nt) return;
+    double sum = 0;
+    for (int i = 0; i < n; i++) nt[i] = (node_time){i, opf_graph_node_seconds(g, i)}, sum += nt[i].s;
+    qsort(nt, (size_t)n, sizeof *nt, by_time_desc);
+    printf("the costliest of %d graph nodes (%.3f ms per step in all), ms per step:\n", n,
+           1e3 * sum / (double)steps);
+    for (int k = 0; k < n && k < 16; k++) {
+        opf_graph_node_info info;
+        if (opf_graph_node(g, nt[k].i, &info)) continue;
+        printf("  %9.3f  %5.1f%%  %-8s %s\n", 1e3 * nt[k].s / (double)steps,
+               sum > 0 ? 100 * nt[k].s / sum : 0.0,
+               opf_node_kind_name(info.kind), info.op_name ? info.op_name : "");
+    }
+    free(nt);
+}
+
 static opf_status train_loop(trainer *t, int64_t s0)
 {
     bool tty = !t->o.quiet && isatty(2);
@@ -333,6 +413,7 @@ static opf_status train_loop(trainer *t, int64_t s0)
         /* a device's loss is read (a host synchronization) every LOG_EVERY steps only */
         bool read = opf_ctx_device(t->ctx) == OPF_DEVICE_CPU || eval || (s + 1) % LOG_EVERY == 0;
         float loss;
+        if (t->o.profile && s == s0 + 1) profile_start(t);
         if ((st = train_step(t, s, read ? &loss : NULL))) break;
         if (read) t->last_loss = loss;
         if (read && !isfinite(loss)) {
@@ -349,6 +430,7 @@ static opf_status train_loop(trainer *t, int64_t s0)
     if (!st && end > s0)
         printf("%lld steps in %.1f s: %.0f tokens/s\n", (long long)(end - s0), t->seconds,
                t->tokens_per_s);
+    if (!st && t->o.profile) profile_report(t, end - s0 - 1);
     return st;
 }
 
@@ -388,7 +470,7 @@ static int run(trainer *t)
         printf("resumed from %s at step %lld\n", t->o.resume, (long long)s0);
     }
     opf_status st = train_loop(t, s0);
-    if (!st && !t->csv) st = train_sample(t);
+    if (!st && !t->csv && t->o.random_vocab <= 0) st = train_sample(t);  /* random ids: no text */
     if (!st) return 0;
     fprintf(stderr, "opfuse train: %s: %s\n", opf_status_str(st), opf_last_error(t->ctx));
     return 1;

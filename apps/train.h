@@ -20,7 +20,11 @@ typedef struct train_opts {
     int64_t     stop_after;  /* > 0: end after this step (the schedule still spans steps) */
     double      lr, min_lr, clip, weight_decay;
     bool        quiet;    /* no progress line even on a terminal */
+    bool        profile;  /* --profile: device time per phase (and per node, compiled) */
 } train_opts;
+
+/* --profile: a step's phases, each timed between device synchronizations. */
+enum { PH_FORWARD, PH_LOSS_BACKWARD, PH_BACKWARD, PH_CLIP, PH_OPTIM, PH_COUNT };
 
 typedef struct trainer {
     train_opts     o;
@@ -36,6 +40,8 @@ typedef struct trainer {
     double         last_loss;
     FILE          *csv;        /* --compare: one row per evaluation */
     double         eval_loss, accuracy, seconds, tokens_per_s;  /* the last evaluation; the run */
+    double         phase_s[PH_COUNT];  /* --profile: seconds per phase over the profiled steps */
+    int64_t        profiled_steps;
 } trainer;
 
 /* The options of a plain `opfuse train`. */

@@ -176,7 +176,9 @@ typedef struct opf_graph_stats {
 OPF_API void opf_graph_get_stats(const opf_graph *g, opf_graph_stats *out);
 
 /* Node timing, for benchmarks: while on, each node's wall time accumulates
- * (a clock read around each node). opf_graph_node_seconds gives node i's
+ * (a clock read around each node; on a GPU, with a synchronization before
+ * and after, so it is the node's kernel time, and the nodes are walked
+ * instead of replayed as device graphs). opf_graph_node_seconds gives node i's
  * total since the last reset; summed over the nodes it is the time spent in
  * the kernels (the ops' impls, gradient sums, updates), so a step's time
  * minus it is the host overhead around them. */

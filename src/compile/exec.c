@@ -342,11 +342,15 @@ static double now_seconds(void)
 
 static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call);
 
+/* Profiled, a node on a device is timed between synchronizations: its
+ * seconds are its kernels' time, not their launches'. */
 static opf_status run_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
 {
     if (!g->profile) return exec_node(g, n, call);
+    opf_status st = g->on_device ? opf_ctx_sync(g->ctx) : OPF_OK;
     double t0 = now_seconds();
-    opf_status st = exec_node(g, n, call);
+    if (!st) st = exec_node(g, n, call);
+    if (!st && g->on_device) st = opf_ctx_sync(g->ctx);
     n->seconds += now_seconds() - t0;
     return st;
 }

@@ -226,7 +226,7 @@ opf_status opf_graph_run(opf_graph *g, bool backward, const opf_seq_call *call)
     for (int i = s0; i < s1 && !st; i++) {
         opf_gseg *s = &g->segs[i];
         void **exec = v ? &v->exec[i - s0] : NULL;
-        if (!warm || s->eager || s->refused) st = walk_segment(g, s, call);
+        if (!warm || g->profile || s->eager || s->refused) st = walk_segment(g, s, call);
         else if (*exec) st = replay(g, s, *exec);
         else st = capture(g, s, call, exec);
     }

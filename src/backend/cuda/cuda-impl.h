@@ -68,6 +68,20 @@ opf_status opf_cuda_stream_sync(opf_ctx *ctx, opf_cuda_state *s, const char *fn)
  * for more (stream-ordered: earlier kernels may still read the old one, so
  * growing syncs first). */
 opf_status opf_cuda_scratch(opf_ctx *ctx, opf_cuda_state *s, size_t bytes, void **out);
+/* D = alpha op(A) op(B) in fp32 (no TF32), cuBLASLt's column-major terms:
+ * D m x n (ld m), op(A) m x k, op(B) k x n; batch matrices, each operand
+ * sa / sb / sd elements after the one before (gemm.cu). */
+opf_status opf_cuda_sgemm_batched(opf_ctx *ctx, opf_cuda_state *s, bool ta, bool tb, int64_t m,
+                                  int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
+                                  int64_t sa, const float *B, int64_t ldb, int64_t sb, float *D,
+                                  int64_t sd, int64_t batch);
+/* nn.h's attention entries as batched GEMMs (attn.cu): nn.cu's entries
+ * call them unless OPF_CUDA_EXACT_ATTENTION=1 asks for the CPU's bits. */
+opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+                                  int64_t T, int64_t H, int64_t D);
+opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
+                                  const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
+                                  int64_t D);
 /* The status of a failed CUDA runtime call, with its message. */
 opf_status opf_cuda_fail(opf_ctx *ctx, cudaError_t e, const char *fn, const char *call);
 opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const char *call);

@@ -52,6 +52,7 @@ typedef struct algo_key {
     int              fast_accum, beta_nonzero;
     int32_t          mode_a, mode_b;  /* cuBLASLt scale modes */
     int              dev_scalars;     /* alpha and beta in device memory */
+    int64_t          batch, sa, sb, sd;  /* strided batch (0: one matrix) */
 } algo_key;
 
 struct opf_cuda_algo_entry {
@@ -150,6 +151,8 @@ typedef struct lt_call {
     cudaDataType_t tbias;
     bool        fast_accum;
     const float *dev_ab;     /* NULL, or alpha and beta on the device (NVFP4) */
+    int64_t     batch;       /* > 1: that many matrices, ... */
+    int64_t     sa, sb, sd;  /* ... each operand's elements apart */
 } lt_call;
 
 static algo_key key_of(const lt_call *c, cublasLtEpilogue_t epi)
@@ -163,6 +166,7 @@ static algo_key key_of(const lt_call *c, cublasLtEpilogue_t epi)
     k.fast_accum = c->fast_accum, k.beta_nonzero = c->beta != 0.0f;
     k.mode_a = c->a.mode, k.mode_b = c->b.mode;
     k.dev_scalars = c->dev_ab != NULL;
+    if (c->batch > 1) k.batch = c->batch, k.sa = c->sa, k.sb = c->sb, k.sd = c->sd;
     return k;
 }
 
@@ -232,6 +236,17 @@ static opf_status descs_make(opf_ctx *ctx, const lt_call *c, cublasLtEpilogue_t 
     OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutCreate(&x->a, c->a.type, c->a.rows, c->a.cols, c->a.ld));
     OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutCreate(&x->b, c->b.type, c->b.rows, c->b.cols, c->b.ld));
     OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutCreate(&x->d, c->td, (uint64_t)c->m, (uint64_t)c->n, c->m));
+    if (c->batch > 1) {
+        int32_t n = (int32_t)c->batch;
+        cublasLtMatrixLayout_t L[3] = {x->a, x->b, x->d};
+        int64_t stride[3] = {c->sa, c->sb, c->sd};
+        for (int i = 0; i < 3; i++) {
+            OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutSetAttribute(
+                L[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n));
+            OPF_CUBLAS_TRY(ctx, "gemm", cublasLtMatrixLayoutSetAttribute(
+                L[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride[i], sizeof stride[i]));
+        }
+    }
     return OPF_OK;
 }
 
@@ -484,6 +499,25 @@ extern "C" opf_status opf_cuda_gemm(opf_ctx *ctx, const opf_gemm_args *g_in)
         (st = gemm_into(ctx, s, g, direct, dev_ab, y, (char *)scratch + y_pad)))
         return st;
     return fp8_out ? quantize_d(ctx, g, y) : OPF_OK;
+}
+
+opf_status opf_cuda_sgemm_batched(opf_ctx *ctx, opf_cuda_state *s, bool ta, bool tb, int64_t m,
+                                  int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
+                                  int64_t sa, const float *B, int64_t ldb, int64_t sb, float *D,
+                                  int64_t sd, int64_t batch)
+{
+    if (batch > INT32_MAX)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "batched gemm: %lld matrices (at most %d)",
+                         (long long)batch, INT32_MAX);
+    lt_call c;
+    memset(&c, 0, sizeof c);
+    c.a = {A, CUDA_R_32F, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (uint64_t)(ta ? k : m),
+           (uint64_t)(ta ? m : k), lda, NULL, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F};
+    c.b = {B, CUDA_R_32F, tb ? CUBLAS_OP_T : CUBLAS_OP_N, (uint64_t)(tb ? n : k),
+           (uint64_t)(tb ? k : n), ldb, NULL, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F};
+    c.d = D, c.td = CUDA_R_32F, c.m = m, c.n = n, c.k = k, c.alpha = alpha, c.beta = 0.0f;
+    c.batch = batch, c.sa = sa, c.sb = sb, c.sd = sd;
+    return run_lt(ctx, s, &c);
 }
 
 extern "C" void opf_cuda_gemm_clear_cache(opf_ctx *ctx)

@@ -8,7 +8,8 @@
  *  - embed_bwd: the rows are sorted by token with CUB's stable radix sort,
  *    so each token's rows are one run in increasing r; a thread per (token,
  *    column) walks its run. dwpe: a thread per (t, column) walks b.
- *  - attention: a warp per (batch, head, query row). Its lanes compute the
+ *  - attention (with OPF_CUDA_EXACT_ATTENTION=1; by default attn.cu's batched
+ *    GEMMs, not bit for bit): a warp per (batch, head, query row). Its lanes compute the
  *    scores of 32 keys at once (each dot a lane's sequential sum over d),
  *    the running max of the online softmax is a warp scan (exact: a max of
  *    the same values; NaN scores never become the max, as on the CPU), so
@@ -353,9 +354,18 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
     }
 }
 
+/* OPF_CUDA_EXACT_ATTENTION=1: the kernels here, with the CPU's bits (a warp
+ * per row: slow at long contexts); else attn.cu's batched GEMMs. */
+static bool exact_attention(void)
+{
+    const char *v = getenv("OPF_CUDA_EXACT_ATTENTION");
+    return v && v[0] == '1';
+}
+
 static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
                            int64_t T, int64_t H, int64_t D)
 {
+    if (!exact_attention()) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
     const char *fn = "attention forward (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
@@ -475,6 +485,7 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
                            const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
                            int64_t D)
 {
+    if (!exact_attention()) return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
     const char *fn = "attention backward (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
