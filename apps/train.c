@@ -358,18 +358,22 @@ static void profile_start(trainer *t)
     opf_graph_set_profile(g, true);
 }
 
-typedef struct node_time {
-    int    i;
-    double s;
-} node_time;
+/* --profile's node groups: one op class in one direction (a GPT's twelve
+ * attention backwards are one row). */
+typedef struct node_group {
+    const char *name;  /* the class, or the node kind for a node with none */
+    bool        backward;
+    int         nodes;
+    double      s;
+} node_group;
 
 static int by_time_desc(const void *a, const void *b)
 {
-    double x = ((const node_time *)a)->s, y = ((const node_time *)b)->s;
+    double x = ((const node_group *)a)->s, y = ((const node_group *)b)->s;
     return (x < y) - (x > y);
 }
 
-/* --profile's tables: the phases, then the costliest nodes. */
+/* --profile's tables: the phases, then the costliest node groups. */
 static void profile_report(const trainer *t, int64_t steps)
 {
     static const char *const names[PH_COUNT] = {"forward + loss", "loss backward", "backward",
@@ -384,22 +388,29 @@ static void profile_report(const trainer *t, int64_t steps)
                total > 0 ? 100 * t->phase_s[p] / total : 0.0);
     printf("  %-24s %9.3f\n", "step", 1e3 * total / (double)steps);
     opf_graph *g = t->cc ? opf_compiled_last_graph(t->cc) : NULL;
-    int n = opf_graph_num_nodes(g);
-    node_time *nt = n > 0 ? malloc(sizeof *nt * (size_t)n) : NULL;
-    if (!nt) return;
+    int n = opf_graph_num_nodes(g), ng = 0;
+    node_group *gr = n > 0 ? calloc((size_t)n, sizeof *gr) : NULL;
+    if (!gr) return;
     double sum = 0;
-    for (int i = 0; i < n; i++) nt[i] = (node_time){i, opf_graph_node_seconds(g, i)}, sum += nt[i].s;
-    qsort(nt, (size_t)n, sizeof *nt, by_time_desc);
-    printf("the costliest of %d graph nodes (%.3f ms per step in all), ms per step:\n", n,
-           1e3 * sum / (double)steps);
-    for (int k = 0; k < n && k < 16; k++) {
+    for (int i = 0; i < n; i++) {
         opf_graph_node_info info;
-        if (opf_graph_node(g, nt[k].i, &info)) continue;
-        printf("  %9.3f  %5.1f%%  %-8s %s\n", 1e3 * nt[k].s / (double)steps,
-               sum > 0 ? 100 * nt[k].s / sum : 0.0,
-               opf_node_kind_name(info.kind), info.op_name ? info.op_name : "");
+        if (opf_graph_node(g, i, &info)) continue;
+        const char *name = info.class_name ? info.class_name : opf_node_kind_name(info.kind);
+        int k = 0;
+        while (k < ng && !(gr[k].backward == info.backward && !strcmp(gr[k].name, name))) k++;
+        if (k == ng) gr[ng++] = (node_group){name, info.backward, 0, 0.0};
+        gr[k].nodes++;
+        gr[k].s += opf_graph_node_seconds(g, i);
+        sum += opf_graph_node_seconds(g, i);
     }
-    free(nt);
+    qsort(gr, (size_t)ng, sizeof *gr, by_time_desc);
+    printf("graph nodes by op class (%d nodes, %.3f ms per step in all), ms per step:\n", n,
+           1e3 * sum / (double)steps);
+    for (int k = 0; k < ng && k < 16; k++)
+        printf("  %9.3f  %5.1f%%  %-8s %s (%d node%s)\n", 1e3 * gr[k].s / (double)steps,
+               sum > 0 ? 100 * gr[k].s / sum : 0.0, gr[k].backward ? "backward" : "forward",
+               gr[k].name, gr[k].nodes, gr[k].nodes == 1 ? "" : "s");
+    free(gr);
 }
 
 static opf_status train_loop(trainer *t, int64_t s0)
@@ -458,7 +469,8 @@ static int run(trainer *t)
     int rc = train_open(t);
     if (rc) return rc;
     printf("opfuse train: %s, %lld layers x %lld wide, %lld heads, %lld parameters, recipe %s%s%s, "
-           "%lld steps of %lld x %lld tokens\n", t->data.addition ? "addition" : t->o.data,
+           "%lld steps of %lld x %lld tokens\n",
+           t->data.addition ? "addition" : t->o.data ? t->o.data : "random tokens",
            (long long)t->o.layers, (long long)t->o.width, (long long)t->o.heads,
            (long long)opf_gpt_num_params(t->gpt), t->o.recipe,
            t->quantized && !t->o.quantize_head ? " (head bf16)" : "", t->cc ? " (compiled)" : "",

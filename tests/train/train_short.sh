@@ -59,6 +59,16 @@ done
 [ "$(grep -c '^fp8-current,' "$dir/cmp.csv")" -eq 2 ] || fail "--compare: want 2 fp8-current rows in cmp.csv"
 grep -q '^| fp8-current ' "$dir/cmp.out" || fail "--compare: no table row for fp8-current"
 
+# --profile: the phases (their sum is the step) and, compiled, the node groups; random tokens
+"$bin" train $tiny --steps 3 --compile --profile --random-vocab 97 >"$dir/prof.out" 2>&1 ||
+    fail "--profile failed"
+grep -q "^profile over 2 steps" "$dir/prof.out" || fail "--profile: no phase table"
+grep -q "^graph nodes by op class" "$dir/prof.out" || fail "--profile: no node table"
+grep -Eq "^ +[0-9.]+ +[0-9.]+% +backward +attention \(1 node\)" "$dir/prof.out" ||
+    { fail "--profile: no attention backward row:"; cat "$dir/prof.out"; }
+grep -q "random tokens" "$dir/prof.out" || fail "--random-vocab: the header does not say random tokens"
+grep -q "samples" "$dir/prof.out" && fail "--random-vocab: samples printed for random tokens"
+
 # expect_error WANT ARGS...: fails with status 1 or 2 and a message containing WANT
 expect_error() {
     want=$1; shift
