@@ -291,6 +291,7 @@ opf_status train_step(trainer *t, int64_t s, float *loss)
     opf_tensor_release(&logits);
     opf_seq *seq = t->gpt->seq;
     if (!st) st = opf_gpt_tie_grads(t->gpt);
+    if (!st) st = phase_end(t, PH_TIE, &mark);
     if (!st) st = opf_clip_grad_norm(t->ctx, &seq, 1, t->o.clip, NULL);
     if (!st) st = phase_end(t, PH_CLIP, &mark);
     if (!st) st = opf_optim_set_lr(t->opt, (float)lr_at(&t->o, s));
@@ -373,11 +374,11 @@ static int by_time_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* --profile's tables: the phases, then the costliest node groups. */
+/* --profile's tables: the phases, then every node group, costliest first. */
 static void profile_report(const trainer *t, int64_t steps)
 {
     static const char *const names[PH_COUNT] = {"forward + loss", "loss backward", "backward",
-                                                "tied grads + clipping", "optimizer"};
+                                                "tied gradients", "clipping", "optimizer"};
     if (steps <= 0) return;
     double total = 0;
     for (int p = 0; p < PH_COUNT; p++) total += t->phase_s[p];
@@ -406,7 +407,7 @@ static void profile_report(const trainer *t, int64_t steps)
     qsort(gr, (size_t)ng, sizeof *gr, by_time_desc);
     printf("graph nodes by op class (%d nodes, %.3f ms per step in all), ms per step:\n", n,
            1e3 * sum / (double)steps);
-    for (int k = 0; k < ng && k < 16; k++)
+    for (int k = 0; k < ng; k++)
         printf("  %9.3f  %5.1f%%  %-8s %s (%d node%s)\n", 1e3 * gr[k].s / (double)steps,
                sum > 0 ? 100 * gr[k].s / sum : 0.0, gr[k].backward ? "backward" : "forward",
                gr[k].name, gr[k].nodes, gr[k].nodes == 1 ? "" : "s");

@@ -24,7 +24,7 @@ typedef struct train_opts {
 } train_opts;
 
 /* --profile: a step's phases, each timed between device synchronizations. */
-enum { PH_FORWARD, PH_LOSS_BACKWARD, PH_BACKWARD, PH_CLIP, PH_OPTIM, PH_COUNT };
+enum { PH_FORWARD, PH_LOSS_BACKWARD, PH_BACKWARD, PH_TIE, PH_CLIP, PH_OPTIM, PH_COUNT };
 
 typedef struct trainer {
     train_opts     o;

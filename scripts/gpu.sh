@@ -9,8 +9,12 @@
 # A quicker partial run, for one kernel family while it is written:
 #     OPF_GPU_TESTS=REGEX   run only the cuda tests whose name matches (ctest -R)
 #     OPF_GPU_BENCH=0       skip the benchmarks and the peer
-#     OPF_GPU_GPT=0         skip the GPT training benchmarks (the longest part:
-#                           two model sizes, each with torch.compile's warm-up)
+#     OPF_GPU_GPT=0         skip the GPT training benchmarks (the longest part,
+#                           each size with torch.compile's warm-up); 1 (default):
+#                           GPT-2 124M; 2: also 24 layers x 2048
+# The order keeps the cheap, complete results first (a run cut short by a
+# time limit still has them): tests, kernels with their peers, a profile of
+# one GPT-2 124M step (opfuse train --profile), then the GPT benchmarks.
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -60,17 +64,24 @@ step "bench cuda"
 "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_opfuse.log"
 step "bench cuda-train"
 "$build/opfuse" bench cuda-train --out "$logs/bench_train.txt" 2>&1 | tee "$logs/bench_train.log"
-: >"$logs/bench_gpt.log"
-if [ "${OPF_GPU_GPT:-1}" != 0 ]; then
-  step "bench train (the GPT of opfuse train per recipe; PyTorch bf16 eager and compiled in the same run)"
-  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda 2>&1 | tee "$logs/bench_gpt.log"
-  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda --layers 24 --width 2048 --heads 16 \
-    --batch 8 2>&1 | tee -a "$logs/bench_gpt.log"
-fi
 step "PyTorch peers (kernels, then training steps)"
 PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt" >"$logs/bench_peer.log" 2>&1
 PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda_train.py "$logs/bench_train.txt" \
   >"$logs/bench_peer_train.log" 2>&1
+step "profile: one GPT-2 124M step, compiled, bf16 (device time per phase and op class)"
+"$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 --context 1024 \
+  --random-vocab 50304 --batch 16 --steps 4 --eval-every 100 --compile --profile --quiet \
+  >"$logs/profile.log" 2>&1
+: >"$logs/bench_gpt.log"
+gpt=${OPF_GPU_GPT:-1}
+if [ "$gpt" != 0 ]; then
+  step "bench train (the GPT of opfuse train per recipe; PyTorch bf16 eager and compiled in the same run)"
+  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda 2>&1 | tee "$logs/bench_gpt.log"
+fi
+if [ "$gpt" = 2 ]; then
+  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda --layers 24 --width 2048 --heads 16 \
+    --batch 8 2>&1 | tee -a "$logs/bench_gpt.log"
+fi
 step "the tables"
-cat "$logs/bench_peer.log" "$logs/bench_peer_train.log" "$logs/bench_gpt.log"
+cat "$logs/bench_peer.log" "$logs/bench_peer_train.log" "$logs/profile.log" "$logs/bench_gpt.log"
 exit "$ctest_rc"
