@@ -359,22 +359,7 @@ static void profile_start(trainer *t)
     opf_graph_set_profile(g, true);
 }
 
-/* --profile's node groups: one op class in one direction (a GPT's twelve
- * attention backwards are one row). */
-typedef struct node_group {
-    const char *name;  /* the class, or the node kind for a node with none */
-    bool        backward;
-    int         nodes;
-    double      s;
-} node_group;
-
-static int by_time_desc(const void *a, const void *b)
-{
-    double x = ((const node_group *)a)->s, y = ((const node_group *)b)->s;
-    return (x < y) - (x > y);
-}
-
-/* --profile's tables: the phases, then every node group, costliest first. */
+/* --profile's tables: the phases, then the graph's node groups. */
 static void profile_report(const trainer *t, int64_t steps)
 {
     static const char *const names[PH_COUNT] = {"forward + loss", "loss backward", "backward",
@@ -388,30 +373,7 @@ static void profile_report(const trainer *t, int64_t steps)
         printf("  %-24s %9.3f  %5.1f%%\n", names[p], 1e3 * t->phase_s[p] / (double)steps,
                total > 0 ? 100 * t->phase_s[p] / total : 0.0);
     printf("  %-24s %9.3f\n", "step", 1e3 * total / (double)steps);
-    opf_graph *g = t->cc ? opf_compiled_last_graph(t->cc) : NULL;
-    int n = opf_graph_num_nodes(g), ng = 0;
-    node_group *gr = n > 0 ? calloc((size_t)n, sizeof *gr) : NULL;
-    if (!gr) return;
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        opf_graph_node_info info;
-        if (opf_graph_node(g, i, &info)) continue;
-        const char *name = info.class_name ? info.class_name : opf_node_kind_name(info.kind);
-        int k = 0;
-        while (k < ng && !(gr[k].backward == info.backward && !strcmp(gr[k].name, name))) k++;
-        if (k == ng) gr[ng++] = (node_group){name, info.backward, 0, 0.0};
-        gr[k].nodes++;
-        gr[k].s += opf_graph_node_seconds(g, i);
-        sum += opf_graph_node_seconds(g, i);
-    }
-    qsort(gr, (size_t)ng, sizeof *gr, by_time_desc);
-    printf("graph nodes by op class (%d nodes, %.3f ms per step in all), ms per step:\n", n,
-           1e3 * sum / (double)steps);
-    for (int k = 0; k < ng; k++)
-        printf("  %9.3f  %5.1f%%  %-8s %s (%d node%s)\n", 1e3 * gr[k].s / (double)steps,
-               sum > 0 ? 100 * gr[k].s / sum : 0.0, gr[k].backward ? "backward" : "forward",
-               gr[k].name, gr[k].nodes, gr[k].nodes == 1 ? "" : "s");
-    free(gr);
+    if (t->cc) opf_graph_dump_profile(opf_compiled_last_graph(t->cc), steps, stdout);
 }
 
 static opf_status train_loop(trainer *t, int64_t s0)

@@ -273,6 +273,28 @@ static void bench_lnmlp(opf_ctx *ctx, int64_t T, int64_t H)
     }
 }
 
+/* Where the big step's time goes: the step compiled (walked with a
+ * synchronization around each node) for FP8 current scaling, the node
+ * groups' device time. Printed, not recorded: a profile, not a number. */
+static void profile_lnmlp(opf_ctx *ctx, int64_t T, int64_t H)
+{
+    enum { STEPS = 5 };
+    opf_seq *seq = NULL;
+    train t = {0};
+    opf_status st = ln_mlp(ctx, H, &seq);
+    if (!st) st = train_open(ctx, seq, OPF_RECIPE_CURRENT, T, H, &t);
+    if (!st) st = opf_compile(seq, &t.x.spec, &t.call, NULL, &t.g);
+    for (int i = 0; i < 2 && !st; i++) st = train_step(&t);
+    if (!st) opf_graph_set_profile(t.g, true);
+    for (int i = 0; i < STEPS && !st; i++) st = train_step(&t);
+    printf("LayerNorm-MLP step, %lld tokens x hidden %lld, FP8 current, compiled: profile\n",
+           (long long)T, (long long)H);
+    if (!st) st = opf_graph_dump_profile(t.g, STEPS, stdout);
+    if (st) failed(ctx, "lnmlp profile");
+    train_close(&t);
+    opf_seq_destroy(seq);
+}
+
 /* The small step eager and compiled: device time and host time of each. */
 static opf_status small_case(opf_ctx *ctx, const rcase *rc, int64_t T, int64_t H)
 {
@@ -330,6 +352,7 @@ int opf_bench_cuda_train(int argc, char **argv)
     results = out_path ? fopen(out_path, "w") : NULL;
     bench_linear(ctx, S);
     bench_lnmlp(ctx, T, H);
+    profile_lnmlp(ctx, T, H);
     bench_small(ctx);
     if (results) fclose(results);
     results = NULL;

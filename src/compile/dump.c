@@ -7,6 +7,7 @@
  * turns into OPF_ERR_IO instead of a truncated dump. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "compile/compile-impl.h"
@@ -368,4 +369,53 @@ opf_status opf_graph_dump_dot(const opf_graph *g, FILE *f)
     dot_edges(g, &o);
     put(&o, "}\n");
     return finish(g, &o, "opf_graph_dump_dot");
+}
+
+/* ---- the profile ----------------------------------------------------------------- */
+
+typedef struct node_group {
+    const char *name;  /* the op class, or the node kind for a node with none */
+    bool        backward;
+    int         nodes;
+    double      s;
+} node_group;
+
+static int by_time_desc(const void *a, const void *b)
+{
+    double x = ((const node_group *)a)->s, y = ((const node_group *)b)->s;
+    return (x < y) - (x > y);
+}
+
+opf_status opf_graph_dump_profile(const opf_graph *g, int64_t steps, FILE *f)
+{
+    OPF_CHECK_NULL(NULL, "opf_graph_dump_profile", g);
+    OPF_CHECK_NULL(g->ctx, "opf_graph_dump_profile", f);
+    if (steps <= 0)
+        return opf_error(g->ctx, OPF_ERR_INVALID_ARG, "opf_graph_dump_profile: %lld steps (want > 0)",
+                         (long long)steps);
+    int n = g->n_nodes, ng = 0;
+    node_group *gr = calloc((size_t)(n > 0 ? n : 1), sizeof *gr);
+    if (!gr) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "opf_graph_dump_profile: %d nodes", n);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        opf_graph_node_info info;
+        if (opf_graph_node(g, i, &info)) continue;
+        const char *name = info.class_name ? info.class_name : opf_node_kind_name(info.kind);
+        int k = 0;
+        while (k < ng && !(gr[k].backward == info.backward && !strcmp(gr[k].name, name))) k++;
+        if (k == ng) gr[ng++] = (node_group){name, info.backward, 0, 0.0};
+        gr[k].nodes++;
+        gr[k].s += g->nodes[i].seconds;
+        sum += g->nodes[i].seconds;
+    }
+    qsort(gr, (size_t)ng, sizeof *gr, by_time_desc);
+    dump_out o = {f, 0};
+    put(&o, "graph nodes by op class (%d nodes, %.3f ms per step in all), ms per step:\n", n,
+        1e3 * sum / (double)steps);
+    for (int k = 0; k < ng; k++)
+        put(&o, "  %9.3f  %5.1f%%  %-8s %s (%d node%s)\n", 1e3 * gr[k].s / (double)steps,
+            sum > 0 ? 100 * gr[k].s / sum : 0.0, gr[k].backward ? "backward" : "forward",
+            gr[k].name, gr[k].nodes, gr[k].nodes == 1 ? "" : "s");
+    free(gr);
+    return finish(g, &o, "opf_graph_dump_profile");
 }

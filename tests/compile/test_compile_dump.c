@@ -257,6 +257,59 @@ static void test_eager(opf_ctx *ctx)
     mx_close(&mc);
 }
 
+/* The profile table after two profiled steps: a row per op class and
+ * direction whose node counts add up to the graph's; its bad input. */
+static void test_profile(opf_ctx *ctx, opf_graph *g)
+{
+    if (!g) return;
+    opf_tensor x, dy, y, dx;
+    opf_spec xs = opf_spec_make(2, (int64_t[]){8, 32}, OPF_F32);
+    float v[8 * 32];
+    for (int i = 0; i < 8 * 32; i++) v[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &xs, &x));
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &xs, &dy));
+    memcpy(x.data[0], v, sizeof v), memcpy(dy.data[0], v, sizeof v);
+    opf_seq_call call = opf_seq_call_default();
+    opf_graph_set_profile(g, true);
+    opf_graph_reset_profile(g);
+    for (int s = 0; s < 2; s++) {
+        CHECK_OK(ctx, opf_graph_forward(g, &x, &call, &y, NULL));
+        CHECK_OK(ctx, opf_graph_backward(g, &dy, NULL, &dx, NULL));
+        opf_tensor_release(&y), opf_tensor_release(&dx);
+    }
+    opf_graph_set_profile(g, false);
+    FILE *tmp = tmpfile();
+    CHECK(tmp, "tmpfile");
+    if (tmp) {
+        CHECK_OK(ctx, opf_graph_dump_profile(g, 2, tmp));
+        rewind(tmp);
+        char line[256];
+        int rows = 0, nodes = 0, n;
+        CHECK(fgets(line, sizeof line, tmp) && strstr(line, "graph nodes by op class"),
+              "profile header: %s", line);
+        while (fgets(line, sizeof line, tmp)) {
+            char *paren = strrchr(line, '(');
+            CHECK(paren && sscanf(paren, "(%d node", &n) == 1, "profile row: %s", line);
+            if (paren && sscanf(paren, "(%d node", &n) == 1) nodes += n, rows++;
+        }
+        CHECK(rows > 1 && nodes == opf_graph_num_nodes(g), "profile: %d rows, %d nodes of %d", rows,
+              nodes, opf_graph_num_nodes(g));
+        fclose(tmp);
+    }
+    CHECK_FAILS(NULL, opf_graph_dump_profile(NULL, 1, stdout), OPF_ERR_INVALID_ARG,
+                "opf_graph_dump_profile", "g is NULL");
+    CHECK_FAILS(ctx, opf_graph_dump_profile(g, 1, NULL), OPF_ERR_INVALID_ARG,
+                "opf_graph_dump_profile", "f is NULL");
+    CHECK_FAILS(ctx, opf_graph_dump_profile(g, 0, stdout), OPF_ERR_INVALID_ARG,
+                "opf_graph_dump_profile", "0 steps");
+    FILE *full = fopen("/dev/full", "w");
+    if (full) {
+        CHECK_FAILS(ctx, opf_graph_dump_profile(g, 1, full), OPF_ERR_IO, "opf_graph_dump_profile");
+        fclose(full);
+    }
+    opf_tensor_release(&x), opf_tensor_release(&dy);
+}
+
 static void test_errors(opf_ctx *ctx)
 {
     opf_seq *seq = build(ctx, 32, 64, NULL);
@@ -295,6 +348,7 @@ static void test_errors(opf_ctx *ctx)
         CHECK_FAILS(ctx, opf_graph_dump_dot(g, full), OPF_ERR_IO, "opf_graph_dump_dot");
     }
     if (full) fclose(full);
+    test_profile(ctx, g);
     opf_graph_destroy(g);
     opf_seq_destroy(seq);
 }
