@@ -204,11 +204,20 @@ def _fake(call, tensors, values, shapes) -> list:
         b = call.fake(*_concrete(tensors, values, shapes, rows, h2))
         lifted = [_lifted(x, y, rows, h1, h2) for x, y in zip(a, b)]
         if all(shp is not None for shp in lifted):
-            return [_empty(shp, dt, zero, dev) for out, shps in zip(a, lifted)
+            return [_empty(shp, dt, zero, _on(out[0], dev)) for out, shps in zip(a, lifted)
                     for shp, (_, dt, zero) in zip(shps, out[1])]
         rows = int(rows)
     outs = call.fake(*_concrete(tensors, values, shapes, None, 0))
-    return [_empty(shape, dt, zero, dev) for _, allocs in outs for shape, dt, zero in allocs]
+    return [_empty(shape, dt, zero, _on(spec, dev)) for spec, allocs in outs
+            for shape, dt, zero in allocs]
+
+
+SPEC_HOST = 8  # OPF_SPEC_HOST: an output the op reads on the host stays there
+
+
+def _on(spec, dev):
+    """The device of an output of spec in a call on dev."""
+    return torch.device("cpu") if spec[5] & SPEC_HOST else dev
 
 
 # ---- registration ------------------------------------------------------------------------
