@@ -132,6 +132,31 @@ OPF_API void opf_ctx_sync_stats(const opf_ctx *ctx, opf_sync_stats *out);
  * NULL ctx: OPF_ERR_INVALID_ARG. A device error is OPF_ERR_DEVICE with the
  * runtime's message. */
 OPF_API opf_status opf_ctx_sync(opf_ctx *ctx);
+/* The stream a CUDA context queues its work on: by default one the context
+ * creates and owns; with set_stream the caller's cudaStream_t (passed as a
+ * void *: the CUDA runtime's value, cudaStreamLegacy being (void *)1), so
+ * that the library's kernels, copies and fills are ordered with the
+ * caller's own work on it (a framework's current stream); NULL goes back
+ * to the context's own stream. Switching orders the new stream after
+ * everything queued on the old one (an event recorded on the old stream,
+ * waited for by the new one: no host wait, one record and one wait per
+ * switch, nothing when the stream does not change), so memory the caching
+ * allocator freed on the old stream and the pinned staging stay safe to
+ * reuse on the new one. The caller's stream must be of the context's
+ * device (else OPF_ERR_INVALID_ARG naming both) and stay alive while it is
+ * set and until the context is destroyed or switched back (destroy waits
+ * for the stream that is set). Refused (OPF_ERR_STATE, nothing changed)
+ * while either stream is capturing a graph. A CPU context has no stream:
+ * OPF_ERR_UNSUPPORTED with a message; NULL ctx: OPF_ERR_INVALID_ARG.
+ *
+ *     opf_ctx_set_stream(ctx, (void *)torch_stream);   // later work on it
+ *     ... ops ...
+ *     opf_ctx_set_stream(ctx, NULL);                   // the context's own
+ */
+OPF_API opf_status opf_ctx_set_stream(opf_ctx *ctx, void *stream);
+/* The stream work is queued on now (the caller's or the context's own);
+ * NULL for a CPU or NULL context. */
+OPF_API void *opf_ctx_stream(const opf_ctx *ctx);
 /* Emits a warning through the callback (printf-style). */
 OPF_API void opf_ctx_warn(opf_ctx *ctx, const char *fmt, ...);
 

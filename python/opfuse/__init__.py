@@ -11,6 +11,12 @@ in, and results come back as NumPy (or torch) views of library buffers.
     q.data, q.scale_inv                # e4m3 data, e8m0 scales: views
     y = q.dequantize()                 # float32 numpy array
 
+A context lives on the CPU or on a GPU (``Context(device="cuda", index=0)``,
+``default_context("cuda")``): a CUDA context's work is queued on its own
+stream, or on the caller's after ``ctx.set_stream(stream.cuda_stream)``.
+Device tensors cross as DLPack kDLCUDA tensors (torch, CuPy); NumPy views
+are for host memory only.
+
 Errors from the C library raise one exception class per status
 (``ShapeError``, ``DtypeError``, ...; all ``opfuse.Error``) with its message.
 """
@@ -230,11 +236,27 @@ class Quantizer:
 _tls = threading.local()
 
 
-def default_context() -> Context:
-    """This thread's default context (one per thread of use, as in C)."""
-    ctx = getattr(_tls, "ctx", None)
+def _device_key(device="cpu", index=None) -> tuple:
+    """("cpu", 0) or ("cuda", N) of a device name ("cpu", "cuda", "cuda:N", a
+    torch.device) and an index (which "cuda:N" overrides)."""
+    kind, _, n = str(device).partition(":")
+    if kind == "cpu":
+        return "cpu", 0
+    if kind != "cuda":
+        raise InvalidArgError(f"device \"{device}\" is not \"cpu\", \"cuda\" or \"cuda:N\"")
+    return "cuda", int(n) if n else int(index or 0)
+
+
+def default_context(device="cpu", index=None) -> Context:
+    """This thread's default context of a device (one per thread of use and
+    device, as in C): the CPU's, or GPU index's for device "cuda" ("cuda:N")."""
+    key = _device_key(device, index)
+    ctxs = getattr(_tls, "ctxs", None)
+    if ctxs is None:
+        ctxs = _tls.ctxs = {}
+    ctx = ctxs.get(key)
     if ctx is None or ctx.closed:
-        ctx = _tls.ctx = Context()
+        ctx = ctxs[key] = Context(device=key[0], index=key[1])
     return ctx
 
 
@@ -247,16 +269,17 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def as_tensor(x, dtype: Optional[DType] = None) -> "_C.Tensor":
+def as_tensor(x, dtype: Optional[DType] = None, ctx: Optional[Context] = None) -> "_C.Tensor":
     """A plain opfuse tensor over x's memory (no copy): a NumPy array, a torch
-    tensor, an opfuse QuantizedTensor or _C.Tensor. x must be contiguous."""
+    tensor (CPU or CUDA), an opfuse QuantizedTensor or _C.Tensor. x must be
+    contiguous. With ctx, a CUDA tensor must be on the context's GPU."""
     if isinstance(x, _C.Tensor):
         return x
     if isinstance(x, QuantizedTensor):
         return x._t
     if _is_torch(x):
         from .torch import _tensor as tt
-        return tt.to_opf(x, dtype)
+        return tt.to_opf(x, dtype, ctx)
     x = np.asarray(x)
     if not x.flags.c_contiguous:
         raise InvalidArgError("array is not C-contiguous: pass np.ascontiguousarray(x)")
@@ -276,6 +299,9 @@ def _np_component(t: "_C.Tensor", comp: int) -> Optional[np.ndarray]:
     view = t.component(comp, raw=True)
     if view is None:
         return None
+    if view.__dlpack_device__()[0] != 1:
+        raise UnsupportedError("a device tensor has no NumPy view: take it with "
+                               "torch.from_dlpack (opfuse.torch.component / to_torch)")
     a = np.from_dlpack(view)
     spec = t.spec
     if spec["scaling"] == Scaling.NONE:
@@ -363,7 +389,7 @@ class RecipeState(_C.RecipeState):
 def quantize(x, quantizer: Quantizer, ctx: Optional[Context] = None) -> QuantizedTensor:
     """Quantizes a plain f32/bf16/f16 tensor (NumPy, torch) with quantizer."""
     ctx = _ctx(ctx)
-    return QuantizedTensor(_C.quantize(ctx, quantizer, as_tensor(x)), ctx)
+    return QuantizedTensor(_C.quantize(ctx, quantizer, as_tensor(x, ctx=ctx)), ctx)
 
 
 def dequantize(q: QuantizedTensor, which: int = Usage.ROWWISE, dtype: DType = DType.F32,
@@ -381,9 +407,10 @@ def gemm(a, b, layout: GemmLayout = GemmLayout.TN, dtype: DType = DType.F32, *, 
     """The GEMM of the anchor's layout convention (TN: D = B A^T, NN: B A,
     NT: B^T A) over plain or quantized operands."""
     ctx = _ctx(ctx)
-    out_t = None if out is None else as_tensor(out)
-    d = _C.gemm(ctx, as_tensor(a), as_tensor(b), int(layout), int(dtype), alpha, beta,
-                accumulate, None if bias is None else as_tensor(bias), out_t, out_quantizer)
+    out_t = None if out is None else as_tensor(out, ctx=ctx)
+    d = _C.gemm(ctx, as_tensor(a, ctx=ctx), as_tensor(b, ctx=ctx), int(layout), int(dtype), alpha,
+                beta, accumulate, None if bias is None else as_tensor(bias, ctx=ctx), out_t,
+                out_quantizer)
     return out if out is not None else _wrap_result(d, ctx)
 
 

@@ -26,13 +26,17 @@ PyObject *opf_raise_msg(opf_status st, const char *fmt, ...);
 /* ---- context (context.c) ------------------------------------------------------ */
 typedef struct {
     PyObject_HEAD
-    opf_ctx *ctx;
-    int      closed;   /* close() ran: every use raises StateError */
+    opf_ctx   *ctx;
+    int        closed;   /* close() ran: every use raises StateError */
+    opf_device device;   /* of the context, and its index among the machine's GPUs */
+    int        index;
 } opf_py_ctx;
 extern PyTypeObject *opf_py_ctx_type;
 int opf_py_ctx_init_type(PyObject *m);
 /* The live opf_ctx of a Context object, or NULL with StateError / TypeError set. */
 opf_ctx *opf_py_ctx_get(PyObject *o);
+/* "cpu" or "cuda:N" of a device and index, into buf. */
+void opf_py_device_str(opf_device dev, int index, char *buf, size_t size);
 
 /* ---- tensors (tensor.c) ---------------------------------------------------------
  * A Tensor holds one opf_tensor: either a counted reference to a library
@@ -42,6 +46,7 @@ typedef struct {
     opf_tensor t;
     PyObject  *owner;   /* what keeps caller memory alive; NULL for library buffers */
     PyObject  *ctx;     /* the Context the buffer came from (destroyed last) */
+    int        index;   /* the GPU of a device tensor (t.spec.device CUDA) */
 } opf_py_tensor;
 extern PyTypeObject *opf_py_tensor_type;
 int opf_py_tensor_init_type(PyObject *m);
@@ -51,7 +56,8 @@ PyObject *opf_py_tensor_wrap(opf_tensor *t, PyObject *ctx, PyObject *owner);
  * NULL without an error when allow_none. */
 const opf_tensor *opf_py_tensor_get(PyObject *o, int allow_none);
 
-/* A DLPack capsule of a plain Tensor (what Tensor.__dlpack__() gives). */
+/* A DLPack capsule of a plain Tensor (what Tensor.__dlpack__() gives), for
+ * a consumer already ordered after the producing context's stream. */
 PyObject *opf_py_tensor_capsule(PyObject *tensor);
 
 /* Torch tensors in and out of an eager seq call (torchcall.c). _in points
@@ -59,13 +65,19 @@ PyObject *opf_py_tensor_capsule(PyObject *tensor);
  * the tensor used to the list hold, which the caller keeps alive while
  * the C side reads it. _out takes over *t as a torch tensor (as _wrap);
  * copy_caller: caller memory is cloned. */
-int opf_py_torch_in(PyObject *t, const char *field, opf_tensor *out, PyObject *hold);
+int opf_py_torch_in(PyObject *t, const char *field, PyObject *ctx, opf_tensor *out,
+                    PyObject *hold);
 PyObject *opf_py_torch_out(opf_tensor *t, PyObject *ctx, PyObject *owner, int copy_caller);
+/* On a CUDA Context: queues its later work on torch's current stream of its
+ * GPU (opf_ctx_set_stream), so that it is ordered with torch's; a CPU
+ * Context: nothing. -1 with an exception set on failure. */
+int opf_py_torch_follow(PyObject *ctx);
 
-/* A DLPack-exportable view of ndim x shape elements of dtype at ptr, keeping
- * `keep` alive while any consumer holds it; raw as in Tensor.component. */
-PyObject *opf_py_view(PyObject *keep, void *ptr, int ndim, const int64_t *shape, opf_dtype dt,
-                      int raw);
+/* A DLPack-exportable view of ndim x shape elements of dtype at ptr, in the
+ * memory of Context ctx's device, keeping `keep` alive while any consumer
+ * holds it; raw as in Tensor.component. */
+PyObject *opf_py_view(PyObject *keep, PyObject *ctx, void *ptr, int ndim, const int64_t *shape,
+                      opf_dtype dt, int raw);
 
 /* ---- conversions (convert.c) ------------------------------------------------------ */
 /* o as a new list (PySequence_List), or NULL with TypeError naming what. */

@@ -517,12 +517,13 @@ static int pack_kwargs(opf_seq *seq, PyObject *kwargs, call_store *cs)
     return 0;
 }
 
-/* An input of a call: an opfuse Tensor, or with torch a torch tensor
- * (opf_py_torch_in); either way what *out points at joins hold. */
-static int call_in(PyObject *o, const char *field, int torch, PyObject *hold, opf_tensor *out)
+/* An input of a call on Context ctx: an opfuse Tensor, or with torch a torch
+ * tensor (opf_py_torch_in); either way what *out points at joins hold. */
+static int call_in(PyObject *o, const char *field, PyObject *ctx, int torch, PyObject *hold,
+                   opf_tensor *out)
 {
     if (torch)
-        return opf_py_torch_in(o, field, out, hold);
+        return opf_py_torch_in(o, field, ctx, out, hold);
     const opf_tensor *t = opf_py_tensor_get(o, 0);
     if (!t)
         return -1;
@@ -551,7 +552,7 @@ static int build_call(opf_py_seq *s, PyObject *recipe, int rg, int irg, PyObject
              i++) {
             PyObject *e = PyList_GetItem(list, i);
             memset(&cs->extra[i], 0, sizeof cs->extra[i]);
-            if (e != Py_None && call_in(e, "extra_in", torch, hold, &cs->extra[i]) < 0) {
+            if (e != Py_None && call_in(e, "extra_in", s->ctx, torch, hold, &cs->extra[i]) < 0) {
                 Py_DECREF(list);
                 return -1;
             }
@@ -614,7 +615,9 @@ static PyObject *run_forward(PyObject *seq_obj, opf_compiled *c, PyObject *owner
     opf_seq *seq = seq_get(seq_obj);
     PyObject *hold = seq ? PyList_New(0) : NULL;
     opf_tensor x;
-    call_store *cs = hold && call_in(xo, "x", torch, hold, &x) == 0
+    /* torch: the context's work goes on torch's current stream */
+    call_store *cs = hold && (!torch || opf_py_torch_follow(s->ctx) == 0) &&
+                             call_in(xo, "x", s->ctx, torch, hold, &x) == 0
                          ? PyMem_Malloc(sizeof *cs) : NULL;
     if (!cs) {
         Py_XDECREF(hold);
@@ -686,7 +689,8 @@ static PyObject *seq_trace(PyObject *self, PyObject *args)
 
 /* Gradients passed from Python: a sequence of tensors or None, into ts (as
  * call_in). */
-static int tensor_array(PyObject *o, int torch, PyObject *hold, opf_tensor *ts, int max, int *n)
+static int tensor_array(PyObject *o, PyObject *ctx, int torch, PyObject *hold, opf_tensor *ts,
+                        int max, int *n)
 {
     *n = 0;
     if (o == Py_None)
@@ -696,7 +700,7 @@ static int tensor_array(PyObject *o, int torch, PyObject *hold, opf_tensor *ts, 
         return -1;
     for (Py_ssize_t i = 0; i < PyList_Size(l) && i < max; i++) {
         PyObject *t = PyList_GetItem(l, i);
-        if (t != Py_None && call_in(t, "dextra_out", torch, hold, &ts[i]) < 0) {
+        if (t != Py_None && call_in(t, "dextra_out", ctx, torch, hold, &ts[i]) < 0) {
             Py_DECREF(l);
             return -1;
         }
@@ -719,8 +723,9 @@ static PyObject *run_backward(PyObject *seq_obj, opf_compiled *c, PyObject *owne
     PyObject *hold = seq ? PyList_New(0) : NULL;
     opf_tensor dy, de[64] = {{{0}}}, dx = {0}, di[64] = {{{0}}};
     int n_de;
-    if (!hold || call_in(dyo, "dy", torch, hold, &dy) < 0 ||
-        tensor_array(deo, torch, hold, de, 64, &n_de) < 0) {
+    if (!hold || (torch && opf_py_torch_follow(s->ctx) < 0) ||
+        call_in(dyo, "dy", s->ctx, torch, hold, &dy) < 0 ||
+        tensor_array(deo, s->ctx, torch, hold, de, 64, &n_de) < 0) {
         Py_XDECREF(hold);
         return NULL;
     }

@@ -105,8 +105,10 @@ static PyObject *rstate_delayed(PyObject *self, PyObject *args)
         Py_RETURN_NONE;
     int64_t n = opf_delayed_state_slots(d);
     int64_t hist[2] = {opf_delayed_state_history_len(d), n};
-    return Py_BuildValue("(NN)", opf_py_view(self, opf_delayed_state_scale(d), 1, &n, OPF_F32, 1),
-                         opf_py_view(self, opf_delayed_state_history(d), 2, hist, OPF_F32, 1));
+    PyObject *ctx = ((opf_py_rstate *)self)->ctx;
+    return Py_BuildValue("(NN)",
+                         opf_py_view(self, ctx, opf_delayed_state_scale(d), 1, &n, OPF_F32, 1),
+                         opf_py_view(self, ctx, opf_delayed_state_history(d), 2, hist, OPF_F32, 1));
 }
 
 static PyMethodDef rstate_methods[] = {

@@ -6,6 +6,13 @@
  * per-component views) hands out a managed tensor holding a reference to the
  * Tensor object, so the opf buffer lives as long as any consumer.
  *
+ * Device tensors (spec.device CUDA) cross as kDLCUDA with their GPU's index.
+ * An export to a consumer that names its stream (__dlpack__(stream=...))
+ * waits for the producing context when that context queues its work on
+ * another stream; an import with a context (from_dlpack(..., ctx=))
+ * checks the GPU against the context's and hands the producer the
+ * context's stream to order itself before.
+ *
  * Dtypes without a DLPack code that NumPy understands (bf16, the FP8 and FP4
  * element types, e8m0) are exported "raw" as unsigned integers of the same
  * width (e2m1 as packed bytes); the Python layer views them as ml_dtypes or
@@ -66,6 +73,7 @@ PyObject *opf_py_tensor_wrap(opf_tensor *t, PyObject *ctx, PyObject *owner)
     memset(t, 0, sizeof *t);
     o->owner = owner;
     o->ctx = ctx;
+    o->index = ctx && PyObject_TypeCheck(ctx, opf_py_ctx_type) ? ((opf_py_ctx *)ctx)->index : 0;
     Py_XINCREF(owner);
     Py_XINCREF(ctx);
     return (PyObject *)o;
@@ -107,7 +115,9 @@ static PyObject *tensor_buffer_bytes(PyObject *self, void *unused)
 
 typedef struct {
     PyObject_HEAD
-    PyObject    *tensor;   /* the Tensor whose memory this views */
+    PyObject    *tensor;   /* what keeps the memory alive (a Tensor, a RecipeState) */
+    PyObject    *ctx;      /* the Context that produced it (NULL: caller memory) */
+    opf_dl_device dev;
     void        *ptr;
     int          ndim;
     int64_t      shape[OPF_MAX_DIMS];
@@ -159,9 +169,45 @@ static int wants_versioned(PyObject *kw)
     return v >= 1;
 }
 
-static PyObject *view_dlpack(PyObject *self, PyObject *args, PyObject *kw)
+/* The DLPack device of memory on dev, GPU index. */
+static opf_dl_device dl_device(opf_device dev, int index)
+{
+    opf_dl_device d = {OPF_DL_CPU, 0};
+    if (dev == OPF_DEVICE_CUDA)
+        d = (opf_dl_device){OPF_DL_CUDA, index};
+    return d;
+}
+
+/* The consumer's stream of an export (the array API's __dlpack__ stream:
+ * None is the legacy default stream, 1; -1 asks for no ordering). When the
+ * producing context queues on another stream, the host waits for it: the
+ * simple order, and an export of a context's result is rare on the hot
+ * path (opfuse.torch's own calls share torch's stream). */
+static int order_for_consumer(const view_obj *v, PyObject *kw)
+{
+    PyObject *ctx_obj = v->ctx;
+    if (v->dev.device_type != OPF_DL_CUDA || !ctx_obj)
+        return 0;
+    PyObject *so = kw ? PyDict_GetItemString(kw, "stream") : NULL;
+    long long want = 1;
+    if (so && so != Py_None && (want = PyLong_AsLongLong(so)) == -1 && PyErr_Occurred())
+        return -1;
+    opf_ctx *ctx = opf_py_ctx_get(ctx_obj);
+    if (!ctx)
+        return -1;
+    if (want == -1 || (uintptr_t)opf_ctx_stream(ctx) == (uintptr_t)want)
+        return 0;
+    opf_status st = opf_ctx_sync(ctx);
+    return st ? (opf_raise(st, ctx), -1) : 0;
+}
+
+/* The capsule of a view; order: wait for the producer where the consumer's
+ * stream asks (order_for_consumer). */
+static PyObject *view_capsule(PyObject *self, PyObject *kw, int order)
 {
     view_obj *v = (view_obj *)self;
+    if (order && order_for_consumer(v, kw) < 0)
+        return NULL;
     int versioned = wants_versioned(kw);
     size_t head = versioned ? sizeof(opf_dl_managed_v) : sizeof(opf_dl_managed);
     void *mem = calloc(1, head + sizeof(int64_t) * OPF_MAX_DIMS);
@@ -169,7 +215,7 @@ static PyObject *view_dlpack(PyObject *self, PyObject *args, PyObject *kw)
         return PyErr_NoMemory();
     int64_t *shape = (int64_t *)((char *)mem + head);
     memcpy(shape, v->shape, sizeof(int64_t) * (size_t)v->ndim);
-    opf_dl_tensor dl = {v->ptr, {OPF_DL_CPU, 0}, v->ndim, v->dtype, shape, NULL, 0};
+    opf_dl_tensor dl = {v->ptr, v->dev, v->ndim, v->dtype, shape, NULL, 0};
     Py_INCREF(v->tensor);
     PyObject *cap;
     if (versioned) {
@@ -194,27 +240,44 @@ static PyObject *view_dlpack(PyObject *self, PyObject *args, PyObject *kw)
     return cap;
 }
 
+static PyObject *view_dlpack(PyObject *self, PyObject *args, PyObject *kw)
+{
+    return view_capsule(self, kw, 1);
+}
+
 static PyObject *view_dlpack_device(PyObject *self, PyObject *unused)
 {
-    return Py_BuildValue("(ii)", OPF_DL_CPU, 0);
+    opf_dl_device d = ((view_obj *)self)->dev;
+    return Py_BuildValue("(ii)", d.device_type, d.device_id);
+}
+
+static PyObject *tensor_dlpack_device(PyObject *self, PyObject *unused)
+{
+    const opf_py_tensor *t = (const opf_py_tensor *)self;
+    opf_dl_device d = dl_device(t->t.spec.device, t->index);
+    return Py_BuildValue("(ii)", d.device_type, d.device_id);
 }
 
 static void view_dealloc(PyObject *self)
 {
     Py_CLEAR(((view_obj *)self)->tensor);
+    Py_CLEAR(((view_obj *)self)->ctx);
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_Free(self);
     Py_DECREF(tp);
 }
 
-static PyObject *view_new(PyObject *tensor, void *ptr, int ndim, const int64_t *shape,
-                          opf_dl_dtype dt)
+static PyObject *view_at(PyObject *keep, PyObject *ctx, opf_dl_device dev, void *ptr, int ndim,
+                         const int64_t *shape, opf_dl_dtype dt)
 {
     view_obj *v = PyObject_New(view_obj, view_type);
     if (!v)
         return NULL;
-    v->tensor = tensor;
-    Py_INCREF(tensor);
+    v->tensor = keep;
+    v->ctx = ctx;
+    Py_INCREF(keep);
+    Py_XINCREF(ctx);
+    v->dev = dev;
     v->ptr = ptr;
     v->ndim = ndim;
     memcpy(v->shape, shape, sizeof(int64_t) * (size_t)ndim);
@@ -222,10 +285,20 @@ static PyObject *view_new(PyObject *tensor, void *ptr, int ndim, const int64_t *
     return (PyObject *)v;
 }
 
-PyObject *opf_py_view(PyObject *keep, void *ptr, int ndim, const int64_t *shape, opf_dtype dt,
-                      int raw)
+/* A view of a Tensor's memory, on its device. */
+static PyObject *view_new(PyObject *tensor, void *ptr, int ndim, const int64_t *shape,
+                          opf_dl_dtype dt)
 {
-    return view_new(keep, ptr, ndim, shape, dl_dtype_of(dt, raw));
+    const opf_py_tensor *t = (const opf_py_tensor *)tensor;
+    return view_at(tensor, t->ctx, dl_device(t->t.spec.device, t->index), ptr, ndim, shape, dt);
+}
+
+PyObject *opf_py_view(PyObject *keep, PyObject *ctx, void *ptr, int ndim, const int64_t *shape,
+                      opf_dtype dt, int raw)
+{
+    const opf_py_ctx *c = (const opf_py_ctx *)ctx;
+    return view_at(keep, ctx, dl_device(c->device, c->index), ptr, ndim, shape,
+                   dl_dtype_of(dt, raw));
 }
 
 /* A DLPack-exportable view of one component: the logical shape for the
@@ -257,7 +330,7 @@ static PyObject *tensor_component(PyObject *self, PyObject *args, PyObject *kw)
     return view_new(self, t->data[comp], 2, shape, dl_dtype_of(c->dtype, raw));
 }
 
-static PyObject *tensor_dlpack(PyObject *self, PyObject *args, PyObject *kw)
+static PyObject *tensor_export(PyObject *self, PyObject *kw, int order)
 {
     const opf_tensor *t = &((opf_py_tensor *)self)->t;
     if (t->spec.scaling != OPF_SCALING_NONE)
@@ -268,14 +341,21 @@ static PyObject *tensor_dlpack(PyObject *self, PyObject *args, PyObject *kw)
                            dl_dtype_of(t->spec.dtype, 0));
     if (!v)
         return NULL;
-    PyObject *cap = view_dlpack(v, args, kw);
+    PyObject *cap = view_capsule(v, kw, order);
     Py_DECREF(v);
     return cap;
 }
 
+static PyObject *tensor_dlpack(PyObject *self, PyObject *args, PyObject *kw)
+{
+    return tensor_export(self, kw, 1);
+}
+
+/* For a consumer on the producing context's stream (opfuse.torch's eager
+ * calls): no ordering. */
 PyObject *opf_py_tensor_capsule(PyObject *tensor)
 {
-    return tensor_dlpack(tensor, NULL, NULL);
+    return tensor_export(tensor, NULL, 0);
 }
 
 static PyObject *tensor_data_ptr(PyObject *self, PyObject *args)
@@ -297,19 +377,77 @@ static void owner_destructor(PyObject *cap)
         m->deleter(m);
 }
 
-/* Consumes obj.__dlpack__() and returns the owner capsule of its managed
- * tensor, which must be a compact row-major CPU tensor. */
-static PyObject *dl_consume(PyObject *obj, opf_dl_managed **out)
+/* The keywords of obj.__dlpack__ for an import into Context ctx: the
+ * context's stream when obj is on a GPU, so that the producer orders its
+ * pending work before the context's (*kw NULL: none to pass). */
+static int producer_kwargs(PyObject *obj, PyObject *ctx_obj, PyObject **kw)
 {
-    PyObject *cap;
+    *kw = NULL;
+    opf_ctx *ctx = ctx_obj ? opf_py_ctx_get(ctx_obj) : NULL;
+    if (!ctx || !PyObject_HasAttrString(obj, "__dlpack_device__"))
+        return ctx_obj && !ctx ? -1 : 0;
+    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    int type = 0, id = 0;
+    int ok = d && PyArg_ParseTuple(d, "ii", &type, &id);
+    Py_XDECREF(d);
+    if (!ok)
+        return -1;
+    void *stream = opf_ctx_stream(ctx);
+    if (type == OPF_DL_CUDA && stream)
+        *kw = Py_BuildValue("{s:K}", "stream", (unsigned long long)(uintptr_t)stream);
+    return type == OPF_DL_CUDA && stream && !*kw ? -1 : 0;
+}
+
+/* The capsule of obj (itself, or what obj.__dlpack__ gives). */
+static PyObject *dl_capsule(PyObject *obj, PyObject *ctx_obj)
+{
     if (PyCapsule_IsValid(obj, "dltensor")) {
-        cap = obj;
-        Py_INCREF(cap);
-    } else {
-        cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
-        if (!cap)
-            return NULL;
+        Py_INCREF(obj);
+        return obj;
     }
+    PyObject *kw, *fn = NULL, *empty = NULL, *cap = NULL;
+    if (producer_kwargs(obj, ctx_obj, &kw) < 0)
+        return NULL;
+    if ((fn = PyObject_GetAttrString(obj, "__dlpack__")) && (empty = PyTuple_New(0)))
+        cap = PyObject_Call(fn, empty, kw);
+    Py_XDECREF(fn);
+    Py_XDECREF(empty);
+    Py_XDECREF(kw);
+    return cap;
+}
+
+/* 0 when a tensor on d may be imported (into Context ctx_obj when not
+ * NULL: a GPU tensor must be on the context's GPU), else -1 with the
+ * exception set. */
+static int check_import_device(opf_dl_device d, int allow_cuda, PyObject *ctx_obj)
+{
+    if (d.device_type == OPF_DL_CPU || d.device_type == OPF_DL_CUDA_HOST)
+        return 0;
+    if (d.device_type != OPF_DL_CUDA)
+        opf_raise_msg(OPF_ERR_UNSUPPORTED, "DLPack tensor on device type %d: opfuse takes CPU "
+                      "and CUDA tensors", d.device_type);
+    else if (!allow_cuda)
+        opf_raise_msg(OPF_ERR_UNSUPPORTED, "DLPack tensor on cuda:%d: this call reads host "
+                      "memory (pass a CPU tensor)", d.device_id);
+    const opf_py_ctx *c = (const opf_py_ctx *)ctx_obj;
+    if (PyErr_Occurred() || !c || (c->device == OPF_DEVICE_CUDA && c->index == d.device_id))
+        return PyErr_Occurred() ? -1 : 0;
+    char dev[32];
+    opf_py_device_str(c->device, c->index, dev, sizeof dev);
+    opf_raise_msg(OPF_ERR_INVALID_ARG, "DLPack tensor on cuda:%d, the context on %s", d.device_id,
+                  dev);
+    return -1;
+}
+
+/* Consumes obj.__dlpack__() and returns the owner capsule of its managed
+ * tensor, which must be compact row-major, on the CPU (or with allow_cuda
+ * on a GPU: ctx_obj's, when given). */
+static PyObject *dl_consume(PyObject *obj, PyObject *ctx_obj, int allow_cuda,
+                            opf_dl_managed **out)
+{
+    PyObject *cap = dl_capsule(obj, ctx_obj);
+    if (!cap)
+        return NULL;
     opf_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
     if (!m) {
         Py_DECREF(cap);
@@ -324,11 +462,9 @@ static PyObject *dl_consume(PyObject *obj, opf_dl_managed **out)
         return NULL;
     }
     const opf_dl_tensor *d = &m->dl_tensor;
-    if (d->device.device_type != OPF_DL_CPU && d->device.device_type != OPF_DL_CUDA_HOST) {
+    if (check_import_device(d->device, allow_cuda, ctx_obj) < 0) {
         Py_DECREF(owner);
-        return opf_raise_msg(OPF_ERR_UNSUPPORTED,
-                             "DLPack tensor on device type %d: this build takes CPU tensors",
-                             d->device.device_type);
+        return NULL;
     }
     if (d->ndim > OPF_MAX_DIMS) {
         Py_DECREF(owner);
@@ -355,18 +491,31 @@ static void *dl_data(const opf_dl_managed *m)
     return (char *)m->dl_tensor.data + m->dl_tensor.byte_offset;
 }
 
-/* from_dlpack(obj, dtype=-1): a plain Tensor over obj's memory. dtype, when
- * given, reinterprets elements of the same width (uint16 as bf16, uint8 as
- * e4m3, ...). */
+/* The device of a DLPack tensor as a spec's; the GPU's index into *index. */
+static opf_device spec_device(const opf_dl_tensor *d, int *index)
+{
+    *index = d->device.device_type == OPF_DL_CUDA ? d->device.device_id : 0;
+    return d->device.device_type == OPF_DL_CUDA ? OPF_DEVICE_CUDA : OPF_DEVICE_CPU;
+}
+
+/* from_dlpack(obj, dtype=-1, ctx=None): a plain Tensor over obj's memory
+ * (host or GPU). dtype, when given, reinterprets elements of the same width
+ * (uint16 as bf16, uint8 as e4m3, ...). With ctx, a GPU tensor must be on
+ * the context's GPU, and its producer orders itself before the context's
+ * stream. */
 static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"obj", "dtype", NULL};
-    PyObject *obj;
+    static char *names[] = {"obj", "dtype", "ctx", NULL};
+    PyObject *obj, *ctx_obj = Py_None;
     int dtype = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|i", names, &obj, &dtype))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|iO", names, &obj, &dtype, &ctx_obj))
+        return NULL;
+    if (ctx_obj == Py_None)
+        ctx_obj = NULL;
+    else if (!opf_py_ctx_get(ctx_obj))
         return NULL;
     opf_dl_managed *m;
-    PyObject *owner = dl_consume(obj, &m);
+    PyObject *owner = dl_consume(obj, ctx_obj, 1, &m);
     if (!owner)
         return NULL;
     const opf_dl_tensor *d = &m->dl_tensor;
@@ -382,6 +531,8 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kw)
                              dtype < 0 ? "any opfuse dtype" : opf_dtype_name((opf_dtype)dtype));
     }
     opf_spec s = opf_spec_make(d->ndim, d->shape, (opf_dtype)dtype);
+    int index;
+    s.device = spec_device(d, &index);
     opf_tensor t;
     opf_status st = opf_tensor_wrap(&s, dl_data(m), &t);
     if (st != OPF_OK) {
@@ -389,6 +540,8 @@ static PyObject *py_from_dlpack(PyObject *mod, PyObject *args, PyObject *kw)
         return opf_raise(st, NULL);
     }
     PyObject *r = opf_py_tensor_wrap(&t, NULL, owner);
+    if (r)
+        ((opf_py_tensor *)r)->index = index;
     Py_DECREF(owner);
     return r;
 }
@@ -414,6 +567,7 @@ static PyObject *py_from_components(PyObject *mod, PyObject *args)
     PyObject *owners = PyList_New(0);
     opf_tensor t = {.spec = s};
     Py_ssize_t n = PyList_Size(seq);
+    int index = -1;  /* the components' device, from the first */
     for (int c = 0; c < OPF_COMP_COUNT && owners; c++) {
         PyObject *item = c < n ? PyList_GetItem(seq, c) : Py_None;
         if (!L.comp[c].present || item == Py_None) {
@@ -425,13 +579,24 @@ static PyObject *py_from_components(PyObject *mod, PyObject *args)
             continue;
         }
         opf_dl_managed *m;
-        PyObject *owner = dl_consume(item, &m);
+        PyObject *owner = dl_consume(item, NULL, 1, &m);
         if (!owner || PyList_Append(owners, owner) < 0) {
             Py_XDECREF(owner);
             Py_CLEAR(owners);
             break;
         }
         Py_DECREF(owner);
+        int ci;
+        opf_device dev = spec_device(&m->dl_tensor, &ci);
+        if (index >= 0 && (dev != t.spec.device || ci != index)) {
+            opf_raise_msg(OPF_ERR_INVALID_ARG, "component %d is on %s:%d, the ones before on "
+                          "%s:%d", c, opf_device_name(dev), ci, opf_device_name(t.spec.device),
+                          index);
+            Py_CLEAR(owners);
+            break;
+        }
+        t.spec.device = dev;
+        index = ci;
         int64_t numel = 1;
         for (int i = 0; i < m->dl_tensor.ndim; i++)
             numel *= m->dl_tensor.shape[i];
@@ -448,11 +613,14 @@ static PyObject *py_from_components(PyObject *mod, PyObject *args)
     if (!owners)
         return NULL;
     PyObject *r = opf_py_tensor_wrap(&t, NULL, owners);
+    if (r && index > 0)
+        ((opf_py_tensor *)r)->index = index;
     Py_DECREF(owners);
     return r;
 }
 
-/* empty(ctx, spec): a Tensor allocated by the context (scale padding zeroed). */
+/* empty(ctx, spec): a Tensor allocated by the context in its device's memory
+ * (scale padding zeroed). */
 static PyObject *py_empty(PyObject *mod, PyObject *args)
 {
     PyObject *ctx_obj, *spec_obj;
@@ -462,6 +630,7 @@ static PyObject *py_empty(PyObject *mod, PyObject *args)
     opf_spec s;
     if (!ctx || opf_py_to_spec(spec_obj, &s) < 0)
         return NULL;
+    s.device = opf_ctx_device(ctx);
     opf_tensor t;
     opf_status st = opf_tensor_alloc(ctx, &s, &t);
     if (st != OPF_OK)
@@ -523,10 +692,10 @@ static PyObject *py_convert(PyObject *mod, PyObject *args)
     if (!PyArg_ParseTuple(args, "OiOi", &src, &sdt, &dst, &ddt))
         return NULL;
     opf_dl_managed *ms, *md;
-    PyObject *os = dl_consume(src, &ms);
+    PyObject *os = dl_consume(src, NULL, 0, &ms);
     if (!os)
         return NULL;
-    PyObject *od = dl_consume(dst, &md);
+    PyObject *od = dl_consume(dst, NULL, 0, &md);
     if (!od) {
         Py_DECREF(os);
         return NULL;
@@ -558,7 +727,7 @@ static PyMethodDef tensor_methods[] = {
      "component(i=0, raw=True): a DLPack view of component i, or None."},
     {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
      NULL},
-    {"__dlpack_device__", view_dlpack_device, METH_NOARGS, NULL},
+    {"__dlpack_device__", tensor_dlpack_device, METH_NOARGS, NULL},
     {"data_ptr", tensor_data_ptr, METH_VARARGS, "Address of component i."},
     {NULL, NULL, 0, NULL},
 };
@@ -599,7 +768,8 @@ static PyType_Spec view_type_spec = {"opfuse._C.ComponentView", sizeof(view_obj)
 
 static PyMethodDef tensor_module_methods[] = {
     {"from_dlpack", (PyCFunction)(void (*)(void))py_from_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "from_dlpack(obj, dtype=-1): a Tensor over obj's memory (zero-copy)."},
+     "from_dlpack(obj, dtype=-1, ctx=None): a Tensor over obj's memory (zero-copy; host or "
+     "GPU; with ctx, a GPU tensor must be on the context's GPU)."},
     {"from_components", py_from_components, METH_VARARGS,
      "from_components(spec, comps): a Tensor over per-component DLPack buffers."},
     {"empty", py_empty, METH_VARARGS, "empty(ctx, spec): an allocated Tensor."},

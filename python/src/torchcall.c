@@ -6,7 +6,10 @@
  * fake for the output specs, allocates the outputs as torch tensors
  * (torch.empty / torch.zeros), runs the class impl on their memory and
  * returns them: the work a Python impl would do per call, without the
- * Python. The flattening is classop.c's; torch is reached only through
+ * Python. A call runs on the device of its tensors: the CPU, or a GPU
+ * through that GPU's default CUDA context (opfuse.default_context), whose
+ * work is queued on torch's current stream of the GPU. The flattening is
+ * classop.c's; torch is reached only through
  * the callables and dtype tables that torch_setup hands over, so the
  * extension keeps to the stable ABI and needs no torch headers. */
 #include "classop.h"
@@ -16,34 +19,39 @@
 static unsigned char fake_byte;
 
 /* What torch_setup stores: torch.empty, torch.zeros, the default-context
- * getter, the torch dtype -> opf dtype map and, per opf dtype, the
- * {"dtype": torch dtype} keywords of an allocation. */
+ * getter, the torch dtype -> opf dtype map, per opf dtype the {"dtype":
+ * torch dtype} keywords of an allocation, and the getter of torch's current
+ * stream of a GPU (as an int). */
 static struct {
-    PyObject *empty, *zeros, *context, *from_torch;
+    PyObject *empty, *zeros, *context, *from_torch, *stream_of;
     PyObject *dtype_kw[OPF_DTYPE_COUNT];
-    PyObject *s_dtype, *s_shape, *s_data_ptr, *s_is_contiguous, *s_is_cpu, *s_nbytes;
+    PyObject *s_dtype, *s_shape, *s_data_ptr, *s_is_contiguous, *s_is_cpu, *s_nbytes, *s_is_cuda,
+             *s_get_device, *s_item, *s_device;
 } T;
 
 static PyObject *py_torch_setup(PyObject *mod, PyObject *a)
 {
-    PyObject *empty, *zeros, *context, *from_torch, *to_torch;
-    if (!PyArg_ParseTuple(a, "OOOO!O!", &empty, &zeros, &context, &PyDict_Type, &from_torch,
-                          &PyDict_Type, &to_torch))
+    PyObject *empty, *zeros, *context, *from_torch, *to_torch, *stream_of = Py_None;
+    if (!PyArg_ParseTuple(a, "OOOO!O!|O", &empty, &zeros, &context, &PyDict_Type, &from_torch,
+                          &PyDict_Type, &to_torch, &stream_of))
         return NULL;
-    PyObject *olds[] = {T.empty, T.zeros, T.context, T.from_torch};
+    PyObject *olds[] = {T.empty, T.zeros, T.context, T.from_torch, T.stream_of};
     Py_INCREF(empty), Py_INCREF(zeros), Py_INCREF(context), Py_INCREF(from_torch);
+    Py_INCREF(stream_of);
     T.empty = empty, T.zeros = zeros, T.context = context, T.from_torch = from_torch;
-    for (int i = 0; i < 4; i++) Py_XDECREF(olds[i]);
+    T.stream_of = stream_of;
+    for (int i = 0; i < 5; i++) Py_XDECREF(olds[i]);
     for (int d = 0; d < OPF_DTYPE_COUNT; d++) {
         PyObject *key = PyLong_FromLong(d), *dt = key ? PyDict_GetItem(to_torch, key) : NULL;
         Py_XDECREF(key);
         Py_CLEAR(T.dtype_kw[d]);
         if (dt && !(T.dtype_kw[d] = Py_BuildValue("{s:O}", "dtype", dt))) return NULL;
     }
-    const char *names[] = {"dtype", "shape", "data_ptr", "is_contiguous", "is_cpu", "nbytes"};
+    const char *names[] = {"dtype", "shape", "data_ptr", "is_contiguous", "is_cpu", "nbytes",
+                           "is_cuda", "get_device", "item", "device"};
     PyObject **slots[] = {&T.s_dtype, &T.s_shape, &T.s_data_ptr, &T.s_is_contiguous, &T.s_is_cpu,
-                          &T.s_nbytes};
-    for (int i = 0; i < 6; i++)
+                          &T.s_nbytes, &T.s_is_cuda, &T.s_get_device, &T.s_item, &T.s_device};
+    for (int i = 0; i < 10; i++)
         if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
     Py_RETURN_NONE;
 }
@@ -66,14 +74,34 @@ static long long attr_ll(PyObject *t, PyObject *name, int call)
     return r;
 }
 
-/* The address and size of a contiguous CPU tensor's memory. */
-static int torch_memory(PyObject *t, const char *field, void **ptr, size_t *nbytes)
+/* Where a torch tensor's memory is: the CPU or GPU index. */
+typedef struct {
+    opf_device dev;
+    int        index;
+} torch_dev;
+
+static int torch_device(PyObject *t, const char *field, torch_dev *out)
 {
-    int cpu = attr_true(t, T.s_is_cpu, 0);
-    if (cpu == 0)
-        opf_raise_msg(OPF_ERR_UNSUPPORTED, "%s: tensor is not on the CPU; this build takes CPU "
-                      "tensors", field);
-    int contig = cpu > 0 ? attr_true(t, T.s_is_contiguous, 1) : -1;
+    int cpu = attr_true(t, T.s_is_cpu, 0), cuda = cpu == 0 ? attr_true(t, T.s_is_cuda, 0) : 0;
+    long long index = cuda > 0 ? attr_ll(t, T.s_get_device, 1) : 0;
+    if (cpu < 0 || cuda < 0 || PyErr_Occurred()) return -1;
+    if (!cpu && !cuda) {
+        PyObject *d = PyObject_GetAttr(t, T.s_device), *ds = d ? PyObject_Str(d) : NULL;
+        PyObject *b = ds ? PyUnicode_AsUTF8String(ds) : NULL;
+        opf_raise_msg(OPF_ERR_UNSUPPORTED, "%s: tensor on %s: opfuse takes CPU and CUDA tensors",
+                      field, b ? PyBytes_AsString(b) : "?");
+        Py_XDECREF(b), Py_XDECREF(ds), Py_XDECREF(d);
+        return -1;
+    }
+    *out = (torch_dev){cpu ? OPF_DEVICE_CPU : OPF_DEVICE_CUDA, (int)index};
+    return 0;
+}
+
+/* The address, size and device of a contiguous torch tensor's memory. */
+static int torch_memory(PyObject *t, const char *field, void **ptr, size_t *nbytes, torch_dev *d)
+{
+    int on = torch_device(t, field, d);
+    int contig = on == 0 ? attr_true(t, T.s_is_contiguous, 1) : -1;
     if (contig == 0) opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: tensor is not contiguous", field);
     if (contig <= 0) return -1;
     long long addr = attr_ll(t, T.s_data_ptr, 1), n = attr_ll(t, T.s_nbytes, 0);
@@ -142,7 +170,25 @@ typedef struct {
     Py_ssize_t       n_tensors, ti, vi, si, nv, nsh;
     const long long *v, *sh;
     bool             fake;
+    torch_dev        gpu;      /* the GPU of the call's first GPU tensor (dev CPU: none yet) */
 } packed;
+
+/* The memory of the next tensor of a call, which joins the call's device:
+ * its tensors' GPU, when any (one GPU a call; CPU tensors with GPU ones
+ * are the C call's to refuse, with its message). */
+static int call_memory(packed *p, PyObject *t, const char *field, void **ptr, size_t *nbytes,
+                       opf_device *dev)
+{
+    torch_dev d;
+    if (torch_memory(t, field, ptr, nbytes, &d) < 0) return -1;
+    *dev = d.dev;
+    if (d.dev == OPF_DEVICE_CPU) return 0;
+    if (p->gpu.dev == OPF_DEVICE_CPU) p->gpu = d;
+    if (p->gpu.index == d.index) return 0;
+    opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: tensor on cuda:%d, the call's other tensors on "
+                  "cuda:%d", field, d.index, p->gpu.index);
+    return -1;
+}
 
 static int next_value(packed *p, const char *field, long long *out)
 {
@@ -169,7 +215,7 @@ static int source_plain(packed *p, const char *field, opf_tensor *out)
     if (!p->fake) {
         size_t nbytes;
         return torch_spec(t, field, &out->spec) < 0 ? -1
-               : torch_memory(t, field, &out->data[0], &nbytes);
+               : call_memory(p, t, field, &out->data[0], &nbytes, &out->spec.device);
     }
     PyObject *shape, *dims = NULL;
     int dt;
@@ -197,7 +243,8 @@ static int source_component(packed *p, const char *field, const opf_tensor *t, i
         return 0;
     }
     size_t nbytes;
-    if (torch_memory(o, field, &((opf_tensor *)t)->data[c], &nbytes) < 0) return -1;
+    opf_tensor *w = (opf_tensor *)t;
+    if (call_memory(p, o, field, &w->data[c], &nbytes, &w->spec.device) < 0) return -1;
     if (nbytes >= need) return 0;
     char sb[128];
     opf_spec_str(&t->spec, sb, sizeof sb);
@@ -246,7 +293,8 @@ static int read_quantized(packed *p, const char *field, opf_tensor *out)
 /* A runtime field (OPF_FIELD_RUNTIME) whose value is the next tensor's: a
  * one-element i64 or i32 tensor, a graph input, so that a compiled graph
  * takes every value without recompiling (is_first_microbatch). A fake
- * reads none: the class's specs do not follow a runtime value. */
+ * reads none: the class's specs do not follow a runtime value. On a GPU
+ * the value is read with item() (the host waits for torch's stream). */
 static int runtime_value(packed *p, const flat_field *f, long long *v)
 {
     PyObject *t = next_tensor(p, f->name);
@@ -255,12 +303,17 @@ static int runtime_value(packed *p, const flat_field *f, long long *v)
     if (p->fake) return 0;
     void *ptr;
     size_t nbytes;
+    torch_dev d;
     opf_dtype dt = torch_dtype(t, f->name);
-    if ((int)dt < 0 || torch_memory(t, f->name, &ptr, &nbytes) < 0) return -1;
+    if ((int)dt < 0 || torch_memory(t, f->name, &ptr, &nbytes, &d) < 0) return -1;
     if ((dt != OPF_I64 && dt != OPF_I32) || nbytes != opf_dtype_nbytes(dt, 1)) {
         opf_raise_msg(OPF_ERR_DTYPE, "%s: a runtime value is one i64 or i32 element, not %s of "
                       "%zu bytes", f->name, opf_dtype_name(dt), nbytes);
         return -1;
+    }
+    if (d.dev != OPF_DEVICE_CPU) {
+        *v = attr_ll(t, T.s_item, 1);
+        return PyErr_Occurred() ? -1 : 0;
     }
     *v = dt == OPF_I64 ? *(const int64_t *)ptr : *(const int32_t *)ptr;
     return 0;
@@ -345,7 +398,7 @@ static int read_field(packed *p, const flat_field *f, char *at)
 /* The args struct of one call from its packed arguments; *last gets the
  * plan or n_grads. */
 static int unpack(const opf_py_classcall *cc, PyObject *tensors, PyObject *values,
-                  PyObject *shapes, bool fake, void *args, long long *last)
+                  PyObject *shapes, bool fake, void *args, long long *last, torch_dev *gpu)
 {
     long long v[MAX_VALUES], sh[MAX_SHAPES];
     packed p = {.tensors = tensors, .v = v, .sh = sh, .fake = fake};
@@ -370,6 +423,7 @@ static int unpack(const opf_py_classcall *cc, PyObject *tensors, PyObject *value
                       "over", cc->schema->name, p.n_tensors - p.ti, p.nv - p.vi, p.nsh - p.si);
         return -1;
     }
+    *gpu = p.gpu;
     opf_status st = opf_schema_validate(cc->schema, args);
     if (st) opf_raise_msg(st, "%s: %s", cc->schema->name, opf_last_error(NULL));
     return st ? -1 : 0;
@@ -378,12 +432,12 @@ static int unpack(const opf_py_classcall *cc, PyObject *tensors, PyObject *value
 /* Unpacks one call and runs the class fake: the specs of the tensors the
  * call returns, in order, and their count (-1 with an exception set). */
 static int call_specs(const opf_py_classcall *cc, PyObject *targs, bool fake, void *args,
-                      opf_py_fake_specs *fs, opf_spec **specs)
+                      opf_py_fake_specs *fs, opf_spec **specs, torch_dev *gpu)
 {
     PyObject *tensors, *values, *shapes;
     if (!PyArg_ParseTuple(targs, "OOO", &tensors, &values, &shapes)) return -1;
     long long last;
-    if (unpack(cc, tensors, values, shapes, fake, args, &last) < 0) return -1;
+    if (unpack(cc, tensors, values, shapes, fake, args, &last, gpu) < 0) return -1;
     int n_grads = cc->bwd ? (int)last : 1;
     if (cc->bwd && (n_grads < 1 || n_grads > OPF_OP_MAX_GRADS)) {
         opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: %d gradients, expected 1..%d", cc->cls->name,
@@ -405,54 +459,97 @@ static PyObject *shape_tuple(int ndim, const int64_t *dims)
     return shape;
 }
 
-static PyObject *torch_alloc(const opf_py_alloc *a)
+/* A torch tensor for a, on the CPU (device NULL) or device ("cuda:N"). */
+static PyObject *torch_alloc(const opf_py_alloc *a, PyObject *device)
 {
     PyObject *kw = T.dtype_kw[a->dtype];
     if (!kw) return opf_raise_msg(OPF_ERR_DTYPE, "no torch dtype for %s", opf_dtype_name(a->dtype));
-    PyObject *shape = shape_tuple(a->ndim, a->shape);
+    if (device && (kw = PyDict_Copy(kw)) && PyDict_SetItem(kw, T.s_device, device) < 0)
+        Py_CLEAR(kw);
+    else if (!device)
+        Py_INCREF(kw);
+    PyObject *shape = kw ? shape_tuple(a->ndim, a->shape) : NULL;
     PyObject *targs = shape ? Py_BuildValue("(N)", shape) : NULL;
     PyObject *t = targs ? PyObject_Call(a->zero ? T.zeros : T.empty, targs, kw) : NULL;
     Py_XDECREF(targs);
+    Py_XDECREF(kw);
     return t;
 }
 
-/* Allocates the tensors of specs[0..n) into list r (in order) and points
- * the C outputs at them. */
-static int alloc_outputs(const opf_spec *specs, int n, PyObject *r, opf_tensor *outs)
+/* Allocates the tensors of specs[0..n) on the call's device into list r
+ * (in order) and points the C outputs at them. */
+static int alloc_outputs(const opf_spec *specs, int n, torch_dev gpu, PyObject *r,
+                         opf_tensor *outs)
 {
-    for (int i = 0; i < n; i++) {
+    PyObject *device = gpu.dev == OPF_DEVICE_CPU ? NULL
+                       : PyUnicode_FromFormat("cuda:%d", gpu.index);
+    if (gpu.dev != OPF_DEVICE_CPU && !device) return -1;
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
         memset(&outs[i], 0, sizeof outs[i]);
         opf_py_alloc al[OPF_COMP_COUNT];
         int na = opf_py_allocs(&specs[i], al);
-        if (na < 0) return -1;
-        if (na) outs[i].spec = specs[i];
-        for (int j = 0; j < na; j++) {
-            PyObject *t = torch_alloc(&al[j]);
+        if (na < 0) rc = -1;
+        if (na > 0) outs[i].spec = specs[i];
+        /* what the op reads on the host stays there (OPF_SPEC_HOST) */
+        PyObject *on = specs[i].flags & OPF_SPEC_HOST ? NULL : device;
+        for (int j = 0; rc == 0 && j < na; j++) {
+            PyObject *t = torch_alloc(&al[j], on);
             size_t nbytes;
-            int rc = t ? torch_memory(t, "output", &outs[i].data[al[j].comp], &nbytes) : -1;
+            torch_dev d = {OPF_DEVICE_CPU, 0};
+            rc = t ? torch_memory(t, "output", &outs[i].data[al[j].comp], &nbytes, &d) : -1;
+            outs[i].spec.device = d.dev;
             if (t && PyList_Append(r, t) < 0) rc = -1;
             Py_XDECREF(t);
-            if (rc < 0) return -1;
         }
     }
-    return 0;
+    Py_XDECREF(device);
+    return rc;
 }
 
-/* The thread's default context (opfuse.default_context()), kept in the
- * thread state's dict so that a call costs no Python: a new reference. */
-static PyObject *thread_context(void)
+/* The thread's default context of the call's device (opfuse.default_context),
+ * kept in the thread state's dict so that a call costs no Python: a new
+ * reference. A GPU's context then queues on torch's current stream. */
+static PyObject *thread_context(torch_dev gpu)
 {
     static PyObject *key;
     PyObject *d = PyThreadState_GetDict();
     if (!key && !(key = PyUnicode_InternFromString("opfuse.torch context"))) return NULL;
-    PyObject *c = d ? PyDict_GetItem(d, key) : NULL;  /* borrowed */
+    PyObject *k = gpu.dev == OPF_DEVICE_CPU ? key
+                  : PyUnicode_FromFormat("opfuse.torch context cuda:%d", gpu.index);
+    if (!k) return NULL;
+    PyObject *c = d ? PyDict_GetItem(d, k) : NULL;  /* borrowed */
     if (c && PyObject_TypeCheck(c, opf_py_ctx_type) && !((opf_py_ctx *)c)->closed) {
         Py_INCREF(c);
-        return c;
+    } else {
+        c = gpu.dev == OPF_DEVICE_CPU ? PyObject_CallObject(T.context, NULL)
+                                      : PyObject_CallFunction(T.context, "si", "cuda", gpu.index);
+        if (c && d && PyDict_SetItem(d, k, c) < 0) Py_CLEAR(c);
     }
-    c = PyObject_CallObject(T.context, NULL);
-    if (c && d && PyDict_SetItem(d, key, c) < 0) Py_CLEAR(c);
+    if (k != key) Py_DECREF(k);
+    if (c && opf_py_torch_follow(c) < 0) Py_CLEAR(c);
     return c;
+}
+
+int opf_py_torch_follow(PyObject *ctx_obj)
+{
+    opf_ctx *ctx = opf_py_ctx_get(ctx_obj);
+    if (!ctx) return -1;
+    const opf_py_ctx *c = (const opf_py_ctx *)ctx_obj;
+    if (c->device == OPF_DEVICE_CPU) return 0;
+    if (!T.stream_of || T.stream_of == Py_None) {
+        opf_raise_msg(OPF_ERR_STATE, "a CUDA context called from opfuse.torch: the current "
+                      "stream is unknown (import opfuse.torch with a CUDA build of torch)");
+        return -1;
+    }
+    PyObject *v = PyObject_CallFunction(T.stream_of, "i", c->index);
+    unsigned long long sp = v ? PyLong_AsUnsignedLongLong(v) : 0;
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) return -1;
+    /* torch's default stream is 0: the legacy default stream, which the
+     * runtime names (void *)1 (NULL would be the context's own) */
+    opf_status st = opf_ctx_set_stream(ctx, (void *)(uintptr_t)(sp ? sp : 1));
+    return st ? (opf_raise(st, ctx), -1) : 0;
 }
 
 /* ClassCall(tensors, values, shapes): the outputs' tensors, computed. */
@@ -463,13 +560,14 @@ static PyObject *classcall_call(PyObject *self, PyObject *targs, PyObject *kw)
     _Alignas(64) unsigned char args[OPF_OP_ARGS_MAX];
     opf_py_fake_specs fs;
     opf_spec *specs;
-    int n = call_specs(cc, targs, false, args, &fs, &specs);
+    torch_dev gpu;
+    int n = call_specs(cc, targs, false, args, &fs, &specs, &gpu);
     if (n < 0) return NULL;
-    PyObject *ctx_obj = thread_context();
+    PyObject *ctx_obj = thread_context(gpu);
     opf_ctx *ctx = ctx_obj ? opf_py_ctx_get(ctx_obj) : NULL;
     opf_tensor outs[OPF_OP_MAX_GRADS];
     PyObject *r = ctx ? PyList_New(0) : NULL;
-    if (r && alloc_outputs(specs, n, r, outs) < 0) Py_CLEAR(r);
+    if (r && alloc_outputs(specs, n, gpu, r, outs) < 0) Py_CLEAR(r);
     opf_status st = OPF_OK;
     if (r) {
         size_t mark = opf_ctx_scratch_mark(ctx);
@@ -510,7 +608,8 @@ static PyObject *classcall_fake(PyObject *self, PyObject *targs)
     _Alignas(64) unsigned char args[OPF_OP_ARGS_MAX];
     opf_py_fake_specs fs;
     opf_spec *specs;
-    int n = call_specs(cc, targs, true, args, &fs, &specs);
+    torch_dev gpu;
+    int n = call_specs(cc, targs, true, args, &fs, &specs, &gpu);
     PyObject *r = n < 0 ? NULL : PyList_New(0);
     for (int i = 0; r && i < n; i++) {
         const opf_spec *sp = &specs[i];
@@ -675,19 +774,25 @@ static PyObject *py_torch_eager_setup(PyObject *mod, PyObject *a)
     Py_RETURN_NONE;
 }
 
-int opf_py_torch_in(PyObject *t, const char *field, opf_tensor *out, PyObject *hold)
+int opf_py_torch_in(PyObject *t, const char *field, PyObject *ctx_obj, opf_tensor *out,
+                    PyObject *hold)
 {
     if (!E.from_dlpack || !T.from_torch) {
         opf_raise_msg(OPF_ERR_STATE, "%s: opfuse.torch is not set up (import opfuse.torch)",
                       field);
         return -1;
     }
-    int cpu = attr_true(t, T.s_is_cpu, 0);
-    if (cpu == 0)
-        opf_raise_msg(OPF_ERR_UNSUPPORTED, "%s: tensor is not on the CPU; this build takes CPU "
-                      "tensors", field);
-    int contig = cpu > 0 ? attr_true(t, T.s_is_contiguous, 1) : -1;
+    torch_dev d;
+    int contig = torch_device(t, field, &d) < 0 ? -1 : attr_true(t, T.s_is_contiguous, 1);
     if (contig < 0) return -1;
+    /* a GPU tensor must be on the context's GPU (a CPU context's refusal is
+     * the C call's, with its message) */
+    const opf_py_ctx *c = (const opf_py_ctx *)ctx_obj;
+    if (d.dev == OPF_DEVICE_CUDA && c->device == OPF_DEVICE_CUDA && d.index != c->index) {
+        opf_raise_msg(OPF_ERR_INVALID_ARG, "%s: tensor on cuda:%d, the context on cuda:%d", field,
+                      d.index, c->index);
+        return -1;
+    }
     /* a strided tensor runs as its contiguous copy, kept alive by hold */
     PyObject *used = t;
     if (contig) Py_INCREF(t);
@@ -696,6 +801,7 @@ int opf_py_torch_in(PyObject *t, const char *field, opf_tensor *out, PyObject *h
     long long addr = used ? attr_ll(used, T.s_data_ptr, 1) : -1;
     int r = -1;
     if (used && !PyErr_Occurred() && torch_spec(used, field, &spec) == 0) {
+        spec.device = d.dev;
         opf_status st = opf_tensor_wrap(&spec, (void *)(uintptr_t)addr, out);
         r = st ? (opf_raise(st, NULL), -1) : PyList_Append(hold, used);
     }
@@ -733,9 +839,18 @@ PyObject *opf_py_torch_out(opf_tensor *t, PyObject *ctx, PyObject *owner, int co
     return r;
 }
 
+static PyObject *py_torch_follow(PyObject *mod, PyObject *ctx)
+{
+    if (opf_py_torch_follow(ctx) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef opf_py_torchcall_methods[] = {
     {"torch_setup", py_torch_setup, METH_VARARGS,
-     "torch_setup(empty, zeros, default_context, from_torch, to_torch): what ClassCall calls."},
+     "torch_setup(empty, zeros, default_context, from_torch, to_torch, stream_of=None): what "
+     "ClassCall calls (stream_of(i): torch's current stream of GPU i as an int)."},
+    {"torch_follow", py_torch_follow, METH_O,
+     "torch_follow(ctx): a CUDA context's later work on torch's current stream of its GPU."},
     {"torch_eager_setup", py_torch_eager_setup, METH_VARARGS,
      "torch_eager_setup(from_dlpack, to_torch): how Seq.forward_torch makes torch tensors."},
     {NULL, NULL, 0, NULL},

@@ -175,6 +175,21 @@ opf_status opf_ctx_sync(opf_ctx *ctx)
     return ctx->rt ? ctx->rt->sync(ctx) : OPF_OK;
 }
 
+opf_status opf_ctx_set_stream(opf_ctx *ctx, void *stream)
+{
+    const char *fn = "opf_ctx_set_stream";
+    OPF_CHECK_NULL(NULL, fn, ctx);
+    if (!ctx->rt || !ctx->rt->set_stream)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: a %s context has no stream (streams "
+                         "belong to CUDA contexts)", fn, opf_device_name(ctx->device));
+    return ctx->rt->set_stream(ctx, stream);
+}
+
+void *opf_ctx_stream(const opf_ctx *ctx)
+{
+    return ctx && ctx->rt && ctx->rt->stream ? ctx->rt->stream(ctx) : NULL;
+}
+
 static void vwarn(opf_ctx *ctx, const char *fmt, va_list ap)
 {
     char msg[OPF_ERROR_MAX];

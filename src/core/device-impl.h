@@ -41,6 +41,10 @@ typedef struct opf_device_runtime {
     opf_status (*memset)(opf_ctx *ctx, void *dst, int value, size_t bytes);
     /* Waits for everything queued for ctx. */
     opf_status (*sync)(opf_ctx *ctx);
+    /* opf_ctx_set_stream / opf_ctx_stream (context.h); NULL where the device
+     * has no streams. */
+    opf_status (*set_stream)(opf_ctx *ctx, void *stream);
+    void *(*stream)(const opf_ctx *ctx);
     /* The determinism request (opf_ctx_options.deterministic): NULL when
      * every kernel of the device can give the same bits run to run (its
      * non-deterministic variants, atomics in sums or split-K GEMMs, then

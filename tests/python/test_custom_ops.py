@@ -72,7 +72,7 @@ def each_call(m, x, recipe, on_call):
     """Runs the traced graph's forward and backward steps eagerly, handing
     every custom-op call to on_call first."""
     prog, delayed = program(m, x, recipe)
-    env = {(prog[4], 0): x}
+    env = {(prog[4], 0): x, _program.DEVICE: x.device}
     params = [p.detach() for p in m._plist]
     _program.run(prog[0], env, params, x.shape[0], delayed, on_call)
     y = env[(prog[5], 0)]

@@ -11,6 +11,11 @@ are torch Parameters sharing memory with the C parameters.
     with opfuse.torch.autocast(recipe=opfuse.Recipe.mxfp8()):
         loss = model(x).square().sum()
     loss.backward()
+
+On a GPU: model.cuda() (or .to("cuda:N"), or Sequential(..., device="cuda"))
+moves the C-side parameters to that GPU's default CUDA context; calls then
+take CUDA tensors of that GPU, and each call queues opfuse's kernels on
+torch's current stream, ordered with torch's own work.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import torch
 
 import opfuse
 
-from .. import DType, Op, Recipe, Seq, _C, default_context
+from .. import DType, Op, Recipe, Seq, _C, _device_key, default_context
 from . import _ops, _program, _tensor
 from ._fusion import (Fused, FusionOp, register_backward_fusion, register_forward_backward_fusion,
                       register_forward_fusion, unregister_fusion)
@@ -82,9 +87,29 @@ class _Module(torch.nn.Module):
     def forward(self, x, *extra_in):
         alone = self.__dict__.get("_alone")
         if alone is None:
-            alone = Sequential(self)
+            alone = Sequential(self, device=self.__dict__.get("_device", "cpu"))
             object.__setattr__(self, "_alone", alone)
         return alone.forward(x, *extra_in)  # hidden: no hooks of its own to run
+
+    def _apply(self, fn, recurse=True):
+        """.to() / .cuda() / .cpu(): alone, this layer runs on that device."""
+        dev = _target_device(fn, torch.device(self.__dict__.get("_device", "cpu")), self)
+        object.__setattr__(self, "_device", str(dev))
+        alone = self.__dict__.get("_alone")
+        if alone is not None:
+            alone._apply(fn, recurse)
+        return self
+
+
+def _target_device(fn, device, module) -> torch.device:
+    """Where a module conversion (Module._apply's fn) takes a float32
+    tensor on device; the dtype must stay (a C op's dtype is its config's)."""
+    probe = fn(torch.empty(0, device=device))
+    if probe.dtype != torch.float32:
+        raise opfuse.UnsupportedError(
+            f"{type(module).__name__}: parameters keep the dtype their ops were made with (the "
+            f"modules' dtype=); .to() and .cuda() change the device only, not to {probe.dtype}")
+    return probe.device
 
 
 def _dt(dtype) -> int:
@@ -321,7 +346,7 @@ def _run_program(prog, delayed, x, extra_in, params, side=()):
     """The forward steps of prog on x: the environment they leave. side:
     the weight caches prog reads (prog[12], in order), then the runtime
     flag when the program takes one."""
-    env = {(prog[4], 0): x}
+    env = {(prog[4], 0): x, _program.DEVICE: x.device}
     env.update(((v, 0), t) for v, t in zip(prog[8], extra_in))
     env.update(zip(prog[12] + (_FLAG,), side))
     _program.run(prog[0], env, params, x.shape[0], delayed)
@@ -350,7 +375,7 @@ class _GraphFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, *dextra_out):
         prog, delayed = ctx.resolved
-        env, params = {(prog[6], 0): dy.contiguous()}, {}
+        env, params = {(prog[6], 0): dy.contiguous(), _program.DEVICE: dy.device}, {}
         for k, t in zip(prog[2], ctx.saved_tensors):
             if k[0] == "p":
                 params[k[1]] = t
@@ -395,11 +420,22 @@ class Sequential(torch.nn.Module):
     """opfuse modules run by the C fuser: one call into C per forward and
     per backward; parameters share memory with the C side."""
 
-    def __init__(self, *modules, ctx=None, custom_ops=False):
+    def __init__(self, *modules, ctx=None, custom_ops=False, device=None):
         super().__init__()
         self.layers = torch.nn.ModuleList(modules)
-        self._seq = Seq(ctx=ctx if ctx is not None else default_context())
-        for m in modules:
+        if ctx is None:
+            ctx = default_context(*_device_key(device or "cpu"))
+        self._spans = []  # recompute spans, replayed by a move
+        self._primaries = {}  # parameter index -> (op, its parameter): quantized primaries
+        self._build(ctx)
+        self.custom_ops = custom_ops
+        self._key = _register_model(self)
+
+    def _build(self, ctx):
+        """The C seq of the layers' ops on ctx, and the Parameters viewing its
+        parameters (existing Parameters keep their identity: .data moves)."""
+        self._seq = Seq(ctx=ctx)
+        for m in self.layers:
             for spec in m.op_specs():
                 op = Op(spec.class_name, spec.config, spec.name, ctx=self._seq.ctx)
                 for output, index, channel, to_caller in spec.channels:
@@ -414,25 +450,66 @@ class Sequential(torch.nn.Module):
             h = self._seq[i]._h
             for j in range(h.info()["num_params"]):
                 p = h.param(j)
-                param = torch.nn.Parameter(to_torch(p["value"]))
-                self.register_parameter(f"op{i}_{p['name']}", param)
+                name, value = f"op{i}_{p['name']}", to_torch(p["value"])
+                param = self._parameters.get(name)
+                if param is None:
+                    param = torch.nn.Parameter(value)
+                    self.register_parameter(name, param)
+                else:
+                    param.data = value
                 plist.append(param)
                 self._c_grads.append(to_torch(p["grad"]))
         self._plist = plist
+        for first, count in self._spans:
+            self._seq.set_recompute(first, count)
         classes = [self._seq[i]._h.info()["class_name"] for i in range(len(self._seq))]
         self._linears = tuple(i for i, c in enumerate(classes) if c == "basic_linear")
         # ops that read x's leading dims themselves: the torch path keeps them
         self._keeps_dims = any(c in _READS_DIMS for c in classes)
         # ops that are eager nodes of the C graph: the whole seq is one custom op per direction
         self._eager_nodes = any(c in _EAGER_CLASSES for c in classes)
-        self._whole = self._eager_nodes
+        self._whole = self._eager_nodes or bool(self._spans)
         self._cache_views = {}  # ("q", parameter, component) -> a torch view of the C cache
-        self._primaries = {}  # parameter index -> (op, its parameter): quantized primaries
         self._first_param = [0]
         for i in range(len(self._seq)):
             self._first_param.append(self._first_param[-1] + self._seq[i]._h.info()["num_params"])
-        self.custom_ops = custom_ops
-        self._key = _register_model(self)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the C-side parameters (the context's)."""
+        return torch.device(self._seq.ctx.device)
+
+    def _apply(self, fn, recurse=True):
+        """.to(device) / .cuda() / .cpu(): the C seq is made again on the
+        device's default context and the parameters' values (and gradients)
+        copied over; each Parameter keeps its identity (its .data moves), so
+        an optimizer made before still holds it. Move before training: the
+        ops' other state (delayed-scaling histories, weight caches) starts
+        afresh, and a model compiled before must be compiled again. dtype
+        conversions are refused (_target_device)."""
+        dev = _target_device(fn, self.device, self)
+        if recurse:
+            for m in self.layers:
+                m._apply(fn, recurse)
+        if dev != self.device:
+            self._move(dev)
+        return self
+
+    def _move(self, dev: torch.device):
+        if self._primaries:
+            raise opfuse.UnsupportedError("opfuse.torch.Sequential: quantized primary weights "
+                                          "cannot move: move the model before "
+                                          "set_param_quantized")
+        old_seq = self._seq  # alive until its values are copied out
+        values = [p.data for p in self._plist]
+        self._build(default_context(*_device_key(dev)))
+        with torch.no_grad():
+            for p, v in zip(self._plist, values):
+                p.data.copy_(v)
+                if p.grad is not None:
+                    p.grad = p.grad.to(dev)
+        del old_seq
+        self._key = _register_model(self)  # programs traced for the old seq stay with it
 
     def forward(self, x, *extra_in, is_first_microbatch=None, op_kwargs=None):
         """y (and the public extra outputs after it) of x and the public extra
@@ -525,9 +602,9 @@ class Sequential(torch.nn.Module):
         return out.reshape(*shape[:-1], out.shape[-1])
 
     def _resolve_at(self, recipe_id, needs_grad, x_grad, dtype, k, extra, rows, kw):
-        dt = _tensor._TORCH_DTYPES[DType(dtype)]
-        x = to_opf(torch.zeros(rows, *(k if isinstance(k, tuple) else (k,)), dtype=dt))
-        ein = [to_opf(torch.zeros(rows, e, dtype=_tensor._TORCH_DTYPES[DType(d)]))
+        dt, dev = _tensor._TORCH_DTYPES[DType(dtype)], self.device
+        x = to_opf(torch.zeros(rows, *(k if isinstance(k, tuple) else (k,)), dtype=dt, device=dev))
+        ein = [to_opf(torch.zeros(rows, e, dtype=_tensor._TORCH_DTYPES[DType(d)], device=dev))
                for d, e in extra]
         # a tensor is_first_microbatch traces as 1 (the cache is made) and is
         # read from its tensor at run time: 1 and 0 run the same nodes
@@ -602,6 +679,7 @@ class Sequential(torch.nn.Module):
         p = self._plist[g]
         q = self._seq[i]._h.param(j)["qvalue"]
         usage = 1 if q.spec["usage"] & 1 else 2
+        _C.torch_follow(self._seq.ctx)
         deq = to_torch(_C.dequantize(self._seq.ctx, q, usage, _FROM_TORCH_DT[p.dtype]))
         p.data = deq.reshape(p.shape).clone()
 
@@ -611,11 +689,14 @@ class Sequential(torch.nn.Module):
         keeps only its input and the backward runs it again, same bits.
         Under torch.compile a Sequential with spans runs as the whole-seq
         custom ops (seq_fwd, seq_bwd), whose C fuser does the recompute."""
-        self._seq.set_recompute(operator.index(first), operator.index(count))
+        span = (operator.index(first), operator.index(count))
+        self._seq.set_recompute(*span)
+        self._spans.append(span)
         self._whole = True
 
     def clear_recompute(self):
         self._seq.clear_recompute()
+        self._spans = []
         self._whole = self._eager_nodes
 
     def plans(self):
@@ -654,18 +735,21 @@ def _kwargs_id(kw) -> int:
 def _seq_fwd(x, extra, params, key, recipe, needs_grad, x_grad, kwargs, out_features,
              out_dtypes):
     m = _MODELS[key]
-    kw = _KWARGS[kwargs]
-    y, extra_out = m._seq._s.forward(to_opf(x.contiguous()), _RECIPES[recipe], needs_grad, x_grad,
-                                     [to_opf(e.contiguous()) for e in extra] or None,
+    kw, ctx = _KWARGS[kwargs], m._seq.ctx
+    _C.torch_follow(ctx)
+    y, extra_out = m._seq._s.forward(to_opf(x.contiguous(), ctx=ctx), _RECIPES[recipe],
+                                     needs_grad, x_grad,
+                                     [to_opf(e.contiguous(), ctx=ctx) for e in extra] or None,
                                      m._kwargs_list(kw) if kw else None)
     return [to_torch(t).clone() for t in [y] + list(extra_out or [])]
 
 
 def _seq_bwd(dy, dextra_out, extra, params, key, x_shape):
-    m = _MODELS[key]
+    m, ctx = _MODELS[key], _MODELS[key]._seq.ctx
+    _C.torch_follow(ctx)
     m._seq.zero_grad()
-    de = [to_opf(d.contiguous()) for d in dextra_out]
-    dx, dextra_in = m._seq._s.backward(to_opf(dy.contiguous()), de or None)
+    de = [to_opf(d.contiguous(), ctx=ctx) for d in dextra_out]
+    dx, dextra_in = m._seq._s.backward(to_opf(dy.contiguous(), ctx=ctx), de or None)
     dx = dy.new_zeros(x_shape) if dx is None else to_torch(dx).clone()
     dein = [torch.zeros_like(e) if d is None else to_torch(d).clone()
             for d, e in zip(list(dextra_in or []) + [None] * len(extra), extra)]
@@ -678,8 +762,9 @@ def _seq_fwd_fake(x, extra, params, key, recipe, needs_grad, x_grad, kwargs, out
             for f, d in zip(out_features, out_dtypes)]
 
 
-_ops._lib.impl("seq_fwd", _seq_fwd, "CPU")
-_ops._lib.impl("seq_bwd", _seq_bwd, "CPU")
+for _key in _ops._BACKENDS:
+    _ops._lib.impl("seq_fwd", _seq_fwd, _key)
+    _ops._lib.impl("seq_bwd", _seq_bwd, _key)
 torch.library.register_fake("opfuse::seq_fwd", _seq_fwd_fake, lib=_ops._lib)
 torch.library.register_fake(
     "opfuse::seq_bwd", lambda dy, dextra_out, extra, params, key, x_shape:
@@ -756,10 +841,11 @@ def _sequential_whole_outputs(self, recipe_id, needs_grad, x_grad, dtype, k, ext
     if dtype < 0 or any(d < 0 for d, _ in extra):
         raise opfuse.DtypeError("opfuse.torch.Sequential: an input's torch dtype has no "
                                 "opfuse dtype")
-    rows = _PROBES[0]
-    x = to_opf(torch.zeros(rows, k, dtype=_tensor._TORCH_DTYPES[DType(dtype)]))
+    rows, dev = _PROBES[0], self.device
+    x = to_opf(torch.zeros(rows, k, dtype=_tensor._TORCH_DTYPES[DType(dtype)], device=dev))
     ein = [to_opf(torch.zeros(*[rows if n < 0 else n for n in shp],
-                              dtype=_tensor._TORCH_DTYPES[DType(d)])) for d, shp in extra]
+                              dtype=_tensor._TORCH_DTYPES[DType(d)], device=dev))
+           for d, shp in extra]
     prog = self._seq._s.trace(x, _RECIPES[recipe_id], needs_grad, x_grad, ein or None,
                               self._kwargs_list(kw) if kw else None)
     outs = []
@@ -791,6 +877,7 @@ class Optimizer:
 
     def step(self):
         m = self.model
+        _C.torch_follow(m._seq.ctx)  # the C step after torch's gradients, on its stream
         with torch.no_grad():
             for g, (p, c) in enumerate(zip(m._plist, m._c_grads)):
                 i = next(i for i in range(len(m._seq)) if m._first_param[i + 1] > g)
@@ -816,7 +903,7 @@ class GroupedLinear(torch.nn.Module):
     op."""
 
     def __init__(self, groups, in_features, out_features, bias=True, dtype=None, name=None,
-                 ctx=None):
+                 ctx=None, device=None):
         super().__init__()
         self.groups, self.in_features, self.out_features = groups, in_features, out_features
         self.spec = spec = OpSpec("grouped_linear", {"groups": groups, "in_features": in_features,
@@ -824,7 +911,7 @@ class GroupedLinear(torch.nn.Module):
                                          "dtype": _dt(dtype)}, name, ((False, 0, None, False),))
         holder = _Module()
         holder.op_specs = lambda: [spec]
-        object.__setattr__(self, "_model", Sequential(holder, ctx=ctx))
+        object.__setattr__(self, "_model", Sequential(holder, ctx=ctx, device=device))
         for pname, p in self._model.named_parameters():
             self.register_parameter(pname.split("_", 1)[1], p)
 
@@ -833,6 +920,12 @@ class GroupedLinear(torch.nn.Module):
         input of the Sequential (an int64 tensor after x, in op order) and
         its parameters the Sequential's (this module's own stay unused)."""
         return [self.spec]
+
+    def _apply(self, fn, recurse=True):
+        """.to() / .cuda(): the inner Sequential moves (its Parameters, which
+        are this module's, keep their identity)."""
+        self._model._apply(fn, recurse)
+        return self
 
     def forward(self, x, split_sizes):
         if isinstance(split_sizes, torch.Tensor):

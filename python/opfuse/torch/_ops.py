@@ -30,6 +30,11 @@ computed, only empty tensors made from the specs. The impl is the
 ``_C.ClassCall`` itself: one C call that reads the torch arguments,
 allocates the same tensors and runs the C impl on their memory.
 
+Every op runs on the device of its tensors: the CPU, or a GPU through that
+GPU's default CUDA context, whose work goes on torch's current stream (the
+impl hands it to the context on each call); a fake's outputs are on its
+inputs' device.
+
 Models reach these ops through _program: the graph opf_compile traces
 for a call (forward and backward plans with their fused ops) replayed node
 by node, differentiated as a whole by one torch.autograd.Function. The
@@ -46,9 +51,16 @@ import torch
 from .. import DType, _C, default_context
 from ._tensor import _FROM_TORCH, _TORCH_DTYPES
 
+def _stream_of(index: int) -> int:
+    """torch's current CUDA stream of GPU index (0: the default stream)."""
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 _C.torch_setup(torch.empty, torch.zeros, default_context,
                {t: int(d) for t, d in _FROM_TORCH.items()},
-               {int(d): t for d, t in _TORCH_DTYPES.items()})
+               {int(d): t for d, t in _TORCH_DTYPES.items()},
+               getattr(torch._C, "_cuda_getCurrentRawStream", _stream_of))
+_BACKENDS = ("CPU", "CUDA")  # the dispatch keys the impls are registered for
 
 TENSOR, TENSOR_Q, QUANTIZER, INT, FLOAT, BOOL, ENUM, BUNDLE, REF, F32, I32 = range(11)
 N_COMP = 6
@@ -88,10 +100,18 @@ def _int(d, rows, value) -> int:
     return int(d)
 
 
-def _concrete(tensors, values, shapes, rows, value):
+def _device(tensors) -> torch.device:
+    """The device of a call: its first GPU tensor's, else the CPU."""
     for t in tensors:
         if t.device.type != "cpu":
-            raise _C.UnsupportedError(f"tensor on {t.device}; this build takes CPU tensors")
+            return t.device
+    return torch.device("cpu")
+
+
+def _concrete(tensors, values, shapes, rows, value):
+    for t in tensors:
+        if t.device.type not in ("cpu", "cuda"):
+            raise _C.UnsupportedError(f"tensor on {t.device}: opfuse takes CPU and CUDA tensors")
     ts = []
     for t in tensors:
         dt = _FROM_TORCH.get(t.dtype)
@@ -165,8 +185,9 @@ def _lifted(a, b, rows, h1, h2):
     return _tensor_shapes((tuple(dims),) + tuple(spec_a[1:]))
 
 
-def _empty(shape, dt, zero):
-    return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[DType(dt)])
+def _empty(shape, dt, zero, device):
+    return (torch.zeros if zero else torch.empty)(shape, dtype=_TORCH_DTYPES[DType(dt)],
+                                                  device=device)
 
 
 def _fake(call, tensors, values, shapes) -> list:
@@ -175,7 +196,7 @@ def _fake(call, tensors, values, shapes) -> list:
     shapes the C fake runs at two row counts and the dims that follow the
     rows come out symbolic; a dim that follows them otherwise pins the rows
     (a guard: the graph is specialized to this size)."""
-    rows = shapes[-1]
+    rows, dev = shapes[-1], _device(tensors)
     if isinstance(rows, torch.SymInt) and rows.node.has_hint():
         h1 = rows.node.hint
         h2 = h1 + 256  # as divisible as h1 by every block size of every format
@@ -183,11 +204,20 @@ def _fake(call, tensors, values, shapes) -> list:
         b = call.fake(*_concrete(tensors, values, shapes, rows, h2))
         lifted = [_lifted(x, y, rows, h1, h2) for x, y in zip(a, b)]
         if all(shp is not None for shp in lifted):
-            return [_empty(shp, dt, zero) for out, shps in zip(a, lifted)
+            return [_empty(shp, dt, zero, _on(out[0], dev)) for out, shps in zip(a, lifted)
                     for shp, (_, dt, zero) in zip(shps, out[1])]
         rows = int(rows)
     outs = call.fake(*_concrete(tensors, values, shapes, None, 0))
-    return [_empty(shape, dt, zero) for _, allocs in outs for shape, dt, zero in allocs]
+    return [_empty(shape, dt, zero, _on(spec, dev)) for spec, allocs in outs
+            for shape, dt, zero in allocs]
+
+
+SPEC_HOST = 8  # OPF_SPEC_HOST: an output the op reads on the host stays there
+
+
+def _on(spec, dev):
+    """The device of an output of spec in a call on dev."""
+    return torch.device("cpu") if spec[5] & SPEC_HOST else dev
 
 
 # ---- registration ------------------------------------------------------------------------
@@ -214,7 +244,8 @@ class ClassOps:
         call = _C.ClassCall(self.cls, which == "bwd")
         self.calls[which] = call
         # the real call is one C call: no Python between the dispatcher and C
-        _lib.impl(name, call, "CPU")
+        for key in _BACKENDS:
+            _lib.impl(name, call, key)
         torch.library.register_fake(f"opfuse::{name}",
                                     lambda t, v, s: _fake(call, t, v, s), lib=_lib)
         return getattr(torch.ops.opfuse, name).default
@@ -236,10 +267,11 @@ def _fast_autograd(op, call):
         fallback = make_autograd_impl(op, Info(_backward, _setup_context))
     except (ImportError, TypeError):  # another torch: its own kernel alone
         return
-    cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-    _lib.impl(op._schema.name.split("::")[1], _C.FastAutograd(
-        call, fallback, cpu, torch._C._after_autograd_keyset, torch.is_grad_enabled),
-        "AutogradCPU", with_keyset=True)
+    for key in _BACKENDS:
+        backend = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+        _lib.impl(op._schema.name.split("::")[1], _C.FastAutograd(
+            call, fallback, backend, torch._C._after_autograd_keyset, torch.is_grad_enabled),
+            "Autograd" + key, with_keyset=True)
 
 
 def class_ops(cls: str) -> ClassOps:
@@ -273,11 +305,20 @@ def register_all() -> list:
 _lib.define("delayed_update(Tensor after, int[] ops, bool backward) -> ()")
 
 
+def device_context(device: torch.device):
+    """The thread's default context of a torch device, its work on torch's
+    current stream (a GPU's)."""
+    ctx = default_context(device.type, device.index)
+    _C.torch_follow(ctx)
+    return ctx
+
+
 def _delayed_update(after, ops, backward):
-    _C.delayed_update(default_context(), ops, backward)
+    _C.delayed_update(device_context(after.device), ops, backward)
 
 
-_lib.impl("delayed_update", _delayed_update, "CPU")
+for _key in _BACKENDS:
+    _lib.impl("delayed_update", _delayed_update, _key)
 torch.library.register_fake("opfuse::delayed_update", lambda after, ops, backward: None, lib=_lib)
 torch.library._register_effectful_op(torch.ops.opfuse.delayed_update.default,
                                      torch._library.effects.EffectType.ORDERED, lib=_lib)

@@ -32,6 +32,7 @@ from ._tensor import _TORCH_DTYPES
 NODE_FORWARD, NODE_BACKWARD, NODE_GRAD_ADD, NODE_AMAX_UPDATE = 0, 1, 4, 5
 VAL_NODE, VAL_DY, VAL_DEXTRA_OUT, VAL_KWARG = 0, 3, 4, 5
 MAX_EXTRA = 4
+DEVICE = "device"  # the environment's key of the device the program runs on
 NODE_KINDS = ("forward", "backward", "eager forward", "eager backward", "grad add",
               "amax update", "recompute")
 
@@ -128,9 +129,9 @@ def get(env: dict, params, k):
     """The tensor of a program key: a graph value component, a parameter,
     or what the environment holds under the key itself (the weight caches
     ("q", parameter, component), a runtime value)."""
-    if k[0] == "e":  # a tensor whose spec alone the op reads (shape, dtype)
+    if k[0] == "e":  # a tensor whose spec alone the op reads (shape, dtype; its device)
         import torch
-        return torch.empty(k[1], dtype=_TORCH_DTYPES[DType(k[2])])
+        return torch.empty(k[1], dtype=_TORCH_DTYPES[DType(k[2])], device=env.get(DEVICE))
     return params[k[1]] if k[0] == "p" else env[k[1:]] if k[0] == "v" else env[k]
 
 

@@ -19,10 +19,12 @@ _FROM_TORCH[torch.uint8] = DType.U8
 _RAW = {torch.float8_e4m3fn, torch.float8_e5m2, getattr(torch, "float8_e8m0fnu", None)}
 
 
-def to_opf(t: torch.Tensor, dtype: Optional[DType] = None) -> "_C.Tensor":
-    """A plain opfuse tensor over t's memory: t must be a contiguous CPU tensor."""
-    if t.device.type != "cpu":
-        raise _C.UnsupportedError(f"tensor on {t.device}: this build takes CPU tensors")
+def to_opf(t: torch.Tensor, dtype: Optional[DType] = None, ctx=None) -> "_C.Tensor":
+    """A plain opfuse tensor over t's memory: t must be a contiguous CPU or
+    CUDA tensor (with ctx: on the context's GPU, and torch's pending work on
+    it ordered before the context's stream)."""
+    if t.device.type not in ("cpu", "cuda"):
+        raise _C.UnsupportedError(f"tensor on {t.device}: opfuse takes CPU and CUDA tensors")
     if not t.is_contiguous():
         raise _C.InvalidArgError("tensor is not contiguous: pass t.contiguous()")
     dt = _FROM_TORCH.get(t.dtype) if dtype is None else DType(dtype)
@@ -31,7 +33,7 @@ def to_opf(t: torch.Tensor, dtype: Optional[DType] = None) -> "_C.Tensor":
     t = t.detach()
     if t.dtype in _RAW:
         t = t.view(torch.uint8)
-    return _C.from_dlpack(t, int(dt))
+    return _C.from_dlpack(t, int(dt), ctx)
 
 
 def component(t: "_C.Tensor", comp: int = 0) -> Optional[torch.Tensor]:

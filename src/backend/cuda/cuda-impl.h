@@ -32,7 +32,9 @@ typedef struct opf_cuda_algo_entry opf_cuda_algo_entry;
 typedef struct opf_cuda_state {
     int              device;
     int              sm_count;
-    cudaStream_t     stream;
+    cudaStream_t     stream;        /* where work is queued: own_stream or the caller's */
+    cudaStream_t     own_stream;    /* the context's own (created and destroyed here) */
+    cudaEvent_t      switched;      /* orders a newly set stream after the old one */
     cublasLtHandle_t lt;
     void            *lt_ws;         /* cuBLASLt workspace */
     size_t           lt_ws_bytes;

@@ -79,6 +79,9 @@ opf_status opf_cuda_copy(opf_ctx *ctx, void *dst, const void *src, size_t bytes,
 opf_status opf_cuda_memset(opf_ctx *ctx, void *dst, int value, size_t bytes);
 /* Waits for everything queued on the context's stream. */
 opf_status opf_cuda_sync(opf_ctx *ctx);
+/* opf_ctx_set_stream and opf_ctx_stream (context.h) of a CUDA context. */
+opf_status opf_cuda_set_stream(opf_ctx *ctx, void *stream);
+void *opf_cuda_stream(const opf_ctx *ctx);
 
 /* Device tensors come from opf_tensor_alloc on a CUDA context (spec.device
  * OPF_DEVICE_CUDA) and move with opf_tensor_to / opf_tensor_copy (core). */

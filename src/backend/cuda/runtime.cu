@@ -87,7 +87,9 @@ static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
     s->device = dev;
     OPF_CUDA_TRY(ctx, fn, cudaSetDevice(dev));
     OPF_CUDA_TRY(ctx, fn, cudaDeviceGetAttribute(&s->sm_count, cudaDevAttrMultiProcessorCount, dev));
-    OPF_CUDA_TRY(ctx, fn, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    OPF_CUDA_TRY(ctx, fn, cudaStreamCreateWithFlags(&s->own_stream, cudaStreamNonBlocking));
+    s->stream = s->own_stream;
+    OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->switched, cudaEventDisableTiming));
     OPF_CUBLAS_TRY(ctx, fn, cublasLtCreate(&s->lt));
     s->lt_ws_bytes = LT_WS_BYTES;
     OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->lt_ws, s->lt_ws_bytes));
@@ -125,7 +127,8 @@ static void drop_blocks(opf_cuda_block *b, int n)
 
 static void state_destroy(opf_cuda_state *s)
 {
-    if (s->stream) cudaStreamSynchronize(s->stream);
+    if (s->stream) cudaStreamSynchronize(s->stream);  /* the caller's, when one is set */
+    if (s->own_stream) cudaStreamSynchronize(s->own_stream);
     drop_blocks(s->free_list, s->n_free);
     drop_blocks(s->live, s->n_live);
     free(s->free_list);
@@ -136,8 +139,9 @@ static void state_destroy(opf_cuda_state *s)
     cudaFreeHost(s->pinned);
     for (int i = 0; i < 2; i++)
         if (s->staged[i]) cudaEventDestroy(s->staged[i]);
+    if (s->switched) cudaEventDestroy(s->switched);
     if (s->lt) cublasLtDestroy(s->lt);
-    if (s->stream) cudaStreamDestroy(s->stream);
+    if (s->own_stream) cudaStreamDestroy(s->own_stream);
     free(s);
 }
 
@@ -161,12 +165,76 @@ opf_status opf_cuda_device_name(opf_ctx *ctx, char *buf, size_t size)
     return OPF_OK;
 }
 
+/* ---- the stream -----------------------------------------------------------
+ * One stream at a time carries the context's work. A switch makes the new
+ * stream wait for an event recorded on the old one, so the context's work
+ * stays one chain in queue order whatever stream each part ran on: what the
+ * allocator, the staging halves and the scratch assume (below). */
+
+/* OPF_ERR_STATE when st is capturing a graph (a switch would cut the graph). */
+static opf_status not_capturing(opf_ctx *ctx, cudaStream_t st, const char *fn, const char *which)
+{
+    cudaStreamCaptureStatus cs;
+    OPF_CUDA_TRY(ctx, fn, cudaStreamIsCapturing(st, &cs));
+    if (cs == cudaStreamCaptureStatusNone) return OPF_OK;
+    return opf_error(ctx, OPF_ERR_STATE, "%s: %s stream is capturing a graph: switch before or "
+                     "after the capture", fn, which);
+}
+
+/* OPF_ERR_INVALID_ARG unless st is a stream of the context's device. The
+ * special handles (legacy and per-thread default streams) are the current
+ * device's: taken as the context's. */
+static opf_status stream_on_device(opf_ctx *ctx, const opf_cuda_state *s, cudaStream_t st,
+                                   const char *fn)
+{
+#if CUDART_VERSION >= 12080
+    if (st == cudaStreamLegacy || st == cudaStreamPerThread) return OPF_OK;
+    int dev = -1;
+    cudaError_t e = cudaStreamGetDevice(st, &dev);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %p is not a CUDA stream "
+                         "(cudaStreamGetDevice: %s)", fn, (void *)st, cudaGetErrorString(e));
+    }
+    if (dev != s->device)
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the stream is on cuda:%d, the context "
+                         "on cuda:%d", fn, dev, s->device);
+#else
+    (void)ctx, (void)s, (void)st, (void)fn;
+#endif
+    return OPF_OK;
+}
+
+opf_status opf_cuda_set_stream(opf_ctx *ctx, void *stream)
+{
+    const char *fn = "opf_ctx_set_stream";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    cudaStream_t next = stream ? (cudaStream_t)stream : s->own_stream;
+    if (next == s->stream) return OPF_OK;
+    opf_status st = stream_on_device(ctx, s, next, fn);
+    if (!st) st = not_capturing(ctx, s->stream, fn, "the current");
+    if (!st) st = not_capturing(ctx, next, fn, "the new");
+    if (st) return st;
+    OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->switched, s->stream));
+    OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(next, s->switched, 0));
+    s->stream = next;
+    return OPF_OK;
+}
+
+void *opf_cuda_stream(const opf_ctx *ctx)
+{
+    opf_cuda_state *s = state_if_any(ctx);
+    return s ? (void *)s->stream : NULL;
+}
+
 /* ---- caching allocator ----------------------------------------------------
  * Size classes: multiples of 512 bytes below 1 MiB, above that four classes
  * per power of two (at most 25% slack). A freed block goes to the free list
- * of its class; the next allocation of that class takes it. There is one
- * stream per context, so stream order alone makes the reuse safe: work
- * queued after the free runs after the work that used the block before. */
+ * of its class; the next allocation of that class takes it. The context's
+ * work is one chain in queue order (a stream switch waits for the old
+ * stream, above), so queue order alone makes the reuse safe: work queued
+ * after the free runs after the work that used the block before. */
 
 static size_t size_class(size_t bytes)
 {
