@@ -12,12 +12,15 @@
  *     [8192, 4096], GELU and SwiGLU forward and backward on fp32, in GB/s;
  *   - cast + transpose of a bf16 [M, K] tensor (the elem family's entry) and
  *     an AdamW step over 100 tensors of 1M fp32 parameters (fp32 gradients,
- *     master weights, moments and parameter copies), in GB/s.
+ *     master weights, moments and parameter copies), in GB/s;
+ *   - causal attention on fp32 qkv at GPT-2 small's shape (B 16, T 1024,
+ *     H 12, D 64), forward and forward + backward, on the gemm and flash
+ *     paths of OPF_CUDA_ATTENTION, in ms.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
  * `--only LIST` runs only the sections named in LIST (any of quantize,
- * gemm, norm, elem; the copy always runs).
+ * gemm, norm, elem, attn; the copy always runs).
  *
  *     opfuse bench cuda [--out FILE] [--only LIST] [M K [S]]   default 8192 8192 8192 */
 #include <stdio.h>
@@ -124,7 +127,8 @@ static FILE *results;
 
 static void record(const char *name, const char *unit, double v, const char *note)
 {
-    printf("  %-32s %10.1f %-7s %s\n", name, v, unit, note ? note : "");
+    int digits = strcmp(unit, "ms") ? 1 : 3;
+    printf("  %-32s %10.*f %-7s %s\n", name, digits, v, unit, note ? note : "");
     if (results) fprintf(results, "%s %.6g\n", name, v);
 }
 
@@ -470,6 +474,59 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
     return rc || bench_adamw(ctx);
 }
 
+/* ---- causal attention: fp32 qkv [B, T, 3C] at GPT-2 small's shape, per
+ * path of OPF_CUDA_ATTENTION; the FLOP counts are the causal half's (the
+ * backward's five products 2.5 times the forward's two). ----------------- */
+enum { AT_B = 16, AT_T = 1024, AT_H = 12, AT_D = 64 };
+
+typedef struct attn_arg {
+    bool         bwd;
+    const float *qkv, *dout;
+    float       *o, *lse, *dqkv;
+} attn_arg;
+static opf_status run_attn(opf_ctx *ctx, void *p)
+{
+    attn_arg *a = p;
+    const opf_nn_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->nn;
+    opf_status st = K->attn_fwd(ctx, a->qkv, a->o, a->lse, AT_B, AT_T, AT_H, AT_D);
+    if (st || !a->bwd) return st;
+    return K->attn_bwd(ctx, a->qkv, a->o, a->lse, a->dout, a->dqkv, AT_B, AT_T, AT_H, AT_D);
+}
+
+static int bench_attn(opf_ctx *ctx)
+{
+    const int64_t rows = AT_B * AT_T, C = AT_H * AT_D;
+    opf_tensor t[5];
+    memset(t, 0, sizeof t);
+    opf_spec so = opf_spec_make(2, (int64_t[]){rows, C}, OPF_F32);
+    opf_spec sl = opf_spec_make(1, (int64_t[]){AT_B * AT_H * AT_T}, OPF_F32);
+    opf_spec sq = opf_spec_make(2, (int64_t[]){rows, 3 * C}, OPF_F32);
+    if (random_tensor(ctx, rows, 3 * C, OPF_F32, &t[0]) ||
+        random_tensor(ctx, rows, C, OPF_F32, &t[1]) || device_tensor(ctx, &so, &t[2]) ||
+        device_tensor(ctx, &sl, &t[3]) || device_tensor(ctx, &sq, &t[4]))
+        return 1;
+    printf("causal attention fp32, B %d T %d H %d D %d (ms a call)\n", AT_B, AT_T, AT_H, AT_D);
+    static const char *const paths[] = {"gemm", "flash"};
+    const double fwd_flop = 2.0 * AT_B * AT_H * (double)AT_T * AT_T * AT_D;
+    int rc = 0;
+    for (int p = 0; p < 2 && !rc; p++) {
+        setenv("OPF_CUDA_ATTENTION", paths[p], 1);
+        for (int b = 0; b < 2 && !rc; b++) {
+            attn_arg a = {b, t[0].data[0], t[1].data[0], t[2].data[0], t[3].data[0], t[4].data[0]};
+            double ms;
+            rc = time_ms(ctx, run_attn, &a, &ms);
+            char name[48], note[48];
+            snprintf(name, sizeof name, "attn_%s_%s_ms", b ? "fwdbwd" : "fwd", paths[p]);
+            snprintf(note, sizeof note, "%.1f TFLOP/s", (b ? 3.5 : 1.0) * fwd_flop / ms * 1e-9);
+            if (!rc) record(name, "ms", ms, note);
+        }
+    }
+    unsetenv("OPF_CUDA_ATTENTION");
+    opf_cuda_sync(ctx);
+    for (int i = 0; i < 5; i++) opf_tensor_release(&t[i]);
+    return rc;
+}
+
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
@@ -483,7 +540,7 @@ int opf_bench_cuda(int argc, char **argv)
     results = out_path ? fopen(out_path, "w") : NULL;
     rc = bench_quantize(ctx, M, K) || (wanted("gemm") && bench_gemm(ctx, S)) ||
          (wanted("norm") && (bench_norm_act(ctx) || bench_fused(ctx))) ||
-         (wanted("elem") && bench_elem(ctx, M, K));
+         (wanted("elem") && bench_elem(ctx, M, K)) || (wanted("attn") && bench_attn(ctx));
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

@@ -7,7 +7,10 @@ global scale, e4m3 block scales and packed e2m1 codes, with and without the
 and torch._scaled_mm (FP8 per-tensor, fast and split accumulation); LayerNorm,
 RMSNorm, GELU and SwiGLU (eager) against the norm and activation kernels;
 the transposed copy x.t().contiguous() of a bf16 tensor, a fused AdamW step
-(torch.optim.AdamW(fused=True)) over 100 tensors of 1M fp32 parameters.
+(torch.optim.AdamW(fused=True)) over 100 tensors of 1M fp32 parameters;
+causal F.scaled_dot_product_attention at GPT-2 small's shape (fp32 with TF32
+allowed, and bf16), forward and forward + backward, against opfuse's gemm
+and flash attention paths.
 CUDA-event medians after warm-up, random data. Block-scaled, MXFP8 and NVFP4 GEMMs
 have no PyTorch peer on Hopper: the table compares them with opfuse's
 per-tensor FP8 GEMM and with torch.mm.
@@ -225,6 +228,38 @@ def elem_peers(peer, M, K, dev):
     peer["adamw_100m_gbs"] = 28.0 * n_t * n / ms * 1e-6
 
 
+AT_B, AT_T, AT_H, AT_D = 16, 1024, 12, 64
+# (opfuse's row, the peer's, what the peer is); ms, ratio = peer / opfuse
+ATTN_ROWS = (("attn_fwd_gemm_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
+             ("attn_fwd_flash_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
+             ("attn_fwd_flash_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
+             ("attn_fwdbwd_gemm_ms", "attn_fwdbwd_ms", "SDPA causal fp32 (TF32)"),
+             ("attn_fwdbwd_flash_ms", "attn_fwdbwd_ms", "SDPA causal fp32 (TF32)"),
+             ("attn_fwdbwd_flash_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"))
+
+
+def attn_peer(dev):
+    """Causal SDPA on [B, H, T, D] q, k, v at opfuse's attention shape: fp32
+    with TF32 allowed, and bf16; the forward, and the forward with the
+    gradients of q, k and v, in ms."""
+    F, out = torch.nn.functional, {}
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    for dt, tag in ((torch.float32, ""), (torch.bfloat16, "_bf16")):
+        q, k, v = (torch.randn(AT_B, AT_H, AT_T, AT_D, device=dev, dtype=dt, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn_like(q)
+
+        def fwd():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        out["attn_fwd" + tag + "_ms"] = median_ms(fwd)
+        out["attn_fwdbwd" + tag + "_ms"] = median_ms(
+            lambda: torch.autograd.grad(fwd(), (q, k, v), do))
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return out
+
+
 def main():
     path = sys.argv[1]
     M, K, S = (int(a) for a in sys.argv[2:5]) if len(sys.argv) >= 5 else (8192, 8192, 8192)
@@ -259,6 +294,7 @@ def main():
     del a, b, qa, qb
     peer.update(norm_act_peer(dev))
     elem_peers(peer, M, K, dev)
+    peer.update(attn_peer(dev))
 
     ours = {}
     with open(path) as f:
@@ -295,6 +331,11 @@ def main():
         o = ours.get(k)
         r = f"{o / base:6.2f}" if o and base else "     -"
         print(f"{k + ' (TF/s)':34s} {o or 0:9.1f} {base or 0:9.1f} {r}  {what}")
+    # Attention in ms: the ratio is peer / opfuse (above 1: opfuse faster).
+    for k, pk, what in ATTN_ROWS:
+        o, p = ours.get(k), peer.get(pk)
+        r = f"{p / o:6.2f}" if o and p else "     -"
+        print(f"{k + ' (ms)':34s} {o or 0:9.3f} {p or 0:9.3f} {r}  {what}")
     for k in sorted(ours):
         if k.endswith("_gbs") and k != "copy_gbs":
             print(f"{k:34s} {100 * ours[k] / ours['copy_gbs']:8.1f}% of our device copy")

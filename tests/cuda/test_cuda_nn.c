@@ -2,8 +2,10 @@
  * against the CPU reference (opf_cpu_nn) on the same inputs, byte for byte
  * (two NaNs count as equal: nn.cu's NaN exception): embedding forward and
  * backward with repeated tokens and a bad token, causal attention forward
- * and backward (T = 1, T not a multiple of 32, heads 1..12, D = 1 and past
- * one pass of 256), cross-entropy with ignored targets and a vocabulary of
+ * and backward on each path of OPF_CUDA_ATTENTION (exact byte for byte,
+ * gemm and flash within bounds; T = 1, T not a multiple of 32 or 64, heads
+ * 1..12, D = 1, 64, 128 and past one pass of 256; an unknown path is an
+ * error), cross-entropy with ignored targets and a vocabulary of
  * 50257, sumsq per dtype, clipping's sumsq_acc and clip_scale; and the
  * device expf/logf against the host's libm. */
 #ifndef OPF_HAVE_CUDA
@@ -124,11 +126,58 @@ static void test_embedding(opf_ctx *ctx)
 
 /* ---- attention ---------------------------------------------------------------- */
 
-/* got (device) against ref (host) within tol of ref's largest magnitude:
- * the batched-GEMM attention sums in cuBLASLt's order. */
-static void expect_close(opf_ctx *ctx, const char *what, const float *ref, const float *dev,
-                         int64_t n, double tol)
+/* The attention paths (OPF_CUDA_ATTENTION; NULL: unset, the default gemm)
+ * and their bounds against the CPU, as fractions of the largest |value| of
+ * the reference (0: bit for bit).
+ *  - gemm: fp32 GEMMs; only the order of the sums differs.
+ *  - flash: q, k, v, do, p and ds enter the tensor cores rounded to TF32
+ *    (10 mantissa bits, unit roundoff u = 2^-11 ~ 4.9e-4); a product of two
+ *    rounded values is off by up to 2u relative, and the sums over D and
+ *    over keys average the signs, so o and dqkv land near u of their
+ *    largest value (about 2.5e-4 .. 5e-4 at the shapes below). The error of
+ *    a score grows with |q| |k|, hence query/key values at most 2 here.
+ *    Bounds with 4x room: 2e-3 for o and lse, 5e-3 for dqkv (whose ds =
+ *    p (dp - D_i) subtracts and whose products chain twice). D other than
+ *    64 and 128 falls back to gemm, well within these. */
+typedef struct attn_path_case {
+    const char *env;
+    double      tol_o, tol_dqkv;
+} attn_path_case;
+static const attn_path_case attn_paths[] = {
+    {"exact", 0, 0},
+    {NULL, 2e-5, 1e-4},
+    {"flash", 2e-3, 5e-3},
+};
+
+/* Where element at of an attention array lies: (b, t, column) of [B, T,
+ * cols] (qkv's columns as q / k / v, head, d), or (b, h, t) of lse. */
+static void attn_where(char *buf, size_t n, int64_t at, int64_t T, int64_t H, int64_t D,
+                       int64_t cols)
 {
+    if (!cols) {
+        snprintf(buf, n, "b %lld h %lld t %lld", (long long)(at / T / H), (long long)(at / T % H),
+                 (long long)(at % T));
+        return;
+    }
+    int64_t c = at % cols, C = H * D, part = cols == C ? 0 : c / C;
+    snprintf(buf, n, "b %lld t %lld %s head %lld d %lld", (long long)(at / cols / T),
+             (long long)(at / cols % T), cols == C ? "o" : part == 0 ? "q" : part == 1 ? "k" : "v",
+             (long long)(c % C / D), (long long)(c % D));
+}
+
+/* got (device) against ref (host) within tol of ref's largest magnitude
+ * (tol 0: byte for byte); a failure names the shape, the path and the
+ * worst element with its place. */
+static void expect_attn(opf_ctx *ctx, const char *what, const char *shape, const float *ref,
+                        const float *dev, int64_t n, double tol, int64_t T, int64_t H, int64_t D,
+                        int64_t cols)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%s [%s]", what, shape);
+    if (tol == 0) {
+        expect_same(ctx, name, ref, dev, n);
+        return;
+    }
     float *got = fvec(n);
     host_from(ctx, got, dev, sizeof(float) * (size_t)n);
     double big = 0, err = 0;
@@ -138,14 +187,17 @@ static void expect_close(opf_ctx *ctx, const char *what, const float *ref, const
         double e = fabs((double)got[i] - (double)ref[i]);
         if (!(e <= err)) err = e, at = i;  /* NaN counts as the worst */
     }
-    CHECK(err <= tol * (big > 0 ? big : 1), "%s: error %g at [%lld] (gpu %g cpu %g), over %g of "
-          "the largest |value| %g", what, err, (long long)at, n ? (double)got[at] : 0.0,
+    char where[96];
+    attn_where(where, sizeof where, at, T, H, D, cols);
+    CHECK(err <= tol * (big > 0 ? big : 1), "%s: error %g at [%lld] (%s; gpu %g cpu %g), over %g "
+          "of the largest |value| %g", name, err, (long long)at, where, n ? (double)got[at] : 0.0,
           n ? (double)ref[at] : 0.0, tol, big);
     free(got);
 }
 
-/* One shape: the default path (batched GEMMs) within a tolerance, and with
- * exact the warp-per-row kernels (OPF_CUDA_EXACT_ATTENTION=1) bit for bit. */
+/* One shape on every path (exact only when `exact`: slow at long T): the
+ * forward against the CPU's o and lse, then the backward from the CPU's o
+ * and lse against its dqkv. */
 static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
                       bool exact)
 {
@@ -161,29 +213,53 @@ static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, 
            (long long)H, (long long)D, (double)scale);
     CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, o, lse, B, T, H, D));
     CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, o, lse, dout, dqkv, B, T, H, D));
-    for (int pass = exact ? 0 : 1; pass < 2; pass++) {
-        if (pass == 0) setenv("OPF_CUDA_EXACT_ATTENTION", "1", 1);
-        else unsetenv("OPF_CUDA_EXACT_ATTENTION");
+    for (int p = exact ? 0 : 1; p < (int)(sizeof attn_paths / sizeof attn_paths[0]); p++) {
+        const attn_path_case *pc = &attn_paths[p];
+        if (pc->env) setenv("OPF_CUDA_ATTENTION", pc->env, 1);
+        else unsetenv("OPF_CUDA_ATTENTION");
+        char shape[96];
+        snprintf(shape, sizeof shape, "B %lld T %lld H %lld D %lld scale %g, %s", (long long)B,
+                 (long long)T, (long long)H, (long long)D, (double)scale,
+                 pc->env ? pc->env : "default");
         CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D));
-        if (pass == 0) {
-            expect_same(ctx, "attn_fwd o (exact)", o, go, no);
-            expect_same(ctx, "attn_fwd lse (exact)", lse, glse, nl);
-        } else {
-            expect_close(ctx, "attn_fwd o", o, go, no, 2e-5);
-            expect_close(ctx, "attn_fwd lse", lse, glse, nl, 2e-5);
-        }
+        expect_attn(ctx, "attn_fwd o", shape, o, go, no, pc->tol_o, T, H, D, C);
+        expect_attn(ctx, "attn_fwd lse", shape, lse, glse, nl, pc->tol_o, T, H, D, 0);
         /* the backward from the CPU's o and lse on both sides */
         CHECK_OK(ctx, opf_cuda_copy(ctx, go, o, sizeof(float) * (size_t)no, OPF_CUDA_H2D));
         CHECK_OK(ctx, opf_cuda_copy(ctx, glse, lse, sizeof(float) * (size_t)nl, OPF_CUDA_H2D));
         CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D));
-        if (pass == 0) expect_same(ctx, "attn_bwd dqkv (exact)", dqkv, gdqkv, nq);
-        else expect_close(ctx, "attn_bwd dqkv", dqkv, gdqkv, nq, 1e-4);
+        expect_attn(ctx, "attn_bwd dqkv", shape, dqkv, gdqkv, nq, pc->tol_dqkv, T, H, D, 3 * C);
     }
-    unsetenv("OPF_CUDA_EXACT_ATTENTION");
+    unsetenv("OPF_CUDA_ATTENTION");
     void *gs[] = {gqkv, gdout, go, glse, gdqkv};
     for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);
     void *hs[] = {qkv, dout, o, lse, dqkv};
     for (int i = 0; i < 5; i++) free(hs[i]);
+}
+
+/* An OPF_CUDA_ATTENTION that names no path fails both entries with a
+ * message naming the variable and the value; "gemm" is accepted. */
+static void attn_path_error(opf_ctx *ctx)
+{
+    int64_t B = 1, T = 5, H = 2, D = 64, nq = B * T * 3 * H * D, no = B * T * H * D;
+    float *qkv = frand(nq, 1.0f, 0, false), *dout = frand(no, 1.0f, 0, false);
+    float *gqkv = dev_from(ctx, qkv, sizeof(float) * (size_t)nq);
+    float *gdout = dev_from(ctx, dout, sizeof(float) * (size_t)no);
+    float *go = dev_from(ctx, NULL, sizeof(float) * (size_t)no);
+    float *glse = dev_from(ctx, NULL, sizeof(float) * (size_t)(B * H * T));
+    float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
+    printf("  attention: OPF_CUDA_ATTENTION=flash2 is an error\n");
+    setenv("OPF_CUDA_ATTENTION", "flash2", 1);
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D), OPF_ERR_INVALID_ARG,
+                "attention forward", "OPF_CUDA_ATTENTION", "flash2");
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D),
+                OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash2");
+    setenv("OPF_CUDA_ATTENTION", "gemm", 1);
+    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D));
+    unsetenv("OPF_CUDA_ATTENTION");
+    void *gs[] = {gqkv, gdout, go, glse, gdqkv};
+    for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);
+    free(qkv), free(dout);
 }
 
 static void test_attention(opf_ctx *ctx)
@@ -192,12 +268,21 @@ static void test_attention(opf_ctx *ctx)
     attn_case(ctx, 1, 1, 1, 1, 1.0f, true);
     attn_case(ctx, 2, 33, 1, 64, 1.0f, true);
     attn_case(ctx, 1, 70, 12, 8, 4.0f, true);     /* large scores: the max moves often */
-    attn_case(ctx, 3, 45, 5, 24, 1.0f, true);
+    attn_case(ctx, 3, 45, 5, 24, 1.0f, true);     /* flash: D = 24 falls back to gemm */
     attn_case(ctx, 1, 97, 2, 1, 8.0f, true);      /* D = 1 */
     attn_case(ctx, 1, 40, 2, 300, 0.5f, true);    /* D past one 256-wide pass */
     attn_case(ctx, 2, 128, 12, 64, 1.0f, true);   /* GPT-2's heads */
     attn_case(ctx, 1, 1024, 12, 64, 1.0f, false); /* GPT-2's context */
     attn_case(ctx, 1, 8192, 3, 8, 1.0f, false);   /* the backward in chunks of pairs */
+    /* flash's tiles: 64 rows; partial last tiles, D 64 and 128 */
+    attn_case(ctx, 2, 1, 3, 64, 1.0f, true);
+    attn_case(ctx, 1, 33, 2, 128, 1.0f, true);
+    attn_case(ctx, 2, 65, 3, 64, 1.0f, true);
+    attn_case(ctx, 1, 127, 4, 128, 1.0f, true);
+    attn_case(ctx, 3, 64, 2, 64, 2.0f, true);     /* one whole tile, larger scores */
+    attn_case(ctx, 2, 1000, 2, 64, 1.0f, false);
+    attn_case(ctx, 1, 1000, 3, 128, 1.0f, false);
+    attn_path_error(ctx);
 }
 
 /* ---- cross-entropy -------------------------------------------------------------- */

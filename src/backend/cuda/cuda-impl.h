@@ -77,13 +77,20 @@ opf_status opf_cuda_sgemm_batched(opf_ctx *ctx, opf_cuda_state *s, bool ta, bool
                                   int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
                                   int64_t sa, const float *B, int64_t ldb, int64_t sb, float *D,
                                   int64_t sd, int64_t batch);
-/* nn.h's attention entries as batched GEMMs (attn.cu): nn.cu's entries
- * call them unless OPF_CUDA_EXACT_ATTENTION=1 asks for the CPU's bits. */
+/* nn.h's attention entries; nn.cu's pick one by OPF_CUDA_ATTENTION: gemm
+ * (the default) batched fp32 GEMMs (attn.cu); flash the tiled TF32
+ * tensor-core kernels (flash.cu: D 64 or 128 and 16-byte aligned arrays,
+ * else the GEMMs); exact nn.cu's own, the CPU's bits. */
 opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
                                   int64_t T, int64_t H, int64_t D);
 opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
                                   const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
                                   int64_t D);
+opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
+                                   int64_t B, int64_t T, int64_t H, int64_t D);
+opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
+                                   const float *lse, const float *dout, float *dqkv, int64_t B,
+                                   int64_t T, int64_t H, int64_t D);
 /* The status of a failed CUDA runtime call, with its message. */
 opf_status opf_cuda_fail(opf_ctx *ctx, cudaError_t e, const char *fn, const char *call);
 opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const char *call);

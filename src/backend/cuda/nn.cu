@@ -8,10 +8,11 @@
  *  - embed_bwd: the rows are sorted by token with CUB's stable radix sort,
  *    so each token's rows are one run in increasing r; a thread per (token,
  *    column) walks its run. dwpe: a thread per (t, column) walks b.
- *  - attention (with OPF_CUDA_EXACT_ATTENTION=1; by default attn.cu's batched
- *    GEMMs, not bit for bit): a warp per (batch, head, query row). Its lanes compute the
- *    scores of 32 keys at once (each dot a lane's sequential sum over d),
- *    the running max of the online softmax is a warp scan (exact: a max of
+ *  - attention (with OPF_CUDA_ATTENTION=exact; by default attn.cu's batched
+ *    GEMMs, or with flash flash.cu's tiles, not bit for bit): a warp per
+ *    (batch, head, query row). Its lanes compute the scores of 32 keys at
+ *    once (each dot a lane's sequential sum over d), the running max of the
+ *    online softmax is a warp scan (exact: a max of
  *    the same values; NaN scores never become the max, as on the CPU), so
  *    c and p are parallel; only l and acc_d, lanes over d, step through the
  *    keys in order. The backward: dq by a warp per query row, dk and dv by a
@@ -354,19 +355,36 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
     }
 }
 
-/* OPF_CUDA_EXACT_ATTENTION=1: the kernels here, with the CPU's bits (a warp
- * per row: slow at long contexts); else attn.cu's batched GEMMs. */
-static bool exact_attention(void)
+/* The attention kernels OPF_CUDA_ATTENTION picks: gemm (unset or empty:
+ * the default) attn.cu's batched GEMMs; flash flash.cu's tiled tensor-core
+ * kernels; exact the kernels here, with the CPU's bits (a warp per row:
+ * slow at long contexts). */
+typedef enum attn_path { ATTN_GEMM, ATTN_FLASH, ATTN_EXACT } attn_path;
+
+static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
 {
-    const char *v = getenv("OPF_CUDA_EXACT_ATTENTION");
-    return v && v[0] == '1';
+    static const char *const names[] = {"gemm", "flash", "exact"};
+    const char *v = getenv("OPF_CUDA_ATTENTION");
+    *out = ATTN_GEMM;
+    if (!v || !v[0]) return OPF_OK;
+    for (int p = 0; p < 3; p++)
+        if (!strcmp(v, names[p])) {
+            *out = (attn_path)p;
+            return OPF_OK;
+        }
+    return opf_error(ctx, OPF_ERR_INVALID_ARG,
+                     "%s: OPF_CUDA_ATTENTION=%s is not gemm, flash or exact", fn, v);
 }
 
 static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
                            int64_t T, int64_t H, int64_t D)
 {
-    if (!exact_attention()) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
     const char *fn = "attention forward (cuda)";
+    attn_path path;
+    opf_status st = attention_path(ctx, fn, &path);
+    if (st) return st;
+    if (path == ATTN_GEMM) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
+    if (path == ATTN_FLASH) return opf_cuda_attn_fwd_flash(ctx, qkv, o, lse, B, T, H, D);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
@@ -485,15 +503,20 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
                            const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
                            int64_t D)
 {
-    if (!exact_attention()) return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
     const char *fn = "attention backward (cuda)";
+    attn_path path;
+    opf_status st = attention_path(ctx, fn, &path);
+    if (st) return st;
+    if (path == ATTN_GEMM) return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
+    if (path == ATTN_FLASH)
+        return opf_cuda_attn_bwd_flash(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
     if (warps <= 0 || D <= 0) return OPF_OK;
     attn_dims a = {B, T, H, D, H * D, 1.0f / sqrtf((float)D)};
     void *ws;
-    opf_status st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)warps, &ws);
+    st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)warps, &ws);
     if (st) return st;
     float *Dv = (float *)ws;
     attn_delta_kernel<<<opf_cuda_grid(s, warps, 256), 256, 0, s->stream>>>(o, dout, Dv, a);

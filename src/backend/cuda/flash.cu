@@ -1,0 +1,549 @@
+/* flash.cu: causal self-attention (backend/nn.h's attn_fwd / attn_bwd) as
+ * FlashAttention-2 style tiled kernels on the tensor cores
+ * (OPF_CUDA_ATTENTION=flash, nn.cu): the [T, T] scores live a 64 x 64 tile
+ * at a time in shared memory, never in global memory.
+ *
+ * The products are WMMA m16n16k8 with TF32 inputs and fp32 accumulation: q,
+ * k, v, do, p and ds are rounded to TF32 (10 mantissa bits) as they enter
+ * shared memory; everything else (the softmax, its running max and sum, lse,
+ * D_i, the accumulators) is fp32, so the interface stays nn.h's fp32 one.
+ * The results differ from the CPU's by about TF32's rounding (test_cuda_nn
+ * bounds them). A block is 4 warps over a 64-row tile of one (batch, head),
+ * each warp 16 rows of it:
+ *   forward   per query tile, key tiles 0 .. diagonal: S = Q K^T (a warp's
+ *             16 x 64 strip), the online softmax of its rows in shared
+ *             memory (running max m, sum l, factor alpha), O = alpha O + P V
+ *             with O in registers; o = O / l, lse = m + log l.
+ *   backward  D_i = do_i . o_i (fp32); per key tile, query tiles from the
+ *             diagonal down: P = exp(S - lse), dP = dO V^T, dS = P (dP - D_i)
+ *             scale, dV += P^T dO, dK += dS^T Q; per query tile, key tiles up
+ *             to the diagonal: dQ += dS K. Two kernels, no atomics: the sums
+ *             are in a fixed order (deterministic).
+ * Tiles above the diagonal are skipped, and on the diagonal a warp skips the
+ * 16-column groups its rows cannot see. Partial tiles (T not a multiple of
+ * 64) are zero rows, masked. D is 64 or 128 (a template); other D, and
+ * operands not 16-byte aligned, take attn.cu's batched GEMMs. */
+#include <mma.h>
+
+#include "backend/cuda/cuda-impl.h"
+
+using namespace nvcuda;
+
+enum {
+    TILE    = 64,          /* queries or keys per tile */
+    NWARP   = 4,           /* warp w: rows 16w .. 16w + 15 of the block's tile */
+    THREADS = 32 * NWARP,
+    SLD     = TILE + 8,    /* row stride of a score strip (padded: fewer bank conflicts) */
+    MAX_TILES = 65535,     /* gridDim.y */
+    NKERNELS  = 4,         /* kernels of one signature: dK dV and dQ, for D 64 and 128 */
+};
+static const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_a;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_b;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> frag_bt;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> frag_c;
+enum { NACC = frag_c::num_elements };
+
+/* One (batch, head) of the block: rows of q, k, v at q, q + C, q + 2C (row
+ * stride 3C); of o and do at stride C; lse and D_i at bh * T. */
+typedef struct flash_dims {
+    int64_t T, H, C;
+    int     tiles;  /* ceil(T / TILE) */
+    float   scale;  /* 1 / sqrt(D) */
+} flash_dims;
+
+typedef struct flash_head {
+    int64_t bh, q, o;  /* offsets of the head's row 0 in qkv and in o / do */
+} flash_head;
+
+static __device__ flash_head flash_head_of(const flash_dims &f, int D)
+{
+    int64_t bh = blockIdx.x, b = bh / f.H, h = bh % f.H;
+    return {bh, b * f.T * 3 * f.C + h * D, b * f.T * f.C + h * D};
+}
+
+static __device__ __forceinline__ float tf32(float x) { return wmma::__float_to_tf32(x); }
+
+/* Rows of the tile from t0 that exist: min(TILE, T - t0). */
+static __device__ __forceinline__ int tile_rows(int64_t T, int64_t t0)
+{
+    return T - t0 < TILE ? (int)(T - t0) : TILE;
+}
+
+/* Rows [0, n) of a TILE x D tile (row stride ld) into dst (row stride
+ * D + 8), rounded to TF32; rows n .. TILE - 1 zero. The whole block, 16-byte
+ * loads (src 16-byte aligned, ld a multiple of 4). */
+template <int D>
+static __device__ void load_tile(float *dst, const float *src, int64_t ld, int n)
+{
+    constexpr int V4 = D / 4;
+    for (int e = threadIdx.x; e < TILE * V4; e += THREADS) {
+        int r = e / V4, c = e % V4 * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < n) v = __ldg((const float4 *)(src + r * ld + c));
+        v = make_float4(tf32(v.x), tf32(v.y), tf32(v.z), tf32(v.w));
+        *(float4 *)(dst + r * (D + 8) + c) = v;
+    }
+}
+
+/* A warp's strip of scores: s[r][16n + c] = a[r] . bk[16n + c] for the
+ * column groups n0 <= n < n1; a 16 x D and bk TILE x D at row stride D + 8,
+ * s at SLD. */
+template <int D>
+static __device__ void strip_abt(float *s, const float *a, const float *bk, int n0, int n1)
+{
+    for (int n = n0; n < n1; n++) {
+        frag_c c;
+        wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+        for (int k = 0; k < D; k += 8) {
+            frag_a fa;
+            frag_bt fb;
+            wmma::load_matrix_sync(fa, a + k, D + 8);
+            wmma::load_matrix_sync(fb, bk + n * 16 * (D + 8) + k, D + 8);
+            wmma::mma_sync(c, fa, fb, c);
+        }
+        wmma::store_matrix_sync(s + n * 16, c, SLD, wmma::mem_row_major);
+    }
+}
+
+/* acc[nd] += p[., k0 .. k1) b[k0 .. k1, 16 nd ..): a warp's 16 x D
+ * accumulator; p a strip (stride SLD), b a TILE x D tile (stride D + 8). */
+template <int D>
+static __device__ void strip_ab(frag_c (&acc)[D / 16], const float *p, const float *b, int k0,
+                                int k1)
+{
+    for (int k = k0; k < k1; k += 8) {
+        frag_a fa;
+        wmma::load_matrix_sync(fa, p + k, SLD);
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) {
+            frag_b fb;
+            wmma::load_matrix_sync(fb, b + k * (D + 8) + nd * 16, D + 8);
+            wmma::mma_sync(acc[nd], fa, fb, acc[nd]);
+        }
+    }
+}
+
+/* A warp's accumulators into its 16 rows of buf (stride D + 8), then the
+ * rows that exist (n of them) to dst (row stride ld), times mul[r] when mul
+ * is not NULL. buf must be rows only this warp reads. */
+template <int D>
+static __device__ void strip_store(frag_c (&acc)[D / 16], float *buf, float *dst, int64_t ld,
+                                   int n, const float *mul)
+{
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++)
+        wmma::store_matrix_sync(buf + nd * 16, acc[nd], D + 8, wmma::mem_row_major);
+    __syncwarp();
+    constexpr int V4 = D / 4;
+    for (int e = threadIdx.x % 32; e < 16 * V4; e += 32) {
+        int r = e / V4, c = e % V4 * 4;
+        if (r >= n) break;
+        float4 v = *(const float4 *)(buf + r * (D + 8) + c);
+        if (mul) v = make_float4(v.x * mul[r], v.y * mul[r], v.z * mul[r], v.w * mul[r]);
+        *(float4 *)(dst + r * ld + c) = v;
+    }
+}
+
+/* The row (0..15) of each element of this lane's accumulator fragment: the
+ * fragment layout is the hardware's, so it is read back from a loaded
+ * matrix whose elements are their own row numbers (scratch: 16 x 16 at
+ * stride SLD, this warp's). */
+static __device__ void frag_rows(float *scratch, int rows[NACC])
+{
+    int lane = threadIdx.x % 32;
+    for (int e = lane; e < 256; e += 32) scratch[e / 16 * SLD + e % 16] = (float)(e / 16);
+    __syncwarp();
+    frag_c m;
+    wmma::load_matrix_sync(m, scratch, SLD, wmma::mem_row_major);
+#pragma unroll
+    for (int i = 0; i < NACC; i++) rows[i] = (int)m.x[i];
+    __syncwarp();
+}
+
+/* The online softmax of a warp's strip (16 query rows from i, keys from j0;
+ * columns < ncol computed): two lanes a row, each every other column.
+ * Scores in log2 units (s * scale * log2 e); m and l are the row's running
+ * max and sum (both lanes hold them); P (TF32) replaces S, and the factor
+ * that rescales the row's O goes to alpha[row]. */
+static __device__ void online_softmax(float *S, int64_t i, int64_t j0, int64_t T, int ncol,
+                                      float sl2, float &m, float &l, float *alpha)
+{
+    int lane = threadIdx.x % 32, r = lane / 2;
+    float *s = S + r * SLD, mt = -INFINITY;
+    i += r;
+    for (int c = lane % 2; c < ncol; c += 2)
+        if (j0 + c <= i && j0 + c < T) mt = fmaxf(mt, s[c] * sl2);
+    mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
+    float mn = fmaxf(m, mt), sum = 0.0f;  /* finite: key 0 of tile 0, and the
+                                           * diagonal's first, are every row's */
+    for (int c = lane % 2; c < TILE; c += 2) {
+        bool ok = c < ncol && j0 + c <= i && j0 + c < T;
+        float p = ok ? exp2f(s[c] * sl2 - mn) : 0.0f;
+        s[c] = tf32(p);
+        sum += p;
+    }
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    float a = exp2f(m - mn);  /* 0 on the first tile (m = -inf) */
+    l = l * a + sum;
+    m = mn;
+    if (lane % 2 == 0) alpha[r] = a;
+    __syncwarp();
+}
+
+/* acc *= f[row] per element (rows: frag_rows). */
+template <int D>
+static __device__ void scale_rows(frag_c (&acc)[D / 16], const int rows[NACC], const float *f)
+{
+    float g[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; i++) g[i] = f[rows[i]];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++)
+#pragma unroll
+        for (int i = 0; i < NACC; i++) acc[nd].x[i] *= g[i];
+}
+
+/* Shared memory of the forward: K, V tiles (Q first passes through K's),
+ * the score strips, a float per row. */
+template <int D> static constexpr size_t fwd_smem_bytes()
+{
+    return sizeof(float) * (2 * TILE * (D + 8) + TILE * SLD + TILE);
+}
+
+/* A block per (batch, head) x query tile, the longest (last) tiles first. */
+template <int D>
+__global__ void __launch_bounds__(THREADS) flash_fwd_kernel(const float *qkv, float *o, float *lse,
+                                                            flash_dims f)
+{
+    extern __shared__ __align__(128) float sm[];
+    float *Ks = sm, *Vs = Ks + TILE * (D + 8), *Ss = Vs + TILE * (D + 8), *rowf = Ss + TILE * SLD;
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int qt = f.tiles - 1 - (int)blockIdx.y;
+    int64_t i0 = (int64_t)qt * TILE, ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = qkv + hd.q, *k = q + f.C, *v = k + f.C;
+    float *Sw = Ss + w * 16 * SLD, *alpha = rowf + w * 16;
+    float sl2 = f.scale * LOG2E;
+
+    int rows[NACC];
+    frag_rows(Sw, rows);
+    load_tile<D>(Ks, q + i0 * ld, ld, tile_rows(T, i0));
+    __syncthreads();
+    frag_a qf[D / 8];  /* the warp's 16 query rows, for every key tile */
+#pragma unroll
+    for (int kk = 0; kk < D / 8; kk++)
+        wmma::load_matrix_sync(qf[kk], Ks + w * 16 * (D + 8) + kk * 8, D + 8);
+    frag_c acc[D / 16];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) wmma::fill_fragment(acc[nd], 0.0f);
+    float m = -INFINITY, l = 0.0f;
+
+    for (int kt = 0; kt <= qt; kt++) {
+        int64_t j0 = (int64_t)kt * TILE;
+        __syncthreads();  /* every warp is done with the last K, V (and Q) */
+        int nk = tile_rows(T, j0);
+        load_tile<D>(Ks, k + j0 * ld, ld, nk);
+        load_tile<D>(Vs, v + j0 * ld, ld, nk);
+        __syncthreads();
+        int ng = kt == qt ? w + 1 : TILE / 16;  /* column groups this warp's rows see */
+        for (int n = 0; n < ng; n++) {
+            frag_c c;
+            wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < D / 8; kk++) {
+                frag_bt fb;
+                wmma::load_matrix_sync(fb, Ks + n * 16 * (D + 8) + kk * 8, D + 8);
+                wmma::mma_sync(c, qf[kk], fb, c);
+            }
+            wmma::store_matrix_sync(Sw + n * 16, c, SLD, wmma::mem_row_major);
+        }
+        __syncwarp();
+        online_softmax(Sw, i0 + w * 16, j0, T, 16 * ng, sl2, m, l, alpha);
+        scale_rows<D>(acc, rows, alpha);
+        strip_ab<D>(acc, Sw, Vs, 0, 16 * ng);
+    }
+
+    /* o = O / l, lse = m + log l (natural units) */
+    __syncwarp();  /* every lane has read the last alpha */
+    int r = lane / 2;
+    int64_t i = i0 + w * 16 + r;
+    if (lane % 2 == 0) {
+        alpha[r] = 1.0f / l;
+        if (i < T) lse[hd.bh * T + i] = (m + log2f(l)) * LN2;
+    }
+    __syncthreads();  /* K's rows become the warps' output buffers */
+    int n = min(16, tile_rows(T, i0) - w * 16);
+    if (n > 0)
+        strip_store<D>(acc, Ks + w * 16 * (D + 8), o + hd.o + (i0 + w * 16) * f.C, f.C, n, alpha);
+}
+
+/* D_i = do_i . o_i of every (batch, head, row) x = bh * T + i (lse's
+ * layout), into di: a warp a row. */
+static __global__ void flash_delta_kernel(const float *o, const float *dout, float *di,
+                                          int64_t rows, flash_dims f, int D)
+{
+    int lane = threadIdx.x % 32;
+    int64_t nw = (int64_t)gridDim.x * blockDim.x / 32, H = f.C / D;
+    for (int64_t x = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; x < rows; x += nw) {
+        int64_t bh = x / f.T, i = x % f.T, off = (bh / H * f.T + i) * f.C + bh % H * D;
+        float s = 0.0f;
+        for (int d = lane; d < D; d += 32) s += dout[off + d] * o[off + d];
+        for (int sh = 16; sh; sh >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, sh);
+        if (lane == 0) di[x] = s;
+    }
+}
+
+/* Shared memory of each backward kernel: four tiles, two strips, lse and
+ * D_i of a query tile. */
+template <int D> static constexpr size_t bwd_smem_bytes()
+{
+    return sizeof(float) * (4 * TILE * (D + 8) + 2 * TILE * SLD + 2 * TILE);
+}
+
+/* The backward kernels' shared memory: the block's own two tiles (K, V
+ * for dK and dV; Q, dO for dQ) and warp w's 16 rows of them, the two tiles
+ * it loops over, w's two score strips, lse (log2 units) and D_i of the
+ * current query tile. */
+typedef struct bwd_smem {
+    float *own[2], *own_w[2], *loop[2], *strip[2], *lse2, *dis;
+} bwd_smem;
+
+/* The backward kernels' arguments: nn.h's, and di the D_i of every row. */
+typedef struct bwd_args {
+    const float *qkv, *lse, *dout, *di;
+    float       *dqkv;
+    flash_dims   f;
+} bwd_args;
+
+template <int D> static __device__ bwd_smem bwd_smem_of()
+{
+    extern __shared__ __align__(128) float sm[];
+    bwd_smem m;
+    int w = threadIdx.x / 32;
+    float *strips = sm + 4 * TILE * (D + 8);
+    for (int p = 0; p < 2; p++) {
+        m.own[p] = sm + p * TILE * (D + 8);
+        m.own_w[p] = m.own[p] + w * 16 * (D + 8);
+        m.loop[p] = sm + (2 + p) * TILE * (D + 8);
+        m.strip[p] = strips + p * TILE * SLD + w * 16 * SLD;
+    }
+    m.lse2 = strips + 2 * TILE * SLD;
+    m.dis = m.lse2 + TILE;
+    return m;
+}
+
+/* lse (in log2 units) and D_i of the query tile from row i0 (n rows; 0 past). */
+static __device__ void load_rows(float *lse2, float *dis, const float *lse, const float *di,
+                                 int64_t i0, int n)
+{
+    for (int e = threadIdx.x; e < TILE; e += THREADS) {
+        lse2[e] = e < n ? lse[i0 + e] * LOG2E : 0.0f;
+        dis[e] = e < n ? di[i0 + e] : 0.0f;
+    }
+}
+
+/* dK, dV: a block per (batch, head) x key tile j0, query tiles from the
+ * diagonal to the end. Warp w holds its 16 keys' dK and dV in registers;
+ * its strips are transposed (rows keys, columns queries). */
+template <int D> __global__ void __launch_bounds__(THREADS) flash_dkv_kernel(bwd_args a)
+{
+    bwd_smem m = bwd_smem_of<D>();
+    const flash_dims &f = a.f;
+    float *Ks = m.own[0], *Vs = m.own[1], *Qs = m.loop[0], *dOs = m.loop[1];
+    float *Kw = m.own_w[0], *Vw = m.own_w[1], *Pw = m.strip[0], *dSw = m.strip[1];
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32, kt = (int)blockIdx.y;
+    int64_t j0 = (int64_t)kt * TILE, ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = a.qkv + hd.q, *dO = a.dout + hd.o;
+    float sl2 = f.scale * LOG2E;
+
+    int nk = tile_rows(T, j0);
+    load_tile<D>(Ks, q + f.C + j0 * ld, ld, nk);
+    load_tile<D>(Vs, q + 2 * f.C + j0 * ld, ld, nk);
+    frag_c dk[D / 16], dv[D / 16];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) {
+        wmma::fill_fragment(dk[nd], 0.0f);
+        wmma::fill_fragment(dv[nd], 0.0f);
+    }
+
+    for (int qt = kt; qt < f.tiles; qt++) {
+        int64_t i0 = (int64_t)qt * TILE;
+        int nq = tile_rows(T, i0);
+        __syncthreads();  /* every warp is done with the last Q, dO */
+        load_tile<D>(Qs, q + i0 * ld, ld, nq);
+        load_tile<D>(dOs, dO + i0 * f.C, f.C, nq);
+        load_rows(m.lse2, m.dis, a.lse + hd.bh * T, a.di + hd.bh * T, i0, nq);
+        __syncthreads();
+        int g0 = qt == kt ? w : 0;  /* on the diagonal, queries below 16w see none of these keys */
+        strip_abt<D>(Pw, Kw, Qs, g0, TILE / 16);   /* S^T */
+        strip_abt<D>(dSw, Vw, dOs, g0, TILE / 16); /* dP^T */
+        __syncwarp();
+        for (int e = lane; e < 16 * TILE; e += 32) {
+            int r = e / TILE, c = e % TILE;
+            int64_t j = j0 + w * 16 + r, i = i0 + c;
+            bool ok = c >= 16 * g0 && i >= j && i < T;
+            float p = ok ? exp2f(Pw[r * SLD + c] * sl2 - m.lse2[c]) : 0.0f;
+            float ds = ok ? p * (dSw[r * SLD + c] - m.dis[c]) * f.scale : 0.0f;
+            Pw[r * SLD + c] = tf32(p);
+            dSw[r * SLD + c] = tf32(ds);
+        }
+        __syncwarp();
+        strip_ab<D>(dv, Pw, dOs, 16 * g0, TILE);  /* dV += P^T dO */
+        strip_ab<D>(dk, dSw, Qs, 16 * g0, TILE);  /* dK += dS^T Q */
+    }
+    /* the warp's own K and V rows (only it reads them) hold dK and dV on their way out */
+    int n = min(16, nk - w * 16);
+    if (n <= 0) return;
+    float *row = a.dqkv + hd.q + (j0 + w * 16) * ld;
+    strip_store<D>(dk, Kw, row + f.C, ld, n, NULL);
+    strip_store<D>(dv, Vw, row + 2 * f.C, ld, n, NULL);
+}
+
+/* dQ: a block per (batch, head) x query tile i0 (the longest first), key
+ * tiles up to the diagonal; warp w holds its 16 queries' dQ in registers. */
+template <int D> __global__ void __launch_bounds__(THREADS) flash_dq_kernel(bwd_args a)
+{
+    bwd_smem m = bwd_smem_of<D>();
+    const flash_dims &f = a.f;
+    float *Qs = m.own[0], *dOs = m.own[1], *Ks = m.loop[0], *Vs = m.loop[1];
+    float *Qw = m.own_w[0], *dOw = m.own_w[1], *Sw = m.strip[0], *dPw = m.strip[1];
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int qt = f.tiles - 1 - (int)blockIdx.y;
+    int64_t i0 = (int64_t)qt * TILE, ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = a.qkv + hd.q;
+    float sl2 = f.scale * LOG2E;
+
+    int nq = tile_rows(T, i0);
+    load_tile<D>(Qs, q + i0 * ld, ld, nq);
+    load_tile<D>(dOs, a.dout + hd.o + i0 * f.C, f.C, nq);
+    load_rows(m.lse2, m.dis, a.lse + hd.bh * T, a.di + hd.bh * T, i0, nq);
+    frag_c dq[D / 16];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) wmma::fill_fragment(dq[nd], 0.0f);
+
+    for (int kt = 0; kt <= qt; kt++) {
+        int64_t j0 = (int64_t)kt * TILE;
+        __syncthreads();  /* every warp is done with the last K, V */
+        int nk = tile_rows(T, j0);
+        load_tile<D>(Ks, q + f.C + j0 * ld, ld, nk);
+        load_tile<D>(Vs, q + 2 * f.C + j0 * ld, ld, nk);
+        __syncthreads();
+        int ng = kt == qt ? w + 1 : TILE / 16;
+        strip_abt<D>(Sw, Qw, Ks, 0, ng);    /* S */
+        strip_abt<D>(dPw, dOw, Vs, 0, ng);  /* dP */
+        __syncwarp();
+        for (int e = lane; e < 16 * TILE; e += 32) {
+            int r = e / TILE, c = e % TILE;
+            int64_t i = i0 + w * 16 + r, j = j0 + c;
+            bool ok = c < 16 * ng && j <= i && i < T;
+            float p = ok ? exp2f(Sw[r * SLD + c] * sl2 - m.lse2[w * 16 + r]) : 0.0f;
+            float ds = ok ? p * (dPw[r * SLD + c] - m.dis[w * 16 + r]) * f.scale : 0.0f;
+            Sw[r * SLD + c] = tf32(ds);
+        }
+        __syncwarp();
+        strip_ab<D>(dq, Sw, Ks, 0, 16 * ng);  /* dQ += dS K */
+    }
+    int n = min(16, nq - w * 16);
+    if (n > 0) strip_store<D>(dq, Qw, a.dqkv + hd.q + (i0 + w * 16) * ld, ld, n, NULL);
+}
+
+/* ---- host -------------------------------------------------------------------- */
+
+/* Whether the flash kernels take this call: D 64 or 128, the grid within
+ * CUDA's limits, every array 16-byte aligned. */
+static bool flash_fits(int64_t B, int64_t T, int64_t H, int64_t D, const void *const *p, int np)
+{
+    if ((D != 64 && D != 128) || (T + TILE - 1) / TILE > MAX_TILES || B * H > INT32_MAX)
+        return false;
+    for (int i = 0; i < np; i++)
+        if (!opf_cuda_aligned16(p[i])) return false;
+    return true;
+}
+
+static flash_dims flash_dims_of(int64_t T, int64_t H, int64_t D)
+{
+    return {T, H, H * D, (int)((T + TILE - 1) / TILE), 1.0f / sqrtf((float)D)};
+}
+
+/* Launches kernel; its first launch allows it dynamic shared memory past
+ * 48 KB (once per kernel, as norm.cu does). */
+template <typename... A>
+static opf_status flash_launch(opf_ctx *ctx, opf_cuda_state *s, void (*kernel)(A...), dim3 grid,
+                               size_t smem, const char *fn, A... args)
+{
+    static void (*opted[NKERNELS])(A...);
+    int k = 0;
+    while (k < NKERNELS && opted[k] && opted[k] != kernel) k++;
+    if (k < NKERNELS && !opted[k]) {
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem));
+        opted[k] = kernel;
+    }
+    kernel<<<grid, THREADS, smem, s->stream>>>(args...);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+template <int D>
+static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, float *o,
+                            float *lse, int64_t B, int64_t T, int64_t H, const char *fn)
+{
+    flash_dims f = flash_dims_of(T, H, D);
+    dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
+    return flash_launch(ctx, s, flash_fwd_kernel<D>, grid, fwd_smem_bytes<D>(), fn, qkv, o, lse,
+                        f);
+}
+
+template <int D>
+static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, const float *o,
+                            const float *lse, const float *dout, float *dqkv, float *di, int64_t B,
+                            int64_t T, int64_t H, const char *fn)
+{
+    flash_dims f = flash_dims_of(T, H, D);
+    int64_t rows = B * H * T;
+    flash_delta_kernel<<<opf_cuda_grid(s, 32 * rows, 256), 256, 0, s->stream>>>(o, dout, di, rows,
+                                                                              f, D);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
+    bwd_args a = {qkv, lse, dout, di, dqkv, f};
+    opf_status st = flash_launch(ctx, s, flash_dkv_kernel<D>, grid, bwd_smem_bytes<D>(), fn, a);
+    if (st) return st;
+    return flash_launch(ctx, s, flash_dq_kernel<D>, grid, bwd_smem_bytes<D>(), fn, a);
+}
+
+opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
+                                   int64_t B, int64_t T, int64_t H, int64_t D)
+{
+    const char *fn = "attention forward (cuda flash)";
+    const void *p[] = {qkv, o};
+    if (!flash_fits(B, T, H, D, p, 2)) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
+    return D == 64 ? flash_fwd<64>(ctx, s, qkv, o, lse, B, T, H, fn)
+                   : flash_fwd<128>(ctx, s, qkv, o, lse, B, T, H, fn);
+}
+
+opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
+                                   const float *lse, const float *dout, float *dqkv, int64_t B,
+                                   int64_t T, int64_t H, int64_t D)
+{
+    const char *fn = "attention backward (cuda flash)";
+    const void *p[] = {qkv, o, dout, dqkv};
+    if (!flash_fits(B, T, H, D, p, 4))
+        return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
+    void *ws;
+    opf_status st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)(B * H * T), &ws);
+    if (st) return st;
+    return D == 64 ? flash_bwd<64>(ctx, s, qkv, o, lse, dout, dqkv, (float *)ws, B, T, H, fn)
+                   : flash_bwd<128>(ctx, s, qkv, o, lse, dout, dqkv, (float *)ws, B, T, H, fn);
+}
