@@ -67,6 +67,23 @@ if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
   (cd "$build" && ctest -L cuda ${OPF_GPU_TESTS:+-R "$OPF_GPU_TESTS"} -V -j1) >"$logs/ctest.log" 2>&1
   ctest_rc=$?
   grep -E "failed|FAIL|SKIP|tests passed|Passed|rel err" "$logs/ctest.log" | grep -v ", 0 failed" | tail -40
+  # the Python binding on CUDA tensors: the extension built into the same
+  # tree, its GPU tests run with the machine's PyTorch (OPF_GPU_PY=0 skips)
+  py=$(command -v python3 || true)
+  if [ "${OPF_GPU_PY:-1}" != 0 ] && [ -n "$py" ]; then
+    step "pytest (CUDA tensors through the Python binding)"
+    if ! "$py" -c "import torch, numpy, pytest, ml_dtypes" 2>"$logs/pytest.log"; then
+      echo "skipped: python3 lacks a package the tests need:"; tail -1 "$logs/pytest.log"
+    elif ! { cmake -S . -B "$build" -DOPF_PYTHON_EXT=ON -DOPF_PYTHON="$py" &&
+             ninja -C "$build" -j16; } >>"$logs/pytest.log" 2>&1; then
+      echo "the extension did not build:"; grep -E "error" -A3 "$logs/pytest.log" | head -20
+      ctest_rc=1
+    else
+      PYTHONPATH="$build/python" "$py" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py \
+        tests/python/test_torch.py >>"$logs/pytest.log" 2>&1 || ctest_rc=1
+      grep -E "passed|failed|Error|error" "$logs/pytest.log" | tail -15
+    fi
+  fi
 fi
 
 [ "${OPF_GPU_BENCH:-1}" = 0 ] && exit "$ctest_rc"
