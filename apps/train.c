@@ -373,7 +373,8 @@ static void profile_report(const trainer *t, int64_t steps)
         printf("  %-24s %9.3f  %5.1f%%\n", names[p], 1e3 * t->phase_s[p] / (double)steps,
                total > 0 ? 100 * t->phase_s[p] / total : 0.0);
     printf("  %-24s %9.3f\n", "step", 1e3 * total / (double)steps);
-    if (t->cc) opf_graph_dump_profile(opf_compiled_last_graph(t->cc), steps, stdout);
+    if (t->cc && opf_graph_dump_profile(opf_compiled_last_graph(t->cc), steps, stdout))
+        fprintf(stderr, "opfuse train: --profile: %s\n", opf_last_error(t->ctx));
 }
 
 static opf_status train_loop(trainer *t, int64_t s0)

@@ -41,7 +41,6 @@ typedef struct trainer {
     FILE          *csv;        /* --compare: one row per evaluation */
     double         eval_loss, accuracy, seconds, tokens_per_s;  /* the last evaluation; the run */
     double         phase_s[PH_COUNT];  /* --profile: seconds per phase over the profiled steps */
-    int64_t        profiled_steps;
 } trainer;
 
 /* The options of a plain `opfuse train`. */

@@ -7,7 +7,8 @@
 #     scripts/gpu.sh [LOGDIR]      default: build-gpu/logs
 #
 # A quicker partial run, for one kernel family while it is written:
-#     OPF_GPU_TESTS=REGEX   run only the cuda tests whose name matches (ctest -R)
+#     OPF_GPU_TESTS=REGEX   run only the cuda tests whose name matches (ctest -R;
+#                           the Python GPU tests are skipped then)
 #     OPF_GPU_BENCH=0       skip the benchmarks and the peer
 #     OPF_GPU_GPT=0         skip the GPT training benchmarks (the longest part,
 #                           each size with torch.compile's warm-up); 1 (default):
@@ -35,6 +36,14 @@ mkdir -p "$logs"
 cd "$root"
 
 step() { printf '\n== %s\n' "$*"; }
+bench_rc=0
+fresh=()  # the table logs this run wrote, printed at the end
+# bench LOG CMD...: runs CMD with its output into LOG (appended), notes a failure
+bench() {
+  local log=$1; shift
+  "$@" >>"$log" 2>&1 || { echo "FAILED (rc $?): $*" | tee -a "$log"; bench_rc=1; }
+  case " ${fresh[*]} " in *" $log "*) ;; *) fresh+=("$log") ;; esac
+}
 
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || exit 1
@@ -70,7 +79,7 @@ if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
   # the Python binding on CUDA tensors: the extension built into the same
   # tree, its GPU tests run with the machine's PyTorch (OPF_GPU_PY=0 skips)
   py=$(command -v python3 || true)
-  if [ "${OPF_GPU_PY:-1}" != 0 ] && [ -n "$py" ]; then
+  if [ "${OPF_GPU_PY:-1}" != 0 ] && [ -z "${OPF_GPU_TESTS:-}" ] && [ -n "$py" ]; then
     step "pytest (CUDA tensors through the Python binding)"
     if ! "$py" -c "import torch, numpy, pytest, ml_dtypes" 2>"$logs/pytest.log"; then
       echo "skipped: python3 lacks a package the tests need:"; tail -1 "$logs/pytest.log"
@@ -89,33 +98,40 @@ fi
 [ "${OPF_GPU_BENCH:-1}" = 0 ] && exit "$ctest_rc"
 if [ "${OPF_GPU_KERNELS:-1}" != 0 ]; then
   step "bench cuda"
-  "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" 2>&1 | tee "$logs/bench_opfuse.log"
+  : >"$logs/bench_opfuse.log"
+  bench "$logs/bench_opfuse.log" "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt"
+  cat "$logs/bench_opfuse.log"
   step "bench cuda-train"
-  "$build/opfuse" bench cuda-train --out "$logs/bench_train.txt" 2>&1 | tee "$logs/bench_train.log"
+  : >"$logs/bench_train.log"
+  bench "$logs/bench_train.log" "$build/opfuse" bench cuda-train --out "$logs/bench_train.txt"
+  cat "$logs/bench_train.log"
   step "PyTorch peers (kernels, then training steps)"
-  PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt" >"$logs/bench_peer.log" 2>&1
-  PYTHONUNBUFFERED=1 python3 bench/peer/torch_cuda_train.py "$logs/bench_train.txt" \
-    >"$logs/bench_peer_train.log" 2>&1
+  : >"$logs/bench_peer.log"; : >"$logs/bench_peer_train.log"
+  PYTHONUNBUFFERED=1 bench "$logs/bench_peer.log" python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt"
+  PYTHONUNBUFFERED=1 bench "$logs/bench_peer_train.log" python3 bench/peer/torch_cuda_train.py \
+    "$logs/bench_train.txt"
   step "profile: GPT-2 124M steps, compiled, bf16 and FP8 current (device time per phase and op class)"
   : >"$logs/profile.log"
   for r in bf16 fp8-current; do
-    "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 --context 1024 \
-      --random-vocab 50304 --batch 16 --steps 4 --eval-every 100 --compile --profile --quiet \
-      --recipe $r >>"$logs/profile.log" 2>&1
+    bench "$logs/profile.log" "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 \
+      --context 1024 --random-vocab 50304 --batch 16 --steps 4 --eval-every 100 --compile --profile \
+      --quiet --recipe $r
   done
 fi
-: >"$logs/bench_gpt.log"
 gpt=${OPF_GPU_GPT:-1}
 if [ "$gpt" != 0 ]; then
   step "bench train (the GPT of opfuse train per recipe; PyTorch bf16 eager and compiled in the same run)"
-  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda 2>&1 | tee "$logs/bench_gpt.log"
+  : >"$logs/bench_gpt.log"
+  OPF_PYTHON=python3 bench "$logs/bench_gpt.log" "$build/opfuse" bench train --device cuda
+  if [ "$gpt" = 2 ]; then
+    OPF_PYTHON=python3 bench "$logs/bench_gpt.log" "$build/opfuse" bench train --device cuda \
+      --layers 24 --width 2048 --heads 16 --batch 8
+  fi
 fi
-if [ "$gpt" = 2 ]; then
-  OPF_PYTHON=python3 "$build/opfuse" bench train --device cuda --layers 24 --width 2048 --heads 16 \
-    --batch 8 2>&1 | tee -a "$logs/bench_gpt.log"
-fi
-step "the tables"
-for f in bench_peer.log bench_peer_train.log profile.log bench_gpt.log; do
-  [ -f "$logs/$f" ] && cat "$logs/$f"
+step "the tables (this run's)"
+for f in "${fresh[@]}"; do
+  case $f in */bench_opfuse.log|*/bench_train.log) ;; *) cat "$f" ;; esac
 done
-exit "$ctest_rc"
+[ "$ctest_rc" = 0 ] && [ "$bench_rc" != 0 ] && echo "gpu.sh: a benchmark failed (see FAILED above)"
+[ "$ctest_rc" != 0 ] && exit "$ctest_rc"
+exit "$bench_rc"

@@ -393,7 +393,7 @@ opf_status opf_graph_dump_profile(const opf_graph *g, int64_t steps, FILE *f)
     if (steps <= 0)
         return opf_error(g->ctx, OPF_ERR_INVALID_ARG, "opf_graph_dump_profile: %lld steps (want > 0)",
                          (long long)steps);
-    int n = g->n_nodes, ng = 0;
+    int n = g->n_nodes, ng = 0, counted = 0;
     node_group *gr = calloc((size_t)(n > 0 ? n : 1), sizeof *gr);
     if (!gr) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "opf_graph_dump_profile: %d nodes", n);
     double sum = 0;
@@ -404,13 +404,13 @@ opf_status opf_graph_dump_profile(const opf_graph *g, int64_t steps, FILE *f)
         int k = 0;
         while (k < ng && !(gr[k].backward == info.backward && !strcmp(gr[k].name, name))) k++;
         if (k == ng) gr[ng++] = (node_group){name, info.backward, 0, 0.0};
-        gr[k].nodes++;
+        gr[k].nodes++, counted++;
         gr[k].s += g->nodes[i].seconds;
         sum += g->nodes[i].seconds;
     }
     qsort(gr, (size_t)ng, sizeof *gr, by_time_desc);
     dump_out o = {f, 0};
-    put(&o, "graph nodes by op class (%d nodes, %.3f ms per step in all), ms per step:\n", n,
+    put(&o, "graph nodes by op class (%d nodes, %.3f ms per step in all), ms per step:\n", counted,
         1e3 * sum / (double)steps);
     for (int k = 0; k < ng; k++)
         put(&o, "  %9.3f  %5.1f%%  %-8s %s (%d node%s)\n", 1e3 * gr[k].s / (double)steps,

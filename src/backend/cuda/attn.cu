@@ -127,6 +127,17 @@ static int64_t chunk_pairs(int64_t BH, size_t per)
     return n < 1 ? 1 : n < BH ? n : BH;
 }
 
+/* Bytes of n floats rounded up to 256: each scratch region starts where
+ * cuBLASLt's heuristic assumes (256-byte alignment) whatever T and D are. */
+static size_t region(int64_t n) { return (sizeof(float) * (size_t)n + 255) / 256 * 256; }
+
+/* Splits scratch ws into count regions of the given float counts. */
+static void carve(void *ws, float **out[], const int64_t *n, int count)
+{
+    char *p = (char *)ws;
+    for (int i = 0; i < count; i++) *out[i] = (float *)p, p += region(n[i]);
+}
+
 opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
                                   int64_t T, int64_t H, int64_t D)
 {
@@ -135,12 +146,14 @@ opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, floa
     if (!s) return OPF_ERR_STATE;
     int64_t BH = B * H, TD = T * D, TT = T * T;
     if (BH <= 0 || T <= 0 || D <= 0) return OPF_OK;
-    size_t per = sizeof(float) * (size_t)(4 * TD + TT);
-    int64_t nb = chunk_pairs(BH, per);
+    int64_t nb = chunk_pairs(BH, 4 * region(TD) + region(TT));
     void *ws;
-    opf_status st = opf_cuda_scratch(ctx, s, per * (size_t)nb, &ws);
+    opf_status st = opf_cuda_scratch(ctx, s, 4 * region(nb * TD) + region(nb * TT), &ws);
     if (st) return st;
-    float *q = (float *)ws, *k = q + nb * TD, *v = k + nb * TD, *oc = v + nb * TD, *S = oc + nb * TD;
+    float *q, *k, *v, *oc, *S;
+    float **out[] = {&q, &k, &v, &oc, &S};
+    const int64_t n[] = {nb * TD, nb * TD, nb * TD, nb * TD, nb * TT};
+    carve(ws, out, n, 5);
     float scale = 1.0f / sqrtf((float)D);
     for (int64_t bh0 = 0; bh0 < BH && !st; bh0 += nb) {
         heads h = {B, T, H, D, H * D, bh0, bh0 + nb <= BH ? nb : BH - bh0};
@@ -166,14 +179,15 @@ opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o
     if (!s) return OPF_ERR_STATE;
     int64_t BH = B * H, TD = T * D, TT = T * T;
     if (BH <= 0 || T <= 0 || D <= 0) return OPF_OK;
-    size_t per = sizeof(float) * (size_t)(8 * TD + 2 * TT);
-    int64_t nb = chunk_pairs(BH, per);
+    int64_t nb = chunk_pairs(BH, 8 * region(TD) + 2 * region(TT));
     void *ws;
-    opf_status st = opf_cuda_scratch(ctx, s, per * (size_t)nb, &ws);
+    opf_status st = opf_cuda_scratch(ctx, s, 8 * region(nb * TD) + 2 * region(nb * TT), &ws);
     if (st) return st;
-    float *q = (float *)ws, *k = q + nb * TD, *v = k + nb * TD, *oc = v + nb * TD;
-    float *dO = oc + nb * TD, *dq = dO + nb * TD, *dk = dq + nb * TD, *dv = dk + nb * TD;
-    float *S = dv + nb * TD, *dP = S + nb * TT;
+    float *q, *k, *v, *oc, *dO, *dq, *dk, *dv, *S, *dP;
+    int64_t a = nb * TD, b = nb * TT;
+    float **out[] = {&q, &k, &v, &oc, &dO, &dq, &dk, &dv, &S, &dP};
+    const int64_t n[] = {a, a, a, a, a, a, a, a, b, b};
+    carve(ws, out, n, 10);
     float scale = 1.0f / sqrtf((float)D);
     for (int64_t bh0 = 0; bh0 < BH && !st; bh0 += nb) {
         heads h = {B, T, H, D, H * D, bh0, bh0 + nb <= BH ? nb : BH - bh0};

@@ -114,6 +114,19 @@ opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const
 /* After a launch: the launch error, if any. */
 #define OPF_CUDA_LAUNCHED(ctx, fn) OPF_CUDA_TRY(ctx, fn, cudaGetLastError())
 
+/* A setting made once per device and kernel (cudaFuncSetAttribute applies
+ * to the current device only): *flags holds a bit per device, read and set
+ * atomically (contexts on several threads); a device past 63 is always
+ * still to do, which only repeats a cheap call. */
+static inline bool opf_cuda_todo_on(const unsigned long long *flags, int dev)
+{
+    return dev < 0 || dev > 63 || !((__atomic_load_n(flags, __ATOMIC_ACQUIRE) >> dev) & 1ull);
+}
+static inline void opf_cuda_done_on(unsigned long long *flags, int dev)
+{
+    if (dev >= 0 && dev <= 63) __atomic_fetch_or(flags, 1ull << dev, __ATOMIC_RELEASE);
+}
+
 /* ---- device helpers ------------------------------------------------------ */
 
 /* Loads element i of a plain f32/bf16/f16 array as fp32 (exact). */

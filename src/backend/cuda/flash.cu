@@ -24,6 +24,7 @@
  * 64) are zero rows, masked. D is 64 or 128 (a template); other D, and
  * operands not 16-byte aligned, take attn.cu's batched GEMMs. */
 #include <mma.h>
+#include <pthread.h>
 
 #include "backend/cuda/cuda-impl.h"
 
@@ -470,20 +471,25 @@ static flash_dims flash_dims_of(int64_t T, int64_t H, int64_t D)
     return {T, H, H * D, (int)((T + TILE - 1) / TILE), 1.0f / sqrtf((float)D)};
 }
 
-/* Launches kernel; its first launch allows it dynamic shared memory past
- * 48 KB (once per kernel, as norm.cu does). */
+/* Launches kernel; its first launch on a device allows it dynamic shared
+ * memory past 48 KB there (a per-device setting, as in norm.cu). */
 template <typename... A>
 static opf_status flash_launch(opf_ctx *ctx, opf_cuda_state *s, void (*kernel)(A...), dim3 grid,
                                size_t smem, const char *fn, A... args)
 {
-    static void (*opted[NKERNELS])(A...);
+    static void (*kernels[NKERNELS])(A...);
+    static unsigned long long opted[NKERNELS];  /* per kernel: a bit per device */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&lock);
     int k = 0;
-    while (k < NKERNELS && opted[k] && opted[k] != kernel) k++;
-    if (k < NKERNELS && !opted[k]) {
+    while (k < NKERNELS && kernels[k] && kernels[k] != kernel) k++;
+    if (k < NKERNELS) kernels[k] = kernel;
+    pthread_mutex_unlock(&lock);
+    if (k == NKERNELS || opf_cuda_todo_on(&opted[k], s->device)) {
         OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)smem));
-        opted[k] = kernel;
+        if (k < NKERNELS) opf_cuda_done_on(&opted[k], s->device);
     }
     kernel<<<grid, THREADS, smem, s->stream>>>(args...);
     OPF_CUDA_LAUNCHED(ctx, fn);

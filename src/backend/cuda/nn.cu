@@ -365,6 +365,9 @@ static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
 {
     static const char *const names[] = {"gemm", "flash", "exact"};
     const char *v = getenv("OPF_CUDA_ATTENTION");
+    if (getenv("OPF_CUDA_EXACT_ATTENTION"))
+        opf_ctx_warn_once(ctx, "cuda: OPF_CUDA_EXACT_ATTENTION", "OPF_CUDA_EXACT_ATTENTION is "
+                          "no longer read: OPF_CUDA_ATTENTION=exact selects the exact kernels");
     *out = ATTN_GEMM;
     if (!v || !v[0]) return OPF_OK;
     for (int p = 0; p < 3; p++)

@@ -563,19 +563,20 @@ template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, 
     int warps = 4, per_sm = 16;
     if (slots) warps = block_warps(slots * slot, &per_sm);
     size_t smem = slots * slot * (size_t)warps;
-    /* Once per kernel: allow up to the most shared memory a block may have,
-     * and ask for the largest shared-memory carveout (a hint). */
+    /* Once per kernel and device (the attributes are the current device's):
+     * allow up to the most shared memory a block may have, and ask for the
+     * largest shared-memory carveout (a hint). */
     bool bf16 = one_dtype(a, OPF_BF16, is_bwd(M));
     void (*kernel)(norm_args, int) = bf16 ? row_kernel<M, OPF_BF16> : row_kernel<M, ANY>;
-    static bool attrs_set[2];
-    if (!attrs_set[bf16]) {
+    static unsigned long long attrs_set[2];  /* a bit per device */
+    if (opf_cuda_todo_on(&attrs_set[bf16], s->device)) {
         OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)BLOCK_SMEM_MAX));
         OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    (int)cudaSharedmemCarveoutMaxShared));
-        attrs_set[bf16] = true;
+        opf_cuda_done_on(&attrs_set[bf16], s->device);
     }
     int64_t want = (a.rows + warps - 1) / warps, cap = (int64_t)s->sm_count * per_sm;
     unsigned grid = (unsigned)(want < cap ? want : cap);

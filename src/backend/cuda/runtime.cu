@@ -183,12 +183,19 @@ static opf_status not_capturing(opf_ctx *ctx, cudaStream_t st, const char *fn, c
 
 /* OPF_ERR_INVALID_ARG unless st is a stream of the context's device. The
  * special handles (legacy and per-thread default streams) are the current
- * device's: taken as the context's. */
+ * device's: accepted when that is the context's. */
 static opf_status stream_on_device(opf_ctx *ctx, const opf_cuda_state *s, cudaStream_t st,
                                    const char *fn)
 {
 #if CUDART_VERSION >= 12080
-    if (st == cudaStreamLegacy || st == cudaStreamPerThread) return OPF_OK;
+    if (st == cudaStreamLegacy || st == cudaStreamPerThread) {
+        int cur = -1;  /* the handles mean the current device's stream: it must be ours */
+        OPF_CUDA_TRY(ctx, fn, cudaGetDevice(&cur));
+        if (cur == s->device) return OPF_OK;
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: the default stream handle %p is the "
+                         "current device's (cuda:%d), the context is on cuda:%d: make cuda:%d "
+                         "current first", fn, (void *)st, cur, s->device, s->device);
+    }
     int dev = -1;
     cudaError_t e = cudaStreamGetDevice(st, &dev);
     if (e != cudaSuccess) {
