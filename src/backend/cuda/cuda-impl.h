@@ -52,6 +52,11 @@ typedef struct opf_cuda_state {
     /* device scratch of the kernels (grows; never shrinks) */
     void            *ws;
     size_t           ws_bytes;
+    /* scratch outgrown after a capture: captured graphs may still read it,
+     * so it is freed with the state, not at the growth */
+    void           **ws_retired;
+    int              n_retired;
+    bool             captured;      /* a capture has begun on this context */
     /* GEMM algorithm cache (gemm.cu) */
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;

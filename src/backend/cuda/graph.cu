@@ -26,6 +26,7 @@ opf_status opf_cuda_capture_begin(opf_ctx *ctx)
     if (cs != cudaStreamCaptureStatusNone)
         return opf_error(ctx, OPF_ERR_STATE, "%s: the context's stream is already capturing", fn);
     OPF_CUDA_TRY(ctx, fn, cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    s->captured = true;  /* from now on outgrown scratch is kept (runtime.cu) */
     return OPF_OK;
 }
 

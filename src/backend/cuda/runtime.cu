@@ -135,6 +135,8 @@ static void state_destroy(opf_cuda_state *s)
     free(s->live);
     free(s->algos);
     cudaFree(s->ws);
+    for (int i = 0; i < s->n_retired; i++) cudaFree(s->ws_retired[i]);
+    free(s->ws_retired);
     cudaFree(s->lt_ws);
     cudaFreeHost(s->pinned);
     for (int i = 0; i < 2; i++)
@@ -369,13 +371,24 @@ void opf_cuda_empty_cache(opf_ctx *ctx)
     empty_cache(s);
 }
 
+/* Growing frees the old scratch, except after a capture: a captured graph
+ * replays the addresses it recorded, so outgrown scratch is kept until the
+ * context goes (each growth is to a larger size class, four per power of
+ * two, so what is kept adds up to a few times the last size). */
 opf_status opf_cuda_scratch(opf_ctx *ctx, opf_cuda_state *s, size_t bytes, void **out)
 {
     const char *fn = "cuda scratch";
     if (bytes > s->ws_bytes) {
         opf_status st = opf_cuda_stream_sync(ctx, s, fn);
         if (st) return st;
-        cudaFree(s->ws);
+        if (s->ws && s->captured) {  /* a captured graph may read it: keep it */
+            void **r = (void **)realloc(s->ws_retired, (size_t)(s->n_retired + 1) * sizeof *r);
+            if (!r) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
+            s->ws_retired = r;
+            r[s->n_retired++] = s->ws;
+        } else {
+            cudaFree(s->ws);
+        }
         s->ws = NULL;
         s->ws_bytes = 0;
         size_t want = size_class(bytes);
