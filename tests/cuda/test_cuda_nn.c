@@ -76,6 +76,40 @@ static void expect_same(opf_ctx *ctx, const char *what, const float *ref, const 
 
 /* ---- embedding --------------------------------------------------------------- */
 
+/* The forward captured as a device graph with a bad token at row rows - 2:
+ * the call reads nothing back, the replay's next wait (opf_ctx_sync)
+ * reports the row and the id once, the bad row is NaN and the others are
+ * the CPU's (ref, from the good tokens). */
+static void embed_captured_bad(opf_ctx *ctx, const int32_t *gtok, const float *gwte,
+                               const float *gwpe, float *gy, const float *ref, int64_t rows,
+                               int64_t T, int64_t C, int64_t V, const char *want)
+{
+    opf_cuda_graph *cg = NULL;
+    CHECK_OK(ctx, opf_cuda_capture_begin(ctx));
+    opf_status cst = opf_cuda_nn.embed_fwd(ctx, gtok, gwte, gwpe, gy, rows, T, C, V);
+    opf_status est = opf_cuda_capture_end(ctx, &cg);
+    CHECK(cst == OPF_OK && est == OPF_OK && cg, "captured embed_fwd: %s / %s: %s",
+          opf_status_str(cst), opf_status_str(est), opf_last_error(ctx));
+    if (!cg) return;
+    CHECK_OK(ctx, opf_cuda_graph_launch(ctx, cg));
+    CHECK_FAILS(ctx, opf_ctx_sync(ctx), OPF_ERR_INVALID_ARG, want, "replayed graph");
+    CHECK_OK(ctx, opf_ctx_sync(ctx));  /* reported once */
+    float *got = fvec(rows * C);
+    host_from(ctx, got, gy, sizeof(float) * (size_t)(rows * C));
+    int64_t bad_nan = 0, good_diff = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < C; c++) {
+            float g = got[r * C + c];
+            if (r == rows - 2) bad_nan += isnan(g);
+            else good_diff += !same_f32(g, ref[r * C + c]);
+        }
+    CHECK(bad_nan == C && good_diff == 0, "captured embed_fwd: bad row %lld of %lld NaN, %lld "
+          "other values differ from the CPU", (long long)bad_nan, (long long)C,
+          (long long)good_diff);
+    free(got);
+    opf_cuda_graph_free(ctx, cg);
+}
+
 static void embed_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t C, int64_t V, int64_t P,
                        int64_t distinct)
 {
@@ -109,6 +143,7 @@ static void embed_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t C, int64_t V,
         snprintf(want, sizeof want, "token %d at row %lld", (int)V, (long long)(rows - 2));
         CHECK_FAILS(ctx, opf_cuda_nn.embed_fwd(ctx, gtok, gwte, gwpe, gy, rows, T, C, V),
                     OPF_ERR_INVALID_ARG, want, "outside the vocabulary");
+        embed_captured_bad(ctx, gtok, gwte, gwpe, gy, y, rows, T, C, V, want);
     }
     void *gs[] = {gtok, gwte, gwpe, gdy, gy, gdwte, gdwpe};
     for (int i = 0; i < 7; i++) opf_cuda_free(ctx, gs[i]);

@@ -57,6 +57,10 @@ typedef struct opf_cuda_state {
     void           **ws_retired;
     int              n_retired;
     bool             captured;      /* a capture has begun on this context */
+    /* a check made on the device inside a capture (nn.cu's embedding), read
+     * at the next host wait: the first bad (row << 32 | id), ~0 when none */
+    unsigned long long *deferred_bad;
+    bool             deferred_armed;  /* a captured check exists: read it */
     /* GEMM algorithm cache (gemm.cu) */
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;
@@ -82,6 +86,10 @@ opf_status opf_cuda_sgemm_batched(opf_ctx *ctx, opf_cuda_state *s, bool ta, bool
                                   int64_t n, int64_t k, float alpha, const float *A, int64_t lda,
                                   int64_t sa, const float *B, int64_t ldb, int64_t sb, float *D,
                                   int64_t sd, int64_t batch);
+/* After a host wait (stream or copy): a bad token a captured embedding
+ * found on the device since the last read, as OPF_ERR_INVALID_ARG naming
+ * the row and the id (runtime.cu). OPF_OK when none or nothing captured. */
+opf_status opf_cuda_deferred_check(opf_ctx *ctx, opf_cuda_state *s);
 /* nn.h's attention entries; nn.cu's pick one by OPF_CUDA_ATTENTION: gemm
  * (the default) batched fp32 GEMMs (attn.cu); flash the tiled TF32
  * tensor-core kernels (flash.cu: D 64 or 128 and 16-byte aligned arrays,

@@ -36,7 +36,10 @@
  * (the GPU's arithmetic returns its canonical NaN, x86 propagates payloads).
  * The embedding forward checks its tokens on the device and reads the first
  * bad row back: one host synchronization per call, which the contract's
- * error needs. */
+ * error needs. Inside a capture (a compiled graph replayed as a CUDA graph)
+ * there is no read: the check marks the context's deferred word, the rows
+ * with a bad token are NaN, and the next host wait (a synchronization or a
+ * copy to the host) reports the row and the id (runtime.cu). */
 #include <cub/cub.cuh>
 
 #include "backend/cuda/cuda-impl.h"
@@ -188,13 +191,40 @@ static __global__ void embed_check_kernel(const int32_t *tok, int64_t rows, int6
         if (tok[r] < 0 || tok[r] >= V) atomicMin(bad, (unsigned long long)r);
 }
 
+/* Inside a capture: the first bad row and its id, packed (row << 32 | id)
+ * so one atomicMin keeps the lowest row with its id, into the context's
+ * deferred word (runtime.cu reads it at the next host wait). */
+static __global__ void embed_mark_kernel(const int32_t *tok, int64_t rows, int64_t V,
+                                         unsigned long long *bad)
+{
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x)
+        if (tok[r] < 0 || tok[r] >= V)
+            atomicMin(bad, (unsigned long long)r << 32 | (uint32_t)tok[r]);
+}
+
+/* A row whose token is outside [0, V) (only a captured call gets that far)
+ * is NaN: no read past the table. */
 static __global__ void embed_fwd_kernel(const int32_t *tok, const float *wte, const float *wpe,
-                                        float *y, int64_t rows, int64_t T, int64_t C)
+                                        float *y, int64_t rows, int64_t T, int64_t C, int64_t V)
 {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const float *e = wte + (int64_t)tok[r] * C, *p = wpe + (r % T) * C;
-        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[r * C + c] = __fadd_rn(e[c], p[c]);
+        int32_t id = tok[r];
+        bool ok = id >= 0 && id < V;
+        const float *e = wte + (int64_t)(ok ? id : 0) * C, *p = wpe + (r % T) * C;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+            y[r * C + c] = ok ? __fadd_rn(e[c], p[c]) : __int_as_float(0x7FC00000);
     }
+}
+
+static opf_status embed_launch(opf_ctx *ctx, opf_cuda_state *s, const int32_t *tok,
+                               const float *wte, const float *wpe, float *y, int64_t rows,
+                               int64_t T, int64_t C, int64_t V)
+{
+    unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
+    embed_fwd_kernel<<<grid, 256, 0, s->stream>>>(tok, wte, wpe, y, rows, T, C, V);
+    OPF_CUDA_LAUNCHED(ctx, "embedding forward (cuda)");
+    return OPF_OK;
 }
 
 static opf_status embed_fwd(opf_ctx *ctx, const int32_t *tok, const float *wte, const float *wpe,
@@ -204,6 +234,18 @@ static opf_status embed_fwd(opf_ctx *ctx, const int32_t *tok, const float *wte, 
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (rows <= 0) return OPF_OK;
+    if (rows > INT32_MAX)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: %lld rows (at most %d)", fn,
+                         (long long)rows, INT32_MAX);
+    cudaStreamCaptureStatus cs;
+    OPF_CUDA_TRY(ctx, fn, cudaStreamIsCapturing(s->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) {  /* no host read in a capture: checked later */
+        embed_mark_kernel<<<opf_cuda_grid(s, rows, 256), 256, 0, s->stream>>>(tok, rows, V,
+                                                                             s->deferred_bad);
+        OPF_CUDA_LAUNCHED(ctx, fn);
+        s->deferred_armed = true;
+        return C > 0 ? embed_launch(ctx, s, tok, wte, wpe, y, rows, T, C, V) : OPF_OK;
+    }
     void *ws;
     opf_status st = opf_cuda_scratch(ctx, s, 16, &ws);
     if (st) return st;
@@ -218,11 +260,7 @@ static opf_status embed_fwd(opf_ctx *ctx, const int32_t *tok, const float *wte, 
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "embedding: token %d at row %lld is outside "
                          "the vocabulary [0, %lld)", (int)id, (long long)row, (long long)V);
     }
-    if (C <= 0) return OPF_OK;
-    unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
-    embed_fwd_kernel<<<grid, 256, 0, s->stream>>>(tok, wte, wpe, y, rows, T, C);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    return OPF_OK;
+    return C > 0 ? embed_launch(ctx, s, tok, wte, wpe, y, rows, T, C, V) : OPF_OK;
 }
 
 static __global__ void iota_kernel(uint32_t *v, int64_t n)
@@ -234,12 +272,15 @@ static __global__ void iota_kernel(uint32_t *v, int64_t n)
 
 /* Block p: when sorted position p starts a run of one token, the run's
  * rows (increasing r, the sort being stable) summed per column. */
+/* A token outside [0, V) (a captured forward let it through, and reports
+ * it) is skipped: no write past dwte; that call's dwte is not to be used. */
 static __global__ void embed_dwte_kernel(const uint32_t *tok_sorted, const uint32_t *row_sorted,
-                                         const float *dy, float *dwte, int64_t rows, int64_t C)
+                                         const float *dy, float *dwte, int64_t rows, int64_t C,
+                                         int64_t V)
 {
     int64_t p = blockIdx.x;
     uint32_t v = tok_sorted[p];
-    if (p > 0 && tok_sorted[p - 1] == v) return;
+    if (v >= (uint64_t)V || (p > 0 && tok_sorted[p - 1] == v)) return;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = 0.0f;
         for (int64_t q = p; q < rows && tok_sorted[q] == v; q++)
@@ -297,7 +338,7 @@ static opf_status embed_bwd(opf_ctx *ctx, const int32_t *tok, const float *dy, f
                                                           tok_sorted, rows_in, row_sorted, n, 0,
                                                           bits, s->stream));
     embed_dwte_kernel<<<(unsigned)rows, 256, 0, s->stream>>>(tok_sorted, row_sorted, dy, dwte,
-                                                             rows, C);
+                                                             rows, C, V);
     OPF_CUDA_LAUNCHED(ctx, fn);
     embed_dwpe_kernel<<<opf_cuda_grid(s, T * C, 256), 256, 0, s->stream>>>(dy, dwpe, rows, T, C);
     OPF_CUDA_LAUNCHED(ctx, fn);

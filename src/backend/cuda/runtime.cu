@@ -36,7 +36,21 @@ opf_status opf_cuda_stream_sync(opf_ctx *ctx, opf_cuda_state *s, const char *fn)
 {
     opf_ctx_count_sync(ctx);
     OPF_CUDA_TRY(ctx, fn, cudaStreamSynchronize(s->stream));
-    return OPF_OK;
+    return opf_cuda_deferred_check(ctx, s);
+}
+
+opf_status opf_cuda_deferred_check(opf_ctx *ctx, opf_cuda_state *s)
+{
+    const char *fn = "embedding (cuda, checked in a device graph)";
+    if (!s->deferred_armed) return OPF_OK;
+    unsigned long long w = ~0ull;
+    OPF_CUDA_TRY(ctx, fn, cudaMemcpy(&w, s->deferred_bad, sizeof w, cudaMemcpyDeviceToHost));
+    if (w == ~0ull) return OPF_OK;
+    OPF_CUDA_TRY(ctx, fn, cudaMemset(s->deferred_bad, 0xFF, sizeof w));
+    return opf_error(ctx, OPF_ERR_INVALID_ARG, "embedding: token %d at row %lld is outside the "
+                     "vocabulary (found on the device by a replayed graph, reported at this "
+                     "wait; that call's embedding rows for it are NaN)",
+                     (int)(int32_t)(uint32_t)(w & 0xFFFFFFFFull), (long long)(w >> 32));
 }
 
 static opf_status event_sync(opf_ctx *ctx, cudaEvent_t ev, const char *fn)
@@ -97,6 +111,8 @@ static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
     OPF_CUDA_TRY(ctx, fn, cudaMallocHost(&s->pinned, s->pinned_bytes));
     for (int i = 0; i < 2; i++)
         OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->staged[i], cudaEventDisableTiming));
+    OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->deferred_bad, sizeof *s->deferred_bad));
+    OPF_CUDA_TRY(ctx, fn, cudaMemset(s->deferred_bad, 0xFF, sizeof *s->deferred_bad));
     return OPF_OK;
 }
 
@@ -136,6 +152,7 @@ static void state_destroy(opf_cuda_state *s)
     free(s->algos);
     cudaFree(s->ws);
     for (int i = 0; i < s->n_retired; i++) cudaFree(s->ws_retired[i]);
+    cudaFree(s->deferred_bad);
     free(s->ws_retired);
     cudaFree(s->lt_ws);
     cudaFreeHost(s->pinned);
@@ -446,7 +463,7 @@ static opf_status copy_d2h(opf_ctx *ctx, opf_cuda_state *s, char *dst, const cha
         if ((st = event_sync(ctx, s->staged[i ^ 1], fn))) return st;
         memcpy(dst + prev_off, (char *)s->pinned + (size_t)(i ^ 1) * STAGE_BYTES, prev_n);
     }
-    return OPF_OK;
+    return opf_cuda_deferred_check(ctx, s);  /* the copy waited: report what a graph found */
 }
 
 opf_status opf_cuda_copy(opf_ctx *ctx, void *dst, const void *src, size_t bytes,
