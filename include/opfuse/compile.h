@@ -185,9 +185,11 @@ OPF_API void opf_graph_get_stats(const opf_graph *g, opf_graph_stats *out);
 OPF_API void opf_graph_set_profile(opf_graph *g, bool on);
 OPF_API void opf_graph_reset_profile(opf_graph *g);
 OPF_API double opf_graph_node_seconds(const opf_graph *g, int i);
-/* The profile as a table: the nodes grouped by op class (or node kind) and
- * direction, costliest first, in ms per step over `steps` profiled steps,
- * with each group's share and node count. */
+/* The profile as a table written to f: the nodes grouped by op class (or
+ * node kind) and direction, costliest first, in ms per step over `steps`
+ * profiled steps, with each group's share and node count. g and f are the
+ * caller's (read and written only). NULL g or f, or steps <= 0:
+ * OPF_ERR_INVALID_ARG with a message; a failed write: OPF_ERR_IO. */
 OPF_API opf_status opf_graph_dump_profile(const opf_graph *g, int64_t steps, FILE *f);
 
 /* Human-readable listing: one line per node with its class, fused/eager

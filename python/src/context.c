@@ -170,7 +170,9 @@ static PyObject *ctx_sync(PyObject *self, PyObject *unused)
     if (!ctx)
         return NULL;
     opf_status st = opf_ctx_sync(ctx);
-    return st ? opf_raise(st, ctx) : (Py_INCREF(Py_None), Py_None);
+    if (st != OPF_OK)
+        return opf_raise(st, ctx);
+    Py_RETURN_NONE;
 }
 
 static PyObject *ctx_stream(PyObject *self, void *unused)

@@ -131,11 +131,11 @@ opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const
  * to the current device only): *flags holds a bit per device, read and set
  * atomically (contexts on several threads); a device past 63 is always
  * still to do, which only repeats a cheap call. */
-static inline bool opf_cuda_todo_on(const unsigned long long *flags, int dev)
+static inline bool opf_cuda_once_needed(const unsigned long long *flags, int dev)
 {
     return dev < 0 || dev > 63 || !((__atomic_load_n(flags, __ATOMIC_ACQUIRE) >> dev) & 1ull);
 }
-static inline void opf_cuda_done_on(unsigned long long *flags, int dev)
+static inline void opf_cuda_once_done(unsigned long long *flags, int dev)
 {
     if (dev >= 0 && dev <= 63) __atomic_fetch_or(flags, 1ull << dev, __ATOMIC_RELEASE);
 }

@@ -24,7 +24,6 @@
  * 64) are zero rows, masked. D is 64 or 128 (a template); other D, and
  * operands not 16-byte aligned, take attn.cu's batched GEMMs. */
 #include <mma.h>
-#include <pthread.h>
 
 #include "backend/cuda/cuda-impl.h"
 
@@ -36,7 +35,6 @@ enum {
     THREADS = 32 * NWARP,
     SLD     = TILE + 8,    /* row stride of a score strip (padded: fewer bank conflicts) */
     MAX_TILES = 65535,     /* gridDim.y */
-    NKERNELS  = 4,         /* kernels of one signature: dK dV and dQ, for D 64 and 128 */
 };
 static const float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
@@ -471,27 +469,20 @@ static flash_dims flash_dims_of(int64_t T, int64_t H, int64_t D)
     return {T, H, H * D, (int)((T + TILE - 1) / TILE), 1.0f / sqrtf((float)D)};
 }
 
-/* Launches kernel; its first launch on a device allows it dynamic shared
- * memory past 48 KB there (a per-device setting, as in norm.cu). */
-template <typename... A>
-static opf_status flash_launch(opf_ctx *ctx, opf_cuda_state *s, void (*kernel)(A...), dim3 grid,
-                               size_t smem, const char *fn, A... args)
+/* Launches kernel K; its first launch on a device allows it dynamic shared
+ * memory past 48 KB there (a per-device setting, as in norm.cu). Each K is
+ * its own instantiation, so each has its own flags. */
+template <auto K, typename... A>
+static opf_status flash_launch(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, size_t smem,
+                               const char *fn, A... args)
 {
-    static void (*kernels[NKERNELS])(A...);
-    static unsigned long long opted[NKERNELS];  /* per kernel: a bit per device */
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&lock);
-    int k = 0;
-    while (k < NKERNELS && kernels[k] && kernels[k] != kernel) k++;
-    if (k < NKERNELS) kernels[k] = kernel;
-    pthread_mutex_unlock(&lock);
-    if (k == NKERNELS || opf_cuda_todo_on(&opted[k], s->device)) {
-        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+    static unsigned long long opted;  /* a bit per device */
+    if (opf_cuda_once_needed(&opted, s->device)) {
+        OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)smem));
-        if (k < NKERNELS) opf_cuda_done_on(&opted[k], s->device);
+        opf_cuda_once_done(&opted, s->device);
     }
-    kernel<<<grid, THREADS, smem, s->stream>>>(args...);
+    K<<<grid, THREADS, smem, s->stream>>>(args...);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
 }
@@ -502,7 +493,7 @@ static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, f
 {
     flash_dims f = flash_dims_of(T, H, D);
     dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
-    return flash_launch(ctx, s, flash_fwd_kernel<D>, grid, fwd_smem_bytes<D>(), fn, qkv, o, lse,
+    return flash_launch<flash_fwd_kernel<D>>(ctx, s, grid, fwd_smem_bytes<D>(), fn, qkv, o, lse,
                         f);
 }
 
@@ -518,9 +509,9 @@ static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, c
     OPF_CUDA_LAUNCHED(ctx, fn);
     dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
     bwd_args a = {qkv, lse, dout, di, dqkv, f};
-    opf_status st = flash_launch(ctx, s, flash_dkv_kernel<D>, grid, bwd_smem_bytes<D>(), fn, a);
+    opf_status st = flash_launch<flash_dkv_kernel<D>>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
     if (st) return st;
-    return flash_launch(ctx, s, flash_dq_kernel<D>, grid, bwd_smem_bytes<D>(), fn, a);
+    return flash_launch<flash_dq_kernel<D>>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
 }
 
 opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,

@@ -182,18 +182,11 @@ __device__ __forceinline__ float nn_running_max(float s, float m_before, int lan
 
 /* ---- embedding ------------------------------------------------------------ */
 
-/* The lowest row holding a token outside [0, V) into *bad (ULLONG_MAX when none). */
-static __global__ void embed_check_kernel(const int32_t *tok, int64_t rows, int64_t V,
-                                          unsigned long long *bad)
-{
-    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows;
-         r += (int64_t)gridDim.x * blockDim.x)
-        if (tok[r] < 0 || tok[r] >= V) atomicMin(bad, (unsigned long long)r);
-}
-
-/* Inside a capture: the first bad row and its id, packed (row << 32 | id)
- * so one atomicMin keeps the lowest row with its id, into the context's
- * deferred word (runtime.cu reads it at the next host wait). */
+/* The first row holding a token outside [0, V) and its id, packed (row <<
+ * 32 | id) so one atomicMin keeps the lowest row with its id, into *bad
+ * (~0 when none): eagerly a scratch word read back at once; inside a
+ * capture the context's deferred word (runtime.cu reads it at the next
+ * host wait). */
 static __global__ void embed_mark_kernel(const int32_t *tok, int64_t rows, int64_t V,
                                          unsigned long long *bad)
 {
@@ -249,17 +242,15 @@ static opf_status embed_fwd(opf_ctx *ctx, const int32_t *tok, const float *wte, 
     void *ws;
     opf_status st = opf_cuda_scratch(ctx, s, 16, &ws);
     if (st) return st;
-    unsigned long long *bad = (unsigned long long *)ws, row;
-    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(bad, 0xFF, sizeof row, s->stream));
-    embed_check_kernel<<<opf_cuda_grid(s, rows, 256), 256, 0, s->stream>>>(tok, rows, V, bad);
+    unsigned long long *bad = (unsigned long long *)ws, w;
+    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(bad, 0xFF, sizeof w, s->stream));
+    embed_mark_kernel<<<opf_cuda_grid(s, rows, 256), 256, 0, s->stream>>>(tok, rows, V, bad);
     OPF_CUDA_LAUNCHED(ctx, fn);
-    if ((st = opf_cuda_copy(ctx, &row, bad, sizeof row, OPF_CUDA_D2H))) return st;
-    if (row != ~0ull) {
-        int32_t id;
-        if ((st = opf_cuda_copy(ctx, &id, tok + row, sizeof id, OPF_CUDA_D2H))) return st;
+    if ((st = opf_cuda_copy(ctx, &w, bad, sizeof w, OPF_CUDA_D2H))) return st;
+    if (w != ~0ull)
         return opf_error(ctx, OPF_ERR_INVALID_ARG, "embedding: token %d at row %lld is outside "
-                         "the vocabulary [0, %lld)", (int)id, (long long)row, (long long)V);
-    }
+                         "the vocabulary [0, %lld)", (int)(int32_t)(uint32_t)(w & 0xFFFFFFFFull),
+                         (long long)(w >> 32), (long long)V);
     return C > 0 ? embed_launch(ctx, s, tok, wte, wpe, y, rows, T, C, V) : OPF_OK;
 }
 

@@ -569,14 +569,14 @@ template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, 
     bool bf16 = one_dtype(a, OPF_BF16, is_bwd(M));
     void (*kernel)(norm_args, int) = bf16 ? row_kernel<M, OPF_BF16> : row_kernel<M, ANY>;
     static unsigned long long attrs_set[2];  /* a bit per device */
-    if (opf_cuda_todo_on(&attrs_set[bf16], s->device)) {
+    if (opf_cuda_once_needed(&attrs_set[bf16], s->device)) {
         OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    (int)BLOCK_SMEM_MAX));
         OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel,
                                                    cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    (int)cudaSharedmemCarveoutMaxShared));
-        opf_cuda_done_on(&attrs_set[bf16], s->device);
+        opf_cuda_once_done(&attrs_set[bf16], s->device);
     }
     int64_t want = (a.rows + warps - 1) / warps, cap = (int64_t)s->sm_count * per_sm;
     unsigned grid = (unsigned)(want < cap ? want : cap);
