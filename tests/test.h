@@ -160,6 +160,18 @@ static inline void opf_test_fwd_bwd(opf_ctx *ctx, opf_seq *seq, const opf_recipe
     opf_tensor_release(&dx);
 }
 
+/* The library's column sum (numerics.md 6.4), written out for the tests: for
+ * column j of x [rows, cols], 32 partial sums, row r into partial r % 32 in
+ * row order, then partial i += partial i + h for h = 16, 8, 4, 2, 1. */
+static inline float opf_test_lane_colsum(const float *x, int64_t rows, int64_t cols, int64_t j)
+{
+    float part[32] = {0};
+    for (int64_t r = 0; r < rows; r++) part[r % 32] += x[r * cols + j];
+    for (int h = 16; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++) part[i] += part[i + h];
+    return part[0];
+}
+
 /* Deterministic test randomness (splitmix64). */
 static inline unsigned long long opf_test_rand_u64(unsigned long long *s)
 {

@@ -70,8 +70,8 @@ typedef struct opf_act_kernels {
     opf_status (*bwd)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                       const float *dy, float *dx, int64_t rows, int64_t cols);
     /* The backward of bias + a plain activation in one pass: dx = f'(x)·dy
-     * as bwd gives it and dbias[j] = the sum of dx[r, j] over the rows in
-     * row order, from 0 (dbias [cols]). Quantizing dx is the caller's. */
+     * as bwd gives it and dbias[j] = the column sum of dx[r, j] over the
+     * rows in lanesum.h's order (dbias [cols]). Quantizing dx is the caller's. */
     opf_status (*dact_dbias)(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                              const float *dy, float *dx, float *dbias, int64_t rows, int64_t cols);
     /* Any kind with a scale per row (s [rows]), the output of fwd times s:

@@ -25,16 +25,16 @@ typedef struct opf_elem_kernels {
     /* y[r, j] = x[r, j] + bias[j]; x, y [rows, n] (the last dim is n), bias [n]. */
     opf_status (*bias_add)(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *bias,
                            opf_tensor *y);
-    /* db[j] = sum over r of dy[r, j] for dy [rows, n]: an fp32 sum in row order
-     * per column, rounded once into db [n] (numerics.md 5.5). */
+    /* db[j] = sum over r of dy[r, j] for dy [rows, n]: an fp32 column sum in
+     * lanesum.h's order, rounded once into db [n] (numerics.md 5.5, 6.4). */
     opf_status (*dbias)(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db);
     /* A bias scaled per row (a grouped linear's scale_bias): y[r, j] =
      * acc[r, j] + fl(s[r] * bias[j]) in fp32, rounded once into y; acc, y
      * [rows, n], s [rows], bias [n]. */
     opf_status (*scaled_bias_add)(opf_ctx *ctx, const opf_tensor *acc, const opf_tensor *s,
                                   const opf_tensor *bias, opf_tensor *y);
-    /* Its backward for dy [rows, n]: db[j] = the fp32 sum in row order of
-     * fl(dy[r, j] * s[r]) (into db [n]), ds[r] = the fp32 sum over j, left
+    /* Its backward for dy [rows, n]: db[j] = the fp32 column sum (lanesum.h)
+     * of fl(dy[r, j] * s[r]) (into db [n]), ds[r] = the fp32 sum over j, left
      * to right, of fl(dy[r, j] * bias[j]) (into ds [rows]); each rounded once. */
     opf_status (*scaled_dbias)(opf_ctx *ctx, const opf_tensor *dy, const opf_tensor *s,
                                const opf_tensor *bias, opf_tensor *db, opf_tensor *ds);

@@ -23,12 +23,14 @@
  *    backward: D_i = dot(do_i, o_i); for i in order, j = 0..i in order:
  *    p = expf(s_ij - lse_i), dv_j += p do_i, dp = dot(do_i, v_j),
  *    ds = fl(fl(p fl(dp - D_i)) * scale), dq_i += ds k_j, dk_j += ds q_i.
- *  - cross-entropy, per row r: m = max_j x_j, e = the sum of expf(x_j - m)
- *    in j order, lse_r = m + logf(e); loss = (the sum over rows with
- *    tgt_r >= 0, in r order, of lse_r - x_{r, tgt_r}, in double) / count,
+ *  - cross-entropy, per row r: m = max_j x_j, e = S(expf(x_j - m)) in
+ *    lanesum.h's order (lane j mod 32), lse_r = m + logf(e); loss = (the
+ *    sum over rows with tgt_r >= 0, in r order, of lse_r - x_{r, tgt_r}, in
+ *    double) / count,
  *    rounded to fp32. dx_j = fl(expf(x_j - lse_r) - [j == tgt_r]) * g with
  *    g = fl(dloss / count); ignored rows get 0.
- *  - sumsq: the sum of x_i^2 in double, in element order.
+ *  - sumsq: the sum of x_i^2 in double, in lanesum.h's order twice: a lane
+ *    sum over each 4096-value chunk, then a lane sum of the chunk sums.
  * expf and logf are the C library's (glibc on the reference machines); the
  * CUDA kernels (cuda/nn.cu) carry ports of glibc's and match every bit, but
  * NaN outputs are NaN without the CPU's NaN payload bits.

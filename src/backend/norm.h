@@ -64,12 +64,13 @@
 
 #include <stdbool.h>
 
+#include "backend/lanesum.h"
 #include "backend/qout.h"
 #include "opfuse/context.h"
 #include "opfuse/tensor.h"
 
-/* Lanes of a sum (a warp). */
-enum { OPF_NORM_LANES = 32 };
+/* Lanes of a sum (a warp; lanesum.h). */
+enum { OPF_NORM_LANES = OPF_SUM_LANES };
 
 typedef struct opf_norm_kernels {
     /* z = LayerNorm(x); mu, rsigma [rows] out. gamma, beta [H] of one dtype. */

@@ -62,9 +62,7 @@ static void test_bias(int64_t r, int64_t c, opf_dtype xd, opf_dtype bd, opf_dtyp
     CHECK_OK(ctx, K->bias_add(ctx, &tx, &tb, &ty));
     CHECK(holds(&ty, ref), "bias_add %lldx%lld %s+%s->%s", (long long)r, (long long)c,
           opf_dtype_name(xd), opf_dtype_name(bd), opf_dtype_name(yd));
-    for (int64_t j = 0; j < c; j++) db[j] = 0.0f;
-    for (int64_t i = 0; i < r; i++)
-        for (int64_t j = 0; j < c; j++) db[j] += x[i * c + j];
+    for (int64_t j = 0; j < c; j++) db[j] = opf_test_lane_colsum(x, r, c, j);
     CHECK_OK(ctx, K->dbias(ctx, &tx, &tdb));
     CHECK(holds(&tdb, db), "dbias %lldx%lld %s->%s", (long long)r, (long long)c,
           opf_dtype_name(xd), opf_dtype_name(yd));

@@ -86,7 +86,7 @@ static void test_bias_add(opf_ctx *ctx)
     }
 }
 
-/* dbias on its own shapes: long columns (the staged tiles), one column, a
+/* dbias on its own shapes: long columns (many rows a lane), one column, a
  * single row; finite values and the quiet NaN. */
 static void test_dbias(opf_ctx *ctx)
 {

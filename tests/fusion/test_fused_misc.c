@@ -515,11 +515,9 @@ static void expected_dbias(opf_ctx *ctx, const char *act, const double *xr, cons
         CHECK_OK(ctx, opf_convert(tmp, dt, xa, OPF_F32, (size_t)(rows * n)));
     }
     bool gelu = !strcmp(act, "gelu");
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < n; j++) {
-            float p = (gelu ? gelu_df32(xa[r * n + j]) : relu_df32(xa[r * n + j])) * (float)dyr[r * n + j];
-            db[j] += p;
-        }
+    for (int64_t i = 0; i < rows * n; i++)  /* the fp32 products, summed per column */
+        xa[i] = (gelu ? gelu_df32(xa[i]) : relu_df32(xa[i])) * (float)dyr[i];
+    for (int64_t j = 0; j < n; j++) db[j] = opf_test_lane_colsum(xa, rows, n, j);
     opf_spec s = opf_spec_make(1, &n, dt);
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &s, out));
     CHECK_OK(ctx, opf_convert(db, OPF_F32, out->data[0], dt, (size_t)n));

@@ -17,6 +17,7 @@
  * an if clause). */
 #include "backend/backend-impl.h"
 #include "backend/cpu/act-math.h"
+#include "backend/cpu/cpu-impl.h"
 #include "core/core-impl.h"
 
 typedef struct act_loops {
@@ -153,15 +154,13 @@ static opf_status act_bwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const 
     return OPF_OK;
 }
 
-/* The column sums in row order, as the bias op's own dbias sums. */
+/* The column sums of dx, as the bias op's own dbias sums them. */
 static opf_status act_dact_dbias(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                  const float *dy, float *dx, float *dbias, int64_t rows,
                                  int64_t cols)
 {
     loops(k)->plain_bwd(p.alpha, x, dy, dx, rows * cols);
-    for (int64_t j = 0; j < cols; j++) dbias[j] = 0.0f;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < cols; j++) dbias[j] += dx[r * cols + j];
+    opf_cpu_colsum(dx, OPF_F32, NULL, OPF_F32, rows, cols, dbias, OPF_F32);
     return OPF_OK;
 }
 

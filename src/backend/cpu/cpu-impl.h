@@ -191,6 +191,12 @@ static inline size_t opf_cpu_swizzle_index(int64_t i, int64_t j, int64_t C)
 
 /* ---- elem family (src/backend/cpu/elem.c) ---- */
 
+/* out[j] (cols values of dtype ot) = the column sum over the rows of
+ * fl(x[r, j] * s[r]), or of x[r, j] when s is NULL, in lanesum.h's order;
+ * x [rows, cols] of dtype dt, s [rows] of dtype st. */
+void opf_cpu_colsum(const void *x, opf_dtype dt, const void *s, opf_dtype st, int64_t rows,
+                    int64_t cols, void *out, opf_dtype ot);
+
 /* Writes n fp32 values into a plain f32/bf16/f16 array from element i0,
  * rounded (RNE) to its dtype: the inverse of opf_cpu_load_f32. */
 static inline void opf_cpu_store_f32(const float *restrict src, opf_dtype dt, void *dst, int64_t i0,

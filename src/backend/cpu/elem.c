@@ -7,17 +7,18 @@
  * rounded into the output (opf_cpu_store_f32). Every element's value depends
  * on that element alone, so neither the blocks nor the OpenMP split over them
  * can change a bit; large tensors (over PAR_MIN elements) spread their blocks
- * over the threads. dbias sums each column in row order, one column per lane,
- * so its split over columns is exact too. */
+ * over the threads. dbias sums each column in lanesum.h's order (row r in
+ * lane r mod 32), items of columns on the threads, so its split is exact too. */
 #include <string.h>
 
 #include "backend/elem.h"
+#include "backend/lanesum.h"
 #include "backend/cpu/cpu-impl.h"
 #include "core/core-impl.h"
 
 enum {
     ELEM_BLOCK = 4096,    /* elements per block; a multiple of 4 (one Philox draw) */
-    DBIAS_COLS = 256,     /* columns per dbias work item */
+    DBIAS_COLS = 64,      /* columns per column-sum work item */
     TR_TILE = 32,         /* cast+transpose tile edge */
 };
 #define PAR_MIN ((int64_t)65536)  /* below this a parallel region costs more than it splits */
@@ -70,22 +71,33 @@ static opf_status bias_add(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *
     return OPF_OK;
 }
 
+void opf_cpu_colsum(const void *x, opf_dtype dt, const void *s, opf_dtype st, int64_t rows,
+                    int64_t cols, void *out, opf_dtype ot)
+{
+    int64_t items = (cols + DBIAS_COLS - 1) / DBIAS_COLS;
+    ELEM_FOR(rows * cols > PAR_MIN, it, items, {
+        int64_t j0 = it * DBIAS_COLS, w = min64(DBIAS_COLS, cols - j0);
+        float acc[OPF_SUM_LANES][DBIAS_COLS], v[DBIAS_COLS], sr;
+        memset(acc, 0, sizeof acc);
+        for (int64_t r = 0; r < rows; r++) {
+            float *a = acc[r % OPF_SUM_LANES];
+            opf_cpu_load_f32(x, dt, r * cols + j0, w, v);
+            if (s) {
+                opf_cpu_load_f32(s, st, r, 1, &sr);
+                for (int64_t j = 0; j < w; j++) a[j] += v[j] * sr;
+            } else {
+                for (int64_t j = 0; j < w; j++) a[j] += v[j];
+            }
+        }
+        opf_lane_fold_cols(&acc[0][0], DBIAS_COLS, w);
+        opf_cpu_store_f32(acc[0], ot, out, j0, w);
+    });
+}
+
 static opf_status dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
 {
-    int64_t n = numel(db), rows = n ? numel(dy) / n : 0, items = (n + DBIAS_COLS - 1) / DBIAS_COLS;
-    const void *src = cdata(dy);
-    opf_dtype dd = dy->spec.dtype;
-    void *out = data(db);
-    ELEM_FOR(rows * n > PAR_MIN, it, items, {
-        int64_t j0 = it * DBIAS_COLS, w = min64(DBIAS_COLS, n - j0);
-        float acc[DBIAS_COLS], v[DBIAS_COLS];
-        for (int64_t j = 0; j < w; j++) acc[j] = 0.0f;
-        for (int64_t r = 0; r < rows; r++) {
-            opf_cpu_load_f32(src, dd, r * n + j0, w, v);
-            for (int64_t j = 0; j < w; j++) acc[j] += v[j];
-        }
-        opf_cpu_store_f32(acc, db->spec.dtype, out, j0, w);
-    });
+    int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
+    opf_cpu_colsum(cdata(dy), dy->spec.dtype, NULL, OPF_F32, rows, n, data(db), db->spec.dtype);
     return OPF_OK;
 }
 
@@ -108,23 +120,14 @@ static opf_status scaled_bias_add(opf_ctx *ctx, const opf_tensor *acc, const opf
     return OPF_OK;
 }
 
-/* Two passes, each exact under any split: db by column items as dbias,
- * ds one row per iteration. */
+/* Two passes, each exact under any split: db as dbias's column sums of
+ * fl(dy * s[r]), ds one row per iteration (left to right). */
 static opf_status scaled_dbias(opf_ctx *ctx, const opf_tensor *dy, const opf_tensor *s,
                                const opf_tensor *bias, opf_tensor *db, opf_tensor *ds)
 {
-    int64_t n = numel(db), rows = n ? numel(dy) / n : 0, items = (n + DBIAS_COLS - 1) / DBIAS_COLS;
-    ELEM_FOR(rows * n > PAR_MIN, it, items, {
-        int64_t j0 = it * DBIAS_COLS, w = min64(DBIAS_COLS, n - j0);
-        float acc[DBIAS_COLS], v[DBIAS_COLS], sr;
-        for (int64_t j = 0; j < w; j++) acc[j] = 0.0f;
-        for (int64_t r = 0; r < rows; r++) {
-            opf_cpu_load_f32(cdata(dy), dy->spec.dtype, r * n + j0, w, v);
-            opf_cpu_load_f32(cdata(s), s->spec.dtype, r, 1, &sr);
-            for (int64_t j = 0; j < w; j++) acc[j] += v[j] * sr;
-        }
-        opf_cpu_store_f32(acc, db->spec.dtype, data(db), j0, w);
-    });
+    int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
+    opf_cpu_colsum(cdata(dy), dy->spec.dtype, cdata(s), s->spec.dtype, rows, n, data(db),
+                   db->spec.dtype);
     ELEM_FOR(rows * n > PAR_MIN, r, rows, {
         float v[ELEM_BLOCK], b[ELEM_BLOCK], sum = 0.0f;
         for (int64_t j0 = 0; j0 < n; j0 += ELEM_BLOCK) {

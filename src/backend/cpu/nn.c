@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu-impl.h"
 #include "backend/elem.h"
+#include "backend/lanesum.h"
 #include "backend/nn.h"
 #include "core/core-impl.h"
 
@@ -123,12 +124,16 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
     return OPF_OK;
 }
 
+/* m + logf(S(expf(x_j - m))), m the max (x_0 when it is NaN). */
 static float row_lse(const float *x, int64_t V)
 {
-    float m = x[0], e = 0.0f;
+    float m = x[0], p[OPF_SUM_LANES] = {0};
     for (int64_t j = 1; j < V; j++) m = x[j] > m ? x[j] : m;
-    for (int64_t j = 0; j < V; j++) e += expf(x[j] - m);
-    return m + logf(e);
+    int64_t j0 = 0;
+    for (; j0 + OPF_SUM_LANES <= V; j0 += OPF_SUM_LANES)
+        for (int l = 0; l < OPF_SUM_LANES; l++) p[l] += expf(x[j0 + l] - m);
+    for (int64_t l = 0; j0 + l < V; l++) p[l] += expf(x[j0 + l] - m);
+    return m + logf(opf_lane_fold(p));
 }
 
 static int64_t count_targets(const int32_t *tgt, int64_t rows)
@@ -169,22 +174,40 @@ static opf_status xent_bwd(opf_ctx *ctx, const float *x, const int32_t *tgt, con
     return OPF_OK;
 }
 
-/* Chunks summed independently, then added in chunk order. */
+/* lanesum.h's fold in double. */
+static double fold_d(double *p)
+{
+    for (int off = OPF_SUM_LANES / 2; off; off >>= 1)
+        for (int l = 0; l < off; l++) p[l] += p[l + off];
+    return p[0];
+}
+
+/* lanesum.h's order in double, twice: each chunk of SUMSQ_CHUNK values is a
+ * lane sum of its squares (lane l = i mod 32 in the chunk), then the chunk
+ * sums are one (chunk c in lane c mod 32). */
 static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out)
 {
     int64_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double total = 0.0;
-#pragma omp parallel for ordered schedule(static) if (n >= PAR_MIN)
+    double lanes[OPF_SUM_LANES] = {0};
+    *out = 0.0;
+    if (nc == 0) return OPF_OK;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    double *part = opf_ctx_scratch_push(ctx, sizeof(double) * (size_t)nc);
+    if (!part)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "sumsq: no scratch for %lld chunk sums",
+                         (long long)nc);
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (int64_t c = 0; c < nc; c++) {
         float buf[SUMSQ_CHUNK];
+        double p[OPF_SUM_LANES] = {0};
         int64_t i0 = c * SUMSQ_CHUNK, len = n - i0 < SUMSQ_CHUNK ? n - i0 : SUMSQ_CHUNK;
         opf_cpu_load_f32(x, dt, i0, len, buf);
-        double s = 0.0;
-        for (int64_t i = 0; i < len; i++) s += (double)buf[i] * buf[i];
-#pragma omp ordered
-        total += s;
+        for (int64_t i = 0; i < len; i++) p[i % OPF_SUM_LANES] += (double)buf[i] * buf[i];
+        part[c] = fold_d(p);
     }
-    *out = total;
+    for (int64_t c = 0; c < nc; c++) lanes[c % OPF_SUM_LANES] += part[c];
+    *out = fold_d(lanes);
+    opf_ctx_scratch_pop(ctx, mark);
     return OPF_OK;
 }
 

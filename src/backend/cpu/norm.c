@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu-impl.h"
 #include "backend/backend-impl.h"
+#include "backend/lanesum.h"
 #include "core/core-impl.h"
 
 enum {
@@ -31,38 +32,17 @@ static opf_status no_scratch(opf_ctx *ctx, const char *who, size_t mark, int64_t
 
 /* ---- the sums (norm.h) ---------------------------------------------------------- */
 
-/* S(t_0 .. t_{n-1}): 32 lanes left to right, then folded in halves. */
-static float lane_sum(const float *t, int64_t n)
-{
-    float p[OPF_NORM_LANES] = {0};
-    int64_t j0 = 0;
-    for (; j0 + OPF_NORM_LANES <= n; j0 += OPF_NORM_LANES)
-        for (int l = 0; l < OPF_NORM_LANES; l++) p[l] += t[j0 + l];
-    for (int64_t l = 0; j0 + l < n; l++) p[l] += t[j0 + l];
-    for (int off = OPF_NORM_LANES / 2; off; off >>= 1)
-        for (int l = 0; l < off; l++) p[l] += p[l + off];
-    return p[0];
-}
-
 /* One row's statistics: *mu = S(x_j) * rn and the returned
  * m2 = S(fl(d_j * d_j)), d_j = fl(x_j - mu); t (n floats) gets the squares. */
 static float row_m2(const float *x, int64_t n, float rn, float *t, float *mu_out)
 {
-    float mu = lane_sum(x, n) * rn;
+    float mu = opf_lane_sum(x, n) * rn;
     for (int64_t j = 0; j < n; j++) {
         float d = x[j] - mu;
         t[j] = d * d;
     }
     *mu_out = mu;
-    return lane_sum(t, n);
-}
-
-/* Folds the lane rows of acc in halves into acc[0] (w columns). */
-static void fold_columns(float (*acc)[COL_BLOCK], int64_t w)
-{
-    for (int off = OPF_NORM_LANES / 2; off; off >>= 1)
-        for (int l = 0; l < off; l++)
-            for (int64_t j = 0; j < w; j++) acc[l][j] += acc[l + off][j];
+    return opf_lane_sum(t, n);
 }
 
 /* Column sums over the rows of [rows, H]: dg[j] = S_rows(fl(dz[r,j] * y[r,j]))
@@ -83,10 +63,10 @@ static void param_grads(const float *dz, const float *y, int64_t rows, int64_t H
             if (db)
                 for (int64_t j = 0; j < w; j++) qb[j] += dr[j];
         }
-        fold_columns(ag, w);
+        opf_lane_fold_cols(&ag[0][0], COL_BLOCK, w);
         memcpy(dg + j0, ag[0], (size_t)w * sizeof(float));
         if (db) {
-            fold_columns(ab, w);
+            opf_lane_fold_cols(&ab[0][0], COL_BLOCK, w);
             memcpy(db + j0, ab[0], (size_t)w * sizeof(float));
         }
     }
@@ -238,9 +218,9 @@ static void ln_row_bwd(const float *x, const float *dz, int64_t H, float rn, flo
         y[j] = rs * (x[j] - mu);
         dx[j] = g[j] * dz[j];
     }
-    float a = lane_sum(dx, H) * rn;
+    float a = opf_lane_sum(dx, H) * rn;
     for (int64_t j = 0; j < H; j++) dx[j] = dx[j] * y[j];
-    float c = lane_sum(dx, H) * rn;
+    float c = opf_lane_sum(dx, H) * rn;
     for (int64_t j = 0; j < H; j++) {
         float e = g[j] * dz[j];
         float cy = c * y[j];
@@ -356,7 +336,7 @@ static void rms_row_bwd(const float *x, const float *dz, int64_t H, float rn, fl
         float e = g[j] * dz[j];
         dx[j] = e * y[j];
     }
-    float c = lane_sum(dx, H) * rn;
+    float c = opf_lane_sum(dx, H) * rn;
     for (int64_t j = 0; j < H; j++) {
         float e = g[j] * dz[j];
         float cy = c * y[j];
@@ -419,7 +399,7 @@ static opf_status cpu_rmsnorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf_
 static void l2n_row_fwd(const float *x, int64_t H, float eps, float *y, float *r_out)
 {
     for (int64_t j = 0; j < H; j++) y[j] = x[j] * x[j];
-    float r = 1.0f / sqrtf(lane_sum(y, H) + eps);
+    float r = 1.0f / sqrtf(opf_lane_sum(y, H) + eps);
     for (int64_t j = 0; j < H; j++) y[j] = x[j] * r;
     *r_out = r;
 }
@@ -430,7 +410,7 @@ static void l2n_row_bwd(const float *x, const float *dy, int64_t H, float r, flo
         float y = x[j] * r;
         dx[j] = dy[j] * y;
     }
-    float c = lane_sum(dx, H);
+    float c = opf_lane_sum(dx, H);
     for (int64_t j = 0; j < H; j++) {
         float y = x[j] * r;
         float cy = c * y;

@@ -10,11 +10,12 @@
  *
  * Element-wise passes (forward, backward, the GLUs and their scaled form)
  * are grid-stride loops over 4 floats a thread (16-byte accesses when the
- * shapes and bases allow). The two entries with ordered sums, dact + dbias
- * (a column sum over the rows in row order) and the scaled GLU backward (a
- * row sum left to right), are one kernel each: 32 sums a block; eight warps
- * compute a tile of the terms (writing dx as they go) into shared memory
- * while warp 0 adds up the previous tile, one thread per sum in order.
+ * shapes and bases allow). The two entries with ordered sums are one kernel
+ * each: dact + dbias is colsum.cuh's column sum (lanesum.h's order) of terms
+ * that write dx as they go; the scaled GLU backward's row sums (left to
+ * right) take 32 sums a block, eight warps computing a tile of the terms
+ * into shared memory while warp 0 adds up the previous tile, one thread per
+ * sum in order.
  *
  * The *_q entries (qout.h) of the plain kinds read x and dy in their own
  * dtype (f32 or bf16) and write the output rounded into its dtype or into
@@ -22,6 +23,7 @@
  * the way for current-scaling FP8, whose cast pass follows; dact + dbias
  * does so inside its ordered-sum kernel. The GLU kinds, f16 tensors and
  * OPF_CUDA_UNFUSED=1 take the composition of the fp32 entries. */
+#include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
 extern "C" {
 #include "backend/cpu/act-math.h"
@@ -70,14 +72,6 @@ template <opf_dtype D> __device__ __forceinline__ float st_t(void *p, int64_t i,
     typename opf_dev_plain<D>::store b = opf_dev_from_f32<D>(v);
     ((typename opf_dev_plain<D>::store *)p)[i] = b;
     return opf_dev_to_f32<D>(b);
-}
-
-/* The warp's max key into *amax, one atomic (an integer max merges in any
- * order); every lane of the warp calls it. */
-__device__ __forceinline__ void warp_amax(unsigned key, unsigned *amax)
-{
-    for (int o = 16; o; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
-    if ((threadIdx.x & 31) == 0 && key) atomicMax(amax, key);
 }
 
 template <int N> __device__ __forceinline__ void load(const float *p, float v[N])
@@ -141,7 +135,7 @@ __global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void 
         float w = st_t<DO>(y, i, r);
         if (amax) key = max(key, opf_dev_amax_key(w));
     }
-    if (amax) warp_amax(key, amax);
+    if (amax) opf_dev_warp_amax(key, amax);
 }
 
 /* ---- GLU kinds -------------------------------------------------------------
@@ -263,12 +257,11 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
         }
     }
     if (t < 0 && c0 + lane < C) out[c0 + lane] = acc;
-    if (amax) warp_amax(key, amax);
+    if (amax) opf_dev_warp_amax(key, amax);
 }
 
 /* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
 template <opf_act_fn FN> struct dbias_term {
-    enum { ALONG_K = 0 };
     struct in { float x, dy; };
     const float *x, *dy;
     float       *dx;
@@ -289,7 +282,6 @@ template <opf_act_fn FN> struct dbias_term {
 
 /* The typed form: x, dy of DI; dx stored in DO, its amax key kept. */
 template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
-    enum { ALONG_K = 0 };
     struct in { float x, dy; };
     const void *x, *dy;
     void       *dx;
@@ -405,7 +397,7 @@ struct dbias_launch {
                           int64_t cols)
     {
         dbias_term<FN> t = {x, dy, dx, cols, alpha};
-        return launch_sums(ctx, s, fn, t, rows, cols, dbias);
+        return opf_cuda_colsum(ctx, s, fn, t, rows, cols, dbias);
     }
 };
 
@@ -446,7 +438,7 @@ static opf_status typed_go(opf_ctx *ctx, opf_cuda_state *s, const char *fn, opf_
 {
     if (pass == OPF_ACT_PASS_DACT_DBIAS) {
         dbias_t_term<FN, DI, DO> t = {a.x, a.dy, a.y, a.cols, a.alpha};
-        return launch_sums(ctx, s, fn, t, a.rows, a.cols, a.dbias, a.amax);
+        return opf_cuda_colsum(ctx, s, fn, t, a.rows, a.cols, a.dbias, a.amax);
     }
     int64_t n = a.rows * a.cols;
     if (n == 0) return OPF_OK;

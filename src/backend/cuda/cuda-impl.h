@@ -162,6 +162,13 @@ __device__ __forceinline__ unsigned opf_dev_amax_key(float v)
     return a > 0x7F800000u ? 0u : a;
 }
 
+/* Merges a warp's amax keys into *amax (one atomic a warp; 0 adds nothing). */
+__device__ __forceinline__ void opf_dev_warp_amax(unsigned key, unsigned *amax)
+{
+    for (int o = 16; o; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+    if ((threadIdx.x & 31) == 0 && key) atomicMax(amax, key);
+}
+
 /* fp32 -> e4m3 / e5m2: RNE, saturating, NaN -> 0x7F (1.3); the hardware
  * cvt.rn.satfinite does exactly this. */
 __device__ __forceinline__ uint8_t opf_dev_to_fp8(float x, bool e4m3)

@@ -8,17 +8,13 @@
  * at a time with its NaN bits (opf_dev_add and friends, cuda-impl.h); the
  * conversions are its codecs' (opf_dev_to_f32 / opf_dev_from_f32).
  *
- * dbias keeps the CPU's order: each column is summed in row order by one
- * thread. The block's other warps stage the next tile of rows in shared
- * memory while the summing warp works through the current one, so the
- * memory traffic runs in parallel although every sum is sequential. */
+ * dbias keeps the CPU's order (lanesum.h's column sums) through colsum.cuh. */
+#include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
 
 enum {
     THREADS = 256,
     VEC = 8,           /* elements per chunk */
-    DB_COLS = 32,      /* dbias: columns per block, one lane each */
-    DB_ROWS = 256,     /* dbias: rows per staged tile */
     TR = 64,           /* cast+transpose tile edge */
     CT_THREADS = 128,  /* cast+transpose: threads per block, */
     CT_LOADS = TR * TR / VEC / CT_THREADS, /* each with this many 16-byte loads in flight */
@@ -110,41 +106,20 @@ __global__ void cast_kernel(const void *x, int64_t n, bool vec, void *y)
 }
 
 /* ---- dbias -----------------------------------------------------------------
- * Block b sums columns [32b, 32b + 32) of dy [rows, n]: every thread loads
- * DB_ROWS / 8 rows of the next tile into registers while warp 0 adds the
- * staged tile, row by row, into one accumulator per lane. */
-template <opf_dtype D, opf_dtype DO>
-__global__ void __launch_bounds__(THREADS)
-dbias_kernel(const void *dy, int64_t rows, int64_t n, void *db)
-{
-    enum { PER = DB_ROWS / (THREADS / 32) };
-    __shared__ float tile[DB_ROWS][DB_COLS + 1];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    int64_t j = (int64_t)blockIdx.x * DB_COLS + lane, ntiles = (rows + DB_ROWS - 1) / DB_ROWS;
-    typedef typename opf_dev_plain<D>::store S;
-    const S *src = (const S *)dy;
-    float reg[PER], acc = 0.0f;
-    auto load = [&](int64_t t) {
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int64_t r = t * DB_ROWS + wid + (THREADS / 32) * k;
-            reg[k] = j < n && r < rows ? opf_dev_to_f32<D>(src[r * n + j]) : 0.0f;
-        }
-    };
-    load(0);
-    for (int64_t t = 0; t < ntiles; t++) {
-        __syncthreads();  /* warp 0 is done with the previous tile */
-#pragma unroll
-        for (int k = 0; k < PER; k++) tile[wid + (THREADS / 32) * k][lane] = reg[k];
-        __syncthreads();
-        if (t + 1 < ntiles) load(t + 1);
-        if (wid == 0) {
-            int h = rows - t * DB_ROWS < DB_ROWS ? (int)(rows - t * DB_ROWS) : DB_ROWS;
-            for (int r = 0; r < h; r++) acc = opf_dev_add(acc, tile[r][lane]);
-        }
+ * colsum.cuh's column sums of dy [rows, n]. */
+template <opf_dtype D> struct db_term {
+    struct in { float v; };
+    const void *dy;
+    int64_t     n;
+    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
+    {
+        v.v = opf_dev_to_f32<D>(((const typename opf_dev_plain<D>::store *)dy)[r * n + c]);
     }
-    if (wid == 0 && j < n) ((typename opf_dev_plain<DO>::store *)db)[j] = opf_dev_from_f32<DO>(acc);
-}
+    __device__ __forceinline__ float finish(int64_t, int64_t, const in &v, unsigned &) const
+    {
+        return v.v;
+    }
+};
 
 /* ---- scaled bias (GroupedLinear's scale_bias) ---------------------------
  * Rare and small next to the GEMMs around it: element loads of any dtype
@@ -185,17 +160,20 @@ __global__ void scaled_bias_add_kernel(sbias_args a)
     }
 }
 
-/* db[j] = sum over r in row order of fl(dy[r, j] * s[r]): one thread per
- * column (consecutive columns: coalesced rows). */
-__global__ void scaled_db_kernel(sbias_args a)
-{
-    int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= a.n) return;
-    float acc = 0.0f;
-    for (int64_t r = 0; r < a.rows; r++)
-        acc = opf_dev_add(acc, opf_dev_mul(ld_any(a.acc, a.acc_t, r * a.n + j), ld_any(a.s, a.s_t, r)));
-    st_any(a.y, a.y_t, j, acc);
-}
+/* scaled_dbias's db: the column sums of fl(dy[r, j] * s[r]). */
+struct sdb_term {
+    struct in { float v, s; };
+    sbias_args a;
+    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
+    {
+        v.v = ld_any(a.acc, a.acc_t, r * a.n + c);
+        v.s = ld_any(a.s, a.s_t, r);
+    }
+    __device__ __forceinline__ float finish(int64_t, int64_t, const in &v, unsigned &) const
+    {
+        return opf_dev_mul(v.v, v.s);
+    }
+};
 
 /* ds[r] = sum over j left to right of fl(dy[r, j] * bias[j]): one thread per
  * row (a.y is ds here, a.acc is dy). */
@@ -475,15 +453,11 @@ static opf_status cuda_dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
     const char *fn = "dbias";
     STATE_OR_FAIL(s, ctx, fn);
     int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
-    if (n == 0) return OPF_OK;
-    const void *src = cdata(dy);
-    void *out = data(db);
-    unsigned grid = (unsigned)((n + DB_COLS - 1) / DB_COLS);
     return opf_dev_with_dtype(dy->spec.dtype, [&](auto d) {
         return opf_dev_with_dtype(db->spec.dtype, [&](auto dout) {
-            dbias_kernel<decltype(d)::value, decltype(dout)::value>
-                <<<grid, THREADS, 0, s->stream>>>(src, rows, n, out);
-            return launched(ctx, fn);
+            db_term<decltype(d)::value> t = {cdata(dy), n};
+            return opf_cuda_colsum<decltype(t), decltype(dout)::value>(ctx, s, fn, t, rows, n,
+                                                                      data(db));
         });
     });
 }
@@ -510,9 +484,11 @@ static opf_status cuda_scaled_dbias(opf_ctx *ctx, const opf_tensor *dy, const op
     if (!n) return OPF_OK;
     sbias_args a = {cdata(dy), cdata(sc), cdata(bias), data(db), dy->spec.dtype, sc->spec.dtype,
                     bias->spec.dtype, db->spec.dtype, rows, n};
-    scaled_db_kernel<<<(unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, s->stream>>>(a);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    if (!rows) return OPF_OK;
+    sdb_term t = {a};
+    opf_status st = opf_dev_with_dtype(db->spec.dtype, [&](auto dout) {
+        return opf_cuda_colsum<sdb_term, decltype(dout)::value>(ctx, s, fn, t, rows, n, data(db));
+    });
+    if (st || !rows) return st;
     a.y = data(ds), a.y_t = ds->spec.dtype;
     scaled_ds_kernel<<<(unsigned)((rows + THREADS - 1) / THREADS), THREADS, 0, s->stream>>>(a);
     return launched(ctx, fn);

@@ -18,11 +18,11 @@
  *    keys in order. The backward: dq by a warp per query row, dk and dv by a
  *    warp per key row (queries i = j..T-1 in order), both from the same
  *    recomputed p and ds.
- *  - cross-entropy: a warp per row; the exponentials are parallel, the sum
- *    of e is one lane-uniform chain in j order. The loss: one block adds
- *    the rows in order in double.
- *  - sumsq: a thread per 4096-value chunk of the CPU (staged through shared
- *    memory for coalesced loads), then one thread adds the chunks in order.
+ *  - cross-entropy: a warp per row, each lane summing its own exponentials,
+ *    then the fold (lanesum.h). The loss: one block adds the rows in order
+ *    in double.
+ *  - sumsq: a warp per 4096-value chunk of the CPU, each lane its own
+ *    squares, then the fold (lanesum.h); one warp folds the chunk sums.
  *
  * expf and logf are ports of the glibc functions the CPU reference calls
  * (glibc 2.28 and later, the same algorithms as ARM's optimized-routines:
@@ -566,7 +566,7 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
 /* ---- cross-entropy -------------------------------------------------------- */
 
 /* lse of row r: m = the CPU's max (x_0 when it is NaN, else the max of the
- * numbers), e = the sum of expf(x_j - m) in j order. */
+ * numbers), e = S(expf(x_j - m)): each lane its own terms, then the fold. */
 static __global__ void xent_lse_kernel(const float *x, const int32_t *tgt, float *lse,
                                        int64_t rows, int64_t V)
 {
@@ -583,11 +583,8 @@ static __global__ void xent_lse_kernel(const float *x, const int32_t *tgt, float
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
     if (isnan(xr[0])) m = xr[0];
     float e = 0.0f;
-    for (int64_t j0 = 0; j0 < V; j0 += 32) {
-        float p = j0 + lane < V ? nn_expf(__fsub_rn(__ldg(xr + j0 + lane), m)) : 0.0f;
-        int n = (int)(V - j0 < 32 ? V - j0 : 32);
-        for (int t = 0; t < n; t++) e = __fadd_rn(e, __shfl_sync(FULL, p, t));
-    }
+    for (int64_t j = lane; j < V; j += 32) e = __fadd_rn(e, nn_expf(__fsub_rn(__ldg(xr + j), m)));
+    for (int o = 16; o; o >>= 1) e = __fadd_rn(e, __shfl_down_sync(FULL, e, o));
     if (lane == 0) lse[r] = __fadd_rn(m, nn_logf(e));
 }
 
@@ -678,42 +675,38 @@ static opf_status xent_bwd(opf_ctx *ctx, const float *x, const int32_t *tgt, con
 
 /* ---- sum of squares -------------------------------------------------------- */
 
-/* A warp per 32 chunks: it stages 32 values of each chunk at a time in
- * shared memory (coalesced loads), then each lane adds its chunk's in
- * order. Values past n are 0: adding +0 to a sum of squares changes nothing. */
+/* lanesum.h's order in double: a warp per chunk, each lane its own
+ * squares in order, then the fold. */
+__device__ __forceinline__ double nn_fold_d(double v)
+{
+    for (int o = 16; o; o >>= 1) v = __dadd_rn(v, __shfl_down_sync(FULL, v, o));
+    return v;
+}
+
 template <typename T>
 static __global__ void sumsq_chunks_kernel(const T *x, int64_t n, int64_t nc, double *part)
 {
-    __shared__ float tile[WARPS][32][33];
-    int lane = nn_lane(), wb = (int)(threadIdx.x >> 5);
-    int64_t c0 = nn_warp_id() * 32;
-    if (c0 >= nc) return;
+    int64_t c = nn_warp_id();
+    if (c >= nc) return;
+    int lane = nn_lane();
+    const T *xc = x + c * SUMSQ_CHUNK;
+    int len = n - c * SUMSQ_CHUNK < SUMSQ_CHUNK ? (int)(n - c * SUMSQ_CHUNK) : SUMSQ_CHUNK;
     double s = 0.0;
-    for (int step = 0; step < SUMSQ_CHUNK / 32; step++) {
-        for (int cc = 0; cc < 32; cc++) {
-            int64_t i = (c0 + cc) * SUMSQ_CHUNK + step * 32 + lane;
-            tile[wb][cc][lane] = i < n ? opf_dev_widen<T>(x[i]) : 0.0f;
-        }
-        __syncwarp();
-        for (int e = 0; e < 32; e++) {
-            double v = (double)tile[wb][lane][e];
-            s = __dadd_rn(s, __dmul_rn(v, v));
-        }
-        __syncwarp();
+    for (int i = lane; i < len; i += 32) {
+        double v = (double)opf_dev_widen<T>(xc[i]);
+        s = __dadd_rn(s, __dmul_rn(v, v));
     }
-    if (c0 + lane < nc) part[c0 + lane] = s;
+    s = nn_fold_d(s);
+    if (lane == 0) part[c] = s;
 }
 
-/* One warp: the chunk sums added in chunk order (lanes load, the sum walks
- * them), into *out or (add) onto it. */
+/* One warp: the chunk sums as one lane sum (chunk c in lane c mod 32), into
+ * *out or (add) onto it. */
 static __global__ void sumsq_total_kernel(const double *part, int64_t nc, double *out, bool add)
 {
     double t = 0.0;
-    for (int64_t c0 = 0; c0 < nc; c0 += 32) {
-        double v = c0 + threadIdx.x < nc ? part[c0 + threadIdx.x] : 0.0;
-        int n = (int)(nc - c0 < 32 ? nc - c0 : 32);
-        for (int k = 0; k < n; k++) t = __dadd_rn(t, __shfl_sync(FULL, v, k));
-    }
+    for (int64_t c = threadIdx.x; c < nc; c += 32) t = __dadd_rn(t, part[c]);
+    t = nn_fold_d(t);
     if (threadIdx.x == 0) *out = add ? __dadd_rn(*out, t) : t;
 }
 
@@ -728,7 +721,7 @@ static opf_status sumsq_dev(opf_ctx *ctx, opf_cuda_state *s, const char *fn, con
         return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtype %s, expected f32, bf16 or f16", fn,
                          opf_dtype_name(dt));
     int64_t nc = sumsq_chunks(n);
-    unsigned grid = warp_grid((nc + 31) / 32), threads = 32 * WARPS;
+    unsigned grid = warp_grid(nc), threads = 32 * WARPS;
     cudaStream_t strm = s->stream;
     if (nc && dt == OPF_F32)
         sumsq_chunks_kernel<float><<<grid, threads, 0, strm>>>((const float *)x, n, nc, part);

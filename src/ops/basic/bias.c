@@ -97,7 +97,7 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
     return OPF_OK;
 }
 
-/* db = the column sums of dy (elem.h: fp32, in row order). */
+/* db = the column sums of dy (elem.h: fp32, in lanesum.h's order). */
 static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
 {
     const bias_bwd *a = args;

@@ -5,7 +5,7 @@
  * op as env->prev_grad_q (X is the basic-op neighbour before the bias).
  *
  * One kernel, the backend's dact_dbias: p = f'(x) * dy in fp32, with x the
- * activation's saved input; dbias = the fp32 column sum of p in row order,
+ * activation's saved input; dbias = the fp32 column sum of p (lanesum.h),
  * taken before any rounding (numerics.md 6.3, last line); then dx = p
  * rounded to the activation dtype or quantized with X's grad-output
  * quantizer (per-tensor delayed FP8 casts the fp32 value, numerics.md 6.1),
