@@ -9,19 +9,22 @@
  * with 16-byte asynchronous copies when the row allows them, and while it
  * computes one row the copy of its next row is in flight (two buffers when
  * they fit). The sums read the staged row lane-strided (no bank conflicts),
- * widening and rounding each value as it is read; the outputs are written
- * 8 elements a lane, 16 bytes a store. Rows too long for shared memory are
+ * widening each value as it is read (and rounding it where the compute
+ * dtype is not its own: seen_from); the outputs are written 8 elements a
+ * lane, 16 bytes a store. Rows too long for shared memory are
  * read from global memory on every pass instead (the same values, the same
  * order). The all-bf16 call (x, dz, gamma) has kernels of its own with the
  * dtypes as constants, so no dtype branch stands between the loads of a
  * batch of terms.
  *
- * The column sums of dgamma and dbeta are a second kernel: lane class l of
- * a column holds the rows r = l mod 32 in order, as the CPU's; one thread
- * per (column, class) walks its rows, COL_BATCH rows' loads in flight before
- * their adds, recomputing y from x, mu and rsigma (cheaper than storing
- * it), then one thread per column folds the 32 partials in the header's
- * order. No atomics: every bit is fixed.
+ * The column sums of dgamma and dbeta are two more kernels: lane class l
+ * of a column holds the rows r = l mod 32 in order, as the CPU's; one
+ * thread per (column or column pair, class) walks its rows, a batch of
+ * rows' loads in flight before their adds, recomputing y from x, mu and
+ * rsigma (cheaper than storing it); the 32 partials of a column go
+ * through scratch to a thread that folds them in the header's order. No
+ * atomics: every bit is fixed. Loads whose values are widened only after
+ * the whole batch is loaded keep the mixed-dtype calls as fast.
  *
  * Built with -fmad=false (CMakeLists.txt) and IEEE division and square root,
  * so each operation rounds once as on the CPU. A NaN in a row makes that
@@ -38,7 +41,9 @@ enum {
     BLOCK_RESERVED = 1024,            /* ... of which each block holds back */
     BLOCK_SMEM_MAX = 227 * 1024,      /* ... and the most one block may opt in to */
     MAX_WARPS = 8,                    /* warps of a row block */
-    COL_BATCH = 8,                    /* rows in flight per thread of a column sum */
+    COL_WARPS = 4,                    /* warps (classes) of a column-sum block */
+    COL_PAIRS_WARPS = 16,             /* column-sum warps an SM that call for column pairs */
+    MIN_WARPS = 16,                   /* row-kernel warps an SM that double buffers must leave */
     SUM_BATCH = 8,                    /* terms in flight per lane of a row sum */
     ANY = -1,                         /* the dtypes of a call known only at run time */
 };
@@ -68,13 +73,41 @@ typedef struct norm_args {
 
 /* ---- element access ------------------------------------------------------ */
 
+/* The bits of element i of p (dtype t) as stored, apart from their widening
+ * so that a batch of loads issues before any of its values is needed, for
+ * any dtype. */
+__device__ __forceinline__ uint32_t ld_bits(const void *p, opf_dtype t, int64_t i)
+{
+    return t == OPF_F32 ? ((const uint32_t *)p)[i] : ((const uint16_t *)p)[i];
+}
+
+/* The bits of elements i .. i + N - 1 (N = 1 or 2; for 2, i is even and p
+ * aligned): one load. */
+template <int N>
+__device__ __forceinline__ void ld_bits_n(const void *p, opf_dtype t, int64_t i, uint32_t u[N])
+{
+    if (N == 1) {
+        u[0] = ld_bits(p, t, i);
+    } else if (t == OPF_F32) {
+        uint2 v = ((const uint2 *)p)[i / 2];
+        u[0] = v.x, u[N - 1] = v.y;
+    } else {
+        uint32_t v = ((const uint32_t *)p)[i / 2];
+        u[0] = v & 0xFFFFu, u[N - 1] = v >> 16;  /* little-endian: element i low */
+    }
+}
+
+/* fp32 of one element's bits (exact). */
+__device__ __forceinline__ float widen_bits(uint32_t u, opf_dtype t)
+{
+    return t == OPF_F32    ? __uint_as_float(u)
+           : t == OPF_BF16 ? __uint_as_float(u << 16)
+                           : __half2float(__ushort_as_half((unsigned short)u));
+}
+
 __device__ __forceinline__ float ld1(const void *p, opf_dtype t, int64_t i)
 {
-    switch (t) {
-    case OPF_BF16: return opf_dev_widen(((const __nv_bfloat16 *)p)[i]);
-    case OPF_F16: return opf_dev_widen(((const __half *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
+    return widen_bits(ld_bits(p, t, i), t);
 }
 
 __device__ __forceinline__ void ld8(const void *p, opf_dtype t, int64_t i, float v[VEC])
@@ -104,6 +137,13 @@ __device__ __forceinline__ void st1(void *p, opf_dtype t, int64_t i, float v)
     case OPF_F16: ((__half *)p)[i] = __float2half_rn(v); break;
     default: ((float *)p)[i] = v; break;
     }
+}
+
+/* A value of dtype t seen as act: seen_as, but skipped where act holds
+ * every value of t (the same dtype, or fp32), where it changes no bit. */
+__device__ __forceinline__ float seen_from(float v, opf_dtype t, opf_dtype act)
+{
+    return t == act || act == OPF_F32 ? v : seen_as(v, act);
 }
 
 /* Stores 8 values, each rounded once to t; 16-byte aligned. */
@@ -148,12 +188,12 @@ typedef struct row_view {
     const void *p;
     opf_dtype   t, act;
 
-    __device__ __forceinline__ float at(int64_t j) const { return seen_as(ld1(p, t, j), act); }
+    __device__ __forceinline__ float at(int64_t j) const { return seen_from(ld1(p, t, j), t, act); }
     __device__ __forceinline__ void at8(int64_t j, float v[VEC]) const
     {
         ld8(p, t, j, v);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) v[k] = seen_as(v[k], act);
+        for (int k = 0; k < VEC; k++) v[k] = seen_from(v[k], t, act);
     }
 } row_view;
 
@@ -443,49 +483,79 @@ template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
 }
 
 /* ---- dgamma / dbeta ------------------------------------------------------
- * Block (32 columns, 32 lane classes): thread (c, l) sums the rows r = l,
- * l + 32, ... of column c in order, loading COL_BATCH rows before adding
- * them; thread (c, 0) then folds the classes. */
-template <bool LN, int FT>
-__global__ void __launch_bounds__(LANES *LANES)
-col_kernel(norm_args a, void *dg, opf_dtype dgt, void *db, opf_dtype dbt)
+ * Thread (columns c .. c + CP - 1, class l) sums the terms of its columns
+ * over the rows r = l, l + 32, ... in order: the class's partials. A warp
+ * is 32 * CP consecutive columns of one class, a block COL_WARPS classes,
+ * so the H x 32 chains spread over every SM (a block of all 32 classes
+ * held the grid to H / 32 blocks). Each thread loads the bits of a batch
+ * of rows (x and dz) before it widens any, so the batch's loads are in
+ * flight together for any dtypes; the batch's mu and rsigma come one row
+ * a lane and go round by shuffles. The partials go through scratch
+ * ([sums][32][H]) to fold_kernel. */
+template <bool LN, int CP>
+__global__ void __launch_bounds__(COL_WARPS *LANES) col_kernel(norm_args a, float *part)
 {
-    fix_dtypes<FT>(a);
-    __shared__ float pg[LANES][LANES + 1], pb[LANES][LANES + 1];
-    int cc = threadIdx.x, l = threadIdx.y;
-    int64_t c = (int64_t)blockIdx.x * LANES + cc, H = a.H;
-    float ag = 0.0f, ab = 0.0f;
-    /* Row r's terms added to the class's partials (in row order). */
-    auto add = [&](float x, float dz, int64_t r) {
-        float xs = seen_as(x, a.act), d = seen_as(dz, a.act), rs = a.rs[r];
-        float y = LN ? rs * (xs - a.mu[r]) : rs * xs;
-        ag = ag + d * y;
-        if (LN) ab = ab + d;
-    };
-    int64_t r0 = l;
-    for (; c < H && r0 + (COL_BATCH - 1) * LANES < a.rows; r0 += COL_BATCH * LANES) {
-        float x[COL_BATCH], dz[COL_BATCH];
+    constexpr int B = LANES / CP;  /* rows a batch: 32 elements of x and of dz in flight */
+    int lane = threadIdx.x % LANES, l = (int)blockIdx.y * COL_WARPS + (int)threadIdx.x / LANES;
+    int64_t H = a.H, c = ((int64_t)blockIdx.x * LANES + lane) * CP;
+    bool in = c < H;  /* with CP = 2 H is even: c + 1 < H too */
+    float ag[CP] = {}, ab[CP] = {};
+    for (int64_t r0 = l; r0 < a.rows; r0 += B * LANES) {
+        int n = (int)min((int64_t)B, (a.rows - r0 + LANES - 1) / LANES);  /* rows of the batch */
+        uint32_t xb[B][CP], db[B][CP];
 #pragma unroll
-        for (int u = 0; u < COL_BATCH; u++) {
-            x[u] = ld1(a.x, a.xt, (r0 + u * LANES) * H + c);
-            dz[u] = ld1(a.dz, a.dzt, (r0 + u * LANES) * H + c);
+        for (int u = 0; u < B; u++)
+            if (u < n && in) {
+                int64_t i = (r0 + (int64_t)u * LANES) * H + c;
+                ld_bits_n<CP>(a.x, a.xt, i, xb[u]);
+                ld_bits_n<CP>(a.dz, a.dzt, i, db[u]);
+            }
+        int64_t rl = r0 + (int64_t)lane * LANES;
+        float rs_l = lane < n ? a.rs[rl] : 0.0f, mu_l = LN && lane < n ? a.mu[rl] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            if (u >= n) break;  /* n is the warp's */
+            float rs = __shfl_sync(0xFFFFFFFFu, rs_l, u), mu = __shfl_sync(0xFFFFFFFFu, mu_l, u);
+#pragma unroll
+            for (int k = 0; k < CP && in; k++) {
+                float x = seen_from(widen_bits(xb[u][k], a.xt), a.xt, a.act);
+                float d = seen_from(widen_bits(db[u][k], a.dzt), a.dzt, a.act);
+                float y = LN ? rs * (x - mu) : rs * x;
+                ag[k] = ag[k] + d * y;
+                if (LN) ab[k] = ab[k] + d;
+            }
         }
-#pragma unroll
-        for (int u = 0; u < COL_BATCH; u++) add(x[u], dz[u], r0 + u * LANES);
     }
-    for (; c < H && r0 < a.rows; r0 += LANES)
-        add(ld1(a.x, a.xt, r0 * H + c), ld1(a.dz, a.dzt, r0 * H + c), r0);
-    pg[l][cc] = ag;
-    pb[l][cc] = ab;
-    __syncthreads();
-    if (l != 0 || c >= H) return;
-    for (int off = LANES / 2; off; off >>= 1)
-        for (int i = 0; i < off; i++) {
-            pg[i][cc] = pg[i][cc] + pg[i + off][cc];
-            pb[i][cc] = pb[i][cc] + pb[i + off][cc];
-        }
-    st1(dg, dgt, c, pg[0][cc]);
-    if (db) st1(db, dbt, c, pb[0][cc]);
+#pragma unroll
+    for (int k = 0; k < CP && in; k++) {
+        part[l * H + c + k] = ag[k];
+        if (LN) part[(LANES + l) * H + c + k] = ab[k];
+    }
+}
+
+/* The 32 class partials p[0], p[H], ... of a column folded in halves
+ * (class i += class i + off, norm.h). */
+__device__ __forceinline__ float fold_classes(const float *p, int64_t H)
+{
+    float v[LANES];
+#pragma unroll
+    for (int i = 0; i < LANES; i++) v[i] = p[i * H];
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off /= 2)
+#pragma unroll
+        for (int i = 0; i < LANES / 2; i++)
+            if (i < off) v[i] = v[i] + v[i + off];
+    return v[0];
+}
+
+/* One thread a column: dgamma, and dbeta when db, from their partials. */
+__global__ void fold_kernel(const float *part, int64_t H, void *dg, opf_dtype dgt, void *db,
+                            opf_dtype dbt)
+{
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= H) return;
+    st1(dg, dgt, c, fold_classes(part + c, H));
+    if (db) st1(db, dbt, c, fold_classes(part + LANES * H + c, H));
 }
 
 /* ---- host side ----------------------------------------------------------- */
@@ -550,9 +620,10 @@ static int block_warps(size_t per_warp, int *blocks_per_sm)
 }
 
 /* Launches the row kernel of mode M over a's rows: rows staged twice (the
- * next in flight) when that fits DOUBLE_MAX, once up to CACHE_MAX, else
- * read from global memory; as many warps an SM as the staging allows, and
- * a grid of as many blocks as fit at once (each warp walks several rows). */
+ * next in flight) when that fits DOUBLE_MAX and leaves MIN_WARPS warps an
+ * SM, once up to CACHE_MAX, else read from global memory; as many warps an
+ * SM as the staging allows, and a grid of as many blocks as fit at once
+ * (each warp walks several rows). */
 template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, norm_args a,
                                                const char *fn)
 {
@@ -562,6 +633,10 @@ template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, 
     int slots = 2 * slot <= DOUBLE_MAX ? 2 : slot <= CACHE_MAX ? 1 : 0;
     int warps = 4, per_sm = 16;
     if (slots) warps = block_warps(slots * slot, &per_sm);
+    /* A second buffer hides a warp's own wait for its next row; more warps
+     * an SM hide that as well, and the latency of the sums' add chains
+     * besides: at [.., 4096] bf16, 7 warps an SM double-buffered, 13 not. */
+    if (slots == 2 && warps * per_sm < MIN_WARPS) slots = 1, warps = block_warps(slot, &per_sm);
     size_t smem = slots * slot * (size_t)warps;
     /* Once per kernel and device (the attributes are the current device's):
      * allow up to the most shared memory a block may have, and ask for the
@@ -585,18 +660,33 @@ template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, 
     return OPF_OK;
 }
 
-/* dgamma (and dbeta unless NULL) from the rows of a (x, dz seen as a.act). */
+/* dgamma (and dbeta unless NULL) from the rows of a (x, dz seen as a.act).
+ * Two columns a thread (one 4- or 8-byte load a tensor and row, half the
+ * loads) once single columns would give every SM COL_PAIRS_WARPS warps;
+ * below that, one a thread and twice the rows in flight. */
 template <bool LN>
 static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &a,
                               opf_tensor *dgamma, opf_tensor *dbeta, const char *fn)
 {
     if (a.H == 0) return OPF_OK;
-    unsigned grid = (unsigned)((a.H + LANES - 1) / LANES);
-    void (*kernel)(norm_args, void *, opf_dtype, void *, opf_dtype) =
-        one_dtype(a, OPF_BF16, true) ? col_kernel<LN, OPF_BF16> : col_kernel<LN, ANY>;
-    kernel<<<grid, dim3(LANES, LANES), 0, s->stream>>>(
-        a, dgamma->data[0], dgamma->spec.dtype, dbeta ? dbeta->data[0] : NULL, dtype_of(dbeta));
-    OPF_CUDA_LAUNCHED(ctx, fn);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    size_t sums = LN ? 2 : 1;
+    float *part = (float *)opf_ctx_scratch_push_on(ctx, dgamma->spec.device,
+                                                   sums * LANES * (size_t)a.H * sizeof(float));
+    if (!part)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %zu x 32 x %lld partials", fn,
+                         sums, (long long)a.H);
+    bool pairs = a.H % 2 == 0 && opf_cuda_aligned16(a.x) && opf_cuda_aligned16(a.dz) &&
+                 a.H >= (int64_t)s->sm_count * COL_PAIRS_WARPS;  /* H single-column warps */
+    int cp = pairs ? 2 : 1;
+    dim3 grid((unsigned)((a.H + LANES * cp - 1) / (LANES * cp)), LANES / COL_WARPS);
+    void (*kernel)(norm_args, float *) = pairs ? col_kernel<LN, 2> : col_kernel<LN, 1>;
+    kernel<<<grid, COL_WARPS * LANES, 0, s->stream>>>(a, part);
+    fold_kernel<<<(unsigned)((a.H + 255) / 256), 256, 0, s->stream>>>(
+        part, a.H, dgamma->data[0], dgamma->spec.dtype, dbeta ? dbeta->data[0] : NULL,
+        dtype_of(dbeta));
+    opf_ctx_scratch_pop(ctx, mark);  /* stream-ordered: later work reuses it after these */
+    OPF_CUDA_LAUNCHED(ctx, fn);     /* either launch's error */
     return OPF_OK;
 }
 
