@@ -475,12 +475,14 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
 }
 
 /* ---- causal attention: fp32 qkv [B, T, 3C] at GPT-2 small's shape, per
- * path of OPF_CUDA_ATTENTION; the FLOP counts are the causal half's (the
- * backward's five products 2.5 times the forward's two). ----------------- */
+ * path of OPF_CUDA_ATTENTION, and flash with qkv's logical dtype bf16 (its
+ * 16-bit kernels); the FLOP counts are the causal half's (the backward's
+ * five products 2.5 times the forward's two). ---------------------------- */
 enum { AT_B = 16, AT_T = 1024, AT_H = 12, AT_D = 64 };
 
 typedef struct attn_arg {
     bool         bwd;
+    opf_dtype    dt;
     const float *qkv, *dout;
     float       *o, *lse, *dqkv;
 } attn_arg;
@@ -488,9 +490,10 @@ static opf_status run_attn(opf_ctx *ctx, void *p)
 {
     attn_arg *a = p;
     const opf_nn_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->nn;
-    opf_status st = K->attn_fwd(ctx, a->qkv, a->o, a->lse, AT_B, AT_T, AT_H, AT_D);
+    opf_status st = K->attn_fwd(ctx, a->qkv, a->o, a->lse, AT_B, AT_T, AT_H, AT_D, a->dt);
     if (st || !a->bwd) return st;
-    return K->attn_bwd(ctx, a->qkv, a->o, a->lse, a->dout, a->dqkv, AT_B, AT_T, AT_H, AT_D);
+    return K->attn_bwd(ctx, a->qkv, a->o, a->lse, a->dout, a->dqkv, AT_B, AT_T, AT_H, AT_D,
+                       a->dt);
 }
 
 static int bench_attn(opf_ctx *ctx)
@@ -506,17 +509,21 @@ static int bench_attn(opf_ctx *ctx)
         device_tensor(ctx, &sl, &t[3]) || device_tensor(ctx, &sq, &t[4]))
         return 1;
     printf("causal attention fp32, B %d T %d H %d D %d (ms a call)\n", AT_B, AT_T, AT_H, AT_D);
-    static const char *const paths[] = {"gemm", "flash"};
+    /* the path, qkv's logical dtype, the row's suffix */
+    static const char *const paths[] = {"gemm", "flash", "flash"};
+    static const opf_dtype dts[] = {OPF_F32, OPF_F32, OPF_BF16};
+    static const char *const tags[] = {"gemm", "flash", "flash_bf16"};
     const double fwd_flop = 2.0 * AT_B * AT_H * (double)AT_T * AT_T * AT_D;
     int rc = 0;
-    for (int p = 0; p < 2 && !rc; p++) {
+    for (int p = 0; p < 3 && !rc; p++) {
         setenv("OPF_CUDA_ATTENTION", paths[p], 1);
         for (int b = 0; b < 2 && !rc; b++) {
-            attn_arg a = {b, t[0].data[0], t[1].data[0], t[2].data[0], t[3].data[0], t[4].data[0]};
+            attn_arg a = {b, dts[p], t[0].data[0], t[1].data[0], t[2].data[0], t[3].data[0],
+                          t[4].data[0]};
             double ms;
             rc = time_ms(ctx, run_attn, &a, &ms);
             char name[48], note[48];
-            snprintf(name, sizeof name, "attn_%s_%s_ms", b ? "fwdbwd" : "fwd", paths[p]);
+            snprintf(name, sizeof name, "attn_%s_%s_ms", b ? "fwdbwd" : "fwd", tags[p]);
             snprintf(note, sizeof note, "%.1f TFLOP/s", (b ? 3.5 : 1.0) * fwd_flop / ms * 1e-9);
             if (!rc) record(name, "ms", ms, note);
         }

@@ -232,10 +232,10 @@ AT_B, AT_T, AT_H, AT_D = 16, 1024, 12, 64
 # (opfuse's row, the peer's, what the peer is); ms, ratio = peer / opfuse
 ATTN_ROWS = (("attn_fwd_gemm_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwd_flash_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
-             ("attn_fwd_flash_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
+             ("attn_fwd_flash_bf16_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwdbwd_gemm_ms", "attn_fwdbwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwdbwd_flash_ms", "attn_fwdbwd_ms", "SDPA causal fp32 (TF32)"),
-             ("attn_fwdbwd_flash_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"))
+             ("attn_fwdbwd_flash_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"))
 
 
 def attn_peer(dev):

@@ -6,7 +6,7 @@
  * Every entry works on fp32 arrays in the device's memory, row-major, with
  * int32 token ids; the caller widens inputs to fp32 before and rounds or
  * quantizes outputs after (as for backend/act.h), so none sees a dtype (but
- * sumsq), a quantizer or an op. Entries take validated arguments (ids in
+ * sumsq, and attention's hint), a quantizer or an op. Entries take validated arguments (ids in
  * range or, for targets, negative = ignored), allocate nothing, and return
  * OPF_OK on the CPU.
  *
@@ -36,7 +36,7 @@
  * NaN outputs are NaN without the CPU's NaN payload bits.
  *
  * Usage (attention forward over qkv [B, T, 3C]):
- *   be->nn->attn_fwd(ctx, qkv, o, lse, B, T, H, C / H);
+ *   be->nn->attn_fwd(ctx, qkv, o, lse, B, T, H, C / H, OPF_BF16);
  */
 #ifndef OPFUSE_BACKEND_NN_H
 #define OPFUSE_BACKEND_NN_H
@@ -58,14 +58,17 @@ typedef struct opf_nn_kernels {
                             float *dwpe, int64_t rows, int64_t T, int64_t C, int64_t V, int64_t P);
     /* Causal attention over qkv [B, T, 3C] (q, k, v side by side; head h in
      * columns h*D .. h*D + D - 1 of each, C = H*D): o [B, T, C] and the
-     * logsumexp of each softmax row, lse [B, H, T]. No [T, T] matrix. */
+     * logsumexp of each softmax row, lse [B, H, T]. No [T, T] matrix.
+     * in_dt is qkv's logical dtype (its values, and do's, are exact in it):
+     * bf16/f16 let a backend multiply in that precision on tensor cores;
+     * the CPU computes fp32 regardless. */
     opf_status (*attn_fwd)(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                           int64_t T, int64_t H, int64_t D);
+                           int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
     /* dqkv [B, T, 3C] (overwritten) from do [B, T, C] and the forward's qkv,
-     * o and lse; scores recomputed, never stored. */
+     * o and lse; scores recomputed, never stored. in_dt: as attn_fwd's. */
     opf_status (*attn_bwd)(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
                            const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                           int64_t D);
+                           int64_t D, opf_dtype in_dt);
     /* Mean softmax cross-entropy of logits x [rows, V] against tgt [rows]
      * (negative: ignored) into loss[0] (0 when no row counts); lse [rows]
      * out (0 for ignored rows). */

@@ -3,11 +3,12 @@
  * (two NaNs count as equal: nn.cu's NaN exception): embedding forward and
  * backward with repeated tokens and a bad token, causal attention forward
  * and backward on each path of OPF_CUDA_ATTENTION (exact byte for byte,
- * gemm and flash within bounds; T = 1, T not a multiple of 32 or 64, heads
- * 1..12, D = 1, 64, 128 and past one pass of 256; an unknown path is an
- * error), cross-entropy with ignored targets and a vocabulary of
- * 50257, sumsq per dtype, clipping's sumsq_acc and clip_scale; and the
- * device expf/logf against the host's libm. */
+ * gemm and flash within bounds; T = 1, T not a multiple of 32, 64 or 128,
+ * heads 1..12, D = 1, 64, 128 and past one pass of 256; f32 qkv, and bf16
+ * and f16 for flash's 16-bit kernels; an unknown path is an error),
+ * cross-entropy with ignored targets and a vocabulary of 50257, sumsq per
+ * dtype, clipping's sumsq_acc and clip_scale; and the device expf/logf
+ * against the host's libm. */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -161,28 +162,57 @@ static void test_embedding(opf_ctx *ctx)
 
 /* ---- attention ---------------------------------------------------------------- */
 
-/* The attention paths (OPF_CUDA_ATTENTION; NULL: unset, the default gemm)
- * and their bounds against the CPU, as fractions of the largest |value| of
- * the reference (0: bit for bit).
+/* The attention paths (OPF_CUDA_ATTENTION; NULL: unset, the default:
+ * flash for D 64 and 128, gemm for other D) and their bounds against the
+ * CPU, as fractions of the largest |value| of the reference (0: bit for
+ * bit), per logical dtype of qkv (f32, bf16, f16).
  *  - gemm: fp32 GEMMs; only the order of the sums differs.
- *  - flash: q, k, v, do, p and ds enter the tensor cores rounded to TF32
- *    (10 mantissa bits, unit roundoff u = 2^-11 ~ 4.9e-4); a product of two
- *    rounded values is off by up to 2u relative, and the sums over D and
- *    over keys average the signs, so o and dqkv land near u of their
- *    largest value (about 2.5e-4 .. 5e-4 at the shapes below). The error of
- *    a score grows with |q| |k|, hence query/key values at most 2 here.
- *    Bounds with 4x room: 2e-3 for o and lse, 5e-3 for dqkv (whose ds =
- *    p (dp - D_i) subtracts and whose products chain twice). D other than
- *    64 and 128 falls back to gemm, well within these. */
+ *  - flash, f32 inputs: q, k, v, do, p and ds enter the tensor cores
+ *    rounded to TF32 (10 mantissa bits, unit roundoff u = 2^-11 ~ 4.9e-4);
+ *    a product of two rounded values is off by up to 2u relative, and the
+ *    sums over D and over keys average the signs, so o and dqkv land near u
+ *    of their largest value (about 2.5e-4 .. 5e-4 at the shapes below). The
+ *    error of a score grows with |q| |k|, hence query/key values at most 2
+ *    here. Bounds with 4x room: 2e-3 for o and lse, 5e-3 for dqkv (whose
+ *    ds = p (dp - D_i) subtracts and whose products chain twice).
+ *  - flash, bf16 inputs (q, k, v and do drawn as bf16 values, so the CPU
+ *    sees the same inputs and the scores are exact products summed in
+ *    fp32): only p (for P V and P^T dO) and ds (for dS K and dS^T Q) are
+ *    rounded, to bf16 (7 mantissa bits, u = 2^-8 ~ 3.9e-3). o is an average
+ *    of v weighted by rounded p: off by at most u of its largest |v|, less
+ *    as the signs average; lse takes the fp32 sum of p, so it is as close
+ *    as the fp32 kernels'. dq, dk, dv sum products with one rounded factor
+ *    each (dk, dq a ds whose fp32 difference rounds once), again below u of
+ *    their largest value. A float64 model of exactly these roundings at
+ *    the shapes below gives 0.9e-3 .. 1.2e-3 for o and 1.7e-3 .. 2.4e-3 for
+ *    dqkv. Bounds with 4x room: 5e-3 for o and lse, 1e-2 for dqkv.
+ *  - flash, f16 inputs: the same with f16 (10 mantissa bits, u = 2^-11);
+ *    the model gives 1.0e-4 .. 1.4e-4 for o, 2.0e-4 .. 2.7e-4 for dqkv;
+ *    bounds 1e-3 and 2e-3 (p and ds below f16's normal range, 6e-5, lose
+ *    bits but never more than 2^-25 absolutely).
+ * D other than 64 and 128 falls back to gemm, well within every bound. */
 typedef struct attn_path_case {
     const char *env;
-    double      tol_o, tol_dqkv;
+    double      tol_o[3], tol_dqkv[3];  /* by dtype: f32, bf16, f16 */
 } attn_path_case;
 static const attn_path_case attn_paths[] = {
-    {"exact", 0, 0},
-    {NULL, 2e-5, 1e-4},
-    {"flash", 2e-3, 5e-3},
+    {"exact", {0, 0, 0}, {0, 0, 0}},
+    {"gemm", {2e-5, 2e-5, 2e-5}, {1e-4, 1e-4, 1e-4}},
+    {NULL, {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
+    {"flash", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
 };
+
+static int dtype_slot(opf_dtype dt) { return dt == OPF_BF16 ? 1 : dt == OPF_F16 ? 2 : 0; }
+
+/* n values around scale, exact in dt (bf16 and f16: rounded to it). */
+static float *frand_dt(int64_t n, float scale, opf_dtype dt)
+{
+    float *x = frand(n, scale, 0, false);
+    for (int64_t i = 0; i < n; i++)
+        if (dt == OPF_BF16) x[i] = opf_bf16_to_f32(opf_f32_to_bf16(x[i]));
+        else if (dt == OPF_F16) x[i] = opf_f16_to_f32(opf_f32_to_f16(x[i]));
+    return x;
+}
 
 /* Where element at of an attention array lies: (b, t, column) of [B, T,
  * cols] (qkv's columns as q / k / v, head, d), or (b, h, t) of lse. */
@@ -230,46 +260,56 @@ static void expect_attn(opf_ctx *ctx, const char *what, const char *shape, const
     free(got);
 }
 
-/* One shape on every path (exact only when `exact`: slow at long T): the
- * forward against the CPU's o and lse, then the backward from the CPU's o
- * and lse against its dqkv. */
-static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
-                      bool exact)
+/* One shape on every path (exact only when `exact`: slow at long T; f32
+ * qkv only gemm and exact, which read no dtype), with q, k, v and do drawn
+ * exact in dt and dt passed as qkv's logical dtype: the forward against
+ * the CPU's o and lse, then the backward from the CPU's o and lse against
+ * its dqkv. */
+static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
+                         bool exact, opf_dtype dt)
 {
     int64_t C = H * D, nq = B * T * 3 * C, no = B * T * C, nl = B * H * T;
-    float *qkv = frand(nq, scale, 0, false), *dout = frand(no, 1.0f, 0, false);
+    float *qkv = frand_dt(nq, scale, dt), *dout = frand_dt(no, 1.0f, dt);
     float *o = fvec(no), *lse = fvec(nl), *dqkv = fvec(nq);
     float *gqkv = dev_from(ctx, qkv, sizeof(float) * (size_t)nq);
     float *gdout = dev_from(ctx, dout, sizeof(float) * (size_t)no);
     float *go = dev_from(ctx, NULL, sizeof(float) * (size_t)no);
     float *glse = dev_from(ctx, NULL, sizeof(float) * (size_t)nl);
     float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
-    printf("  attention B %lld T %lld H %lld D %lld (scale %g)\n", (long long)B, (long long)T,
-           (long long)H, (long long)D, (double)scale);
-    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, o, lse, B, T, H, D));
-    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, o, lse, dout, dqkv, B, T, H, D));
-    for (int p = exact ? 0 : 1; p < (int)(sizeof attn_paths / sizeof attn_paths[0]); p++) {
+    printf("  attention %s B %lld T %lld H %lld D %lld (scale %g)\n", opf_dtype_name(dt),
+           (long long)B, (long long)T, (long long)H, (long long)D, (double)scale);
+    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, o, lse, B, T, H, D, dt));
+    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, dt));
+    int first = dt != OPF_F32 ? 2 : exact ? 0 : 1, slot = dtype_slot(dt);
+    for (int p = first; p < (int)(sizeof attn_paths / sizeof attn_paths[0]); p++) {
         const attn_path_case *pc = &attn_paths[p];
         if (pc->env) setenv("OPF_CUDA_ATTENTION", pc->env, 1);
         else unsetenv("OPF_CUDA_ATTENTION");
-        char shape[96];
-        snprintf(shape, sizeof shape, "B %lld T %lld H %lld D %lld scale %g, %s", (long long)B,
-                 (long long)T, (long long)H, (long long)D, (double)scale,
-                 pc->env ? pc->env : "default");
-        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D));
-        expect_attn(ctx, "attn_fwd o", shape, o, go, no, pc->tol_o, T, H, D, C);
-        expect_attn(ctx, "attn_fwd lse", shape, lse, glse, nl, pc->tol_o, T, H, D, 0);
+        char shape[112];
+        snprintf(shape, sizeof shape, "%s B %lld T %lld H %lld D %lld scale %g, %s",
+                 opf_dtype_name(dt), (long long)B, (long long)T, (long long)H, (long long)D,
+                 (double)scale, pc->env ? pc->env : "default");
+        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, dt));
+        expect_attn(ctx, "attn_fwd o", shape, o, go, no, pc->tol_o[slot], T, H, D, C);
+        expect_attn(ctx, "attn_fwd lse", shape, lse, glse, nl, pc->tol_o[slot], T, H, D, 0);
         /* the backward from the CPU's o and lse on both sides */
         CHECK_OK(ctx, opf_cuda_copy(ctx, go, o, sizeof(float) * (size_t)no, OPF_CUDA_H2D));
         CHECK_OK(ctx, opf_cuda_copy(ctx, glse, lse, sizeof(float) * (size_t)nl, OPF_CUDA_H2D));
-        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D));
-        expect_attn(ctx, "attn_bwd dqkv", shape, dqkv, gdqkv, nq, pc->tol_dqkv, T, H, D, 3 * C);
+        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D, dt));
+        expect_attn(ctx, "attn_bwd dqkv", shape, dqkv, gdqkv, nq, pc->tol_dqkv[slot], T, H, D,
+                    3 * C);
     }
     unsetenv("OPF_CUDA_ATTENTION");
     void *gs[] = {gqkv, gdout, go, glse, gdqkv};
     for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);
     void *hs[] = {qkv, dout, o, lse, dqkv};
     for (int i = 0; i < 5; i++) free(hs[i]);
+}
+
+static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
+                      bool exact)
+{
+    attn_case_dt(ctx, B, T, H, D, scale, exact, OPF_F32);
 }
 
 /* An OPF_CUDA_ATTENTION that names no path fails both entries with a
@@ -285,12 +325,12 @@ static void attn_path_error(opf_ctx *ctx)
     float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
     printf("  attention: OPF_CUDA_ATTENTION=flash2 is an error\n");
     setenv("OPF_CUDA_ATTENTION", "flash2", 1);
-    CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D), OPF_ERR_INVALID_ARG,
-                "attention forward", "OPF_CUDA_ATTENTION", "flash2");
-    CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D),
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, OPF_F32),
+                OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash2");
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D, OPF_BF16),
                 OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash2");
     setenv("OPF_CUDA_ATTENTION", "gemm", 1);
-    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D));
+    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, OPF_BF16));
     unsetenv("OPF_CUDA_ATTENTION");
     void *gs[] = {gqkv, gdout, go, glse, gdqkv};
     for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);
@@ -317,6 +357,23 @@ static void test_attention(opf_ctx *ctx)
     attn_case(ctx, 3, 64, 2, 64, 2.0f, true);     /* one whole tile, larger scores */
     attn_case(ctx, 2, 1000, 2, 64, 1.0f, false);
     attn_case(ctx, 1, 1000, 3, 128, 1.0f, false);
+    /* the 16-bit kernels: own tiles of 128 rows, loop tiles of 64; partial
+     * tiles of both, D 64 and 128, D 24 falling back to gemm */
+    static const opf_dtype dts[] = {OPF_BF16, OPF_F16};
+    for (int d = 0; d < 2; d++) {
+        opf_dtype dt = dts[d];
+        attn_case_dt(ctx, 2, 1, 3, 64, 1.0f, false, dt);
+        attn_case_dt(ctx, 1, 33, 2, 128, 1.0f, false, dt);
+        attn_case_dt(ctx, 2, 65, 3, 64, 1.0f, false, dt);
+        attn_case_dt(ctx, 1, 127, 4, 128, 1.0f, false, dt);
+        attn_case_dt(ctx, 3, 128, 2, 64, 2.0f, false, dt);  /* one whole own tile */
+        attn_case_dt(ctx, 2, 129, 3, 64, 1.0f, false, dt);
+        attn_case_dt(ctx, 1, 200, 2, 128, 1.0f, false, dt);
+        attn_case_dt(ctx, 2, 45, 5, 24, 1.0f, false, dt);
+        attn_case_dt(ctx, 2, 1000, 2, 64, 1.0f, false, dt);
+        attn_case_dt(ctx, 1, 1000, 3, 128, 1.0f, false, dt);
+    }
+    attn_case_dt(ctx, 2, 1024, 12, 64, 1.0f, false, OPF_BF16); /* GPT-2's shape */
     attn_path_error(ctx);
 }
 

@@ -74,7 +74,7 @@ static void attn_fwd_head(const float *qkv, float *o, float *lse, int64_t T, int
 }
 
 static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                           int64_t T, int64_t H, int64_t D)
+                           int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
     int64_t C = H * D;
     float scale = 1.0f / sqrtf((float)D);
@@ -111,7 +111,7 @@ static void attn_bwd_head(const float *qkv, const float *o, const float *lse, co
 
 static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
                            const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                           int64_t D)
+                           int64_t D, opf_dtype in_dt)
 {
     int64_t C = H * D;
     float scale = 1.0f / sqrtf((float)D);

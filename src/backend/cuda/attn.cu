@@ -1,7 +1,7 @@
 /* attn.cu: causal self-attention (backend/nn.h's attn_fwd / attn_bwd) on
- * the GPU as batched fp32 GEMMs through cuBLASLt, the default path; nn.cu
- * keeps the kernels that give the CPU's bits (OPF_CUDA_ATTENTION=exact),
- * flash.cu the tiled tensor-core ones (OPF_CUDA_ATTENTION=flash).
+ * the GPU as batched fp32 GEMMs through cuBLASLt (OPF_CUDA_ATTENTION=gemm,
+ * and where flash.cu's kernels, the default, do not fit); nn.cu keeps the
+ * kernels that give the CPU's bits (OPF_CUDA_ATTENTION=exact).
  *
  * The heads of a chunk of (batch, head) pairs are copied out of qkv into
  * contiguous [pairs, T, D] blocks; in cuBLASLt's column-major terms each is

@@ -1,9 +1,11 @@
 /* flash.cu: causal self-attention (backend/nn.h's attn_fwd / attn_bwd) as
  * FlashAttention-2 style tiled kernels on the tensor cores
- * (OPF_CUDA_ATTENTION=flash, nn.cu): the [T, T] scores live a 64 x 64 tile
- * at a time in shared memory, never in global memory.
+ * (OPF_CUDA_ATTENTION=flash or unset, nn.cu): the [T, T] scores live a tile
+ * at a time in shared memory, never in global memory. qkv's logical dtype
+ * picks the products: bf16 and f16 the 16-bit kernels (their section
+ * below), anything else these TF32 ones.
  *
- * The products are WMMA m16n16k8 with TF32 inputs and fp32 accumulation: q,
+ * The TF32 products are WMMA m16n16k8 with fp32 accumulation: q,
  * k, v, do, p and ds are rounded to TF32 (10 mantissa bits) as they enter
  * shared memory; everything else (the softmax, its running max and sum, lse,
  * D_i, the accumulators) is fp32, so the interface stays nn.h's fp32 one.
@@ -23,6 +25,8 @@
  * 16-column groups its rows cannot see. Partial tiles (T not a multiple of
  * 64) are zero rows, masked. D is 64 or 128 (a template); other D, and
  * operands not 16-byte aligned, take attn.cu's batched GEMMs. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <mma.h>
 
 #include "backend/cuda/cuda-impl.h"
@@ -150,13 +154,15 @@ static __device__ void strip_store(frag_c (&acc)[D / 16], float *buf, float *dst
  * fragment layout is the hardware's, so it is read back from a loaded
  * matrix whose elements are their own row numbers (scratch: 16 x 16 at
  * stride SLD, this warp's). */
-static __device__ void frag_rows(float *scratch, int rows[NACC])
+template <typename F>
+static __device__ void frag_rows(float *scratch, int ld, int rows[NACC])
 {
+    static_assert(F::num_elements == NACC, "an accumulator of 8 floats a lane");
     int lane = threadIdx.x % 32;
-    for (int e = lane; e < 256; e += 32) scratch[e / 16 * SLD + e % 16] = (float)(e / 16);
+    for (int e = lane; e < 256; e += 32) scratch[e / 16 * ld + e % 16] = (float)(e / 16);
     __syncwarp();
-    frag_c m;
-    wmma::load_matrix_sync(m, scratch, SLD, wmma::mem_row_major);
+    F m;
+    wmma::load_matrix_sync(m, scratch, ld, wmma::mem_row_major);
 #pragma unroll
     for (int i = 0; i < NACC; i++) rows[i] = (int)m.x[i];
     __syncwarp();
@@ -193,14 +199,14 @@ static __device__ void online_softmax(float *S, int64_t i, int64_t j0, int64_t T
 }
 
 /* acc *= f[row] per element (rows: frag_rows). */
-template <int D>
-static __device__ void scale_rows(frag_c (&acc)[D / 16], const int rows[NACC], const float *f)
+template <typename F, int N>
+static __device__ void scale_rows(F (&acc)[N], const int rows[NACC], const float *f)
 {
     float g[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; i++) g[i] = f[rows[i]];
 #pragma unroll
-    for (int nd = 0; nd < D / 16; nd++)
+    for (int nd = 0; nd < N; nd++)
 #pragma unroll
         for (int i = 0; i < NACC; i++) acc[nd].x[i] *= g[i];
 }
@@ -228,7 +234,7 @@ __global__ void __launch_bounds__(THREADS) flash_fwd_kernel(const float *qkv, fl
     float sl2 = f.scale * LOG2E;
 
     int rows[NACC];
-    frag_rows(Sw, rows);
+    frag_rows<frag_c>(Sw, SLD, rows);
     load_tile<D>(Ks, q + i0 * ld, ld, tile_rows(T, i0));
     __syncthreads();
     frag_a qf[D / 8];  /* the warp's 16 query rows, for every key tile */
@@ -261,7 +267,7 @@ __global__ void __launch_bounds__(THREADS) flash_fwd_kernel(const float *qkv, fl
         }
         __syncwarp();
         online_softmax(Sw, i0 + w * 16, j0, T, 16 * ng, sl2, m, l, alpha);
-        scale_rows<D>(acc, rows, alpha);
+        scale_rows(acc, rows, alpha);
         strip_ab<D>(acc, Sw, Vs, 0, 16 * ng);
     }
 
@@ -334,11 +340,13 @@ template <int D> static __device__ bwd_smem bwd_smem_of()
     return m;
 }
 
-/* lse (in log2 units) and D_i of the query tile from row i0 (n rows; 0 past). */
+/* lse (in log2 units) and D_i of the ROWS query rows from i0 (n rows; 0
+ * past), the whole block of NT threads. */
+template <int ROWS = TILE, int NT = THREADS>
 static __device__ void load_rows(float *lse2, float *dis, const float *lse, const float *di,
                                  int64_t i0, int n)
 {
-    for (int e = threadIdx.x; e < TILE; e += THREADS) {
+    for (int e = threadIdx.x; e < ROWS; e += NT) {
         lse2[e] = e < n ? lse[i0 + e] * LOG2E : 0.0f;
         dis[e] = e < n ? di[i0 + e] : 0.0f;
     }
@@ -451,6 +459,446 @@ template <int D> __global__ void __launch_bounds__(THREADS) flash_dq_kernel(bwd_
     if (n > 0) strip_store<D>(dq, Qw, a.dqkv + hd.q + (i0 + w * 16) * ld, ld, n, NULL);
 }
 
+/* ---- 16-bit inputs ------------------------------------------------------------
+ * When qkv's logical dtype is bf16 or f16 its values are exact in that type,
+ * so q, k, v round to it losslessly as they enter shared memory and the
+ * products run as WMMA m16n16k16 in that type with fp32 accumulation; p, ds
+ * and do are rounded to it (as FlashAttention and cuDNN do), the softmax,
+ * m, l, lse, D_i and the accumulators stay fp32. E is __nv_bfloat16 or
+ * __half. Shared memory per element halves, so a block is NW16 = 8 warps
+ * over its own 128-row tile (queries in the forward and dQ, keys in dK dV)
+ * and loops over 64-row tiles of the other side, as the TF32 kernels do.
+ *
+ * A warp's strip is 16 rows of SLD16 = 76 floats: scores from the tensor
+ * cores, read back a row per lane pair (lane 2r + h: columns 8k + 4h ..
+ * 8k + 4h + 3, float4), then overwritten in place by p (and ds) in E at a
+ * row stride of 2 SLD16 elements: p in elements 0..63, ds in 64..127 of the
+ * row's 304 bytes. 76 = 12 mod 32 words, so the float4 reads, the WMMA
+ * stores of the scores, the 8-byte writes of p and the WMMA loads of p all
+ * hit distinct banks. */
+enum {
+    NW16      = 8,
+    OWN16     = 16 * NW16,  /* rows of a block's own tile */
+    THREADS16 = 32 * NW16,
+    SLD16     = TILE + 12,
+    PLD16     = 2 * SLD16,  /* row stride of p and ds in a strip, in elements */
+};
+
+template <typename E> struct frag16 {
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> a;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::row_major> b;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> bt;
+};
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc16;
+
+/* Two floats rounded to E, the first in the low half (the lower address). */
+template <typename E> static __device__ __forceinline__ uint32_t pack2(float x, float y);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float x, float y)
+{
+    __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Rows [0, n) of a ROWS x D fp32 tile (row stride ld) into dst (E, row
+ * stride D + 8), rounded; rows n .. ROWS - 1 zero. The whole block: 32-byte
+ * loads, 16-byte stores (src 16-byte aligned, ld a multiple of 4). */
+template <typename E, int D, int ROWS>
+static __device__ void load_tile16(E *dst, const float *src, int64_t ld, int n)
+{
+    constexpr int V8 = D / 8;
+    for (int e = threadIdx.x; e < ROWS * V8; e += THREADS16) {
+        int r = e / V8, c = e % V8 * 8;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
+        if (r < n) {
+            x = __ldg((const float4 *)(src + r * ld + c));
+            y = __ldg((const float4 *)(src + r * ld + c + 4));
+        }
+        uint4 u = {pack2<E>(x.x, x.y), pack2<E>(x.z, x.w), pack2<E>(y.x, y.y), pack2<E>(y.z, y.w)};
+        *(uint4 *)(dst + r * (D + 8) + c) = u;
+    }
+}
+
+/* Rows of the tile of `rows` from t0 that exist. */
+static __device__ __forceinline__ int rows_from(int64_t T, int64_t t0, int rows)
+{
+    return T - t0 < rows ? (int)(T - t0) : rows;
+}
+
+/* s[r][16n + c] = a[r] . bk[16n + c] for n0 <= n < n1 (a warp's strip of
+ * scores, float at SLD16); a 16 x D in fragments, bk TILE x D (E at stride
+ * D + 8). */
+template <typename E, int D>
+static __device__ void strip_abt16(float *s, const typename frag16<E>::a (&fa)[D / 16],
+                                   const E *bk, int n0, int n1)
+{
+    for (int n = n0; n < n1; n++) {
+        acc16 c;
+        wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            typename frag16<E>::bt fb;
+            wmma::load_matrix_sync(fb, bk + n * 16 * (D + 8) + kk * 16, D + 8);
+            wmma::mma_sync(c, fa[kk], fb, c);
+        }
+        wmma::store_matrix_sync(s + n * 16, c, SLD16, wmma::mem_row_major);
+    }
+}
+
+/* The same with a 16 x D from shared memory (E at stride D + 8). */
+template <typename E, int D>
+static __device__ void strip_abt16(float *s, const E *a, const E *bk, int n0, int n1)
+{
+    typename frag16<E>::a fa[D / 16];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wmma::load_matrix_sync(fa[kk], a + kk * 16, D + 8);
+    strip_abt16<E, D>(s, fa, bk, n0, n1);
+}
+
+/* acc[nd] += p[., k0 .. k1) b[k0 .. k1, 16 nd ..): p E in a strip (stride
+ * PLD16), b a TILE x D tile (stride D + 8). */
+template <typename E, int D>
+static __device__ void strip_ab16(acc16 (&acc)[D / 16], const E *p, const E *b, int k0, int k1)
+{
+    for (int k = k0; k < k1; k += 16) {
+        typename frag16<E>::a fa;
+        wmma::load_matrix_sync(fa, p + k, PLD16);
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) {
+            typename frag16<E>::b fb;
+            wmma::load_matrix_sync(fb, b + k * (D + 8) + nd * 16, D + 8);
+            wmma::mma_sync(acc[nd], fa, fb, acc[nd]);
+        }
+    }
+}
+
+/* A warp's 16 x D accumulators out through its strip, 64 columns at a time:
+ * the rows that exist (n) to dst (row stride ld), times mul[r] when mul is
+ * not NULL. The warp must be done reading the strip. */
+template <int D>
+static __device__ void strip_out16(acc16 (&acc)[D / 16], float *strip, float *dst, int64_t ld,
+                                   int n, const float *mul)
+{
+    int lane = threadIdx.x % 32;
+    for (int c0 = 0; c0 < D; c0 += TILE) {
+        __syncwarp();
+#pragma unroll
+        for (int nd = 0; nd < TILE / 16; nd++)
+            wmma::store_matrix_sync(strip + nd * 16, acc[c0 / 16 + nd], SLD16,
+                                    wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 16 * TILE / 4; e += 32) {
+            int r = e / (TILE / 4), c = e % (TILE / 4) * 4;
+            if (r >= n) break;
+            float4 v = *(const float4 *)(strip + r * SLD16 + c);
+            if (mul) v = make_float4(v.x * mul[r], v.y * mul[r], v.z * mul[r], v.w * mul[r]);
+            *(float4 *)(dst + r * ld + c0 + c) = v;
+        }
+    }
+}
+
+/* This lane's 32 values of a strip (row lane / 2; columns col32(e)). */
+static __device__ __forceinline__ int col32(int e)
+{
+    return 8 * (e / 4) + 4 * (threadIdx.x % 2) + e % 4;
+}
+
+static __device__ __forceinline__ void read32(const float *strip, float x[32])
+{
+    const float *s = strip + threadIdx.x % 32 / 2 * SLD16 + 4 * (threadIdx.x % 2);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float4 v = *(const float4 *)(s + 8 * k);
+        x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
+    }
+}
+
+/* The lane's 32 values, rounded to E, into p (a strip's E view, stride
+ * PLD16) at the same places. */
+template <typename E> static __device__ __forceinline__ void write32(E *p, const float x[32])
+{
+    E *d = p + threadIdx.x % 32 / 2 * PLD16 + 4 * (threadIdx.x % 2);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        *(uint2 *)(d + 8 * k) = make_uint2(pack2<E>(x[4 * k], x[4 * k + 1]),
+                                           pack2<E>(x[4 * k + 2], x[4 * k + 3]));
+}
+
+/* The online softmax of a warp's strip (rows from i, keys from j0, columns
+ * < ncol computed), two lanes a row: m and l as online_softmax's (log2
+ * units), P (E) over S, the factor that rescales the row's O to alpha[row]. */
+template <typename E>
+static __device__ void online_softmax16(float *S, int64_t i, int64_t j0, int64_t T, int ncol,
+                                        float sl2, float &m, float &l, float *alpha)
+{
+    int lane = threadIdx.x % 32, r = lane / 2;
+    float x[32], mt = -INFINITY;
+    read32(S, x);
+    i += r;
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+        int c = col32(e);
+        if (!(c < ncol && j0 + c <= i && j0 + c < T)) x[e] = -INFINITY;
+        mt = fmaxf(mt, x[e]);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, 1));
+    /* finite: key j0 is every row's (j0 <= the warp's first row) */
+    float mn = fmaxf(m, mt * sl2), sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+        x[e] = exp2f(__fmaf_rn(x[e], sl2, -mn));  /* -inf: 0 */
+        sum += x[e];
+    }
+    sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+    float a = exp2f(m - mn);  /* 0 on the first tile (m = -inf) */
+    l = l * a + sum;
+    m = mn;
+    __syncwarp();  /* every lane has read its scores */
+    write32<E>((E *)S, x);
+    if (lane % 2 == 0) alpha[r] = a;
+    __syncwarp();
+}
+
+/* Column groups of a loop tile from j0 that a warp's rows from iw see in the
+ * forward and dQ (keys j0 + 16n <= iw + 15): 0 .. TILE / 16. */
+static __device__ __forceinline__ int groups_seen(int64_t iw, int64_t j0, int64_t T)
+{
+    if (iw >= T || iw < j0) return 0;
+    return (int)min((int64_t)TILE / 16, (iw - j0) / 16 + 1);
+}
+
+template <typename E, int D> static constexpr size_t fwd16_smem_bytes()
+{
+    return sizeof(E) * 2 * TILE * (D + 8) + sizeof(float) * NW16 * 16 * (SLD16 + 1);
+}
+
+/* A block per (batch, head) x 128-query tile (the longest first): K and V
+ * tiles (the block's Q first passes through both), the warps' strips, a
+ * float per row. */
+template <typename E, int D>
+__global__ void __launch_bounds__(THREADS16) flash16_fwd_kernel(const float *qkv, float *o,
+                                                                float *lse, flash_dims f)
+{
+    extern __shared__ __align__(128) float sm[];
+    E *Ks = (E *)sm, *Vs = Ks + TILE * (D + 8);
+    float *Ss = (float *)(Vs + TILE * (D + 8)), *rowf = Ss + NW16 * 16 * SLD16;
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * OWN16, iw = i0 + 16 * w;
+    int64_t ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = qkv + hd.q, *k = q + f.C, *v = k + f.C;
+    float *Sw = Ss + w * 16 * SLD16, *alpha = rowf + w * 16;
+    float sl2 = f.scale * LOG2E;
+
+    int rows[NACC];
+    frag_rows<acc16>(Sw, SLD16, rows);
+    load_tile16<E, D, OWN16>(Ks, q + i0 * ld, ld, rows_from(T, i0, OWN16));
+    __syncthreads();
+    typename frag16<E>::a qf[D / 16];  /* the warp's 16 query rows, for every key tile */
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        wmma::load_matrix_sync(qf[kk], Ks + w * 16 * (D + 8) + kk * 16, D + 8);
+    acc16 acc[D / 16];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) wmma::fill_fragment(acc[nd], 0.0f);
+    float m = -INFINITY, l = 0.0f;
+
+    int kend = (int)((min(i0 + OWN16, T) - 1) / TILE);
+    for (int kt = 0; kt <= kend; kt++) {
+        int64_t j0 = (int64_t)kt * TILE;
+        __syncthreads();  /* every warp is done with the last K, V (and Q) */
+        int nk = rows_from(T, j0, TILE);
+        load_tile16<E, D, TILE>(Ks, k + j0 * ld, ld, nk);
+        load_tile16<E, D, TILE>(Vs, v + j0 * ld, ld, nk);
+        __syncthreads();
+        int ng = groups_seen(iw, j0, T);
+        if (!ng) continue;
+        strip_abt16<E, D>(Sw, qf, Ks, 0, ng);
+        __syncwarp();
+        online_softmax16<E>(Sw, iw, j0, T, 16 * ng, sl2, m, l, alpha);
+        scale_rows(acc, rows, alpha);
+        strip_ab16<E, D>(acc, (const E *)Sw, Vs, 0, 16 * ng);
+    }
+
+    /* o = O / l, lse = m + log l (natural units) */
+    __syncwarp();  /* every lane has read the last alpha */
+    int r = lane / 2;
+    if (lane % 2 == 0) {
+        alpha[r] = 1.0f / l;
+        if (iw + r < T) lse[hd.bh * T + iw + r] = (m + log2f(l)) * LN2;
+    }
+    if (iw < T)
+        strip_out16<D>(acc, Sw, o + hd.o + iw * f.C, f.C, (int)min((int64_t)16, T - iw), alpha);
+}
+
+/* The 16-bit backward kernels' shared memory: the block's own two tiles
+ * (OWN16 rows: K, V for dK dV; Q, dO for dQ), the two TILE-row tiles it
+ * loops over, the warps' strips, lse (log2 units) and D_i of OWN16 rows. */
+template <typename E, int D> static constexpr size_t bwd16_smem_bytes()
+{
+    return sizeof(E) * (2 * OWN16 + 2 * TILE) * (D + 8) +
+           sizeof(float) * (NW16 * 16 * SLD16 + 2 * OWN16);
+}
+
+template <typename E> struct bwd16_smem {
+    E     *own[2], *own_w[2], *loop[2];
+    float *strip, *lse2, *dis;
+};
+
+template <typename E, int D> static __device__ bwd16_smem<E> bwd16_smem_of()
+{
+    extern __shared__ __align__(128) float sm[];
+    bwd16_smem<E> m;
+    int w = threadIdx.x / 32;
+    E *t = (E *)sm;
+    for (int p = 0; p < 2; p++) {
+        m.own[p] = t + p * OWN16 * (D + 8);
+        m.own_w[p] = m.own[p] + w * 16 * (D + 8);
+        m.loop[p] = t + 2 * OWN16 * (D + 8) + p * TILE * (D + 8);
+    }
+    float *strips = (float *)(t + (2 * OWN16 + 2 * TILE) * (D + 8));
+    m.strip = strips + w * 16 * SLD16;
+    m.lse2 = strips + NW16 * 16 * SLD16;
+    m.dis = m.lse2 + OWN16;
+    return m;
+}
+
+/* dK, dV: a block per (batch, head) x 128-key tile, the 64-query tiles from
+ * its first key to the end. Warp w holds its 16 keys' dK and dV in
+ * registers; its strip is transposed (rows keys, columns queries): S^T,
+ * then dP^T, then P^T and dS^T side by side in E. */
+template <typename E, int D>
+__global__ void __launch_bounds__(THREADS16) flash16_dkv_kernel(bwd_args a)
+{
+    bwd16_smem<E> m = bwd16_smem_of<E, D>();
+    const flash_dims &f = a.f;
+    E *Qs = m.loop[0], *dOs = m.loop[1], *Kw = m.own_w[0], *Vw = m.own_w[1];
+    float *Sw = m.strip;
+    E *Pw = (E *)Sw, *dSw = Pw + TILE;
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t j0 = (int64_t)blockIdx.y * OWN16, jw = j0 + 16 * w, j = jw + lane / 2;
+    int64_t ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = a.qkv + hd.q, *dO = a.dout + hd.o;
+    float sl2 = f.scale * LOG2E;
+
+    int nk = rows_from(T, j0, OWN16);
+    load_tile16<E, D, OWN16>(m.own[0], q + f.C + j0 * ld, ld, nk);
+    load_tile16<E, D, OWN16>(m.own[1], q + 2 * f.C + j0 * ld, ld, nk);
+    acc16 dk[D / 16], dv[D / 16];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) {
+        wmma::fill_fragment(dk[nd], 0.0f);
+        wmma::fill_fragment(dv[nd], 0.0f);
+    }
+
+    int qtiles = (int)((T + TILE - 1) / TILE);
+    for (int qt = (int)(j0 / TILE); qt < qtiles; qt++) {
+        int64_t i0 = (int64_t)qt * TILE;
+        int nq = rows_from(T, i0, TILE);
+        __syncthreads();  /* every warp is done with the last Q, dO */
+        load_tile16<E, D, TILE>(Qs, q + i0 * ld, ld, nq);
+        load_tile16<E, D, TILE>(dOs, dO + i0 * f.C, f.C, nq);
+        load_rows<TILE, THREADS16>(m.lse2, m.dis, a.lse + hd.bh * T, a.di + hd.bh * T, i0, nq);
+        __syncthreads();
+        /* query groups below g0 see none of the warp's keys; 4: none does */
+        int g0 = jw >= T ? TILE / 16 : jw <= i0 ? 0 : (int)min((int64_t)TILE / 16, (jw - i0) / 16);
+        if (g0 == TILE / 16) continue;
+        float p[32], x[32];
+        strip_abt16<E, D>(Sw, Kw, Qs, g0, TILE / 16);  /* S^T */
+        __syncwarp();
+        read32(Sw, x);
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            int c = col32(e);
+            bool ok = c >= 16 * g0 && i0 + c >= j && i0 + c < T;
+            p[e] = ok ? exp2f(__fmaf_rn(x[e], sl2, -m.lse2[c])) : 0.0f;
+        }
+        __syncwarp();
+        strip_abt16<E, D>(Sw, Vw, dOs, g0, TILE / 16);  /* dP^T */
+        __syncwarp();
+        read32(Sw, x);
+#pragma unroll
+        for (int e = 0; e < 32; e++) x[e] = p[e] * (x[e] - m.dis[col32(e)]) * f.scale;  /* p 0: 0 */
+        __syncwarp();
+        write32<E>(Pw, p);
+        write32<E>(dSw, x);
+        __syncwarp();
+        strip_ab16<E, D>(dv, Pw, dOs, 16 * g0, TILE);  /* dV += P^T dO */
+        strip_ab16<E, D>(dk, dSw, Qs, 16 * g0, TILE);  /* dK += dS^T Q */
+    }
+    if (jw >= T) return;
+    float *row = a.dqkv + hd.q + jw * ld;
+    int n = (int)min((int64_t)16, T - jw);
+    strip_out16<D>(dk, Sw, row + f.C, ld, n, NULL);
+    strip_out16<D>(dv, Sw, row + 2 * f.C, ld, n, NULL);
+}
+
+/* dQ: a block per (batch, head) x 128-query tile (the longest first), the
+ * 64-key tiles up to its last query; warp w holds its 16 queries' dQ in
+ * registers; its strip: S, then dP, then dS in E. */
+template <typename E, int D>
+__global__ void __launch_bounds__(THREADS16) flash16_dq_kernel(bwd_args a)
+{
+    bwd16_smem<E> m = bwd16_smem_of<E, D>();
+    const flash_dims &f = a.f;
+    E *Ks = m.loop[0], *Vs = m.loop[1], *Qw = m.own_w[0], *dOw = m.own_w[1];
+    float *Sw = m.strip;
+    E *dSw = (E *)Sw;
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * OWN16, iw = i0 + 16 * w;
+    int64_t i = iw + lane / 2, ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = a.qkv + hd.q;
+    float sl2 = f.scale * LOG2E;
+
+    int nq = rows_from(T, i0, OWN16);
+    load_tile16<E, D, OWN16>(m.own[0], q + i0 * ld, ld, nq);
+    load_tile16<E, D, OWN16>(m.own[1], a.dout + hd.o + i0 * f.C, f.C, nq);
+    load_rows<OWN16, THREADS16>(m.lse2, m.dis, a.lse + hd.bh * T, a.di + hd.bh * T, i0, nq);
+    acc16 dq[D / 16];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) wmma::fill_fragment(dq[nd], 0.0f);
+
+    int kend = (int)((min(i0 + OWN16, T) - 1) / TILE);
+    for (int kt = 0; kt <= kend; kt++) {
+        int64_t j0 = (int64_t)kt * TILE;
+        __syncthreads();  /* every warp is done with the last K, V */
+        int nk = rows_from(T, j0, TILE);
+        load_tile16<E, D, TILE>(Ks, q + f.C + j0 * ld, ld, nk);
+        load_tile16<E, D, TILE>(Vs, q + 2 * f.C + j0 * ld, ld, nk);
+        __syncthreads();
+        int ng = groups_seen(iw, j0, T);
+        if (!ng) continue;
+        float lse2 = m.lse2[i - i0], di = m.dis[i - i0], p[32], x[32];
+        strip_abt16<E, D>(Sw, Qw, Ks, 0, ng);  /* S */
+        __syncwarp();
+        read32(Sw, x);
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            int c = col32(e);
+            bool ok = c < 16 * ng && j0 + c <= i && i < T;
+            p[e] = ok ? exp2f(__fmaf_rn(x[e], sl2, -lse2)) : 0.0f;
+        }
+        __syncwarp();
+        strip_abt16<E, D>(Sw, dOw, Vs, 0, ng);  /* dP */
+        __syncwarp();
+        read32(Sw, x);
+#pragma unroll
+        for (int e = 0; e < 32; e++) x[e] = p[e] * (x[e] - di) * f.scale;
+        __syncwarp();
+        write32<E>(dSw, x);
+        __syncwarp();
+        strip_ab16<E, D>(dq, dSw, Ks, 0, 16 * ng);  /* dQ += dS K */
+    }
+    if (iw < T)
+        strip_out16<D>(dq, Sw, a.dqkv + hd.q + iw * ld, ld, (int)min((int64_t)16, T - iw), NULL);
+}
+
 /* ---- host -------------------------------------------------------------------- */
 
 /* Whether the flash kernels take this call: D 64 or 128, the grid within
@@ -464,15 +912,16 @@ static bool flash_fits(int64_t B, int64_t T, int64_t H, int64_t D, const void *c
     return true;
 }
 
-static flash_dims flash_dims_of(int64_t T, int64_t H, int64_t D)
+/* tiles: of `rows` rows (a grid's y). */
+static flash_dims flash_dims_of(int64_t T, int64_t H, int64_t D, int rows)
 {
-    return {T, H, H * D, (int)((T + TILE - 1) / TILE), 1.0f / sqrtf((float)D)};
+    return {T, H, H * D, (int)((T + rows - 1) / rows), 1.0f / sqrtf((float)D)};
 }
 
-/* Launches kernel K; its first launch on a device allows it dynamic shared
- * memory past 48 KB there (a per-device setting, as in norm.cu). Each K is
- * its own instantiation, so each has its own flags. */
-template <auto K, typename... A>
+/* Launches kernel K on NT threads a block; its first launch on a device
+ * allows it dynamic shared memory past 48 KB there (a per-device setting, as
+ * in norm.cu). Each K is its own instantiation, so each has its own flags. */
+template <auto K, int NT, typename... A>
 static opf_status flash_launch(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, size_t smem,
                                const char *fn, A... args)
 {
@@ -482,40 +931,68 @@ static opf_status flash_launch(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, size_
                                                    (int)smem));
         opf_cuda_once_done(&opted, s->device);
     }
-    K<<<grid, THREADS, smem, s->stream>>>(args...);
+    K<<<grid, NT, smem, s->stream>>>(args...);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
 }
 
+static bool is16(opf_dtype dt) { return dt == OPF_BF16 || dt == OPF_F16; }
+
+/* Rows of a block's own tile (a grid's y) for qkv's logical dtype dt. */
+static int own_rows(opf_dtype dt) { return is16(dt) ? (int)OWN16 : (int)TILE; }
+
+/* The forward of qkv's logical dtype dt: bf16 and f16 the 16-bit kernels,
+ * anything else TF32. */
 template <int D>
 static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, float *o,
-                            float *lse, int64_t B, int64_t T, int64_t H, const char *fn)
+                            float *lse, int64_t B, int64_t T, int64_t H, opf_dtype dt,
+                            const char *fn)
 {
-    flash_dims f = flash_dims_of(T, H, D);
+    flash_dims f = flash_dims_of(T, H, D, own_rows(dt));
     dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
-    return flash_launch<flash_fwd_kernel<D>>(ctx, s, grid, fwd_smem_bytes<D>(), fn, qkv, o, lse,
-                        f);
+    if (dt == OPF_BF16)
+        return flash_launch<flash16_fwd_kernel<__nv_bfloat16, D>, THREADS16>(
+            ctx, s, grid, fwd16_smem_bytes<__nv_bfloat16, D>(), fn, qkv, o, lse, f);
+    if (dt == OPF_F16)
+        return flash_launch<flash16_fwd_kernel<__half, D>, THREADS16>(
+            ctx, s, grid, fwd16_smem_bytes<__half, D>(), fn, qkv, o, lse, f);
+    return flash_launch<flash_fwd_kernel<D>, THREADS>(ctx, s, grid, fwd_smem_bytes<D>(), fn, qkv,
+                                                      o, lse, f);
 }
 
+template <typename E, int D>
+static opf_status flash16_bwd(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, const bwd_args &a,
+                              const char *fn)
+{
+    size_t smem = bwd16_smem_bytes<E, D>();
+    opf_status st = flash_launch<flash16_dkv_kernel<E, D>, THREADS16>(ctx, s, grid, smem, fn, a);
+    if (st) return st;
+    return flash_launch<flash16_dq_kernel<E, D>, THREADS16>(ctx, s, grid, smem, fn, a);
+}
+
+/* The backward (D_i into di first) of qkv's logical dtype dt. */
 template <int D>
 static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, const float *o,
                             const float *lse, const float *dout, float *dqkv, float *di, int64_t B,
-                            int64_t T, int64_t H, const char *fn)
+                            int64_t T, int64_t H, opf_dtype dt, const char *fn)
 {
-    flash_dims f = flash_dims_of(T, H, D);
+    flash_dims f = flash_dims_of(T, H, D, own_rows(dt));
     int64_t rows = B * H * T;
     flash_delta_kernel<<<opf_cuda_grid(s, 32 * rows, 256), 256, 0, s->stream>>>(o, dout, di, rows,
                                                                               f, D);
     OPF_CUDA_LAUNCHED(ctx, fn);
     dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
     bwd_args a = {qkv, lse, dout, di, dqkv, f};
-    opf_status st = flash_launch<flash_dkv_kernel<D>>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
+    if (dt == OPF_BF16) return flash16_bwd<__nv_bfloat16, D>(ctx, s, grid, a, fn);
+    if (dt == OPF_F16) return flash16_bwd<__half, D>(ctx, s, grid, a, fn);
+    opf_status st =
+        flash_launch<flash_dkv_kernel<D>, THREADS>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
     if (st) return st;
-    return flash_launch<flash_dq_kernel<D>>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
+    return flash_launch<flash_dq_kernel<D>, THREADS>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
 }
 
 opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                   int64_t B, int64_t T, int64_t H, int64_t D)
+                                   int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
     const char *fn = "attention forward (cuda flash)";
     const void *p[] = {qkv, o};
@@ -523,13 +1000,13 @@ opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, flo
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
-    return D == 64 ? flash_fwd<64>(ctx, s, qkv, o, lse, B, T, H, fn)
-                   : flash_fwd<128>(ctx, s, qkv, o, lse, B, T, H, fn);
+    return D == 64 ? flash_fwd<64>(ctx, s, qkv, o, lse, B, T, H, in_dt, fn)
+                   : flash_fwd<128>(ctx, s, qkv, o, lse, B, T, H, in_dt, fn);
 }
 
 opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
                                    const float *lse, const float *dout, float *dqkv, int64_t B,
-                                   int64_t T, int64_t H, int64_t D)
+                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
     const char *fn = "attention backward (cuda flash)";
     const void *p[] = {qkv, o, dout, dqkv};
@@ -541,6 +1018,8 @@ opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *
     void *ws;
     opf_status st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)(B * H * T), &ws);
     if (st) return st;
-    return D == 64 ? flash_bwd<64>(ctx, s, qkv, o, lse, dout, dqkv, (float *)ws, B, T, H, fn)
-                   : flash_bwd<128>(ctx, s, qkv, o, lse, dout, dqkv, (float *)ws, B, T, H, fn);
+    float *di = (float *)ws;
+    return D == 64
+               ? flash_bwd<64>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, fn)
+               : flash_bwd<128>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, fn);
 }

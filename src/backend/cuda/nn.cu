@@ -387,10 +387,11 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
     }
 }
 
-/* The attention kernels OPF_CUDA_ATTENTION picks: gemm (unset or empty:
- * the default) attn.cu's batched GEMMs; flash flash.cu's tiled tensor-core
- * kernels; exact the kernels here, with the CPU's bits (a warp per row:
- * slow at long contexts). */
+/* The attention kernels OPF_CUDA_ATTENTION picks: flash (unset or empty:
+ * the default) flash.cu's tiled tensor-core kernels, 16-bit products for
+ * bf16 / f16 qkv (D 64 or 128 and aligned arrays; else gemm); gemm attn.cu's
+ * batched GEMMs; exact the kernels here, with the CPU's bits (a warp per
+ * row: slow at long contexts). */
 typedef enum attn_path { ATTN_GEMM, ATTN_FLASH, ATTN_EXACT } attn_path;
 
 static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
@@ -400,7 +401,7 @@ static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
     if (getenv("OPF_CUDA_EXACT_ATTENTION"))
         opf_ctx_warn_once(ctx, "cuda: OPF_CUDA_EXACT_ATTENTION", "OPF_CUDA_EXACT_ATTENTION is "
                           "no longer read: OPF_CUDA_ATTENTION=exact selects the exact kernels");
-    *out = ATTN_GEMM;
+    *out = ATTN_FLASH;
     if (!v || !v[0]) return OPF_OK;
     for (int p = 0; p < 3; p++)
         if (!strcmp(v, names[p])) {
@@ -412,14 +413,14 @@ static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
 }
 
 static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                           int64_t T, int64_t H, int64_t D)
+                           int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
     const char *fn = "attention forward (cuda)";
     attn_path path;
     opf_status st = attention_path(ctx, fn, &path);
     if (st) return st;
     if (path == ATTN_GEMM) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
-    if (path == ATTN_FLASH) return opf_cuda_attn_fwd_flash(ctx, qkv, o, lse, B, T, H, D);
+    if (path == ATTN_FLASH) return opf_cuda_attn_fwd_flash(ctx, qkv, o, lse, B, T, H, D, in_dt);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
@@ -536,7 +537,7 @@ static __global__ void attn_dkv_kernel(const float *qkv, const float *lse, const
 
 static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
                            const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                           int64_t D)
+                           int64_t D, opf_dtype in_dt)
 {
     const char *fn = "attention backward (cuda)";
     attn_path path;
@@ -544,7 +545,7 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
     if (st) return st;
     if (path == ATTN_GEMM) return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
     if (path == ATTN_FLASH)
-        return opf_cuda_attn_bwd_flash(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
+        return opf_cuda_attn_bwd_flash(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;

@@ -83,7 +83,7 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = opf_nn_in(ctx, &a->x, &qkv);
     if (!st) st = k->attn_fwd(ctx, qkv, aux[1].data[0], aux[0].data[0], s[0], s[1], a->heads,
-                              s[2] / 3 / a->heads);
+                              s[2] / 3 / a->heads, a->x.spec.dtype);
     return st ? st : opf_nn_finish(ctx, aux[1].data[0], outs[0].spec.dtype, NULL, &outs[0]);
 }
 
@@ -134,7 +134,7 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
     if (!st) st = opf_nn_out(ctx, &grads[0], &dx);
     if (!st)
         st = k->attn_bwd(ctx, qkv, a->o.data[0], a->lse.data[0], dy, dx, s[0], s[1], a->heads,
-                         s[2] / 3 / a->heads);
+                         s[2] / 3 / a->heads, a->x.spec.dtype);
     return st ? st : opf_nn_finish(ctx, dx, a->x.spec.dtype, &a->dx_q, &grads[0]);
 }
 
