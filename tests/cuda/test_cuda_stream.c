@@ -5,10 +5,10 @@
  * CPU's bytes (quantization) and its GEMM within numerics.md's tolerance;
  * back on the context's own stream, blocks freed on the caller's stream are
  * reused safely; the legacy default stream (a framework's default, (void *)1)
- * is taken; a switch makes the host wait for nothing; a stream that is
- * capturing a graph is refused. A CPU context refuses the entry with a
- * message (this part runs without a GPU too). Exits 77 (skipped) without a
- * GPU. */
+ * is taken; a switch makes the host wait for nothing; a switch to or away
+ * from a stream that is capturing a graph is refused and leaves the capture
+ * intact. A CPU context refuses the entry with a message (this part runs
+ * without a GPU too). Exits 77 (skipped) without a GPU. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "test.h"
 
@@ -145,6 +145,14 @@ static void test_user_stream(void)
     CHECK(cudaStreamDestroy(us) == cudaSuccess, "stream destroy");
 }
 
+/* Ends the capture on st, which must still be valid after `after`. */
+static void end_capture(cudaStream_t st, const char *after)
+{
+    cudaGraph_t g = NULL;
+    CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess, "end capture after %s", after);
+    if (g) cudaGraphDestroy(g);
+}
+
 static void test_capture_refused(void)
 {
     cudaStream_t us;
@@ -154,9 +162,18 @@ static void test_capture_refused(void)
     CHECK_FAILS(gpu, opf_ctx_set_stream(gpu, us), OPF_ERR_STATE, "opf_ctx_set_stream",
                 "the new stream is capturing");
     CHECK(opf_ctx_stream(gpu) == before, "a refused switch changed the stream");
-    cudaGraph_t g = NULL;
-    CHECK(cudaStreamEndCapture(us, &g) == cudaSuccess, "end capture");
-    if (g) cudaGraphDestroy(g);
+    /* the refusal left the capture intact: no query that breaks one ran */
+    end_capture(us, "a refused switch to the capturing stream");
+    /* the context's current stream capturing: no switch away from it either */
+    CHECK_OK(gpu, opf_ctx_set_stream(gpu, us));
+    CHECK(cudaStreamBeginCapture(us, cudaStreamCaptureModeThreadLocal) == cudaSuccess, "capture");
+    CHECK_FAILS(gpu, opf_ctx_set_stream(gpu, NULL), OPF_ERR_STATE, "opf_ctx_set_stream",
+                "the current stream is capturing");
+    CHECK(opf_ctx_stream(gpu) == (void *)us, "a refused switch changed the stream");
+    end_capture(us, "a refused switch away from the capturing stream");
+    CHECK_OK(gpu, opf_ctx_set_stream(gpu, NULL));
+    CHECK(opf_ctx_stream(gpu) == before, "back to the own stream after the capture");
+    CHECK_OK(gpu, opf_ctx_sync(gpu));
     cudaStreamDestroy(us);
 }
 

@@ -190,11 +190,25 @@ opf_status opf_cuda_device_name(opf_ctx *ctx, char *buf, size_t size)
  * stays one chain in queue order whatever stream each part ran on: what the
  * allocator, the staging halves and the scratch assume (below). */
 
-/* OPF_ERR_STATE when st is capturing a graph (a switch would cut the graph). */
+/* OPF_ERR_STATE when st is capturing a graph (a switch would cut the graph).
+ * cudaStreamIsCapturing is the one query legal on a capturing stream: most
+ * others (cudaStreamGetDevice among them) fail there and invalidate the
+ * capture, so this runs before anything else touches st. A handle it
+ * refuses is no stream (OPF_ERR_INVALID_ARG), except the legacy stream's
+ * refusal while a blocking stream captures (OPF_ERR_STATE). */
 static opf_status not_capturing(opf_ctx *ctx, cudaStream_t st, const char *fn, const char *which)
 {
-    cudaStreamCaptureStatus cs;
-    OPF_CUDA_TRY(ctx, fn, cudaStreamIsCapturing(st, &cs));
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(st, &cs);
+    if (e == cudaErrorStreamCaptureImplicit) {
+        cudaGetLastError();
+        cs = cudaStreamCaptureStatusActive;
+    } else if (e != cudaSuccess) {
+        cudaGetLastError();
+        return opf_error(ctx, OPF_ERR_INVALID_ARG, "%s: %s stream %p is not a CUDA stream "
+                         "(cudaStreamIsCapturing: %s)", fn, which, (void *)st,
+                         cudaGetErrorString(e));
+    }
     if (cs == cudaStreamCaptureStatusNone) return OPF_OK;
     return opf_error(ctx, OPF_ERR_STATE, "%s: %s stream is capturing a graph: switch before or "
                      "after the capture", fn, which);
@@ -238,9 +252,10 @@ opf_status opf_cuda_set_stream(opf_ctx *ctx, void *stream)
     if (!s) return OPF_ERR_STATE;
     cudaStream_t next = stream ? (cudaStream_t)stream : s->own_stream;
     if (next == s->stream) return OPF_OK;
-    opf_status st = stream_on_device(ctx, s, next, fn);
-    if (!st) st = not_capturing(ctx, s->stream, fn, "the current");
+    /* capture first: the device query below would break a capture in progress */
+    opf_status st = not_capturing(ctx, s->stream, fn, "the current");
     if (!st) st = not_capturing(ctx, next, fn, "the new");
+    if (!st) st = stream_on_device(ctx, s, next, fn);
     if (st) return st;
     OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->switched, s->stream));
     OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(next, s->switched, 0));
