@@ -31,18 +31,42 @@ template <int COLS> __device__ __forceinline__ int opf_qtile_slot(int c, int q)
     return q ^ (c / 8 * quads_per_warp);
 }
 
-/* The thread's quad of x as fp32: rows m..m+3, columns k..k+7; zeros
- * outside the tensor (neutral for every amax). vec: 16-byte loads of the
- * whole chunks (K % 8 == 0, x 16-byte aligned). */
+/* A thread's quad as loaded: 4 rows of 8 elements. 2-byte types stay
+ * packed (16 registers, not 32) until opf_quad_row widens a row where it
+ * is used, which leaves room for more blocks on an SM. */
+template <typename T> struct __align__(16) opf_quad {
+    uint32_t w[4][2 * sizeof(T)];
+};
+
+/* Row j of the quad as fp32 (exact). */
+template <typename T>
+__device__ __forceinline__ void opf_quad_row(const opf_quad<T> &q, int j, float (&v)[8])
+{
+    const T *e = reinterpret_cast<const T *>(q.w[j]);
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = opf_dev_widen<T>(e[i]);
+}
+
+/* The thread's quad of x: rows m..m+3, columns k..k+7; zeros outside the
+ * tensor (neutral for every amax). vec: 16-byte loads of the whole chunks
+ * (K % 8 == 0, x 16-byte aligned). */
 template <typename T>
 __device__ __forceinline__ void opf_qtile_load(const T *x, int64_t M, int64_t K, int64_t m,
-                                               int64_t k, bool vec, float (&v)[4][8])
+                                               int64_t k, bool vec, opf_quad<T> &q)
 {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int n = m + j >= M || k >= K ? 0 : K - k < 8 ? (int)(K - k) : 8;
-        if (vec && n == 8) opf_dev_load8<T>(x + (m + j) * K + k, v[j]);
-        else opf_dev_load8_part<T>(x + (m + j) * K + k, n, v[j]);
+        const T *p = x + (m + j) * K + k;
+        uint4 *d = reinterpret_cast<uint4 *>(q.w[j]);
+        if (vec && n == 8) {
+#pragma unroll
+            for (int h = 0; h < (int)sizeof(T) / 2; h++) d[h] = reinterpret_cast<const uint4 *>(p)[h];
+        } else {
+            T *e = reinterpret_cast<T *>(q.w[j]);
+#pragma unroll
+            for (int i = 0; i < 8; i++) e[i] = i < n ? p[i] : T(0.0f);
+        }
     }
 }
 

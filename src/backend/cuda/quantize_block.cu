@@ -57,20 +57,23 @@ __device__ __forceinline__ float scale_inv(float s) { return __frcp_rn(s); }
 
 /* 1D rowwise blocks: a half warp holds one row's 128 columns, each thread
  * the quad at rows m..m+3, columns k..k+7. */
-__device__ __forceinline__ void row_blocks(const float (&v)[4][VEC], const blk_out &o,
+template <typename T>
+__device__ __forceinline__ void row_blocks(const opf_quad<T> &qv, const blk_out &o,
                                            const blk_scale &bs, int64_t m, int64_t k, int64_t M,
                                            int64_t K, bool e4m3, bool vec)
 {
     uint2 b[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
         unsigned key = 0;
 #pragma unroll
-        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[j][i]));
+        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
         float sc = scale_of(bs, opf_dev_max_lanes(key, TC)), s[VEC];
 #pragma unroll
         for (int i = 0; i < VEC; i++) s[i] = sc;
-        b[j] = opf_dev_cast8(v[j], s, e4m3);
+        b[j] = opf_dev_cast8(v, s, e4m3);
         if (threadIdx.x % TC == 0 && m + j < M) o.sinv[k / BLK * o.ld + m + j] = scale_inv(sc);
     }
     opf_qtile_store_rows(o.q, b, M, K, m, k, vec);
@@ -78,16 +81,22 @@ __device__ __forceinline__ void row_blocks(const float (&v)[4][VEC], const blk_o
 
 /* The column amax keys of the tile into key[column]: the thread's rows,
  * the two quads of a warp, then across the warps. */
-__device__ __forceinline__ void column_keys(const float (&v)[4][VEC], int tc,
+template <typename T>
+__device__ __forceinline__ void column_keys(const opf_quad<T> &qv, int tc,
                                             unsigned (&part)[WARPS][BLK], unsigned (&key)[BLK])
 {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    unsigned ck[VEC] = {0};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) ck[i] = max(ck[i], opf_dev_amax_key(v[i]));
+    }
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
-        unsigned k = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++) k = max(k, opf_dev_amax_key(v[j][i]));
-        k = max(k, __shfl_xor_sync(0xFFFFFFFFu, k, 16));
+        unsigned k = max(ck[i], __shfl_xor_sync(0xFFFFFFFFu, ck[i], 16));
         if (lane < 16) part[warp][tc * VEC + i] = k;
     }
     __syncthreads();
@@ -123,10 +132,18 @@ __device__ __forceinline__ void tile_scales(const unsigned (&key)[BLK], const bl
     __syncthreads();
 }
 
+/* Blocks of 512 threads an SM holds at once (the register budget): three
+ * where a 2D tile of 2-byte elements fits in 40 registers (packed quads),
+ * else two (at most 64: without the bound some modes take more, one block). */
+template <typename T, int MODE> constexpr int min_blocks()
+{
+    return MODE == B_2D && sizeof(T) == 2 ? 3 : 2;
+}
+
 /* VEC_IO: K % 8 == 0, M % 16 == 0 and aligned bases: every 8-element row
  * access and 16-byte transposed store is whole or outside. */
 template <typename T, int MODE, bool VEC_IO>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, min_blocks<T, MODE>())
 block_kernel(const T *__restrict__ x, int64_t M, int64_t K, blk_out o, blk_scale bs, bool e4m3)
 {
     __shared__ __align__(16) uint32_t tile[BLK][OPF_QT_QUADS];
@@ -136,18 +153,22 @@ block_kernel(const T *__restrict__ x, int64_t M, int64_t K, blk_out o, blk_scale
     int tc = threadIdx.x % TC, qd = threadIdx.x / TC;
     int64_t mb = gridDim.y - 1 - blockIdx.y, kb = gridDim.x - 1 - blockIdx.x;
     int64_t m0 = mb * BLK, k0 = kb * BLK, m = m0 + 4 * qd, k = k0 + tc * VEC;
-    float v[4][VEC];
-    opf_qtile_load<T>(x, M, K, m, k, VEC_IO, v);
-    if (MODE != B_2D && o.q) row_blocks(v, o, bs, m, k, M, K, e4m3, VEC_IO);
+    opf_quad<T> qv;
+    opf_qtile_load<T>(x, M, K, m, k, VEC_IO, qv);
+    if (MODE != B_2D && o.q) row_blocks(qv, o, bs, m, k, M, K, e4m3, VEC_IO);
     if (MODE == B_ROW) return;
-    column_keys(v, tc, part, key);
+    column_keys(qv, tc, part, key);
     tile_scales<MODE>(key, o, bs, mb, kb, K, s);
     float sc[VEC];
 #pragma unroll
     for (int i = 0; i < VEC; i++) sc[i] = s[tc * VEC + i];
     uint2 b[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) b[j] = opf_dev_cast8(v[j], sc, e4m3);
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+        b[j] = opf_dev_cast8(v, sc, e4m3);
+    }
     if (MODE == B_2D && o.q) opf_qtile_store_rows(o.q, b, M, K, m, k, VEC_IO);
     if (!o.qt) return;
     opf_qtile_put<BLK>(tile, b, tc, qd);

@@ -150,16 +150,18 @@ cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, bool rev, s
     int64_t m0 = by * OPF_QT_ROWS, k0 = bx * TILE_K;
     int tc = threadIdx.x % (TILE_K / VEC), qd = threadIdx.x / (TILE_K / VEC);
     int64_t m = m0 + 4 * qd, k = k0 + tc * VEC;
-    float v[4][VEC];
-    opf_qtile_load<T>(x, M, K, m, k, VEC_IO, v);
+    opf_quad<T> qv;
+    opf_qtile_load<T>(x, M, K, m, k, VEC_IO, qv);
     unsigned key = 0;
     uint2 b[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
         if (AMAX)
 #pragma unroll
-            for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[j][i]));
-        b[j] = cast8(v[j], s, e4m3);
+            for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
+        b[j] = cast8(v, s, e4m3);
     }
     opf_qtile_store_rows(q, b, M, K, m, k, VEC_IO);
     opf_qtile_put<TILE_K>(tile, b, tc, qd);
