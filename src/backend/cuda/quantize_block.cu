@@ -56,11 +56,12 @@ __device__ __forceinline__ float scale_of(const blk_scale &b, unsigned key)
 __device__ __forceinline__ float scale_inv(float s) { return __frcp_rn(s); }
 
 /* 1D rowwise blocks: a half warp holds one row's 128 columns, each thread
- * the quad at rows m..m+3, columns k..k+7. */
+ * the quad at rows m..m+3, columns k..k+7. On the way, the quad's column
+ * amax keys into ck (one widening of each row for both). */
 template <typename T>
 __device__ __forceinline__ void row_blocks(const opf_quad<T> &qv, const blk_out &o,
                                            const blk_scale &bs, int64_t m, int64_t k, int64_t M,
-                                           int64_t K, bool e4m3, bool vec)
+                                           int64_t K, bool e4m3, bool vec, unsigned (&ck)[VEC])
 {
     uint2 b[4];
 #pragma unroll
@@ -69,7 +70,11 @@ __device__ __forceinline__ void row_blocks(const opf_quad<T> &qv, const blk_out 
         opf_quad_row(qv, j, v);
         unsigned key = 0;
 #pragma unroll
-        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
+        for (int i = 0; i < VEC; i++) {
+            unsigned ki = opf_dev_amax_key(v[i]);
+            key = max(key, ki);
+            ck[i] = max(ck[i], ki);
+        }
         float sc = scale_of(bs, opf_dev_max_lanes(key, TC)), s[VEC];
 #pragma unroll
         for (int i = 0; i < VEC; i++) s[i] = sc;
@@ -79,14 +84,10 @@ __device__ __forceinline__ void row_blocks(const opf_quad<T> &qv, const blk_out 
     opf_qtile_store_rows(o.q, b, M, K, m, k, vec);
 }
 
-/* The column amax keys of the tile into key[column]: the thread's rows,
- * the two quads of a warp, then across the warps. */
+/* The column amax keys of the thread's quad, max-accumulated into ck. */
 template <typename T>
-__device__ __forceinline__ void column_keys(const opf_quad<T> &qv, int tc,
-                                            unsigned (&part)[WARPS][BLK], unsigned (&key)[BLK])
+__device__ __forceinline__ void quad_column_keys(const opf_quad<T> &qv, unsigned (&ck)[VEC])
 {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    unsigned ck[VEC] = {0};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float v[VEC];
@@ -94,6 +95,14 @@ __device__ __forceinline__ void column_keys(const opf_quad<T> &qv, int tc,
 #pragma unroll
         for (int i = 0; i < VEC; i++) ck[i] = max(ck[i], opf_dev_amax_key(v[i]));
     }
+}
+
+/* The column amax keys of the tile into key[column] from those of the
+ * threads' quads (ck): the two quads of a warp, then across the warps. */
+__device__ __forceinline__ void column_keys(const unsigned (&ck)[VEC], int tc,
+                                            unsigned (&part)[WARPS][BLK], unsigned (&key)[BLK])
+{
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
         unsigned k = max(ck[i], __shfl_xor_sync(0xFFFFFFFFu, ck[i], 16));
@@ -155,9 +164,11 @@ block_kernel(const T *__restrict__ x, int64_t M, int64_t K, blk_out o, blk_scale
     int64_t m0 = mb * BLK, k0 = kb * BLK, m = m0 + 4 * qd, k = k0 + tc * VEC;
     opf_quad<T> qv;
     opf_qtile_load<T>(x, M, K, m, k, VEC_IO, qv);
-    if (MODE != B_2D && o.q) row_blocks(qv, o, bs, m, k, M, K, e4m3, VEC_IO);
+    unsigned ck[VEC] = {0};
+    if (MODE != B_2D && o.q) row_blocks(qv, o, bs, m, k, M, K, e4m3, VEC_IO, ck);
+    else quad_column_keys(qv, ck);
     if (MODE == B_ROW) return;
-    column_keys(qv, tc, part, key);
+    column_keys(ck, tc, part, key);
     tile_scales<MODE>(key, o, bs, mb, kb, K, s);
     float sc[VEC];
 #pragma unroll
