@@ -11,9 +11,9 @@
  * The cast + transpose pass is the tile of quantize-tile.h (128 x 64: a
  * quad of 4 rows x 8 columns a thread): the rowwise bytes go straight out,
  * the columnwise ones through the transposed shared tile, 16 bytes a store.
- * The flat passes (the amax, and the rowwise cast alone) load 64 bytes a
- * thread at once, with as many blocks as the device holds, which sweep the
- * tensor together.
+ * The flat passes (the amax, and the rowwise cast alone) load 64 bytes (the
+ * amax) or 32 (the cast) a thread at once, with as many blocks as the
+ * device holds, which sweep the tensor together.
  *
  * Pass order: a pass that follows the tensor's producer (the amax pass, the
  * delayed cast, the cast after a fused amax) reads it from the end, where
