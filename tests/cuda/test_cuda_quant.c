@@ -16,11 +16,13 @@ int main(void)
 static const opf_dtype in_dtypes[] = {OPF_F32, OPF_BF16, OPF_F16};
 static const opf_dtype q_dtypes[] = {OPF_E4M3, OPF_E5M2};
 static const unsigned usages[] = {OPF_USAGE_ROWWISE, OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE};
-/* Shapes that fill the tiles, cut them, and leave the vector path. */
+/* Shapes that fill the tiles, cut them, and leave the vector path; the
+ * last is large enough (8.8M elements) that the flat passes' threads, as
+ * many as an H200 holds at once, each take several turns of their loop. */
 static const struct { int nd; int64_t s[3]; } shapes[] = {
     {2, {1, 1}},     {2, {3, 5}},      {2, {64, 128}},  {2, {77, 300}},
     {2, {128, 256}}, {2, {256, 48}},   {2, {33, 16}},   {3, {2, 64, 96}},
-    {2, {1000, 1024}}, {2, {48, 1000}},
+    {2, {1000, 1024}}, {2, {48, 1000}}, {2, {2112, 4160}},
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 

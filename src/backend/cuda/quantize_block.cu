@@ -1,30 +1,32 @@
 /* quantize_block.cu: FP8 block scaling on the GPU, bit for bit with
  * src/backend/cpu/quantize_block.c (docs/numerics.md 3.5, 4.2).
  *
- * One block of 512 threads per 128 x 128 tile, read once with 16-byte
- * loads into registers (4 rows of 8 elements a thread):
+ * One block of 512 threads per 128 x 128 tile, the tile of quantize-tile.h:
+ * read once with 16-byte loads into registers, a quad of 4 rows x 8
+ * columns a thread (the 16 threads along a row are a half warp), the last
+ * tile first (the pass order of quantize_tensor_fp8.cu):
  *   1D rowwise: a 1x128 block is the 16 lanes of a half warp (a shuffle
  *     reduction); the bytes go straight out.
  *   1D columnwise: the column amaxes of the tile (128x1 blocks) across the
  *     warps through shared memory, one scale per column, and the cast bytes
- *     through a shared byte tile into the transposed copy, 16 bytes a store.
+ *     through the transposed shared tile into the transposed copy, 16 bytes
+ *     a store.
  *   2D: the tile's amax from the same column amaxes; one scale for both
  *     copies (the same bytes, the columnwise one transposed).
  * Scales: fp32 scale_inv = fl32(1/s) (2.3), in the layouts of
  * 4.2. Any shape: edge tiles read zeros outside the tensor, which leave
  * every amax as the CPU's amax of the valid elements. */
-#include "backend/cuda/cuda-impl.h"
+#include "backend/cuda/quantize-tile.h"
 
 enum {
     BLK = 128,
     VEC = 8,
-    THREADS = 512,
-    TC = BLK / VEC,          /* threads along a row: 16 (a half warp) */
-    TR = THREADS / TC,       /* rows read at once: 32 */
-    PASSES = BLK / TR,       /* rows per thread: 4 */
+    TC = BLK / VEC,                /* threads along a row: 16 (a half warp) */
+    THREADS = TC * OPF_QT_QUADS,   /* a quad each: 512 */
     WARPS = THREADS / 32,
     DQ_THREADS = 256,
 };
+static_assert((int)BLK == (int)OPF_QT_ROWS, "a tile is one 128 x 128 block");
 
 typedef enum blk_mode { B_ROW = 0, B_COL = 1, B_2D = 2 } blk_mode;
 
@@ -53,39 +55,57 @@ __device__ __forceinline__ float scale_of(const blk_scale &b, unsigned key)
  * correctly rounded fp32 reciprocal, which costs far less here. */
 __device__ __forceinline__ float scale_inv(float s) { return __frcp_rn(s); }
 
-/* 1D rowwise blocks: a half warp holds one row's 128 columns. */
-__device__ __forceinline__ void row_blocks(const float (&v)[PASSES][VEC], const blk_out &o,
-                                           const blk_scale &bs, int64_t m0, int tr, int64_t k,
-                                           int64_t M, int64_t K, bool e4m3, bool vec)
+/* 1D rowwise blocks: a half warp holds one row's 128 columns, each thread
+ * the quad at rows m..m+3, columns k..k+7. On the way, the quad's column
+ * amax keys into ck (one widening of each row for both). */
+template <typename T>
+__device__ __forceinline__ void row_blocks(const opf_quad<T> &qv, const blk_out &o,
+                                           const blk_scale &bs, int64_t m, int64_t k, int64_t M,
+                                           int64_t K, bool e4m3, bool vec, unsigned (&ck)[VEC])
 {
+    uint2 b[4];
 #pragma unroll
-    for (int p = 0; p < PASSES; p++) {
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
         unsigned key = 0;
 #pragma unroll
-        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[p][i]));
+        for (int i = 0; i < VEC; i++) {
+            unsigned ki = opf_dev_amax_key(v[i]);
+            key = max(key, ki);
+            ck[i] = max(ck[i], ki);
+        }
         float sc = scale_of(bs, opf_dev_max_lanes(key, TC)), s[VEC];
 #pragma unroll
         for (int i = 0; i < VEC; i++) s[i] = sc;
-        int64_t m = m0 + tr + p * TR;
-        if (m >= M || k >= K) continue;
-        int n = K - k < VEC ? (int)(K - k) : VEC;
-        opf_dev_store8(o.q + m * K + k, opf_dev_cast8(v[p], s, e4m3), n, vec);
-        if (threadIdx.x % TC == 0) o.sinv[k / BLK * o.ld + m] = scale_inv(sc);
+        b[j] = opf_dev_cast8(v, s, e4m3);
+        if (threadIdx.x % TC == 0 && m + j < M) o.sinv[k / BLK * o.ld + m + j] = scale_inv(sc);
+    }
+    opf_qtile_store_rows(o.q, b, M, K, m, k, vec);
+}
+
+/* The column amax keys of the thread's quad, max-accumulated into ck. */
+template <typename T>
+__device__ __forceinline__ void quad_column_keys(const opf_quad<T> &qv, unsigned (&ck)[VEC])
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) ck[i] = max(ck[i], opf_dev_amax_key(v[i]));
     }
 }
 
-/* The column amax keys of the tile into key[column]: the thread's rows,
- * the two rows of a warp, then across the warps. */
-__device__ __forceinline__ void column_keys(const float (&v)[PASSES][VEC], int tc,
+/* The column amax keys of the tile into key[column] from those of the
+ * threads' quads (ck): the two quads of a warp, then across the warps. */
+__device__ __forceinline__ void column_keys(const unsigned (&ck)[VEC], int tc,
                                             unsigned (&part)[WARPS][BLK], unsigned (&key)[BLK])
 {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
-        unsigned k = 0;
-#pragma unroll
-        for (int p = 0; p < PASSES; p++) k = max(k, opf_dev_amax_key(v[p][i]));
-        k = max(k, __shfl_xor_sync(0xFFFFFFFFu, k, 16));
+        unsigned k = max(ck[i], __shfl_xor_sync(0xFFFFFFFFu, ck[i], 16));
         if (lane < 16) part[warp][tc * VEC + i] = k;
     }
     __syncthreads();
@@ -102,10 +122,10 @@ __device__ __forceinline__ void column_keys(const float (&v)[PASSES][VEC], int t
  * (2D, the max over the columns: both copies' scales). */
 template <int MODE>
 __device__ __forceinline__ void tile_scales(const unsigned (&key)[BLK], const blk_out &o,
-                                            const blk_scale &bs, int64_t M, int64_t K,
-                                            float (&s)[BLK])
+                                            const blk_scale &bs, int64_t mb, int64_t kb,
+                                            int64_t K, float (&s)[BLK])
 {
-    int64_t mb = blockIdx.y, kb = blockIdx.x, k = kb * BLK + threadIdx.x;
+    int64_t k = kb * BLK + threadIdx.x;
     if (MODE == B_COL && threadIdx.x < BLK) {
         s[threadIdx.x] = scale_of(bs, key[threadIdx.x]);
         if (k < K) o.csinv[mb * o.cld + k] = scale_inv(s[threadIdx.x]);
@@ -121,45 +141,50 @@ __device__ __forceinline__ void tile_scales(const unsigned (&key)[BLK], const bl
     __syncthreads();
 }
 
+/* Blocks of 512 threads an SM holds at once (the register budget): three
+ * where a 2D tile of 2-byte elements fits in 40 registers (packed quads),
+ * else two (at most 64: without the bound some modes take more, one block). */
+template <typename T, int MODE> constexpr int min_blocks()
+{
+    return MODE == B_2D && sizeof(T) == 2 ? 3 : 2;
+}
+
 /* VEC_IO: K % 8 == 0, M % 16 == 0 and aligned bases: every 8-element row
  * access and 16-byte transposed store is whole or outside. */
 template <typename T, int MODE, bool VEC_IO>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, min_blocks<T, MODE>())
 block_kernel(const T *__restrict__ x, int64_t M, int64_t K, blk_out o, blk_scale bs, bool e4m3)
 {
-    __shared__ __align__(16) uint8_t tile[BLK][BLK];
+    __shared__ __align__(16) uint32_t tile[BLK][OPF_QT_QUADS];
     __shared__ unsigned part[WARPS][BLK];
     __shared__ unsigned key[BLK];
     __shared__ float s[BLK];
-    int tc = threadIdx.x % TC, tr = threadIdx.x / TC;
-    int64_t m0 = (int64_t)blockIdx.y * BLK, k0 = (int64_t)blockIdx.x * BLK, k = k0 + tc * VEC;
-    float v[PASSES][VEC];
-#pragma unroll
-    for (int p = 0; p < PASSES; p++) {
-        int64_t m = m0 + tr + p * TR;
-        int n = m >= M || k >= K ? 0 : K - k < VEC ? (int)(K - k) : VEC;
-        if (VEC_IO && n == VEC) opf_dev_load8<T>(x + m * K + k, v[p]);
-        else opf_dev_load8_part<T>(x + m * K + k, n, v[p]);
-    }
-    if (MODE != B_2D && o.q) row_blocks(v, o, bs, m0, tr, k, M, K, e4m3, VEC_IO);
+    int tc = threadIdx.x % TC, qd = threadIdx.x / TC;
+    int64_t mb = gridDim.y - 1 - blockIdx.y, kb = gridDim.x - 1 - blockIdx.x;
+    int64_t m0 = mb * BLK, k0 = kb * BLK, m = m0 + 4 * qd, k = k0 + tc * VEC;
+    opf_quad<T> qv;
+    opf_qtile_load<T>(x, M, K, m, k, VEC_IO, qv);
+    unsigned ck[VEC] = {0};
+    if (MODE != B_2D && o.q) row_blocks(qv, o, bs, m, k, M, K, e4m3, VEC_IO, ck);
+    else quad_column_keys(qv, ck);
     if (MODE == B_ROW) return;
-    column_keys(v, tc, part, key);
-    tile_scales<MODE>(key, o, bs, M, K, s);
+    column_keys(ck, tc, part, key);
+    tile_scales<MODE>(key, o, bs, mb, kb, K, s);
+    float sc[VEC];
 #pragma unroll
-    for (int p = 0; p < PASSES; p++) {
-        int r = tr + p * TR;
-        float sc[VEC];
+    for (int i = 0; i < VEC; i++) sc[i] = s[tc * VEC + i];
+    uint2 b[4];
 #pragma unroll
-        for (int i = 0; i < VEC; i++) sc[i] = s[tc * VEC + i];
-        uint2 b = opf_dev_cast8(v[p], sc, e4m3);
-        *(uint2 *)&tile[r][tc * VEC] = b;
-        int64_t m = m0 + r;
-        if (MODE == B_2D && o.q && m < M && k < K)
-            opf_dev_store8(o.q + m * K + k, b, K - k < VEC ? (int)(K - k) : VEC, VEC_IO);
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+        b[j] = opf_dev_cast8(v, sc, e4m3);
     }
+    if (MODE == B_2D && o.q) opf_qtile_store_rows(o.q, b, M, K, m, k, VEC_IO);
     if (!o.qt) return;
+    opf_qtile_put<BLK>(tile, b, tc, qd);
     __syncthreads();
-    opf_dev_store_tile_t<BLK, BLK, THREADS>(tile, o.qt, m0, k0, M, K, VEC_IO);
+    opf_qtile_store_t<BLK, THREADS>(tile, o.qt, m0, k0, M, K, VEC_IO);
 }
 
 /* ---- dequantize: fl(fp8(q) * scale_inv of its block) (1.5) --------------- */

@@ -8,20 +8,31 @@
  * pass computes the amax itself, into the tensor and max-accumulated into
  * the slot's entry of history row 0, also in device memory (no host sync).
  *
- * The cast + transpose pass reads each input tile once (16-byte loads),
- * writes the rowwise bytes straight out and the columnwise bytes through a
- * shared-memory tile, 16 bytes per store. Shapes whose rows or columns do
- * not allow 16-byte accesses take the same kernel with element accesses. */
+ * The cast + transpose pass is the tile of quantize-tile.h (128 x 64: a
+ * quad of 4 rows x 8 columns a thread): the rowwise bytes go straight out,
+ * the columnwise ones through the transposed shared tile, 16 bytes a store.
+ * The flat passes (the amax, and the rowwise cast alone) load 64 bytes (the
+ * amax) or 32 (the cast) a thread at once, with as many blocks as the
+ * device holds, which sweep the tensor together.
+ *
+ * Pass order: a pass that follows the tensor's producer (the amax pass, the
+ * delayed cast, the cast after a fused amax) reads it from the end, where
+ * the producer's last writes may still sit in L2; the cast after the amax
+ * pass reads from the start, where that pass ended. */
 #include <float.h>
 
-#include "backend/cuda/cuda-impl.h"
+#include "backend/cuda/quantize-tile.h"
 
 enum {
-    TILE_M = 64,    /* rows of a cast + transpose tile */
-    TILE_K = 128,   /* columns: 16 threads of 8 elements per row */
-    THREADS = 256,
-    VEC = 8,        /* elements per thread access */
-    DQ_TILE = 32,   /* edge of the dequantizing transpose tile */
+    VEC = 8,            /* elements per thread access */
+    TILE_K = 64,        /* columns of a cast + transpose tile (OPF_QT_ROWS rows) */
+    TILE_THREADS = TILE_K / VEC * OPF_QT_QUADS,  /* one quad each: 256 */
+    FLAT_THREADS = 256,
+    FLAT_BLOCKS = 8,    /* per SM, all resident: 2048 threads of <= 32 registers */
+    FLAT_BYTES = 64,    /* input bytes an amax-pass thread loads at once (a cast
+                           thread half: 32 registers hold no more beside its bytes) */
+    DQ_THREADS = 256,
+    DQ_TILE = 32,       /* edge of the dequantizing transpose tile */
 };
 
 /* Where the scale comes from: the amax on the device (current scaling) or
@@ -72,93 +83,91 @@ __device__ __forceinline__ void block_amax(unsigned key, unsigned *amax, unsigne
     }
 }
 
-/* ---- flat passes: amax alone, or the rowwise cast (with its amax) --------
- * A grid-stride loop over 8-element chunks (16-byte loads when vec), then
- * the tail element by element. CAST false: the amax pass of current
- * scaling; the scale arguments are then unused. */
-template <typename T, bool CAST>
-__global__ void flat_kernel(const T *__restrict__ x, int64_t n, bool vec, scale_src src,
-                            bool e4m3, uint8_t *__restrict__ q, float *sinv, unsigned *amax,
-                            unsigned *amax2)
+/* ---- flat passes: the amax alone, or the rowwise cast -------------------
+ * A grid-stride loop over 8-element chunks, U at a time (16-byte loads when
+ * vec), chunk c being chunk nv - 1 - c when rev; then the tail element by
+ * element. CAST false: the amax pass (the scale arguments unused). AMAX:
+ * the amax of x into *amax (and *amax2). */
+template <typename T, bool CAST, bool AMAX>
+__global__ void __launch_bounds__(FLAT_THREADS, FLAT_BLOCKS)
+flat_kernel(const T *__restrict__ x, int64_t n, bool vec, bool rev, scale_src src, bool e4m3,
+            uint8_t *__restrict__ q, float *sinv, unsigned *amax, unsigned *amax2)
 {
+    constexpr int U = (CAST ? FLAT_BYTES / 2 : FLAT_BYTES) / (VEC * (int)sizeof(T));
     float s = CAST ? scale_of(src) : 1.0f;
     if (CAST && blockIdx.x == 0 && threadIdx.x == 0) *sinv = __frcp_rn(s);  /* 2.3 */
     unsigned key = 0;
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int64_t nv = vec ? n / VEC : 0;
-    for (int64_t c = i0; c < nv; c += stride) {
-        float v[VEC];
-        opf_dev_load8<T>(x + c * VEC, v);
+    for (int64_t c0 = i0; c0 < nv; c0 += U * stride) {
+        float v[U][VEC];
 #pragma unroll
-        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
-        if (CAST) *(uint2 *)(q + c * VEC) = cast8(v, s, e4m3);
+        for (int u = 0; u < U; u++) {  /* all loads first */
+            int64_t c = c0 + u * stride;
+            if (c < nv) opf_dev_load8<T>(x + (rev ? nv - 1 - c : c) * VEC, v[u]);
+            else
+#pragma unroll
+                for (int i = 0; i < VEC; i++) v[u][i] = 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t c = c0 + u * stride;
+            if (AMAX)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[u][i]));
+            if (CAST && c < nv) *(uint2 *)(q + (rev ? nv - 1 - c : c) * VEC) = cast8(v[u], s, e4m3);
+        }
     }
     for (int64_t i = nv * VEC + i0; i < n; i += stride) {
         float v = opf_dev_widen<T>(x[i]);
-        key = max(key, opf_dev_amax_key(v));
+        if (AMAX) key = max(key, opf_dev_amax_key(v));
         if (CAST) q[i] = opf_dev_to_fp8(v * s, e4m3);
     }
-    if (amax) block_amax(key, amax, amax2);
+    if (AMAX) block_amax(key, amax, amax2);
 }
 
 /* ---- cast + transpose -----------------------------------------------------
- * One TILE_M x TILE_K tile per block. VEC_IO: K % 8 == 0 and M % 16 == 0 (and
- * aligned bases), so every 8-element row access and 16-byte columnwise store
- * is whole or outside; otherwise element accesses with bounds checks. */
-template <typename T, bool VEC_IO>
-__global__ void __launch_bounds__(THREADS)
-cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, scale_src src, bool e4m3,
-                      uint8_t *__restrict__ q, uint8_t *__restrict__ qt, float *sinv,
+ * One OPF_QT_ROWS x TILE_K tile per block, the last first when rev. VEC_IO:
+ * K % 8 == 0 and M % 16 == 0 (and aligned bases), so every 8-element row
+ * access and 16-byte columnwise store is whole or outside; otherwise
+ * element accesses with bounds checks. AMAX: as flat_kernel. */
+template <typename T, bool VEC_IO, bool AMAX>
+__global__ void __launch_bounds__(TILE_THREADS)
+cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, bool rev, scale_src src,
+                      bool e4m3, uint8_t *__restrict__ q, uint8_t *__restrict__ qt, float *sinv,
                       float *sinv_col, unsigned *amax, unsigned *amax2)
 {
-    __shared__ __align__(16) uint8_t tile[TILE_M][TILE_K];
+    __shared__ __align__(16) uint32_t tile[TILE_K][OPF_QT_QUADS];
     float s = scale_of(src);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         float r = __frcp_rn(s);
         *sinv = r;
         *sinv_col = r;
     }
-    int64_t m0 = (int64_t)blockIdx.y * TILE_M, k0 = (int64_t)blockIdx.x * TILE_K;
-    int tc = threadIdx.x % (TILE_K / VEC), tr = threadIdx.x / (TILE_K / VEC);
-    enum { PASSES = TILE_M / (THREADS / (TILE_K / VEC)), ROW_STEP = THREADS / (TILE_K / VEC) };
-    /* All loads first: PASSES x 16 bytes in flight per thread. */
-    float v[PASSES][VEC];
-    int64_t k = k0 + tc * VEC;
-#pragma unroll
-    for (int p = 0; p < PASSES; p++) {
-        int64_t m = m0 + tr + p * ROW_STEP;
-        if (VEC_IO) {
-            if (m < M && k < K) opf_dev_load8<T>(x + m * K + k, v[p]);
-            else
-#pragma unroll
-                for (int i = 0; i < VEC; i++) v[p][i] = 0.0f;
-        } else {
-#pragma unroll
-            for (int i = 0; i < VEC; i++)
-                v[p][i] = m < M && k + i < K ? opf_dev_widen<T>(x[m * K + k + i]) : 0.0f;
-        }
-    }
+    int64_t by = rev ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    int64_t bx = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    int64_t m0 = by * OPF_QT_ROWS, k0 = bx * TILE_K;
+    int tc = threadIdx.x % (TILE_K / VEC), qd = threadIdx.x / (TILE_K / VEC);
+    int64_t m = m0 + 4 * qd, k = k0 + tc * VEC;
+    opf_quad<T> qv;
+    opf_qtile_load<T>(x, M, K, m, k, VEC_IO, qv);
     unsigned key = 0;
+    uint2 b[4];
 #pragma unroll
-    for (int p = 0; p < PASSES; p++) {
-        int r = tr + p * ROW_STEP;
-        int64_t m = m0 + r;
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+        if (AMAX)
 #pragma unroll
-        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[p][i]));
-        uint2 b = cast8(v[p], s, e4m3);
-        *(uint2 *)&tile[r][tc * VEC] = b;
-        if (VEC_IO) {
-            if (m < M && k < K) *(uint2 *)(q + m * K + k) = b;
-        } else {
-            const uint8_t *bb = (const uint8_t *)&b;
-            for (int i = 0; i < VEC; i++)
-                if (m < M && k + i < K) q[m * K + k + i] = bb[i];
-        }
+            for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
+        b[j] = cast8(v, s, e4m3);
     }
-    if (amax) block_amax(key, amax, amax2);  /* has a barrier: the tile is complete after it */
+    opf_qtile_store_rows(q, b, M, K, m, k, VEC_IO);
+    opf_qtile_put<TILE_K>(tile, b, tc, qd);
+    if (AMAX) block_amax(key, amax, amax2);  /* has a barrier: the tile is complete after it */
     else __syncthreads();
-    opf_dev_store_tile_t<TILE_M, TILE_K, THREADS>(tile, qt, m0, k0, M, K, VEC_IO);
+    opf_qtile_store_t<TILE_K, TILE_THREADS>(tile, qt, m0, k0, M, K, VEC_IO);
 }
 
 /* ---- dequantize ---------------------------------------------------------- */
@@ -201,41 +210,81 @@ __global__ void dequant_t_kernel(const uint8_t *__restrict__ qt, int64_t M, int6
 
 /* ---- host side ----------------------------------------------------------- */
 
+/* Blocks for a flat pass over n elements: no more than the device holds
+ * at once (the sweep of flat_kernel). */
+static unsigned flat_grid(const opf_cuda_state *s, int64_t n)
+{
+    int64_t want = (n / VEC + FLAT_THREADS) / FLAT_THREADS, cap = (int64_t)s->sm_count * FLAT_BLOCKS;
+    return (unsigned)(want < cap ? want : cap);
+}
+
 template <typename T>
 static opf_status launch_amax(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t n,
                               unsigned *amax)
 {
     scale_src none = {NULL, NULL, 0.0f, 0.0f, false};
-    flat_kernel<T, false><<<opf_cuda_grid(s, n / VEC + 1, THREADS), THREADS, 0, s->stream>>>(
-        (const T *)x, n, opf_cuda_aligned16(x), none, true, NULL, NULL, amax, NULL);
+    flat_kernel<T, false, true><<<flat_grid(s, n), FLAT_THREADS, 0, s->stream>>>(
+        (const T *)x, n, opf_cuda_aligned16(x), true, none, true, NULL, NULL, amax, NULL);
     OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 amax)");
     return OPF_OK;
 }
 
+/* The rowwise cast alone; with its amax when amax is not NULL. */
 template <typename T>
-static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t M,
-                              int64_t K, const scale_src &src, bool e4m3, opf_tensor *out,
-                              unsigned *amax, unsigned *amax2)
+static void launch_row(cudaStream_t st, unsigned grid, const T *x, int64_t n, bool vec, bool rev,
+                       const scale_src &src, bool e4m3, uint8_t *q, float *sinv, unsigned *amax,
+                       unsigned *amax2)
 {
+    if (amax)
+        flat_kernel<T, true, true><<<grid, FLAT_THREADS, 0, st>>>(x, n, vec, rev, src, e4m3, q,
+                                                                  sinv, amax, amax2);
+    else
+        flat_kernel<T, true, false><<<grid, FLAT_THREADS, 0, st>>>(x, n, vec, rev, src, e4m3, q,
+                                                                   sinv, NULL, NULL);
+}
+
+/* Cast + transpose; with the amax when amax is not NULL. */
+template <typename T, bool VEC_IO>
+static void launch_tiles(cudaStream_t st, dim3 grid, const T *x, int64_t M, int64_t K, bool rev,
+                         const scale_src &src, bool e4m3, uint8_t *q, uint8_t *qt, float *sinv,
+                         float *sinv_col, unsigned *amax, unsigned *amax2)
+{
+    if (amax)
+        cast_transpose_kernel<T, VEC_IO, true><<<grid, TILE_THREADS, 0, st>>>(
+            x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col, amax, amax2);
+    else
+        cast_transpose_kernel<T, VEC_IO, false><<<grid, TILE_THREADS, 0, st>>>(
+            x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col, NULL, NULL);
+}
+
+/* The cast pass (rowwise, or both copies); rev: from the end (the pass
+ * order of the file's header). */
+template <typename T>
+static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *xv, int64_t M,
+                              int64_t K, bool rev, const scale_src &src, bool e4m3,
+                              opf_tensor *out, unsigned *amax, unsigned *amax2)
+{
+    const T *x = (const T *)xv;
     uint8_t *q = (uint8_t *)out->data[OPF_COMP_DATA];
     float *sinv = (float *)out->data[OPF_COMP_SCALE_INV];
     if (!(out->spec.usage & OPF_USAGE_COLUMNWISE)) {
-        int64_t n = M * K;
-        flat_kernel<T, true><<<opf_cuda_grid(s, n / VEC + 1, THREADS), THREADS, 0, s->stream>>>(
-            (const T *)x, n, opf_cuda_aligned16(x) && opf_cuda_aligned16(q), src, e4m3, q, sinv, amax, amax2);
+        bool vec = opf_cuda_aligned16(x) && opf_cuda_aligned16(q);
+        launch_row<T>(s->stream, flat_grid(s, M * K), x, M * K, vec, rev, src, e4m3, q, sinv,
+                      amax, amax2);
         OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 cast)");
         return OPF_OK;
     }
     uint8_t *qt = (uint8_t *)out->data[OPF_COMP_COL_DATA];
     float *sinv_col = (float *)out->data[OPF_COMP_COL_SCALE_INV];
-    dim3 grid((unsigned)((K + TILE_K - 1) / TILE_K), (unsigned)((M + TILE_M - 1) / TILE_M));
-    bool vec = K % VEC == 0 && M % 16 == 0 && opf_cuda_aligned16(x) && opf_cuda_aligned16(q) && opf_cuda_aligned16(qt);
+    dim3 grid((unsigned)((K + TILE_K - 1) / TILE_K), (unsigned)((M + OPF_QT_ROWS - 1) / OPF_QT_ROWS));
+    bool vec = K % VEC == 0 && M % 16 == 0 && opf_cuda_aligned16(x) && opf_cuda_aligned16(q) &&
+               opf_cuda_aligned16(qt);
     if (vec)
-        cast_transpose_kernel<T, true><<<grid, THREADS, 0, s->stream>>>(
-            (const T *)x, M, K, src, e4m3, q, qt, sinv, sinv_col, amax, amax2);
+        launch_tiles<T, true>(s->stream, grid, x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col,
+                              amax, amax2);
     else
-        cast_transpose_kernel<T, false><<<grid, THREADS, 0, s->stream>>>(
-            (const T *)x, M, K, src, e4m3, q, qt, sinv, sinv_col, amax, amax2);
+        launch_tiles<T, false>(s->stream, grid, x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col,
+                               amax, amax2);
     OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 cast + transpose)");
     return OPF_OK;
 }
@@ -274,13 +323,13 @@ static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quan
          * (>= 0), whose bit patterns order as their values, so the integer
          * atomicMax of the amax key max-accumulates the float (3.1). */
         src.scale = qs->delayed_scale;
-        return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, amax,
+        return launch_cast<T>(ctx, s, x, M, K, true, src, e4m3, out, amax,
                               (unsigned *)qs->delayed_amax);
     }
     if ((st = launch_amax<T>(ctx, s, x, M * K, amax))) return st;
     if (q->amax_reduce && (st = reduce_amax(ctx, q, (float *)amax))) return st;
     src.amax_bits = amax;
-    return launch_cast<T>(ctx, s, x, M, K, src, e4m3, out, NULL, NULL);
+    return launch_cast<T>(ctx, s, x, M, K, false, src, e4m3, out, NULL, NULL);
 }
 
 extern "C" opf_status opf_cuda_quantize_tensor_fp8(opf_ctx *ctx, const opf_quantizer *q,
@@ -309,8 +358,8 @@ static opf_status cast_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quantize
     opf_shape_2d(&in->spec, &M, &K);
     scale_src src = {(const unsigned *)out->data[OPF_COMP_AMAX], NULL, opf_fp8_max(q->qdtype),
                      q->amax_epsilon, q->pow2_scales};
-    return launch_cast<T>(ctx, s, in->data[OPF_COMP_DATA], M, K, src, q->qdtype == OPF_E4M3, out,
-                          NULL, NULL);
+    return launch_cast<T>(ctx, s, in->data[OPF_COMP_DATA], M, K, true, src, q->qdtype == OPF_E4M3,
+                          out, NULL, NULL);
 }
 
 extern "C" opf_status opf_cuda_quantize_tensor_fp8_cast(opf_ctx *ctx, const opf_quantizer *q,
@@ -340,7 +389,7 @@ extern "C" opf_status opf_cuda_dequantize_tensor_fp8(opf_ctx *ctx, const opf_ten
     const uint8_t *d = (const uint8_t *)t->data[col ? OPF_COMP_COL_DATA : OPF_COMP_DATA];
     const float *sinv = (const float *)t->data[col ? OPF_COMP_COL_SCALE_INV : OPF_COMP_SCALE_INV];
     if (!col) {
-        dequant_kernel<<<opf_cuda_grid(s, M * K, THREADS), THREADS, 0, s->stream>>>(d, M * K, sinv,
+        dequant_kernel<<<opf_cuda_grid(s, M * K, DQ_THREADS), DQ_THREADS, 0, s->stream>>>(d, M * K, sinv,
                                                                                    e4m3, out);
     } else {
         dim3 grid((unsigned)((M + DQ_TILE - 1) / DQ_TILE), (unsigned)((K + DQ_TILE - 1) / DQ_TILE));
