@@ -3,11 +3,14 @@
  * column c is 32 lane sums, lane l over the rows r with r mod 32 = l in row
  * order, folded in halves.
  *
- * A block of 32 warps takes 32 columns, a lane each: warp w makes lane
- * class w's sum, loading COLSUM_AHEAD rows ahead of its adds so that the
- * memory traffic runs in parallel although each sum is sequential; the 32
- * class sums then fold through shared memory. Every thread of the grid
- * sums rows / 32 terms, so the parallelism is 32 x cols.
+ * Thread (column c, class l) sums its column's rows r = l, l + 32, ... in
+ * order, loading COLSUM_BATCH rows before it adds any, so the memory
+ * traffic runs in parallel although each sum is sequential. A warp is 32
+ * consecutive columns of one class and a block COLSUM_WARPS classes, so the
+ * 32 x cols chains spread over every SM (a block of all 32 classes held
+ * the grid to cols / 32 blocks). The class sums go through device scratch
+ * ([32][cols]) to a fold kernel, a thread a column. The adds are
+ * opf_dev_add's (x86's NaN bits, as the CPU's sums give them).
  *
  * A Term gives the terms and what the pass writes besides (act.cu's dact +
  * dbias writes dx):
@@ -22,51 +25,70 @@
 #include "backend/cuda/cuda-impl.h"
 #include "backend/lanesum.h"
 
-enum { COLSUM_AHEAD = 8, COLSUM_THREADS = 32 * OPF_SUM_LANES };
+enum { COLSUM_BATCH = 16, COLSUM_WARPS = 4 };
 
-/* out[c] (dtype OD) = the column sums; amax (or NULL) merges the keys. */
-template <typename Term, opf_dtype OD>
-__global__ void __launch_bounds__(COLSUM_THREADS)
-opf_colsum_kernel(Term term, int64_t rows, int64_t cols, void *out, unsigned *amax)
+/* part[l * cols + c] = class l's sum of column c; amax (or NULL) merges
+ * the keys of what the terms stored. */
+template <typename Term>
+__global__ void __launch_bounds__(COLSUM_WARPS * 32)
+opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
 {
-    __shared__ float part[OPF_SUM_LANES][33];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int lane = threadIdx.x & 31, l = (int)blockIdx.y * COLSUM_WARPS + (int)(threadIdx.x >> 5);
     int64_t c = (int64_t)blockIdx.x * 32 + lane;
     bool live = c < cols;
     unsigned key = 0;
     float acc = 0.0f;
-    for (int64_t r0 = w; r0 < rows; r0 += OPF_SUM_LANES * COLSUM_AHEAD) {
-        typename Term::in in[COLSUM_AHEAD];
+    for (int64_t r0 = l; r0 < rows; r0 += OPF_SUM_LANES * COLSUM_BATCH) {
+        typename Term::in in[COLSUM_BATCH];
 #pragma unroll
-        for (int k = 0; k < COLSUM_AHEAD; k++) {
+        for (int k = 0; k < COLSUM_BATCH; k++) {
             int64_t r = r0 + OPF_SUM_LANES * k;
             if (live && r < rows) term.load(r, c, in[k]);
         }
 #pragma unroll
-        for (int k = 0; k < COLSUM_AHEAD; k++) {
+        for (int k = 0; k < COLSUM_BATCH; k++) {
             int64_t r = r0 + OPF_SUM_LANES * k;
-            if (live && r < rows) acc = __fadd_rn(acc, term.finish(r, c, in[k], key));
+            if (live && r < rows) acc = opf_dev_add(acc, term.finish(r, c, in[k], key));
         }
     }
-    part[w][lane] = acc;
-    __syncthreads();
-    for (int off = OPF_SUM_LANES / 2; off; off >>= 1) {
-        if (w < off) part[w][lane] = __fadd_rn(part[w][lane], part[w + off][lane]);
-        __syncthreads();
-    }
-    if (w == 0 && live)
-        ((typename opf_dev_plain<OD>::store *)out)[c] = opf_dev_from_f32<OD>(part[0][lane]);
+    if (live) part[(int64_t)l * cols + c] = acc;
     if (amax) opf_dev_warp_amax(key, amax);
 }
 
-/* The launch on s's stream (no columns: nothing to launch). */
+/* out[c] (dtype OD) = column c's 32 class sums folded in halves. */
+template <opf_dtype OD>
+__global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *out)
+{
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float v[OPF_SUM_LANES];
+#pragma unroll
+    for (int i = 0; i < OPF_SUM_LANES; i++) v[i] = part[i * cols + c];
+#pragma unroll
+    for (int off = OPF_SUM_LANES / 2; off; off >>= 1)
+#pragma unroll
+        for (int i = 0; i < OPF_SUM_LANES / 2; i++)
+            if (i < off) v[i] = opf_dev_add(v[i], v[i + off]);
+    ((typename opf_dev_plain<OD>::store *)out)[c] = opf_dev_from_f32<OD>(v[0]);
+}
+
+/* The launches on s's stream (no columns: nothing to launch). */
 template <typename Term, opf_dtype OD = OPF_F32>
 static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
                                   int64_t rows, int64_t cols, void *out, unsigned *amax = NULL)
 {
     if (cols == 0) return OPF_OK;
-    unsigned grid = (unsigned)((cols + 31) / 32);
-    opf_colsum_kernel<Term, OD><<<grid, COLSUM_THREADS, 0, s->stream>>>(t, rows, cols, out, amax);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    float *part = (float *)opf_ctx_scratch_push_on(ctx, OPF_DEVICE_CUDA,
+                                                   sizeof(float) * OPF_SUM_LANES * (size_t)cols);
+    if (!part)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for 32 x %lld partial sums", fn,
+                         (long long)cols);
+    dim3 grid((unsigned)((cols + 31) / 32), OPF_SUM_LANES / COLSUM_WARPS);
+    opf_colsum_kernel<Term><<<grid, COLSUM_WARPS * 32, 0, s->stream>>>(t, rows, cols, part, amax);
+    opf_colsum_fold_kernel<OD><<<(unsigned)((cols + 255) / 256), 256, 0, s->stream>>>(part, cols,
+                                                                                      out);
+    opf_ctx_scratch_pop(ctx, mark);  /* stream-ordered: later work reuses it after these */
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
 }
