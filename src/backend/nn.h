@@ -69,15 +69,17 @@ typedef struct opf_nn_kernels {
     opf_status (*attn_bwd)(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
                            const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
                            int64_t D, opf_dtype in_dt);
-    /* Mean softmax cross-entropy of logits x [rows, V] against tgt [rows]
-     * (negative: ignored) into loss[0] (0 when no row counts); lse [rows]
-     * out (0 for ignored rows). */
-    opf_status (*xent_fwd)(opf_ctx *ctx, const float *x, const int32_t *tgt, float *lse,
-                           float *loss, int64_t rows, int64_t V);
-    /* dx [rows, V] = dloss[0] * d(mean loss)/dx from x, tgt and the
-     * forward's lse. */
-    opf_status (*xent_bwd)(opf_ctx *ctx, const float *x, const int32_t *tgt, const float *lse,
-                           const float *dloss, float *dx, int64_t rows, int64_t V);
+    /* Mean softmax cross-entropy of logits x [rows, V] (plain f32, bf16 or
+     * f16 of dtype xt, read as fp32) against tgt [rows] (negative: ignored)
+     * into loss[0] (0 when no row counts); lse [rows] out (0 for ignored
+     * rows). */
+    opf_status (*xent_fwd)(opf_ctx *ctx, const void *x, opf_dtype xt, const int32_t *tgt,
+                           float *lse, float *loss, int64_t rows, int64_t V);
+    /* dx [rows, V] (dtype dxt, each value computed in fp32 and rounded once)
+     * = dloss[0] * d(mean loss)/dx from x, tgt and the forward's lse. */
+    opf_status (*xent_bwd)(opf_ctx *ctx, const void *x, opf_dtype xt, const int32_t *tgt,
+                           const float *lse, const float *dloss, void *dx, opf_dtype dxt,
+                           int64_t rows, int64_t V);
     /* *out = the sum of squares of n values of x (f32, bf16 or f16). */
     opf_status (*sumsq)(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out);
     /* Gradient clipping with no host read: *acc, one double in the

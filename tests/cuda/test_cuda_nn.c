@@ -61,17 +61,23 @@ static bool same_f32(float a, float b)
 
 /* got (device) byte for byte with ref (host): every mismatch counted, the
  * first few printed with their index. */
-static void expect_same(opf_ctx *ctx, const char *what, const float *ref, const float *dev,
-                        int64_t n)
+/* got (host copies of the GPU's values) against ref, bit for bit. */
+static void check_same(const char *what, const float *ref, const float *got, int64_t n)
 {
-    float *got = fvec(n);
-    host_from(ctx, got, dev, sizeof(float) * (size_t)n);
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++)
         if (!same_f32(got[i], ref[i]) && bad++ < 4)
             fprintf(stderr, "  %s [%lld]: gpu %a cpu %a\n", what, (long long)i, (double)got[i],
                     (double)ref[i]);
     CHECK(bad == 0, "%s: %lld of %lld values differ", what, (long long)bad, (long long)n);
+}
+
+static void expect_same(opf_ctx *ctx, const char *what, const float *ref, const float *dev,
+                        int64_t n)
+{
+    float *got = fvec(n);
+    host_from(ctx, got, dev, sizeof(float) * (size_t)n);
+    check_same(what, ref, got, n);
     free(got);
 }
 
@@ -379,45 +385,67 @@ static void test_attention(opf_ctx *ctx)
 
 /* ---- cross-entropy -------------------------------------------------------------- */
 
-static void xent_case(opf_ctx *ctx, int64_t rows, int64_t V, int ignore_every, float scale,
-                      bool special)
+/* expect_same for n values of dtype dt (both widened to fp32, exact). */
+static void expect_same_dt(opf_ctx *ctx, const char *what, const void *ref, const void *dev,
+                           opf_dtype dt, int64_t n)
 {
-    float *x = frand(rows * V, scale, special ? 997 : 0, special);
+    size_t nb = opf_dtype_nbytes(dt, (size_t)n);
+    void *got = malloc(nb ? nb : 1);
+    float *g32 = fvec(n), *r32 = fvec(n);
+    host_from(ctx, got, dev, nb);
+    CHECK_OK(ctx, opf_convert(got, dt, g32, OPF_F32, (size_t)n));
+    CHECK_OK(ctx, opf_convert(ref, dt, r32, OPF_F32, (size_t)n));
+    check_same(what, r32, g32, n);
+    free(got), free(g32), free(r32);
+}
+
+/* Logits of dtype xt, dx of dtype dxt: the GPU's bits are the CPU's. */
+static void xent_case(opf_ctx *ctx, int64_t rows, int64_t V, int ignore_every, float scale,
+                      bool special, opf_dtype xt, opf_dtype dxt)
+{
+    float *x32 = frand(rows * V, scale, special ? 997 : 0, special);
+    size_t xb = opf_dtype_nbytes(xt, (size_t)(rows * V)), db = opf_dtype_nbytes(dxt, (size_t)(rows * V));
+    void *x = malloc(xb ? xb : 1), *dx = malloc(db ? db : 1);
+    CHECK_OK(ctx, opf_convert(x32, OPF_F32, x, xt, (size_t)(rows * V)));
     int32_t *tgt = malloc(sizeof(int32_t) * (size_t)(rows ? rows : 1));
     for (int64_t r = 0; r < rows; r++)
         tgt[r] = ignore_every && cuda_test_u32() % (uint32_t)ignore_every == 0
                      ? -1 - (int32_t)(cuda_test_u32() % 100)
                      : (int32_t)(cuda_test_u32() % (uint32_t)V);
-    float *lse = fvec(rows), *dx = fvec(rows * V), loss = 0.0f, dloss = 1.7f;
-    float *gx = dev_from(ctx, x, sizeof(float) * (size_t)(rows * V));
+    float *lse = fvec(rows), loss = 0.0f, dloss = 1.7f;
+    void *gx = dev_from(ctx, x, xb), *gdx = dev_from(ctx, NULL, db);
     int32_t *gtgt = dev_from(ctx, tgt, sizeof(int32_t) * (size_t)rows);
     float *glse = dev_from(ctx, NULL, sizeof(float) * (size_t)rows);
-    float *gdx = dev_from(ctx, NULL, sizeof(float) * (size_t)(rows * V));
     float *gloss = dev_from(ctx, NULL, sizeof(float));
     float *gdloss = dev_from(ctx, &dloss, sizeof(float));
-    printf("  cross-entropy rows %lld V %lld (ignored 1 in %d, scale %g%s)\n", (long long)rows,
-           (long long)V, ignore_every, (double)scale, special ? ", inf/NaN" : "");
-    CHECK_OK(ctx, opf_cpu_nn.xent_fwd(ctx, x, tgt, lse, &loss, rows, V));
-    CHECK_OK(ctx, opf_cuda_nn.xent_fwd(ctx, gx, gtgt, glse, gloss, rows, V));
+    printf("  cross-entropy rows %lld V %lld %s -> %s (ignored 1 in %d, scale %g%s)\n",
+           (long long)rows, (long long)V, opf_dtype_name(xt), opf_dtype_name(dxt), ignore_every,
+           (double)scale, special ? ", inf/NaN" : "");
+    CHECK_OK(ctx, opf_cpu_nn.xent_fwd(ctx, x, xt, tgt, lse, &loss, rows, V));
+    CHECK_OK(ctx, opf_cuda_nn.xent_fwd(ctx, gx, xt, gtgt, glse, gloss, rows, V));
     expect_same(ctx, "xent_fwd lse", lse, glse, rows);
     expect_same(ctx, "xent_fwd loss", &loss, gloss, 1);
     CHECK_OK(ctx, opf_cuda_copy(ctx, glse, lse, sizeof(float) * (size_t)rows, OPF_CUDA_H2D));
-    CHECK_OK(ctx, opf_cpu_nn.xent_bwd(ctx, x, tgt, lse, &dloss, dx, rows, V));
-    CHECK_OK(ctx, opf_cuda_nn.xent_bwd(ctx, gx, gtgt, glse, gdloss, gdx, rows, V));
-    expect_same(ctx, "xent_bwd dx", dx, gdx, rows * V);
+    CHECK_OK(ctx, opf_cpu_nn.xent_bwd(ctx, x, xt, tgt, lse, &dloss, dx, dxt, rows, V));
+    CHECK_OK(ctx, opf_cuda_nn.xent_bwd(ctx, gx, xt, gtgt, glse, gdloss, gdx, dxt, rows, V));
+    expect_same_dt(ctx, "xent_bwd dx", dx, gdx, dxt, rows * V);
     void *gs[] = {gx, gtgt, glse, gdx, gloss, gdloss};
     for (int i = 0; i < 6; i++) opf_cuda_free(ctx, gs[i]);
-    void *hs[] = {x, tgt, lse, dx};
-    for (int i = 0; i < 4; i++) free(hs[i]);
+    void *hs[] = {x32, x, dx, tgt, lse};
+    for (int i = 0; i < 5; i++) free(hs[i]);
 }
 
 static void test_xent(opf_ctx *ctx)
 {
-    xent_case(ctx, 37, 50257, 4, 8.0f, false);   /* GPT-2's vocabulary */
-    xent_case(ctx, 300, 1000, 3, 30.0f, false);
-    xent_case(ctx, 64, 777, 5, 4.0f, true);      /* inf and NaN logits */
-    xent_case(ctx, 5, 1, 0, 1.0f, false);        /* V = 1 */
-    xent_case(ctx, 9, 100, 1, 1.0f, false);      /* every target ignored: loss 0 */
+    const opf_dtype F = OPF_F32, B = OPF_BF16, H = OPF_F16;
+    xent_case(ctx, 37, 50257, 4, 8.0f, false, F, F);  /* GPT-2's vocabulary */
+    xent_case(ctx, 300, 1000, 3, 30.0f, false, F, F);
+    xent_case(ctx, 64, 777, 5, 4.0f, true, F, F);     /* inf and NaN logits */
+    xent_case(ctx, 5, 1, 0, 1.0f, false, F, F);       /* V = 1 */
+    xent_case(ctx, 9, 100, 1, 1.0f, false, F, F);     /* every target ignored: loss 0 */
+    xent_case(ctx, 37, 50257, 4, 8.0f, false, B, B);  /* a bf16 model's logits and dx */
+    xent_case(ctx, 64, 777, 5, 4.0f, true, B, F);
+    xent_case(ctx, 300, 1000, 3, 3.0f, false, H, H);
 }
 
 /* ---- sumsq ---------------------------------------------------------------------- */

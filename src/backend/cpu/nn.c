@@ -3,6 +3,7 @@
  * is split over independent units (rows, columns, batch x head, chunks
  * summed in order afterwards), so the bits never depend on the thread count. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu-impl.h"
@@ -143,35 +144,69 @@ static int64_t count_targets(const int32_t *tgt, int64_t rows)
     return n;
 }
 
-static opf_status xent_fwd(opf_ctx *ctx, const float *x, const int32_t *tgt, float *lse,
-                           float *loss, int64_t rows, int64_t V)
+/* Row r of x (dtype xt) as fp32: in place for f32, else widened into buf. */
+static const float *xent_row(const void *x, opf_dtype xt, int64_t r, int64_t V, float *buf)
 {
-#pragma omp parallel for schedule(static) if (rows * V >= PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) lse[r] = tgt[r] >= 0 ? row_lse(x + r * V, V) : 0.0f;
+    if (xt == OPF_F32) return (const float *)x + r * V;
+    opf_cpu_load_f32(x, xt, r * V, V, buf);
+    return buf;
+}
+
+static opf_status xent_fwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int32_t *tgt,
+                           float *lse, float *loss, int64_t rows, int64_t V)
+{
+    bool nomem = false;
+#pragma omp parallel if (rows * V >= PAR_MIN)
+    {
+        float *buf = xt == OPF_F32 ? NULL : malloc(sizeof(float) * (size_t)V);
+        if (xt != OPF_F32 && !buf) nomem = true;  /* any thread's: the same value */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            if (xt == OPF_F32 || buf)
+                lse[r] = tgt[r] >= 0 ? row_lse(xent_row(x, xt, r, V, buf), V) : 0.0f;
+        free(buf);
+    }
+    if (nomem)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "cross-entropy forward: no memory for a row of "
+                         "%lld values", (long long)V);
     double s = 0.0;
-    for (int64_t r = 0; r < rows; r++)
-        if (tgt[r] >= 0) s += (double)(lse[r] - x[r * V + tgt[r]]);
+    for (int64_t r = 0; r < rows; r++) {
+        float xt_r;
+        if (tgt[r] < 0) continue;
+        opf_cpu_load_f32(x, xt, r * V + tgt[r], 1, &xt_r);
+        s += (double)(lse[r] - xt_r);
+    }
     int64_t n = count_targets(tgt, rows);
     loss[0] = n ? (float)(s / (double)n) : 0.0f;
     return OPF_OK;
 }
 
-static opf_status xent_bwd(opf_ctx *ctx, const float *x, const int32_t *tgt, const float *lse,
-                           const float *dloss, float *dx, int64_t rows, int64_t V)
+static opf_status xent_bwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int32_t *tgt,
+                           const float *lse, const float *dloss, void *dx, opf_dtype dxt,
+                           int64_t rows, int64_t V)
 {
     int64_t n = count_targets(tgt, rows);
     float g = n ? dloss[0] / (float)n : 0.0f;
-#pragma omp parallel for schedule(static) if (rows * V >= PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * V;
-        float *d = dx + r * V;
-        if (tgt[r] < 0) {
-            for (int64_t j = 0; j < V; j++) d[j] = 0.0f;
-            continue;
+    bool nomem = false;
+#pragma omp parallel if (rows * V >= PAR_MIN)
+    {
+        bool typed = xt != OPF_F32 || dxt != OPF_F32;
+        float *buf = typed ? malloc(sizeof(float) * 2 * (size_t)V) : NULL;
+        if (typed && !buf) nomem = true;  /* any thread's: the same value */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            if (typed && !buf) continue;
+            const float *xr = xent_row(x, xt, r, V, buf);
+            float *d = dxt == OPF_F32 ? (float *)dx + r * V : buf + V;
+            for (int64_t j = 0; j < V; j++)
+                d[j] = tgt[r] < 0 ? 0.0f : (expf(xr[j] - lse[r]) - (j == tgt[r])) * g;
+            if (dxt != OPF_F32) opf_cpu_store_f32(d, dxt, dx, r * V, V);
         }
-        for (int64_t j = 0; j < V; j++) d[j] = (expf(xr[j] - lse[r]) - (j == tgt[r])) * g;
+        free(buf);
     }
-    return OPF_OK;
+    return nomem ? opf_error(ctx, OPF_ERR_NO_MEMORY, "cross-entropy backward: no memory for a "
+                             "row of %lld values", (long long)V)
+                 : OPF_OK;
 }
 
 /* lanesum.h's fold in double. */

@@ -566,10 +566,17 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
 
 /* ---- cross-entropy -------------------------------------------------------- */
 
+/* Element i of x (dtype D) as fp32. */
+template <opf_dtype D> __device__ __forceinline__ float nn_ld(const void *x, int64_t i)
+{
+    return opf_dev_to_f32<D>(__ldg((const typename opf_dev_plain<D>::store *)x + i));
+}
+
 /* lse of row r: m = the CPU's max (x_0 when it is NaN, else the max of the
  * numbers), e = S(expf(x_j - m)): each lane its own terms, then the fold. */
-static __global__ void xent_lse_kernel(const float *x, const int32_t *tgt, float *lse,
-                                       int64_t rows, int64_t V)
+template <opf_dtype D>
+static __global__ void xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows,
+                                       int64_t V)
 {
     int64_t r = nn_warp_id();
     if (r >= rows) return;
@@ -578,19 +585,21 @@ static __global__ void xent_lse_kernel(const float *x, const int32_t *tgt, float
         if (lane == 0) lse[r] = 0.0f;
         return;
     }
-    const float *xr = x + r * V;
+    int64_t base = r * V;
     float m = -INFINITY;
-    for (int64_t j = lane; j < V; j += 32) m = fmaxf(m, __ldg(xr + j));  /* fmaxf skips NaN */
+    for (int64_t j = lane; j < V; j += 32) m = fmaxf(m, nn_ld<D>(x, base + j));  /* fmaxf skips NaN */
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
-    if (isnan(xr[0])) m = xr[0];
+    float x0 = nn_ld<D>(x, base);
+    if (isnan(x0)) m = x0;
     float e = 0.0f;
-    for (int64_t j = lane; j < V; j += 32) e = __fadd_rn(e, nn_expf(__fsub_rn(__ldg(xr + j), m)));
+    for (int64_t j = lane; j < V; j += 32) e = __fadd_rn(e, nn_expf(__fsub_rn(nn_ld<D>(x, base + j), m)));
     for (int o = 16; o; o >>= 1) e = __fadd_rn(e, __shfl_down_sync(FULL, e, o));
     if (lane == 0) lse[r] = __fadd_rn(m, nn_logf(e));
 }
 
 /* One block: the rows' lse_r - x_{r, tgt_r} in double, added in r order. */
-static __global__ void xent_loss_kernel(const float *x, const int32_t *tgt, const float *lse,
+template <opf_dtype D>
+static __global__ void xent_loss_kernel(const void *x, const int32_t *tgt, const float *lse,
                                         float *loss, int64_t rows, int64_t V)
 {
     __shared__ double term[256];
@@ -601,7 +610,7 @@ static __global__ void xent_loss_kernel(const float *x, const int32_t *tgt, cons
         int64_t r = r0 + threadIdx.x;
         bool c = r < rows && tgt[r] >= 0;
         counted[threadIdx.x] = c;
-        term[threadIdx.x] = c ? (double)__fsub_rn(lse[r], x[r * V + tgt[r]]) : 0.0;
+        term[threadIdx.x] = c ? (double)__fsub_rn(lse[r], nn_ld<D>(x, r * V + tgt[r])) : 0.0;
         __syncthreads();
         if (threadIdx.x == 0)
             for (int k = 0; k < 256; k++)
@@ -611,19 +620,31 @@ static __global__ void xent_loss_kernel(const float *x, const int32_t *tgt, cons
     if (threadIdx.x == 0) loss[0] = n ? __double2float_rn(__ddiv_rn(sum, (double)n)) : 0.0f;
 }
 
-static opf_status xent_fwd(opf_ctx *ctx, const float *x, const int32_t *tgt, float *lse,
-                           float *loss, int64_t rows, int64_t V)
+static opf_status xent_dtype(opf_ctx *ctx, const char *fn, const char *what, opf_dtype dt)
+{
+    if (dt == OPF_F32 || dt == OPF_BF16 || dt == OPF_F16) return OPF_OK;
+    return opf_error(ctx, OPF_ERR_DTYPE, "%s: %s is %s, expected f32, bf16 or f16", fn, what,
+                     opf_dtype_name(dt));
+}
+
+static opf_status xent_fwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int32_t *tgt,
+                           float *lse, float *loss, int64_t rows, int64_t V)
 {
     const char *fn = "cross-entropy forward (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (rows > 0) {
-        xent_lse_kernel<<<warp_grid(rows), 32 * WARPS, 0, s->stream>>>(x, tgt, lse, rows, V);
+    opf_status st = xent_dtype(ctx, fn, "the logits' dtype", xt);
+    if (st) return st;
+    return opf_dev_with_dtype(xt, [&](auto d) {
+        constexpr opf_dtype D = decltype(d)::value;
+        if (rows > 0) {
+            xent_lse_kernel<D><<<warp_grid(rows), 32 * WARPS, 0, s->stream>>>(x, tgt, lse, rows, V);
+            OPF_CUDA_LAUNCHED(ctx, fn);
+        }
+        xent_loss_kernel<D><<<1, 256, 0, s->stream>>>(x, tgt, lse, loss, rows, V);
         OPF_CUDA_LAUNCHED(ctx, fn);
-    }
-    xent_loss_kernel<<<1, 256, 0, s->stream>>>(x, tgt, lse, loss, rows, V);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    return OPF_OK;
+        return OPF_OK;
+    });
 }
 
 /* *g = dloss / (the number of counted rows), 0 when none. */
@@ -641,37 +662,46 @@ static __global__ void xent_grad_scale_kernel(const int32_t *tgt, const float *d
         *g = count ? __fdiv_rn(dloss[0], __ull2float_rn(count)) : 0.0f;
 }
 
-static __global__ void xent_bwd_kernel(const float *x, const int32_t *tgt, const float *lse,
-                                       const float *g, float *dx, int64_t rows, int64_t V)
+template <opf_dtype D, opf_dtype DO>
+static __global__ void xent_bwd_kernel(const void *x, const int32_t *tgt, const float *lse,
+                                       const float *g, void *dx, int64_t rows, int64_t V)
 {
     float gg = *g;
+    typename opf_dev_plain<DO>::store *out = (typename opf_dev_plain<DO>::store *)dx;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t t = tgt[r];
-        const float *xr = x + r * V;
-        float *d = dx + r * V, l = lse[r];
+        float l = lse[r];
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-            float e = nn_expf(__fsub_rn(__ldg(xr + j), l));
-            d[j] = t < 0 ? 0.0f : __fmul_rn(__fsub_rn(e, j == t ? 1.0f : 0.0f), gg);
+            float e = nn_expf(__fsub_rn(nn_ld<D>(x, r * V + j), l));
+            float d = t < 0 ? 0.0f : __fmul_rn(__fsub_rn(e, j == t ? 1.0f : 0.0f), gg);
+            out[r * V + j] = opf_dev_from_f32<DO>(d);
         }
     }
 }
 
-static opf_status xent_bwd(opf_ctx *ctx, const float *x, const int32_t *tgt, const float *lse,
-                           const float *dloss, float *dx, int64_t rows, int64_t V)
+static opf_status xent_bwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int32_t *tgt,
+                           const float *lse, const float *dloss, void *dx, opf_dtype dxt,
+                           int64_t rows, int64_t V)
 {
     const char *fn = "cross-entropy backward (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (rows <= 0 || V <= 0) return OPF_OK;
+    opf_status st = xent_dtype(ctx, fn, "the logits' dtype", xt);
+    if (!st) st = xent_dtype(ctx, fn, "dx's dtype", dxt);
+    if (st || rows <= 0 || V <= 0) return st;
     void *ws;
-    opf_status st = opf_cuda_scratch(ctx, s, sizeof(float), &ws);
-    if (st) return st;
+    if ((st = opf_cuda_scratch(ctx, s, sizeof(float), &ws))) return st;
     xent_grad_scale_kernel<<<1, 1024, 0, s->stream>>>(tgt, dloss, rows, (float *)ws);
     OPF_CUDA_LAUNCHED(ctx, fn);
     unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
-    xent_bwd_kernel<<<grid, 256, 0, s->stream>>>(x, tgt, lse, (const float *)ws, dx, rows, V);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    return OPF_OK;
+    return opf_dev_with_dtype(xt, [&](auto d) {
+        return opf_dev_with_dtype(dxt, [&](auto o) {
+            xent_bwd_kernel<decltype(d)::value, decltype(o)::value>
+                <<<grid, 256, 0, s->stream>>>(x, tgt, lse, (const float *)ws, dx, rows, V);
+            OPF_CUDA_LAUNCHED(ctx, fn);
+            return OPF_OK;
+        });
+    });
 }
 
 /* ---- sum of squares -------------------------------------------------------- */

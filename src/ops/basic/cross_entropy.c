@@ -60,11 +60,12 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
 {
     const xent_fwd *a = args;
     const opf_nn_kernels *k = opf_nn_kernels_of(ctx, "cross_entropy", &a->x);
-    const float *x;
+    const void *x;
+    opf_dtype xt;
     if (!k) return OPF_ERR_UNSUPPORTED;
-    opf_status st = opf_nn_in(ctx, &a->x, &x);
+    opf_status st = opf_nn_in_typed(ctx, &a->x, &x, &xt);
     int64_t V = a->x.spec.shape[a->x.spec.ndim - 1];
-    return st ? st : k->xent_fwd(ctx, x, a->targets.data[0], aux[0].data[0], outs[0].data[0],
+    return st ? st : k->xent_fwd(ctx, x, xt, a->targets.data[0], aux[0].data[0], outs[0].data[0],
                                  rows_of(&a->x.spec), V);
 }
 
@@ -108,14 +109,15 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
 {
     const xent_bwd *a = args;
     const opf_nn_kernels *k = opf_nn_kernels_of(ctx, "cross_entropy", &a->x);
-    const float *x;
-    float *dx;
+    const void *x;
+    void *dx;
+    opf_dtype xt, dxt;
     if (!k) return OPF_ERR_UNSUPPORTED;
-    opf_status st = opf_nn_in(ctx, &a->x, &x);
-    if (!st) st = opf_nn_out(ctx, &grads[0], &dx);
+    opf_status st = opf_nn_in_typed(ctx, &a->x, &x, &xt);
+    if (!st) st = opf_nn_out_typed(ctx, &grads[0], &dx, &dxt);
     int64_t V = a->x.spec.shape[a->x.spec.ndim - 1];
     if (!st)
-        st = k->xent_bwd(ctx, x, a->targets.data[0], a->lse.data[0], a->dy.data[0], dx,
+        st = k->xent_bwd(ctx, x, xt, a->targets.data[0], a->lse.data[0], a->dy.data[0], dx, dxt,
                          rows_of(&a->x.spec), V);
     return st ? st : opf_nn_finish(ctx, dx, a->x.spec.dtype, &a->dx_q, &grads[0]);
 }

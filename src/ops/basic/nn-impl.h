@@ -21,6 +21,13 @@ opf_status opf_nn_out(opf_ctx *ctx, const opf_tensor *out, float **v);
 opf_status opf_nn_finish(opf_ctx *ctx, const float *v, opf_dtype act, const opf_quantizer *q,
                          opf_tensor *out);
 
+/* The typed forms, for kernels that read and write plain f32/bf16/f16:
+ * *v, *dt = t's data and dtype when t is plain, else its decoded fp32 copy;
+ * out's data and dtype when out is plain, else fp32 scratch for
+ * opf_nn_finish. */
+opf_status opf_nn_in_typed(opf_ctx *ctx, const opf_tensor *t, const void **v, opf_dtype *dt);
+opf_status opf_nn_out_typed(opf_ctx *ctx, const opf_tensor *out, void **v, opf_dtype *dt);
+
 /* n floats of scratch, or OPF_ERR_NO_MEMORY naming `who`. */
 opf_status opf_nn_scratch(opf_ctx *ctx, const char *who, int64_t n, float **v);
 

@@ -38,6 +38,28 @@ opf_status opf_nn_out(opf_ctx *ctx, const opf_tensor *out, float **v)
     return opf_nn_scratch(ctx, "output", opf_spec_numel(&out->spec), v);
 }
 
+opf_status opf_nn_in_typed(opf_ctx *ctx, const opf_tensor *t, const void **v, opf_dtype *dt)
+{
+    if (t->spec.scaling == OPF_SCALING_NONE) {
+        *v = t->data[0];
+        *dt = t->spec.dtype;
+        return OPF_OK;
+    }
+    *dt = OPF_F32;
+    return opf_nn_in(ctx, t, (const float **)v);
+}
+
+opf_status opf_nn_out_typed(opf_ctx *ctx, const opf_tensor *out, void **v, opf_dtype *dt)
+{
+    if (out->spec.scaling == OPF_SCALING_NONE) {
+        *v = out->data[0];
+        *dt = out->spec.dtype;
+        return OPF_OK;
+    }
+    *dt = OPF_F32;
+    return opf_nn_out(ctx, out, (float **)v);
+}
+
 opf_status opf_nn_finish(opf_ctx *ctx, const float *v, opf_dtype act, const opf_quantizer *q,
                          opf_tensor *out)
 {
