@@ -37,6 +37,7 @@ enum {
     SUM_LOADERS = 256,        /* threads computing a tile */
     SUM_THREADS = SUM_LOADERS + 32,
     PER_LOADER = SUM_TILE * SUM_LANES / SUM_LOADERS,
+    ACT_BATCH = 16,            /* dact + dbias rows in flight a thread (colsum.cuh) */
 };
 static_assert(SUM_TILE * SUM_LANES % SUM_LOADERS == 0, "whole tiles per loader");
 
@@ -262,6 +263,7 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
 
 /* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
 template <opf_act_fn FN> struct dbias_term {
+    enum { BATCH = ACT_BATCH };
     struct in { float x, dy; };
     const float *x, *dy;
     float       *dx;
@@ -282,6 +284,7 @@ template <opf_act_fn FN> struct dbias_term {
 
 /* The typed form: x, dy of DI; dx stored in DO, its amax key kept. */
 template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
+    enum { BATCH = ACT_BATCH };
     struct in { float x, dy; };
     const void *x, *dy;
     void       *dx;

@@ -4,7 +4,7 @@
  * order, folded in halves.
  *
  * Thread (column c, class l) sums its column's rows r = l, l + 32, ... in
- * order, loading COLSUM_BATCH rows before it adds any, so the memory
+ * order, loading Term::BATCH rows before it adds any, so the memory
  * traffic runs in parallel although each sum is sequential. A warp is 32
  * consecutive columns of one class and a block COLSUM_WARPS classes, so the
  * 32 x cols chains spread over every SM (a block of all 32 classes held
@@ -14,6 +14,9 @@
  *
  * A Term gives the terms and what the pass writes besides (act.cu's dact +
  * dbias writes dx):
+ *   enum { BATCH };                               rows loaded ahead (registers:
+ *                                                 BATCH x in, plus what finish
+ *                                                 needs for all of them)
  *   struct in;                                    what one term loads
  *   void  load(int64_t r, int64_t c, in &v);      issues its loads
  *   float finish(int64_t r, int64_t c, const in &v, unsigned &key);
@@ -25,7 +28,7 @@
 #include "backend/cuda/cuda-impl.h"
 #include "backend/lanesum.h"
 
-enum { COLSUM_BATCH = 16, COLSUM_WARPS = 4 };
+enum { COLSUM_WARPS = 4 };
 
 /* part[l * cols + c] = class l's sum of column c; amax (or NULL) merges
  * the keys of what the terms stored. */
@@ -38,15 +41,15 @@ opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *
     bool live = c < cols;
     unsigned key = 0;
     float acc = 0.0f;
-    for (int64_t r0 = l; r0 < rows; r0 += OPF_SUM_LANES * COLSUM_BATCH) {
-        typename Term::in in[COLSUM_BATCH];
+    for (int64_t r0 = l; r0 < rows; r0 += OPF_SUM_LANES * Term::BATCH) {
+        typename Term::in in[Term::BATCH];
 #pragma unroll
-        for (int k = 0; k < COLSUM_BATCH; k++) {
+        for (int k = 0; k < Term::BATCH; k++) {
             int64_t r = r0 + OPF_SUM_LANES * k;
             if (live && r < rows) term.load(r, c, in[k]);
         }
 #pragma unroll
-        for (int k = 0; k < COLSUM_BATCH; k++) {
+        for (int k = 0; k < Term::BATCH; k++) {
             int64_t r = r0 + OPF_SUM_LANES * k;
             if (live && r < rows) acc = opf_dev_add(acc, term.finish(r, c, in[k], key));
         }
