@@ -190,9 +190,9 @@ static void test_embedding(opf_ctx *ctx)
  *    the model gives 1.0e-4 .. 1.4e-4 for o, 2.0e-4 .. 2.7e-4 for dqkv;
  *    bounds 1e-3 and 2e-3 (p and ds below f16's normal range, 6e-5, lose
  *    bits but never more than 2^-25 absolutely).
- *  - flash2: flash's bounds. Its 16-bit forward rounds the same values (p,
- *    from fp32 scores of exact inputs) and sums in another order; its
- *    backward and its f32 path are flash's.
+ *  - flash2: flash's bounds. Its 16-bit kernels round the same values (p
+ *    and ds, from fp32 scores of exact inputs) and sum in another order; its
+ *    f32 path is flash's.
  * D other than 64 and 128 falls back to gemm, well within every bound. */
 typedef struct attn_path_case {
     const char *env;

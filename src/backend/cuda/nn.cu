@@ -390,7 +390,7 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
 /* The attention kernels OPF_CUDA_ATTENTION picks: flash (unset or empty:
  * the default) flash.cu's tiled tensor-core kernels, 16-bit products for
  * bf16 / f16 qkv (D 64 or 128 and aligned arrays; else gemm); flash2 the
- * same but for bf16 / f16 its mma.sync forward (the backward is flash's);
+ * same but for bf16 / f16 its mma.sync kernels (S and P in registers);
  * gemm attn.cu's batched GEMMs; exact the kernels here, with the CPU's bits
  * (a warp per row: slow at long contexts). */
 typedef enum attn_path { ATTN_GEMM, ATTN_FLASH, ATTN_EXACT, ATTN_FLASH2 } attn_path;
@@ -546,8 +546,10 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
     opf_status st = attention_path(ctx, fn, &path);
     if (st) return st;
     if (path == ATTN_GEMM) return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
-    if (path == ATTN_FLASH || path == ATTN_FLASH2)
+    if (path == ATTN_FLASH)
         return opf_cuda_attn_bwd_flash(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt);
+    if (path == ATTN_FLASH2)
+        return opf_cuda_attn_bwd_flash2(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
