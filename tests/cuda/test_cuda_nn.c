@@ -3,9 +3,9 @@
  * (two NaNs count as equal: nn.cu's NaN exception): embedding forward and
  * backward with repeated tokens and a bad token, causal attention forward
  * and backward on each path of OPF_CUDA_ATTENTION (exact byte for byte,
- * gemm and flash within bounds; T = 1, T not a multiple of 32, 64 or 128,
- * heads 1..12, D = 1, 64, 128 and past one pass of 256; f32 qkv, and bf16
- * and f16 for flash's 16-bit kernels; an unknown path is an error),
+ * gemm, flash and flash2 within bounds; T = 1, T not a multiple of 32, 64
+ * or 128, heads 1..12, D = 1, 64, 128 and past one pass of 256; f32 qkv,
+ * and bf16 and f16 for the 16-bit kernels; an unknown path is an error),
  * cross-entropy with ignored targets and a vocabulary of 50257, sumsq per
  * dtype, clipping's sumsq_acc and clip_scale; and the device expf/logf
  * against the host's libm. */
@@ -196,6 +196,9 @@ static void test_embedding(opf_ctx *ctx)
  *    the model gives 1.0e-4 .. 1.4e-4 for o, 2.0e-4 .. 2.7e-4 for dqkv;
  *    bounds 1e-3 and 2e-3 (p and ds below f16's normal range, 6e-5, lose
  *    bits but never more than 2^-25 absolutely).
+ *  - flash2: flash's bounds. Its 16-bit kernels round the same values (p
+ *    and ds, from fp32 scores of exact inputs) and sum in another order; its
+ *    f32 path is flash's.
  * D other than 64 and 128 falls back to gemm, well within every bound. */
 typedef struct attn_path_case {
     const char *env;
@@ -206,6 +209,7 @@ static const attn_path_case attn_paths[] = {
     {"gemm", {2e-5, 2e-5, 2e-5}, {1e-4, 1e-4, 1e-4}},
     {NULL, {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
     {"flash", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
+    {"flash2", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
 };
 
 static int dtype_slot(opf_dtype dt) { return dt == OPF_BF16 ? 1 : dt == OPF_F16 ? 2 : 0; }
@@ -329,12 +333,12 @@ static void attn_path_error(opf_ctx *ctx)
     float *go = dev_from(ctx, NULL, sizeof(float) * (size_t)no);
     float *glse = dev_from(ctx, NULL, sizeof(float) * (size_t)(B * H * T));
     float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
-    printf("  attention: OPF_CUDA_ATTENTION=flash2 is an error\n");
-    setenv("OPF_CUDA_ATTENTION", "flash2", 1);
+    printf("  attention: OPF_CUDA_ATTENTION=flash3 is an error\n");
+    setenv("OPF_CUDA_ATTENTION", "flash3", 1);
     CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, OPF_F32),
-                OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash2");
+                OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash3");
     CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D, OPF_BF16),
-                OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash2");
+                OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash3");
     setenv("OPF_CUDA_ATTENTION", "gemm", 1);
     CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, OPF_BF16));
     unsetenv("OPF_CUDA_ATTENTION");
@@ -363,8 +367,9 @@ static void test_attention(opf_ctx *ctx)
     attn_case(ctx, 3, 64, 2, 64, 2.0f, true);     /* one whole tile, larger scores */
     attn_case(ctx, 2, 1000, 2, 64, 1.0f, false);
     attn_case(ctx, 1, 1000, 3, 128, 1.0f, false);
-    /* the 16-bit kernels: own tiles of 128 rows, loop tiles of 64; partial
-     * tiles of both, D 64 and 128, D 24 falling back to gemm */
+    /* the 16-bit kernels (flash's and flash2's): own tiles of 128 rows, loop
+     * tiles of 64; partial tiles of both, D 64 and 128, D 24 falling back
+     * to gemm */
     static const opf_dtype dts[] = {OPF_BF16, OPF_F16};
     for (int d = 0; d < 2; d++) {
         opf_dtype dt = dts[d];

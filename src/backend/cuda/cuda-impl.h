@@ -93,8 +93,9 @@ opf_status opf_cuda_deferred_check(opf_ctx *ctx, opf_cuda_state *s);
 /* nn.h's attention entries; nn.cu's pick one by OPF_CUDA_ATTENTION: flash
  * (the default) the tiled tensor-core kernels (flash.cu: D 64 or 128 and
  * 16-byte aligned arrays, else the GEMMs; bf16 or f16 products for in_dt
- * bf16 or f16, TF32 for the rest); gemm batched fp32 GEMMs (attn.cu);
- * exact nn.cu's own, the CPU's bits. */
+ * bf16 or f16, TF32 for the rest); flash2 the same with 16-bit kernels on
+ * mma.sync, S and P in registers; gemm batched fp32 GEMMs (attn.cu); exact
+ * nn.cu's own, the CPU's bits. */
 opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
                                   int64_t T, int64_t H, int64_t D);
 opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
@@ -102,9 +103,14 @@ opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o
                                   int64_t D);
 opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
                                    int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const float *qkv, float *o, float *lse,
+                                    int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
 opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
                                    const float *lse, const float *dout, float *dqkv, int64_t B,
                                    int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const float *qkv, const float *o,
+                                    const float *lse, const float *dout, float *dqkv, int64_t B,
+                                    int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
 /* The status of a failed CUDA runtime call, with its message. */
 opf_status opf_cuda_fail(opf_ctx *ctx, cudaError_t e, const char *fn, const char *call);
 opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const char *call);

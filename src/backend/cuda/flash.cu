@@ -3,7 +3,8 @@
  * (OPF_CUDA_ATTENTION=flash or unset, nn.cu): the [T, T] scores live a tile
  * at a time in shared memory, never in global memory. qkv's logical dtype
  * picks the products: bf16 and f16 the 16-bit kernels (their section
- * below), anything else these TF32 ones.
+ * below; with OPF_CUDA_ATTENTION=flash2 the mma.sync ones of the last
+ * section), anything else these TF32 ones.
  *
  * The TF32 products are WMMA m16n16k8 with fp32 accumulation: q,
  * k, v, do, p and ds are rounded to TF32 (10 mantissa bits) as they enter
@@ -28,6 +29,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <type_traits>
 
 #include "backend/cuda/cuda-impl.h"
 
@@ -767,6 +769,23 @@ template <typename E, int D> static __device__ bwd16_smem<E> bwd16_smem_of()
     return m;
 }
 
+/* The dK dV kernels' query tile from i0 (n rows that exist; q and dO the
+ * head's row 0) between two barriers: Q and dO through load(dst, src, ld,
+ * n) (the kernel's loader of TILE rows), lse (log2 units) and D_i; NT
+ * threads. */
+template <int NT, typename E, typename L>
+static __device__ void dkv_query_tile(L load, E *Qs, E *dOs, float *lse2, float *dis,
+                                      const float *q, const float *dO, const bwd_args &a,
+                                      int64_t bh, int64_t i0, int n)
+{
+    int64_t C = a.f.C, T = a.f.T;
+    __syncthreads();  /* every warp is done with the last Q, dO */
+    load(Qs, q + i0 * 3 * C, 3 * C, n);
+    load(dOs, dO + i0 * C, C, n);
+    load_rows<TILE, NT>(lse2, dis, a.lse + bh * T, a.di + bh * T, i0, n);
+    __syncthreads();
+}
+
 /* dK, dV: a block per (batch, head) x 128-key tile, the 64-query tiles from
  * its first key to the end. Warp w holds its 16 keys' dK and dV in
  * registers; its strip is transposed (rows keys, columns queries): S^T,
@@ -796,15 +815,14 @@ __global__ void __launch_bounds__(THREADS16) flash16_dkv_kernel(bwd_args a)
         wmma::fill_fragment(dv[nd], 0.0f);
     }
 
+    auto load = [](E *dst, const float *src, int64_t ld, int n) {
+        load_tile16<E, D, TILE>(dst, src, ld, n);
+    };
     int qtiles = (int)((T + TILE - 1) / TILE);
     for (int qt = (int)(j0 / TILE); qt < qtiles; qt++) {
         int64_t i0 = (int64_t)qt * TILE;
         int nq = rows_from(T, i0, TILE);
-        __syncthreads();  /* every warp is done with the last Q, dO */
-        load_tile16<E, D, TILE>(Qs, q + i0 * ld, ld, nq);
-        load_tile16<E, D, TILE>(dOs, dO + i0 * f.C, f.C, nq);
-        load_rows<TILE, THREADS16>(m.lse2, m.dis, a.lse + hd.bh * T, a.di + hd.bh * T, i0, nq);
-        __syncthreads();
+        dkv_query_tile<THREADS16>(load, Qs, dOs, m.lse2, m.dis, q, dO, a, hd.bh, i0, nq);
         /* query groups below g0 see none of the warp's keys; 4: none does */
         int g0 = jw >= T ? TILE / 16 : jw <= i0 ? 0 : (int)min((int64_t)TILE / 16, (jw - i0) / 16);
         if (g0 == TILE / 16) continue;
@@ -899,6 +917,482 @@ __global__ void __launch_bounds__(THREADS16) flash16_dq_kernel(bwd_args a)
         strip_out16<D>(dq, Sw, a.dqkv + hd.q + iw * ld, ld, (int)min((int64_t)16, T - iw), NULL);
 }
 
+/* ---- flash2: the 16-bit kernels on mma.sync (OPF_CUDA_ATTENTION=flash2) ----
+ * FlashAttention-2's structure: S and P never leave the registers. A block
+ * is 8 warps over 128 query rows, warp w rows 16w .. 16w + 15; key tiles of
+ * 64 rows (K and V, rounded to E) double-buffered in shared memory: the
+ * next tile's fp32 rows are loaded into registers before the current one's
+ * products and stored (rounded) into the other buffer after them, one
+ * barrier a tile. Q stays in registers as A fragments for the whole loop.
+ *
+ * Layouts (PTX ISA, mma.m16n8k16 with 16-bit A and B, f32 C and D;
+ * g = lane / 4, t = lane % 4; a register of A or B holds two elements, the
+ * lower index in its low half):
+ *   A (16 x 16, row): a0 a1 (row g, k 2t, 2t+1), a2 a3 (row g+8, k 2t, 2t+1),
+ *                     a4 a5 (row g, k 2t+8, 2t+9), a6 a7 (row g+8, k 2t+8, 2t+9)
+ *   B (16 x 8, col):  b0 b1 (k 2t, 2t+1, col g), b2 b3 (k 2t+8, 2t+9, col g)
+ *   C (16 x 8, f32):  c0 c1 (row g, col 2t, 2t+1), c2 c3 (row g+8, col 2t, 2t+1)
+ *   ldmatrix.x4: lane l gives the address of row l % 8 of matrix l / 8 (16
+ *     bytes); register j gets matrix j's (row g, cols 2t, 2t+1), with .trans
+ *     its (rows 2t, 2t+1, col g).
+ * So: K row-major in shared memory (rows keys) read by ldmatrix.x4 gives
+ * B = K^T for two 8-key n-tiles (matrices: keys 0-7 d 0-7, keys 0-7 d 8-15,
+ * keys 8-15 d 0-7, keys 8-15 d 8-15); V row-major read by ldmatrix.x4.trans
+ * gives B = V for two 8-column n-tiles (keys 0-7 d 0-7, keys 8-15 d 0-7,
+ * keys 0-7 d 8-15, keys 8-15 d 8-15). The C fragments of S's n-tiles 2k and
+ * 2k + 1 are, element for element, the A fragment of P's k-step k (keys 16k
+ * .. 16k + 15): {c0 c1 | c2 c3 of 2k, c0 c1 | c2 c3 of 2k+1}. A lane holds
+ * rows g and g + 8; a row's 4 lanes are 4g .. 4g + 3 (shuffles xor 1, 2).
+ * Shared tiles are D 16-bit elements a row, their 16-byte chunks XOR
+ * swizzled by row % 8 (flash2_at): the 8 rows an ldmatrix matrix reads
+ * fall in 8 different bank groups. */
+enum {
+    F2_ROWS    = 128,  /* rows of a block's own tile (queries; dK dV's keys) */
+    F2_KEYS    = 64,   /* rows of a loop tile */
+    F2_THREADS = 32 * F2_ROWS / 16,
+};
+static_assert((int)F2_KEYS == (int)TILE, "flash2's loop tiles are TILE rows (dkv_query_tile)");
+
+/* Element (r, c) of a swizzled tile of D columns. */
+template <int D> static __device__ __forceinline__ int flash2_at(int r, int c)
+{
+    return r * D + ((c / 8) ^ (r % 8)) * 8 + c % 8;
+}
+
+/* ldmatrix.x4 (TRANS: .trans) from the shared address p. */
+#define F2_LDSM(form)                                                                       \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" form ".shared.b16 {%0, %1, %2, %3}, [%4];\n" \
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])                           \
+                 : "r"(a)                                                                   \
+                 : "memory")
+template <bool TRANS> static __device__ __forceinline__ void ldsm4(uint32_t (&b)[4], const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    if constexpr (TRANS) F2_LDSM(".trans");
+    else F2_LDSM("");
+}
+#undef F2_LDSM
+
+/* c += a b: one m16n8k16 with fp32 accumulation. */
+#define F2_MMA(ty)                                                                   \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." ty "." ty ".f32 {%0, %1, %2, %3}, " \
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                            \
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                             \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <typename E>
+static __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4],
+                                                uint32_t b0, uint32_t b1)
+{
+    if constexpr (std::is_same<E, __half>::value) F2_MMA("f16");
+    else F2_MMA("bf16");
+}
+#undef F2_MMA
+
+/* A thread's share of a ROWS-row tile in flight: 8-element chunks, fp32. */
+template <int D, int ROWS> struct flash2_stage {
+    enum { N = ROWS * D / 8 / F2_THREADS };
+    float4 x[N][2];
+};
+
+/* Rows [0, n) of a tile (row stride ld) into s; rows past n zero. */
+template <int D, int ROWS>
+static __device__ __forceinline__ void flash2_fetch(flash2_stage<D, ROWS> &s, const float *src,
+                                                    int64_t ld, int n)
+{
+#pragma unroll
+    for (int i = 0; i < flash2_stage<D, ROWS>::N; i++) {
+        int e = threadIdx.x + i * F2_THREADS, r = e / (D / 8), c = e % (D / 8) * 8;
+        s.x[i][0] = s.x[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < n) {
+            s.x[i][0] = __ldg((const float4 *)(src + r * ld + c));
+            s.x[i][1] = __ldg((const float4 *)(src + r * ld + c + 4));
+        }
+    }
+}
+
+/* s rounded to E into a swizzled tile. */
+template <typename E, int D, int ROWS>
+static __device__ __forceinline__ void flash2_put(E *tile, const flash2_stage<D, ROWS> &s)
+{
+#pragma unroll
+    for (int i = 0; i < flash2_stage<D, ROWS>::N; i++) {
+        int e = threadIdx.x + i * F2_THREADS, r = e / (D / 8), c = e % (D / 8) * 8;
+        const float4 &x = s.x[i][0], &y = s.x[i][1];
+        uint4 u = {pack2<E>(x.x, x.y), pack2<E>(x.z, x.w), pack2<E>(y.x, y.y), pack2<E>(y.z, y.w)};
+        *(uint4 *)(tile + flash2_at<D>(r, c)) = u;
+    }
+}
+
+/* Both at once (the backward's tiles: no load ahead). */
+template <typename E, int D, int ROWS>
+static __device__ void flash2_load(E *tile, const float *src, int64_t ld, int n)
+{
+    flash2_stage<D, ROWS> s;
+    flash2_fetch<D, ROWS>(s, src, ld, n);
+    flash2_put<E, D, ROWS>(tile, s);
+}
+
+/* The warp's 16 query rows from q (n of them exist) as A fragments, a
+ * k-step of 16 columns each, straight from global memory. */
+template <typename E, int D>
+static __device__ void flash2_q(uint32_t (&qa)[D / 16][4], const float *q, int64_t ld, int n)
+{
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {  /* a0a1, a2a3, a4a5, a6a7 */
+            int r = g + 8 * (j % 2), c = 16 * kk + 8 * (j / 2) + 2 * t;
+            float2 v = make_float2(0.0f, 0.0f);
+            if (r < n) v = __ldg((const float2 *)(q + r * ld + c));
+            qa[kk][j] = pack2<E>(v.x, v.y);
+        }
+}
+
+/* k-step kk of the A fragments of 16 rows of a swizzled tile (rows from a
+ * multiple of 8): matrices rows 0-7 k 0-7, rows 8-15 k 0-7, rows 0-7 k
+ * 8-15, rows 8-15 k 8-15. */
+template <typename E, int D>
+static __device__ __forceinline__ void flash2_a(uint32_t (&a)[4], const E *rows, int kk)
+{
+    int lane = threadIdx.x % 32;
+    ldsm4<false>(a, rows + flash2_at<D>(lane / 8 % 2 * 8 + lane % 8, 16 * kk + lane / 16 * 8));
+}
+
+/* s = A B^T for the n-tiles below nt of NJ (8 columns each; the rest stay
+ * 0): A the warp's 16 rows, k-step kk's fragments from af(a, kk); B rows of
+ * a swizzled tile (from a multiple of 8). */
+template <typename E, int D, int NJ, typename AF>
+static __device__ __forceinline__ void flash2_abt(float (&s)[NJ][4], AF af, const E *rows, int nt)
+{
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        af(a, kk);
+#pragma unroll
+        for (int jp = 0; jp < NJ / 2; jp++) {
+            if (2 * jp >= nt) break;
+            uint32_t b[4];
+            ldsm4<false>(b, rows + flash2_at<D>(16 * jp + lane / 16 * 8 + lane % 8,
+                                                16 * kk + lane / 8 % 2 * 8));
+            mma16816<E>(s[2 * jp], a, b[0], b[1]);
+            mma16816<E>(s[2 * jp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* The online softmax on the fragments of the warp's rows from iw (rows g
+ * and g + 8 of the lane: r 0 and 1), keys from j0; edge: the tile reaches
+ * past a row or past T, so elements are masked. m (log2 units) is the
+ * row's running max, l this lane's part of its sum; o is rescaled, s
+ * becomes P (fp32, not yet rounded). */
+template <int D>
+static __device__ __forceinline__ void flash2_softmax(float (&s)[F2_KEYS / 8][4],
+                                                      float (&o)[D / 8][4], int64_t iw, int64_t j0,
+                                                      int64_t T, bool edge, float sl2,
+                                                      float (&m)[2], float (&l)[2])
+{
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < F2_KEYS / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int64_t i = iw + g + 8 * (e / 2), c = j0 + 8 * j + 2 * t + e % 2;
+            if (edge && !(c <= i && c < T)) s[j][e] = -INFINITY;
+            mt[e / 2] = fmaxf(mt[e / 2], s[j][e]);
+        }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xFFFFFFFFu, mt[r], 1));
+        mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xFFFFFFFFu, mt[r], 2));
+        /* finite: key j0 is every row's (j0 <= iw), and key 0 even past T */
+        float mn = fmaxf(m[r], mt[r] * sl2);
+        alpha[r] = exp2f(m[r] - mn);  /* 0 on the first tile (m = -inf) */
+        m[r] = mn;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < F2_KEYS / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[j][e] = exp2f(__fmaf_rn(s[j][e], sl2, -m[e / 2]));  /* -inf: 0 */
+            l[e / 2] += s[j][e];
+        }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nd][e] *= alpha[e / 2];
+}
+
+/* o += P B: P from s (NJ n-tiles, NJ / 2 k-steps) rounded to E, as A
+ * fragments straight from the registers; B rows of a swizzled tile (from a
+ * multiple of 8), k-steps that hold an n-tile below nt. */
+template <typename E, int D, int NJ>
+static __device__ __forceinline__ void flash2_pv(float (&o)[D / 8][4], const float (&s)[NJ][4],
+                                                 const E *rows, int nt)
+{
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < NJ / 2; kk++) {
+        if (2 * kk >= nt) break;
+        const float *lo = s[2 * kk], *hi = s[2 * kk + 1];
+        uint32_t a[4] = {pack2<E>(lo[0], lo[1]), pack2<E>(lo[2], lo[3]), pack2<E>(hi[0], hi[1]),
+                         pack2<E>(hi[2], hi[3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            uint32_t b[4];
+            ldsm4<true>(b, rows + flash2_at<D>(16 * kk + lane / 8 % 2 * 8 + lane % 8,
+                                               16 * dp + lane / 16 * 8));
+            mma16816<E>(o[2 * dp], a, b[0], b[1]);
+            mma16816<E>(o[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+/* The warp's 16 x D accumulator to its rows from dst (row stride ld; rows
+ * < n exist), row g + 8r times mul[r]. */
+template <int D>
+static __device__ __forceinline__ void flash2_store(const float (&acc)[D / 8][4], float *dst,
+                                                    int64_t ld, int n, const float (&mul)[2])
+{
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (g + 8 * r >= n) continue;
+        float *row = dst + (g + 8 * r) * ld;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++)
+            *(float2 *)(row + 8 * nd + 2 * t) =
+                make_float2(acc[nd][2 * r] * mul[r], acc[nd][2 * r + 1] * mul[r]);
+    }
+}
+
+template <int D> static __device__ __forceinline__ void zero_acc(float (&acc)[D / 8][4])
+{
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+}
+
+template <typename E, int D> static constexpr size_t flash2_smem_bytes()
+{
+    return sizeof(E) * 4 * F2_KEYS * D;  /* K and V, two buffers each */
+}
+
+/* A block per (batch, head) x 128-query tile (the longest first); D 64 at
+ * two blocks an SM (128 registers a thread). */
+template <typename E, int D>
+__global__ void __launch_bounds__(F2_THREADS, D == 64 ? 2 : 1)
+    flash2_fwd_kernel(const float *qkv, float *o, float *lse, flash_dims f)
+{
+    extern __shared__ __align__(128) float sm[];
+    E *Kb = (E *)sm, *Vb = Kb + 2 * F2_KEYS * D;
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * F2_ROWS;
+    int64_t iw = i0 + 16 * (threadIdx.x / 32), ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = qkv + hd.q, *k = q + f.C, *v = k + f.C;
+    float sl2 = f.scale * LOG2E;
+
+    flash2_stage<D, F2_KEYS> ks, vs;
+    flash2_fetch<D, F2_KEYS>(ks, k, ld, rows_from(T, 0, F2_KEYS));
+    flash2_fetch<D, F2_KEYS>(vs, v, ld, rows_from(T, 0, F2_KEYS));
+    int nw = iw < T ? rows_from(T, iw, 16) : 0;
+    uint32_t qa[D / 16][4];
+    flash2_q<E, D>(qa, q + iw * ld, ld, nw);
+    auto qf = [&](uint32_t (&a)[4], int kk) {
+        a[0] = qa[kk][0], a[1] = qa[kk][1], a[2] = qa[kk][2], a[3] = qa[kk][3];
+    };
+    float acc[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    zero_acc<D>(acc);
+    flash2_put<E, D, F2_KEYS>(Kb, ks);
+    flash2_put<E, D, F2_KEYS>(Vb, vs);
+    __syncthreads();
+
+    int kend = (int)((min(i0 + F2_ROWS, T) - 1) / F2_KEYS);
+    for (int kt = 0; kt <= kend; kt++) {
+        int64_t j0 = (int64_t)kt * F2_KEYS, jn = j0 + F2_KEYS;
+        if (kt < kend) {  /* the next tile, in flight during this one's products */
+            flash2_fetch<D, F2_KEYS>(ks, k + jn * ld, ld, rows_from(T, jn, F2_KEYS));
+            flash2_fetch<D, F2_KEYS>(vs, v + jn * ld, ld, rows_from(T, jn, F2_KEYS));
+        }
+        const E *Ks = Kb + (kt & 1) * F2_KEYS * D, *Vs = Vb + (kt & 1) * F2_KEYS * D;
+        if (iw < T && j0 <= iw) {  /* j0 a multiple of 64, iw of 16: else no row sees j0 */
+            int nt = (int)min((int64_t)F2_KEYS / 8, (iw + 15 - j0) / 8 + 1);  /* n-tiles seen */
+            float s[F2_KEYS / 8][4];
+            flash2_abt<E, D, F2_KEYS / 8>(s, qf, Ks, nt);
+            flash2_softmax<D>(s, acc, iw, j0, T, jn > iw || jn > T, sl2, m, l);
+            flash2_pv<E, D, F2_KEYS / 8>(acc, s, Vs, nt);
+        }
+        if (kt < kend) {
+            flash2_put<E, D, F2_KEYS>(Kb + ((kt + 1) & 1) * F2_KEYS * D, ks);
+            flash2_put<E, D, F2_KEYS>(Vb + ((kt + 1) & 1) * F2_KEYS * D, vs);
+        }
+        __syncthreads();  /* the next buffer is written; every warp is done with this one */
+    }
+    if (iw >= T) return;
+
+    /* o = O / l, lse = m + log l (natural units) */
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xFFFFFFFFu, l[r], 2);
+        inv[r] = 1.0f / l[r];
+        int64_t i = iw + g + 8 * r;
+        if (t == 0 && i < T) lse[hd.bh * T + i] = (m[r] + log2f(l[r])) * LN2;
+    }
+    flash2_store<D>(acc, o + hd.o + iw * f.C, f.C, nw, inv);
+}
+
+/* flash2's backward: flash16's split (D_i first, then dK dV per key tile
+ * and dQ per query tile, no atomics), every product on mma.sync with the
+ * forward's layouts and S, dP, P, dS in registers, in chunks of 32 columns
+ * (fewer registers). Tiles are loaded synchronously (no load ahead: the
+ * accumulators leave no registers for it at D 128). */
+enum { F2_CHUNK = 32 };
+
+/* dK, dV: a block per (batch, head) x 128-key tile (K, V in shared memory;
+ * warp w keys 16w ..), the 64-query tiles from its first key to the end.
+ * With the warp's keys as rows: S^T = K Q^T, P^T = exp(S^T - lse), dP^T =
+ * V dO^T, dS^T = P^T (dP^T - D_i) scale, dV += P^T dO, dK += dS^T Q. */
+template <typename E, int D>
+__global__ void __launch_bounds__(F2_THREADS) flash2_dkv_kernel(bwd_args a)
+{
+    extern __shared__ __align__(128) float sm[];
+    E *Ko = (E *)sm, *Vo = Ko + F2_ROWS * D, *Qs = Vo + F2_ROWS * D, *dOs = Qs + F2_KEYS * D;
+    float *lse2 = (float *)(dOs + F2_KEYS * D), *dis = lse2 + F2_KEYS;
+    const flash_dims &f = a.f;
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int64_t j0 = (int64_t)blockIdx.y * F2_ROWS, jw = j0 + 16 * w, ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = a.qkv + hd.q, *dO = a.dout + hd.o;
+    float sl2 = f.scale * LOG2E;
+
+    int nk = rows_from(T, j0, F2_ROWS);
+    flash2_load<E, D, F2_ROWS>(Ko, q + f.C + j0 * ld, ld, nk);
+    flash2_load<E, D, F2_ROWS>(Vo, q + 2 * f.C + j0 * ld, ld, nk);
+    const E *Kw = Ko + 16 * w * D, *Vw = Vo + 16 * w * D;
+    auto kf = [&](uint32_t (&x)[4], int kk) { flash2_a<E, D>(x, Kw, kk); };
+    auto vf = [&](uint32_t (&x)[4], int kk) { flash2_a<E, D>(x, Vw, kk); };
+    auto load = [](E *dst, const float *src, int64_t ld, int n) {
+        flash2_load<E, D, F2_KEYS>(dst, src, ld, n);
+    };
+    float dk[D / 8][4], dv[D / 8][4];
+    zero_acc<D>(dk);
+    zero_acc<D>(dv);
+
+    int qtiles = (int)((T + F2_KEYS - 1) / F2_KEYS);
+    for (int qt = (int)(j0 / F2_KEYS); qt < qtiles; qt++) {
+        int64_t i0 = (int64_t)qt * F2_KEYS;
+        int nq = rows_from(T, i0, F2_KEYS);
+        dkv_query_tile<F2_THREADS>(load, Qs, dOs, lse2, dis, q, dO, a, hd.bh, i0, nq);
+        if (jw >= T) continue;
+#pragma unroll
+        for (int c0 = 0; c0 < F2_KEYS; c0 += F2_CHUNK) {
+            int64_t ic = i0 + c0;                /* the chunk's first query */
+            if (ic + F2_CHUNK - 1 < jw) continue;  /* it sees none of the warp's keys */
+            bool edge = ic < jw + 15 || ic + F2_CHUNK > T;
+            float p[F2_CHUNK / 8][4], x[F2_CHUNK / 8][4];
+            flash2_abt<E, D, F2_CHUNK / 8>(p, kf, Qs + c0 * D, F2_CHUNK / 8);   /* S^T */
+            flash2_abt<E, D, F2_CHUNK / 8>(x, vf, dOs + c0 * D, F2_CHUNK / 8);  /* dP^T */
+#pragma unroll
+            for (int j = 0; j < F2_CHUNK / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = c0 + 8 * j + 2 * t + e % 2;  /* query i0 + c */
+                    int64_t key = jw + g + 8 * (e / 2);
+                    bool ok = !edge || (i0 + c >= key && i0 + c < T);
+                    float pe = ok ? exp2f(__fmaf_rn(p[j][e], sl2, -lse2[c])) : 0.0f;
+                    p[j][e] = pe;
+                    x[j][e] = pe * (x[j][e] - dis[c]) * f.scale;
+                }
+            flash2_pv<E, D, F2_CHUNK / 8>(dv, p, dOs + c0 * D, F2_CHUNK / 8);  /* dV += P^T dO */
+            flash2_pv<E, D, F2_CHUNK / 8>(dk, x, Qs + c0 * D, F2_CHUNK / 8);   /* dK += dS^T Q */
+        }
+    }
+    if (jw >= T) return;
+    float *row = a.dqkv + hd.q + jw * ld;
+    const float one[2] = {1.0f, 1.0f};
+    flash2_store<D>(dk, row + f.C, ld, rows_from(T, jw, 16), one);
+    flash2_store<D>(dv, row + 2 * f.C, ld, rows_from(T, jw, 16), one);
+}
+
+/* dQ: a block per (batch, head) x 128-query tile (the longest first; warp
+ * w queries 16w .., Q and dO as A fragments in registers), the 64-key tiles
+ * up to its last query: S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P
+ * (dP - D_i) scale, dQ += dS K. */
+template <typename E, int D>
+__global__ void __launch_bounds__(F2_THREADS) flash2_dq_kernel(bwd_args a)
+{
+    extern __shared__ __align__(128) float sm[];
+    E *Ks = (E *)sm, *Vs = Ks + F2_KEYS * D;
+    const flash_dims &f = a.f;
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * F2_ROWS;
+    int64_t iw = i0 + 16 * (threadIdx.x / 32), ld = 3 * f.C, T = f.T;
+    flash_head hd = flash_head_of(f, D);
+    const float *q = a.qkv + hd.q;
+    float sl2 = f.scale * LOG2E;
+
+    int nw = iw < T ? rows_from(T, iw, 16) : 0;
+    uint32_t qa[D / 16][4], da[D / 16][4];
+    flash2_q<E, D>(qa, q + iw * ld, ld, nw);
+    flash2_q<E, D>(da, a.dout + hd.o + iw * f.C, f.C, nw);
+    auto qf = [&](uint32_t (&x)[4], int kk) {
+        x[0] = qa[kk][0], x[1] = qa[kk][1], x[2] = qa[kk][2], x[3] = qa[kk][3];
+    };
+    auto df = [&](uint32_t (&x)[4], int kk) {
+        x[0] = da[kk][0], x[1] = da[kk][1], x[2] = da[kk][2], x[3] = da[kk][3];
+    };
+    float lse2[2], di[2], dq[D / 8][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int64_t i = iw + g + 8 * r;
+        lse2[r] = i < T ? a.lse[hd.bh * T + i] * LOG2E : 0.0f;
+        di[r] = i < T ? a.di[hd.bh * T + i] : 0.0f;
+    }
+    zero_acc<D>(dq);
+
+    int kend = (int)((min(i0 + F2_ROWS, T) - 1) / F2_KEYS);
+    for (int kt = 0; kt <= kend; kt++) {
+        int64_t j0 = (int64_t)kt * F2_KEYS;
+        int nk = rows_from(T, j0, F2_KEYS);
+        __syncthreads();  /* every warp is done with the last K, V */
+        flash2_load<E, D, F2_KEYS>(Ks, q + f.C + j0 * ld, ld, nk);
+        flash2_load<E, D, F2_KEYS>(Vs, q + 2 * f.C + j0 * ld, ld, nk);
+        __syncthreads();
+        if (iw >= T || j0 > iw) continue;  /* no row of the warp sees key j0 */
+#pragma unroll
+        for (int c0 = 0; c0 < F2_KEYS; c0 += F2_CHUNK) {
+            int64_t jc = j0 + c0;  /* the chunk's first key */
+            if (jc > iw + 15) break;
+            int nt = (int)min((int64_t)F2_CHUNK / 8, (iw + 15 - jc) / 8 + 1);  /* n-tiles seen */
+            bool edge = jc + F2_CHUNK > iw || jc + F2_CHUNK > T;
+            float p[F2_CHUNK / 8][4], x[F2_CHUNK / 8][4];
+            flash2_abt<E, D, F2_CHUNK / 8>(p, qf, Ks + c0 * D, nt);  /* S */
+            flash2_abt<E, D, F2_CHUNK / 8>(x, df, Vs + c0 * D, nt);  /* dP */
+#pragma unroll
+            for (int j = 0; j < F2_CHUNK / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = e / 2;
+                    int64_t i = iw + g + 8 * r, c = jc + 8 * j + 2 * t + e % 2;
+                    bool ok = !edge || (c <= i && c < T);
+                    float pe = ok ? exp2f(__fmaf_rn(p[j][e], sl2, -lse2[r])) : 0.0f;
+                    x[j][e] = pe * (x[j][e] - di[r]) * f.scale;
+                }
+            flash2_pv<E, D, F2_CHUNK / 8>(dq, x, Ks + c0 * D, nt);  /* dQ += dS K */
+        }
+    }
+    const float one[2] = {1.0f, 1.0f};
+    if (iw < T) flash2_store<D>(dq, a.dqkv + hd.q + iw * ld, ld, nw, one);
+}
+
 /* ---- host -------------------------------------------------------------------- */
 
 /* Whether the flash kernels take this call: D 64 or 128, the grid within
@@ -941,13 +1435,29 @@ static bool is16(opf_dtype dt) { return dt == OPF_BF16 || dt == OPF_F16; }
 /* Rows of a block's own tile (a grid's y) for qkv's logical dtype dt. */
 static int own_rows(opf_dtype dt) { return is16(dt) ? (int)OWN16 : (int)TILE; }
 
-/* The forward of qkv's logical dtype dt: bf16 and f16 the 16-bit kernels,
- * anything else TF32. */
+/* flash2's forward (bf16 or f16 dt). */
+template <int D>
+static opf_status flash2_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, float *o,
+                             float *lse, int64_t B, int64_t T, int64_t H, opf_dtype dt,
+                             const char *fn)
+{
+    flash_dims f = flash_dims_of(T, H, D, F2_ROWS);
+    dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
+    if (dt == OPF_BF16)
+        return flash_launch<flash2_fwd_kernel<__nv_bfloat16, D>, F2_THREADS>(
+            ctx, s, grid, flash2_smem_bytes<__nv_bfloat16, D>(), fn, qkv, o, lse, f);
+    return flash_launch<flash2_fwd_kernel<__half, D>, F2_THREADS>(
+        ctx, s, grid, flash2_smem_bytes<__half, D>(), fn, qkv, o, lse, f);
+}
+
+/* The forward of qkv's logical dtype dt: bf16 and f16 the 16-bit kernels
+ * (flash2's when v2), anything else TF32. */
 template <int D>
 static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, float *o,
-                            float *lse, int64_t B, int64_t T, int64_t H, opf_dtype dt,
+                            float *lse, int64_t B, int64_t T, int64_t H, opf_dtype dt, bool v2,
                             const char *fn)
 {
+    if (v2 && is16(dt)) return flash2_fwd<D>(ctx, s, qkv, o, lse, B, T, H, dt, fn);
     flash_dims f = flash_dims_of(T, H, D, own_rows(dt));
     dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
     if (dt == OPF_BF16)
@@ -960,21 +1470,36 @@ static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, f
                                                       o, lse, f);
 }
 
+/* flash2's backward; its grid is flash16's (F2_ROWS is OWN16). */
+template <typename E, int D>
+static opf_status flash2_bwd(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, const bwd_args &a,
+                             const char *fn)
+{
+    static_assert((int)F2_ROWS == (int)OWN16, "flash2's tiles are flash16's");
+    size_t smem = sizeof(E) * (2 * F2_ROWS + 2 * F2_KEYS) * D + sizeof(float) * 2 * F2_KEYS;
+    opf_status st = flash_launch<flash2_dkv_kernel<E, D>, F2_THREADS>(ctx, s, grid, smem, fn, a);
+    if (st) return st;
+    return flash_launch<flash2_dq_kernel<E, D>, F2_THREADS>(ctx, s, grid,
+                                                            sizeof(E) * 2 * F2_KEYS * D, fn, a);
+}
+
 template <typename E, int D>
 static opf_status flash16_bwd(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, const bwd_args &a,
-                              const char *fn)
+                              bool v2, const char *fn)
 {
+    if (v2) return flash2_bwd<E, D>(ctx, s, grid, a, fn);
     size_t smem = bwd16_smem_bytes<E, D>();
     opf_status st = flash_launch<flash16_dkv_kernel<E, D>, THREADS16>(ctx, s, grid, smem, fn, a);
     if (st) return st;
     return flash_launch<flash16_dq_kernel<E, D>, THREADS16>(ctx, s, grid, smem, fn, a);
 }
 
-/* The backward (D_i into di first) of qkv's logical dtype dt. */
+/* The backward (D_i into di first) of qkv's logical dtype dt (bf16 and
+ * f16: flash2's kernels when v2). */
 template <int D>
 static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, const float *o,
                             const float *lse, const float *dout, float *dqkv, float *di, int64_t B,
-                            int64_t T, int64_t H, opf_dtype dt, const char *fn)
+                            int64_t T, int64_t H, opf_dtype dt, bool v2, const char *fn)
 {
     flash_dims f = flash_dims_of(T, H, D, own_rows(dt));
     int64_t rows = B * H * T;
@@ -983,32 +1508,45 @@ static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, c
     OPF_CUDA_LAUNCHED(ctx, fn);
     dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
     bwd_args a = {qkv, lse, dout, di, dqkv, f};
-    if (dt == OPF_BF16) return flash16_bwd<__nv_bfloat16, D>(ctx, s, grid, a, fn);
-    if (dt == OPF_F16) return flash16_bwd<__half, D>(ctx, s, grid, a, fn);
+    if (dt == OPF_BF16) return flash16_bwd<__nv_bfloat16, D>(ctx, s, grid, a, v2, fn);
+    if (dt == OPF_F16) return flash16_bwd<__half, D>(ctx, s, grid, a, v2, fn);
     opf_status st =
         flash_launch<flash_dkv_kernel<D>, THREADS>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
     if (st) return st;
     return flash_launch<flash_dq_kernel<D>, THREADS>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
 }
 
-opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                   int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+static opf_status attn_fwd_tiled(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+                                 int64_t T, int64_t H, int64_t D, opf_dtype in_dt, bool v2,
+                                 const char *fn)
 {
-    const char *fn = "attention forward (cuda flash)";
     const void *p[] = {qkv, o};
     if (!flash_fits(B, T, H, D, p, 2)) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
-    return D == 64 ? flash_fwd<64>(ctx, s, qkv, o, lse, B, T, H, in_dt, fn)
-                   : flash_fwd<128>(ctx, s, qkv, o, lse, B, T, H, in_dt, fn);
+    return D == 64 ? flash_fwd<64>(ctx, s, qkv, o, lse, B, T, H, in_dt, v2, fn)
+                   : flash_fwd<128>(ctx, s, qkv, o, lse, B, T, H, in_dt, v2, fn);
 }
 
-opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
-                                   const float *lse, const float *dout, float *dqkv, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
+                                   int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
-    const char *fn = "attention backward (cuda flash)";
+    return attn_fwd_tiled(ctx, qkv, o, lse, B, T, H, D, in_dt, false,
+                          "attention forward (cuda flash)");
+}
+
+opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const float *qkv, float *o, float *lse,
+                                    int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+{
+    return attn_fwd_tiled(ctx, qkv, o, lse, B, T, H, D, in_dt, true,
+                          "attention forward (cuda flash2)");
+}
+
+static opf_status attn_bwd_tiled(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
+                                 const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
+                                 int64_t D, opf_dtype in_dt, bool v2, const char *fn)
+{
     const void *p[] = {qkv, o, dout, dqkv};
     if (!flash_fits(B, T, H, D, p, 4))
         return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
@@ -1020,6 +1558,22 @@ opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *
     if (st) return st;
     float *di = (float *)ws;
     return D == 64
-               ? flash_bwd<64>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, fn)
-               : flash_bwd<128>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, fn);
+               ? flash_bwd<64>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, v2, fn)
+               : flash_bwd<128>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, v2, fn);
+}
+
+opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
+                                   const float *lse, const float *dout, float *dqkv, int64_t B,
+                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+{
+    return attn_bwd_tiled(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt, false,
+                          "attention backward (cuda flash)");
+}
+
+opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const float *qkv, const float *o,
+                                    const float *lse, const float *dout, float *dqkv, int64_t B,
+                                    int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+{
+    return attn_bwd_tiled(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt, true,
+                          "attention backward (cuda flash2)");
 }

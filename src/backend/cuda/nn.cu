@@ -389,27 +389,28 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
 
 /* The attention kernels OPF_CUDA_ATTENTION picks: flash (unset or empty:
  * the default) flash.cu's tiled tensor-core kernels, 16-bit products for
- * bf16 / f16 qkv (D 64 or 128 and aligned arrays; else gemm); gemm attn.cu's
- * batched GEMMs; exact the kernels here, with the CPU's bits (a warp per
- * row: slow at long contexts). */
-typedef enum attn_path { ATTN_GEMM, ATTN_FLASH, ATTN_EXACT } attn_path;
+ * bf16 / f16 qkv (D 64 or 128 and aligned arrays; else gemm); flash2 the
+ * same but for bf16 / f16 its mma.sync kernels (S and P in registers);
+ * gemm attn.cu's batched GEMMs; exact the kernels here, with the CPU's bits
+ * (a warp per row: slow at long contexts). */
+typedef enum attn_path { ATTN_GEMM, ATTN_FLASH, ATTN_EXACT, ATTN_FLASH2 } attn_path;
 
 static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
 {
-    static const char *const names[] = {"gemm", "flash", "exact"};
+    static const char *const names[] = {"gemm", "flash", "exact", "flash2"};
     const char *v = getenv("OPF_CUDA_ATTENTION");
     if (getenv("OPF_CUDA_EXACT_ATTENTION"))
         opf_ctx_warn_once(ctx, "cuda: OPF_CUDA_EXACT_ATTENTION", "OPF_CUDA_EXACT_ATTENTION is "
                           "no longer read: OPF_CUDA_ATTENTION=exact selects the exact kernels");
     *out = ATTN_FLASH;
     if (!v || !v[0]) return OPF_OK;
-    for (int p = 0; p < 3; p++)
+    for (int p = 0; p < 4; p++)
         if (!strcmp(v, names[p])) {
             *out = (attn_path)p;
             return OPF_OK;
         }
     return opf_error(ctx, OPF_ERR_INVALID_ARG,
-                     "%s: OPF_CUDA_ATTENTION=%s is not gemm, flash or exact", fn, v);
+                     "%s: OPF_CUDA_ATTENTION=%s is not gemm, flash, flash2 or exact", fn, v);
 }
 
 static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
@@ -421,6 +422,7 @@ static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse,
     if (st) return st;
     if (path == ATTN_GEMM) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
     if (path == ATTN_FLASH) return opf_cuda_attn_fwd_flash(ctx, qkv, o, lse, B, T, H, D, in_dt);
+    if (path == ATTN_FLASH2) return opf_cuda_attn_fwd_flash2(ctx, qkv, o, lse, B, T, H, D, in_dt);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
@@ -546,6 +548,8 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
     if (path == ATTN_GEMM) return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
     if (path == ATTN_FLASH)
         return opf_cuda_attn_bwd_flash(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt);
+    if (path == ATTN_FLASH2)
+        return opf_cuda_attn_bwd_flash2(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
