@@ -6,9 +6,12 @@
  * transform runs in both passes), kept on the device as amax keys; then one
  * pass that derives the global scales from them on every thread.
  *
- * Both passes read TM x TK tiles with 16-byte loads into shared memory as
- * fp32: the amax pass loops over them on one wave of blocks (few atomics on
- * the two keys), the cast pass takes one per block. Then, by phase:
+ * Without the transform the amax pass streams the input, 16-byte loads,
+ * several in flight a thread. Otherwise both passes loop over TM x TK tiles
+ * on one wave of resident blocks: the block stages a tile in shared memory
+ * as fp32 from registers, issues the 16-byte loads of its next tile, then
+ * works on the staged one, so that the loads are in flight during the work.
+ * By phase:
  *   columns  one thread per (16-row group, column): the columnwise block
  *            (rotated first with RHT), or the column's part of a 16x16 tile
  *            (the tile amax is 16 lanes of a warp); its codes are packed two
@@ -178,26 +181,92 @@ __device__ __forceinline__ int64_t scale_at(const fp4_out &o, int64_t i, int64_t
 
 /* ---- the phases ---------------------------------------------------------- */
 
-/* The tile at (m0, k0) into t as fp32 (zeros outside; K % 16 == 0, so an
- * 8-element chunk is whole or outside); returns the thread's amax key. */
-template <typename T, bool STORE>
-__device__ __forceinline__ unsigned load_tile(const T *x, int64_t M, int64_t K, int64_t m0,
-                                              int64_t k0, bool vec, float (&t)[TM][SROW])
+/* The tile's input bits in registers: a thread's TILE_CHUNKS chunks of 8
+ * elements, loaded while the block works on the tile before (the loads
+ * stay in flight until the tile is staged). */
+enum { TILE_CHUNKS = TM * TK / 8 / THREADS };
+template <typename T> struct chunk8 { uint4 u[sizeof(T) / 2]; };
+template <typename T> struct tile_regs { chunk8<T> c[TILE_CHUNKS]; };
+
+/* The n (8 or 0) elements at x: 16-byte loads when vec, zeros outside. */
+template <typename T>
+__device__ __forceinline__ void fetch8(const T *x, bool vec, int n, chunk8<T> &c)
+{
+    if (vec && n == 8) {
+#pragma unroll
+        for (int i = 0; i < (int)(sizeof(T) / 2); i++) c.u[i] = ((const uint4 *)x)[i];
+        return;
+    }
+    typedef typename std::conditional<sizeof(T) == 2, uint16_t, uint32_t>::type B;
+    B e[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) e[i] = i < n ? ((const B *)x)[i] : (B)0;
+    memcpy(&c, e, sizeof c);
+}
+
+/* The 8 elements of c as fp32 (exact); returns their amax key. */
+template <typename T>
+__device__ __forceinline__ unsigned widen8(const chunk8<T> &c, float (&v)[8])
+{
+    T h[8];
+    memcpy(h, &c, sizeof h);
+    unsigned key = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = opf_dev_widen<T>(h[i]), key = max(key, opf_dev_amax_key(v[i]));
+    return key;
+}
+
+/* The thread's chunks of the tile at (m0, k0) (K % 16 == 0, so an
+ * 8-element chunk is whole or outside). */
+template <typename T>
+__device__ __forceinline__ void fetch_tile(const T *x, int64_t M, int64_t K, int64_t m0,
+                                           int64_t k0, bool vec, tile_regs<T> &R)
+{
+#pragma unroll
+    for (int p = 0; p < TILE_CHUNKS; p++) {
+        int it = threadIdx.x + p * THREADS, r = it / (TK / 8), c = it % (TK / 8) * 8;
+        int64_t m = m0 + r, k = k0 + c;
+        fetch8<T>(x + m * K + k, vec, m < M && k < K ? 8 : 0, R.c[p]);
+    }
+}
+
+/* The fetched tile into t as fp32; returns the thread's amax key. */
+template <typename T>
+__device__ __forceinline__ unsigned stage_tile(const tile_regs<T> &R, float (&t)[TM][SROW])
 {
     unsigned key = 0;
-    for (int it = threadIdx.x; it < TM * TK / 8; it += THREADS) {
-        int r = it / (TK / 8), c = it % (TK / 8) * 8;
-        int64_t m = m0 + r, k = k0 + c;
-        bool in = m < M && k < K;
-        float v[8];
-        if (vec && in) opf_dev_load8<T>(x + m * K + k, v);
-        else opf_dev_load8_part<T>(x + m * K + k, in ? 8 : 0, v);
 #pragma unroll
-        for (int i = 0; i < 8; i++) key = max(key, opf_dev_amax_key(v[i]));
-        if (STORE) {
-            *(float4 *)&t[r][c] = make_float4(v[0], v[1], v[2], v[3]);
-            *(float4 *)&t[r][c + 4] = make_float4(v[4], v[5], v[6], v[7]);
-        }
+    for (int p = 0; p < TILE_CHUNKS; p++) {
+        int it = threadIdx.x + p * THREADS, r = it / (TK / 8), c = it % (TK / 8) * 8;
+        float v[8];
+        key = max(key, widen8<T>(R.c[p], v));
+        *(float4 *)&t[r][c] = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4 *)&t[r][c + 4] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    return key;
+}
+
+/* A grid-stride loop over the tiles, row band by row band: each staged in
+ * t, then body(m0, k0); the next tile's loads are issued before the body
+ * runs. SYNC: the body reads t (or enc2d) up to its end, so staging the
+ * next tile waits for the block. Returns the thread's amax key of the
+ * input. */
+template <typename T, bool SYNC, typename Body>
+__device__ __forceinline__ unsigned tile_loop(const T *x, int64_t M, int64_t K, bool vec,
+                                              float (&t)[TM][SROW], Body body)
+{
+    int64_t tiles_k = (K + TK - 1) / TK, n = tiles_k * ((M + TM - 1) / TM);
+    unsigned key = 0;
+    tile_regs<T> R;
+    int64_t tile = blockIdx.x;  /* uniform in the block */
+    if (tile < n) fetch_tile<T>(x, M, K, tile / tiles_k * TM, tile % tiles_k * TK, vec, R);
+    for (; tile < n; tile += gridDim.x) {
+        int64_t m0 = tile / tiles_k * TM, k0 = tile % tiles_k * TK, next = tile + gridDim.x;
+        if (SYNC) __syncthreads();
+        key = max(key, stage_tile<T>(R, t));
+        __syncthreads();
+        if (next < n) fetch_tile<T>(x, M, K, next / tiles_k * TM, next % tiles_k * TK, vec, R);
+        body(m0, k0);
     }
     return key;
 }
@@ -309,33 +378,49 @@ __device__ __forceinline__ void block_key_max(unsigned key, unsigned *dst)
     if (key) atomicMax(dst, key);
 }
 
-/* The amax pass: a grid-stride loop over the tiles (few blocks, so few
- * atomics on the two keys): A_row of the input, and with RHT A_col of the
- * rotated values. */
-template <typename T, int F>
-__global__ void __launch_bounds__(THREADS) fp4_amax_kernel(const T *__restrict__ x, int64_t M,
-                                                           int64_t K, fp4_out o)
+/* The amax pass without RHT: A_row only, a grid-stride loop over the
+ * n8 chunks of 8 elements with AMAX_UNROLL chunks in flight a thread (a
+ * max of keys: any order gives the same bits). */
+enum { AMAX_UNROLL = 4 };
+template <typename T>
+__global__ void __launch_bounds__(THREADS) fp4_amax_flat_kernel(const T *__restrict__ x,
+                                                                int64_t n8, fp4_out o)
 {
+    int64_t stride = (int64_t)gridDim.x * THREADS;
+    unsigned key = 0;
+    for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < n8; i += AMAX_UNROLL * stride) {
+        chunk8<T> c[AMAX_UNROLL];
+#pragma unroll
+        for (int u = 0; u < AMAX_UNROLL; u++)
+            fetch8<T>(x + (i + u * stride) * 8, o.vec, i + u * stride < n8 ? 8 : 0, c[u]);
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < AMAX_UNROLL; u++) key = max(key, widen8<T>(c[u], v));
+    }
+    block_key_max(key, &o.keys[0]);
+}
+
+/* The amax pass with RHT: the tiles on one wave of blocks (few atomics on
+ * the two keys): A_row of the input, A_col of the rotated columns. */
+template <typename T>
+__global__ void __launch_bounds__(THREADS) fp4_amax_rht_kernel(const T *__restrict__ x,
+                                                               int64_t M, int64_t K, fp4_out o)
+{
+    enum { F = F_AMAX | F_RHT };
     __shared__ __align__(16) float t[TM][SROW];
     __shared__ __align__(16) uint8_t ct[TK][TM / 2];  /* unused: the column phase stops early */
     __shared__ float enc2d[GROUPS][TK / BLK];
-    int64_t tiles_k = (K + TK - 1) / TK, n = tiles_k * ((M + TM - 1) / TM);
-    unsigned row_key = 0, col_key = 0;
+    unsigned col_key = 0;
     fp4_global none = {1.0f, 1.0f, 1.0f};
-    for (int64_t tile = blockIdx.x; tile < n; tile += gridDim.x) {  /* uniform in the block */
-        int64_t m0 = tile / tiles_k * TM, k0 = tile % tiles_k * TK;
-        if (F & F_RHT) __syncthreads();  /* the last tile's columns are read */
-        row_key = max(row_key, load_tile<T, (F & F_RHT) != 0>(x, M, K, m0, k0, o.vec, t));
-        if (!(F & F_RHT)) continue;
-        __syncthreads();
+    unsigned row_key = tile_loop<T, true>(x, M, K, o.vec, t, [&](int64_t m0, int64_t k0) {
         col_key = max(col_key, column_phase<T, F>(t, o, M, K, m0, k0, none, none, ct, enc2d));
-    }
+    });
     block_key_max(row_key, &o.keys[0]);
-    if (!(F & F_RHT)) return;
     __syncthreads();
     block_key_max(col_key, &o.keys[1]);
 }
 
+/* The cast pass: the tiles on a wave of resident blocks. */
 template <typename T, int F>
 __global__ void __launch_bounds__(THREADS) fp4_kernel(const T *__restrict__ x, int64_t M, int64_t K,
                                                       fp4_out o)
@@ -343,23 +428,24 @@ __global__ void __launch_bounds__(THREADS) fp4_kernel(const T *__restrict__ x, i
     __shared__ __align__(16) float t[TM][SROW];
     __shared__ __align__(16) uint8_t ct[TK][TM / 2];
     __shared__ float enc2d[GROUPS][TK / BLK];
-    int64_t m0 = (int64_t)blockIdx.y * TM, k0 = (int64_t)blockIdx.x * TK;
-    load_tile<T, true>(x, M, K, m0, k0, o.vec, t);
-    __syncthreads();
     float a_row = __uint_as_float(o.keys[0]), a_col = __uint_as_float(o.keys[1]);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
         if (o.amax) *o.amax = a_row;
         if (o.col_amax) *o.col_amax = a_col;
     }
     fp4_global gr = global_scale(a_row), gc = global_scale(a_col);
-    if ((F & F_COL) || (F & F_2D)) {
-        column_phase<T, F>(t, o, M, K, m0, k0, gr, gc, ct, enc2d);
+    /* with a columnwise copy the sync before the store phase already
+     * follows every read of t and enc2d */
+    tile_loop<T, !(F & F_COL)>(x, M, K, o.vec, t, [&](int64_t m0, int64_t k0) {
+        if ((F & F_COL) || (F & F_2D)) {
+            column_phase<T, F>(t, o, M, K, m0, k0, gr, gc, ct, enc2d);
+            __syncthreads();
+        }
+        if ((F & F_ROW) || (F & F_2D)) row_phase<F>(t, o, M, K, m0, k0, gr, ct, enc2d);
+        if (!(F & F_COL)) return;
         __syncthreads();
-    }
-    if ((F & F_ROW) || (F & F_2D)) row_phase<F>(t, o, M, K, m0, k0, gr, ct, enc2d);
-    if (!(F & F_COL)) return;
-    __syncthreads();
-    store_phase(ct, o, M, K, m0, k0);
+        store_phase(ct, o, M, K, m0, k0);
+    });
 }
 
 /* ---- dequantize ----------------------------------------------------------
@@ -426,55 +512,73 @@ __global__ void fp4_dequant_kernel(const uint8_t *__restrict__ q, const uint8_t 
 
 static const char *const kFn = "quantize (nvfp4)";
 
-template <typename T, int F>
-static void launch_f(cudaStream_t st, const void *x, int64_t M, int64_t K, const fp4_out &o)
+/* One wave of KERNEL's blocks (as many as fit an SM, on every SM), fewer
+ * for fewer tiles: a grid-stride loop with no second, partial wave. */
+template <auto KERNEL>
+static unsigned wave_of(unsigned sms, int64_t M, int64_t K)
 {
-    dim3 grid((unsigned)((K + TK - 1) / TK), (unsigned)((M + TM - 1) / TM));
-    fp4_kernel<T, F><<<grid, THREADS, 0, st>>>((const T *)x, M, K, o);
+    static const int per_sm = [] {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, KERNEL, THREADS, 0) != cudaSuccess) n = 0;
+        return n > 0 ? n : 1;
+    }();
+    int64_t tiles = ((K + TK - 1) / TK) * ((M + TM - 1) / TM), wave = (int64_t)sms * per_sm;
+    return (unsigned)(tiles < wave ? tiles : wave);
+}
+
+template <typename T, int F>
+static void launch_f(cudaStream_t st, const void *x, int64_t M, int64_t K, const fp4_out &o,
+                     unsigned sms)
+{
+    fp4_kernel<T, F><<<wave_of<fp4_kernel<T, F>>(sms, M, K), THREADS, 0, st>>>((const T *)x, M, K, o);
 }
 
 /* The quantize pass for the copies and options of o. */
 template <typename T>
 static void launch_cast(cudaStream_t st, const void *x, int64_t M, int64_t K, const fp4_out &o,
-                        bool two_d, bool rht)
+                        unsigned sms, bool two_d, bool rht)
 {
     bool row = o.qr != NULL, col = o.qc != NULL;
     if (two_d) {
-        if (row && col) launch_f<T, F_2D | F_ROW | F_COL>(st, x, M, K, o);
-        else if (row) launch_f<T, F_2D | F_ROW>(st, x, M, K, o);
-        else launch_f<T, F_2D | F_COL>(st, x, M, K, o);
+        if (row && col) launch_f<T, F_2D | F_ROW | F_COL>(st, x, M, K, o, sms);
+        else if (row) launch_f<T, F_2D | F_ROW>(st, x, M, K, o, sms);
+        else launch_f<T, F_2D | F_COL>(st, x, M, K, o, sms);
     } else if (!col) {
-        launch_f<T, F_ROW>(st, x, M, K, o);
+        launch_f<T, F_ROW>(st, x, M, K, o, sms);
     } else if (rht) {
-        if (row) launch_f<T, F_ROW | F_COL | F_RHT>(st, x, M, K, o);
-        else launch_f<T, F_COL | F_RHT>(st, x, M, K, o);
+        if (row) launch_f<T, F_ROW | F_COL | F_RHT>(st, x, M, K, o, sms);
+        else launch_f<T, F_COL | F_RHT>(st, x, M, K, o, sms);
     } else {
-        if (row) launch_f<T, F_ROW | F_COL>(st, x, M, K, o);
-        else launch_f<T, F_COL>(st, x, M, K, o);
+        if (row) launch_f<T, F_ROW | F_COL>(st, x, M, K, o, sms);
+        else launch_f<T, F_COL>(st, x, M, K, o, sms);
     }
 }
 
-/* amax_blocks: the amax pass (on that many blocks at most), else the cast. */
+/* The amax pass (amax), else the cast. */
 template <typename T>
 static void launch_typed(cudaStream_t st, const void *x, int64_t M, int64_t K, const fp4_out &o,
-                         unsigned amax_blocks, bool two_d, bool rht)
+                         unsigned sms, bool amax, bool two_d, bool rht)
 {
-    int64_t tiles = ((K + TK - 1) / TK) * ((M + TM - 1) / TM);
-    unsigned grid = (unsigned)(tiles < (int64_t)amax_blocks ? tiles : amax_blocks);
-    if (!amax_blocks) launch_cast<T>(st, x, M, K, o, two_d, rht);
-    else if (rht) fp4_amax_kernel<T, F_AMAX | F_RHT><<<grid, THREADS, 0, st>>>((const T *)x, M, K, o);
-    else fp4_amax_kernel<T, F_AMAX><<<grid, THREADS, 0, st>>>((const T *)x, M, K, o);
+    if (!amax) {
+        launch_cast<T>(st, x, M, K, o, sms, two_d, rht);
+    } else if (rht) {
+        unsigned grid = wave_of<fp4_amax_rht_kernel<T>>(sms, M, K);
+        fp4_amax_rht_kernel<T><<<grid, THREADS, 0, st>>>((const T *)x, M, K, o);
+    } else {
+        unsigned grid = wave_of<fp4_amax_flat_kernel<T>>(sms, M, K);
+        fp4_amax_flat_kernel<T><<<grid, THREADS, 0, st>>>((const T *)x, M * K / 8, o);
+    }
 }
 
 static opf_status launch(opf_ctx *ctx, cudaStream_t st, const opf_tensor *in, int64_t M,
-                         int64_t K, const fp4_out &o, unsigned amax_blocks, bool two_d, bool rht)
+                         int64_t K, const fp4_out &o, unsigned sms, bool amax, bool two_d,
+                         bool rht)
 {
     const void *x = in->data[OPF_COMP_DATA];
-    bool amax = amax_blocks != 0;
     switch (in->spec.dtype) {
-    case OPF_F32: launch_typed<float>(st, x, M, K, o, amax_blocks, two_d, rht); break;
-    case OPF_BF16: launch_typed<__nv_bfloat16>(st, x, M, K, o, amax_blocks, two_d, rht); break;
-    case OPF_F16: launch_typed<__half>(st, x, M, K, o, amax_blocks, two_d, rht); break;
+    case OPF_F32: launch_typed<float>(st, x, M, K, o, sms, amax, two_d, rht); break;
+    case OPF_BF16: launch_typed<__nv_bfloat16>(st, x, M, K, o, sms, amax, two_d, rht); break;
+    case OPF_F16: launch_typed<__half>(st, x, M, K, o, sms, amax, two_d, rht); break;
     default:
         return opf_error(ctx, OPF_ERR_DTYPE, "%s: input dtype %s, want f32/bf16/f16", kFn,
                          opf_dtype_name(in->spec.dtype));
@@ -541,15 +645,14 @@ extern "C" opf_status opf_cuda_quantize_nvfp4(opf_ctx *ctx, const opf_quantizer 
             OPF_CUDA_TRY(ctx, kFn, cudaMemsetAsync(out->data[c], 0, L.comp[c].nbytes, s->stream));
     }
     if (L.m * L.k == 0) return OPF_OK;
-    /* one wave of the amax blocks: 8 of 256 threads fill an SM */
-    unsigned amax_blocks = (unsigned)s->sm_count * 8;
-    if ((st = launch(ctx, s->stream, in, L.m, L.k, o, amax_blocks, two_d, rht))) return st;
+    unsigned sms = (unsigned)s->sm_count;
+    if ((st = launch(ctx, s->stream, in, L.m, L.k, o, sms, true, two_d, rht))) return st;
     if (!rht) {  /* A_col = A_row */
         OPF_CUDA_TRY(ctx, kFn, cudaMemcpyAsync(o.keys + 1, o.keys, sizeof(unsigned),
                                                cudaMemcpyDeviceToDevice, s->stream));
     }
     if (q->amax_reduce && (st = reduce_amaxes(ctx, s, q, o.keys, rht))) return st;
-    return launch(ctx, s->stream, in, L.m, L.k, o, 0, two_d, rht);
+    return launch(ctx, s->stream, in, L.m, L.k, o, sms, false, two_d, rht);
 }
 
 /* Decodes copy `which` of t: FULL to fp32 [M, K], else fp4 * sf to bf16 in
