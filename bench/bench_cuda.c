@@ -537,13 +537,11 @@ static int bench_attn(opf_ctx *ctx)
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
-    only = NULL;
     opf_ctx *ctx;
-    int rc = opf_bench_cuda_open("cuda", &argc, &argv, &out_path, &ctx);
+    int64_t d[3] = {8192, 8192, 8192};  /* M K of the element-wise passes, S of the GEMMs */
+    int rc = opf_bench_cuda_open("cuda", argc, argv, &out_path, &only, d, 3, &ctx);
     if (!ctx) return rc;
-    if (argc >= 2 && !strcmp(argv[0], "--only")) only = argv[1], argc -= 2, argv += 2;
-    int64_t M = argc >= 2 ? atoll(argv[0]) : 8192, K = argc >= 2 ? atoll(argv[1]) : 8192;
-    int64_t S = argc >= 3 ? atoll(argv[2]) : 8192;
+    int64_t M = d[0], K = d[1], S = d[2];
     results = out_path ? fopen(out_path, "w") : NULL;
     rc = bench_quantize(ctx, M, K) || (wanted("gemm") && bench_gemm(ctx, S)) ||
          (wanted("norm") && (bench_norm_act(ctx) || bench_fused(ctx))) ||

@@ -345,10 +345,10 @@ int opf_bench_cuda_train(int argc, char **argv)
 {
     const char *out_path;
     opf_ctx *ctx;
-    int rc = opf_bench_cuda_open("cuda-train", &argc, &argv, &out_path, &ctx);
+    int64_t d[3] = {8192, 8192, 4096};  /* the Linear's S, the LayerNorm-MLP's tokens and hidden */
+    int rc = opf_bench_cuda_open("cuda-train", argc, argv, &out_path, NULL, d, 3, &ctx);
     if (!ctx) return rc;
-    int64_t S = argc >= 1 ? atoll(argv[0]) : 8192;
-    int64_t T = argc >= 3 ? atoll(argv[1]) : 8192, H = argc >= 3 ? atoll(argv[2]) : 4096;
+    int64_t S = d[0], T = d[1], H = d[2];
     results = out_path ? fopen(out_path, "w") : NULL;
     bench_linear(ctx, S);
     bench_lnmlp(ctx, T, H);

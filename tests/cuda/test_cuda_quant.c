@@ -22,7 +22,7 @@ static const unsigned usages[] = {OPF_USAGE_ROWWISE, OPF_USAGE_ROWWISE | OPF_USA
 static const struct { int nd; int64_t s[3]; } shapes[] = {
     {2, {1, 1}},     {2, {3, 5}},      {2, {64, 128}},  {2, {77, 300}},
     {2, {128, 256}}, {2, {256, 48}},   {2, {33, 16}},   {3, {2, 64, 96}},
-    {2, {1000, 1024}}, {2, {48, 1000}}, {2, {2112, 4160}},
+    {2, {1000, 1024}}, {2, {48, 1000}}, {2, {2112, 4160}}, {2, {0, 128}},
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 

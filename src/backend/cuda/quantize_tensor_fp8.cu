@@ -276,7 +276,9 @@ static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *xv, i
     }
     uint8_t *qt = (uint8_t *)out->data[OPF_COMP_COL_DATA];
     float *sinv_col = (float *)out->data[OPF_COMP_COL_SCALE_INV];
-    dim3 grid((unsigned)((K + TILE_K - 1) / TILE_K), (unsigned)((M + OPF_QT_ROWS - 1) / OPF_QT_ROWS));
+    /* at least one block: an empty tensor still gets its scale_inv */
+    dim3 grid((unsigned)(K > 0 ? (K + TILE_K - 1) / TILE_K : 1),
+              (unsigned)(M > 0 ? (M + OPF_QT_ROWS - 1) / OPF_QT_ROWS : 1));
     bool vec = K % VEC == 0 && M % 16 == 0 && opf_cuda_aligned16(x) && opf_cuda_aligned16(q) &&
                opf_cuda_aligned16(qt);
     if (vec)
