@@ -108,7 +108,7 @@ __global__ void cast_kernel(const void *x, int64_t n, bool vec, void *y)
 /* ---- dbias -----------------------------------------------------------------
  * colsum.cuh's column sums of dy [rows, n]. */
 template <opf_dtype D> struct db_term {
-    enum { BATCH = 32 };
+    enum { BATCH = 16 };
     struct in { float v; };
     const void *dy;
     int64_t     n;
@@ -163,7 +163,7 @@ __global__ void scaled_bias_add_kernel(sbias_args a)
 
 /* scaled_dbias's db: the column sums of fl(dy[r, j] * s[r]). */
 struct sdb_term {
-    enum { BATCH = 32 };
+    enum { BATCH = 16 };
     struct in { float v, s; };
     sbias_args a;
     __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
