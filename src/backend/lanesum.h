@@ -28,6 +28,14 @@ static inline float opf_lane_fold(float *p)
     return p[0];
 }
 
+/* The same fold in double (the sum of squares of gradient clipping). */
+static inline double opf_lane_fold_d(double *p)
+{
+    for (int off = OPF_SUM_LANES / 2; off; off >>= 1)
+        for (int l = 0; l < off; l++) p[l] += p[l + off];
+    return p[0];
+}
+
 /* S(t_0 .. t_{n-1}). */
 static inline float opf_lane_sum(const float *t, int64_t n)
 {

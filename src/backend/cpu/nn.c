@@ -3,7 +3,6 @@
  * is split over independent units (rows, columns, batch x head, chunks
  * summed in order afterwards), so the bits never depend on the thread count. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu-impl.h"
@@ -125,15 +124,25 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
     return OPF_OK;
 }
 
-/* m + logf(S(expf(x_j - m))), m the max (x_0 when it is NaN). */
-static float row_lse(const float *x, int64_t V)
+/* Row r of x (dtype xt) is read XENT_BLOCK values at a time into fp32 on
+ * the stack: a multiple of 32, so value j is in lane j mod 32 of its block. */
+enum { XENT_BLOCK = 1024 };
+
+/* lse of row r: m + logf(S(expf(x_j - m))), m the max (x_0 when it is NaN). */
+static float row_lse(const void *x, opf_dtype xt, int64_t r, int64_t V)
 {
-    float m = x[0], p[OPF_SUM_LANES] = {0};
-    for (int64_t j = 1; j < V; j++) m = x[j] > m ? x[j] : m;
-    int64_t j0 = 0;
-    for (; j0 + OPF_SUM_LANES <= V; j0 += OPF_SUM_LANES)
-        for (int l = 0; l < OPF_SUM_LANES; l++) p[l] += expf(x[j0 + l] - m);
-    for (int64_t l = 0; j0 + l < V; l++) p[l] += expf(x[j0 + l] - m);
+    float v[XENT_BLOCK], m = 0.0f, p[OPF_SUM_LANES] = {0};
+    for (int64_t j0 = 0; j0 < V; j0 += XENT_BLOCK) {
+        int64_t w = V - j0 < XENT_BLOCK ? V - j0 : XENT_BLOCK;
+        opf_cpu_load_f32(x, xt, r * V + j0, w, v);
+        if (j0 == 0) m = v[0];
+        for (int64_t j = 0; j < w; j++) m = v[j] > m ? v[j] : m;
+    }
+    for (int64_t j0 = 0; j0 < V; j0 += XENT_BLOCK) {
+        int64_t w = V - j0 < XENT_BLOCK ? V - j0 : XENT_BLOCK;
+        opf_cpu_load_f32(x, xt, r * V + j0, w, v);
+        for (int64_t j = 0; j < w; j++) p[j % OPF_SUM_LANES] += expf(v[j] - m);
+    }
     return m + logf(opf_lane_fold(p));
 }
 
@@ -144,31 +153,11 @@ static int64_t count_targets(const int32_t *tgt, int64_t rows)
     return n;
 }
 
-/* Row r of x (dtype xt) as fp32: in place for f32, else widened into buf. */
-static const float *xent_row(const void *x, opf_dtype xt, int64_t r, int64_t V, float *buf)
-{
-    if (xt == OPF_F32) return (const float *)x + r * V;
-    opf_cpu_load_f32(x, xt, r * V, V, buf);
-    return buf;
-}
-
 static opf_status xent_fwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int32_t *tgt,
                            float *lse, float *loss, int64_t rows, int64_t V)
 {
-    bool nomem = false;
-#pragma omp parallel if (rows * V >= PAR_MIN)
-    {
-        float *buf = xt == OPF_F32 ? NULL : malloc(sizeof(float) * (size_t)V);
-        if (xt != OPF_F32 && !buf) nomem = true;  /* any thread's: the same value */
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            if (xt == OPF_F32 || buf)
-                lse[r] = tgt[r] >= 0 ? row_lse(xent_row(x, xt, r, V, buf), V) : 0.0f;
-        free(buf);
-    }
-    if (nomem)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "cross-entropy forward: no memory for a row of "
-                         "%lld values", (long long)V);
+#pragma omp parallel for schedule(static) if (rows * V >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) lse[r] = tgt[r] >= 0 ? row_lse(x, xt, r, V) : 0.0f;
     double s = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         float xt_r;
@@ -187,62 +176,39 @@ static opf_status xent_bwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int3
 {
     int64_t n = count_targets(tgt, rows);
     float g = n ? dloss[0] / (float)n : 0.0f;
-    bool nomem = false;
-#pragma omp parallel if (rows * V >= PAR_MIN)
-    {
-        bool typed = xt != OPF_F32 || dxt != OPF_F32;
-        float *buf = typed ? malloc(sizeof(float) * 2 * (size_t)V) : NULL;
-        if (typed && !buf) nomem = true;  /* any thread's: the same value */
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (typed && !buf) continue;
-            const float *xr = xent_row(x, xt, r, V, buf);
-            float *d = dxt == OPF_F32 ? (float *)dx + r * V : buf + V;
-            for (int64_t j = 0; j < V; j++)
-                d[j] = tgt[r] < 0 ? 0.0f : (expf(xr[j] - lse[r]) - (j == tgt[r])) * g;
-            if (dxt != OPF_F32) opf_cpu_store_f32(d, dxt, dx, r * V, V);
+#pragma omp parallel for schedule(static) if (rows * V >= PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float v[XENT_BLOCK];
+        for (int64_t j0 = 0; j0 < V; j0 += XENT_BLOCK) {
+            int64_t w = V - j0 < XENT_BLOCK ? V - j0 : XENT_BLOCK;
+            opf_cpu_load_f32(x, xt, r * V + j0, w, v);
+            for (int64_t j = 0; j < w; j++)
+                v[j] = tgt[r] < 0 ? 0.0f : (expf(v[j] - lse[r]) - (j0 + j == tgt[r])) * g;
+            opf_cpu_store_f32(v, dxt, dx, r * V + j0, w);
         }
-        free(buf);
     }
-    return nomem ? opf_error(ctx, OPF_ERR_NO_MEMORY, "cross-entropy backward: no memory for a "
-                             "row of %lld values", (long long)V)
-                 : OPF_OK;
-}
-
-/* lanesum.h's fold in double. */
-static double fold_d(double *p)
-{
-    for (int off = OPF_SUM_LANES / 2; off; off >>= 1)
-        for (int l = 0; l < off; l++) p[l] += p[l + off];
-    return p[0];
+    return OPF_OK;
 }
 
 /* lanesum.h's order in double, twice: each chunk of SUMSQ_CHUNK values is a
  * lane sum of its squares (lane l = i mod 32 in the chunk), then the chunk
- * sums are one (chunk c in lane c mod 32). */
+ * sums are one (chunk c in lane c mod 32): lane l adds its chunks' sums in
+ * chunk order, the lanes on the threads. */
 static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out)
 {
     int64_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     double lanes[OPF_SUM_LANES] = {0};
-    *out = 0.0;
-    if (nc == 0) return OPF_OK;
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    double *part = opf_ctx_scratch_push(ctx, sizeof(double) * (size_t)nc);
-    if (!part)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "sumsq: no scratch for %lld chunk sums",
-                         (long long)nc);
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (int64_t c = 0; c < nc; c++) {
-        float buf[SUMSQ_CHUNK];
-        double p[OPF_SUM_LANES] = {0};
-        int64_t i0 = c * SUMSQ_CHUNK, len = n - i0 < SUMSQ_CHUNK ? n - i0 : SUMSQ_CHUNK;
-        opf_cpu_load_f32(x, dt, i0, len, buf);
-        for (int64_t i = 0; i < len; i++) p[i % OPF_SUM_LANES] += (double)buf[i] * buf[i];
-        part[c] = fold_d(p);
-    }
-    for (int64_t c = 0; c < nc; c++) lanes[c % OPF_SUM_LANES] += part[c];
-    *out = fold_d(lanes);
-    opf_ctx_scratch_pop(ctx, mark);
+    for (int l = 0; l < OPF_SUM_LANES; l++)
+        for (int64_t c = l; c < nc; c += OPF_SUM_LANES) {
+            float buf[SUMSQ_CHUNK];
+            double p[OPF_SUM_LANES] = {0};
+            int64_t i0 = c * SUMSQ_CHUNK, len = n - i0 < SUMSQ_CHUNK ? n - i0 : SUMSQ_CHUNK;
+            opf_cpu_load_f32(x, dt, i0, len, buf);
+            for (int64_t i = 0; i < len; i++) p[i % OPF_SUM_LANES] += (double)buf[i] * buf[i];
+            lanes[l] += opf_lane_fold_d(p);
+        }
+    *out = opf_lane_fold_d(lanes);
     return OPF_OK;
 }
 
