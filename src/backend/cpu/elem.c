@@ -18,7 +18,7 @@
 
 enum {
     ELEM_BLOCK = 4096,    /* elements per block; a multiple of 4 (one Philox draw) */
-    DBIAS_COLS = 64,      /* columns per column-sum work item */
+    COLSUM_COLS = 64,     /* columns per column-sum work item */
     TR_TILE = 32,         /* cast+transpose tile edge */
 };
 #define PAR_MIN ((int64_t)65536)  /* below this a parallel region costs more than it splits */
@@ -74,10 +74,10 @@ static opf_status bias_add(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *
 void opf_cpu_colsum(const void *x, opf_dtype dt, const void *s, opf_dtype st, int64_t rows,
                     int64_t cols, void *out, opf_dtype ot)
 {
-    int64_t items = (cols + DBIAS_COLS - 1) / DBIAS_COLS;
+    int64_t items = (cols + COLSUM_COLS - 1) / COLSUM_COLS;
     ELEM_FOR(rows * cols > PAR_MIN, it, items, {
-        int64_t j0 = it * DBIAS_COLS, w = min64(DBIAS_COLS, cols - j0);
-        float acc[OPF_SUM_LANES][DBIAS_COLS], v[DBIAS_COLS], sr;
+        int64_t j0 = it * COLSUM_COLS, w = min64(COLSUM_COLS, cols - j0);
+        float acc[OPF_SUM_LANES][COLSUM_COLS], v[COLSUM_COLS], sr;
         memset(acc, 0, sizeof acc);
         for (int64_t r = 0; r < rows; r++) {
             float *a = acc[r % OPF_SUM_LANES];
@@ -89,7 +89,7 @@ void opf_cpu_colsum(const void *x, opf_dtype dt, const void *s, opf_dtype st, in
                 for (int64_t j = 0; j < w; j++) a[j] += v[j];
             }
         }
-        opf_lane_fold_cols(&acc[0][0], DBIAS_COLS, w);
+        opf_lane_fold_cols(&acc[0][0], COLSUM_COLS, w);
         opf_cpu_store_f32(acc[0], ot, out, j0, w);
     });
 }

@@ -136,7 +136,6 @@ __global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void 
         float w = st_t<DO>(y, i, r);
         if (amax) key = max(key, opf_dev_amax_key(w));
     }
-    if (amax) opf_dev_warp_amax(key, amax);
 }
 
 /* ---- GLU kinds -------------------------------------------------------------
@@ -220,15 +219,14 @@ __global__ void glu_kernel(glu_args p, bool vec)
 
 /* ---- ordered sums -----------------------------------------------------------
  * out[c] = the sum over k = 0 .. K-1, in k order from 0.0f, of term(k, c),
- * for the 32 sums c of a block. Term::ALONG_K: consecutive threads take
- * consecutive k (else consecutive c), whichever is contiguous in memory.
+ * for the 32 sums c of a block (the scaled GLU backward's row sums: k is
+ * contiguous in memory, so consecutive threads take consecutive k).
  * term.load(k, c, in) issues the loads of one term, term.finish(k, c, in)
  * computes it (and writes what the pass outputs besides). */
 template <typename Term>
 __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t K, int64_t C,
-                                                          float *out, unsigned *amax)
+                                                          float *out)
 {
-    unsigned key = 0;  /* the amax key of what this thread's finish stored */
     __shared__ float tile[2][SUM_TILE][SUM_LANES + 1];
     int64_t c0 = (int64_t)blockIdx.x * SUM_LANES;
     int lane = threadIdx.x % SUM_LANES, t = (int)threadIdx.x - SUM_LANES;
@@ -241,14 +239,14 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
 #pragma unroll
             for (int m = 0; m < PER_LOADER; m++) {
                 int e = t + m * SUM_LOADERS;
-                kk[m] = Term::ALONG_K ? e % SUM_TILE : e / SUM_LANES;
-                cc[m] = Term::ALONG_K ? e / SUM_TILE : e % SUM_LANES;
+                kk[m] = e % SUM_TILE;
+                cc[m] = e / SUM_TILE;
                 if (k0 + kk[m] < K && c0 + cc[m] < C) term.load(k0 + kk[m], c0 + cc[m], in[m]);
             }
 #pragma unroll
             for (int m = 0; m < PER_LOADER; m++)
                 if (k0 + kk[m] < K && c0 + cc[m] < C)
-                    b[kk[m]][cc[m]] = term.finish(k0 + kk[m], c0 + cc[m], in[m], key);
+                    b[kk[m]][cc[m]] = term.finish(k0 + kk[m], c0 + cc[m], in[m]);
         }
         /* Warp 0 summed tile it - 1 (the buffer written above) before this. */
         __syncthreads();
@@ -258,7 +256,6 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
         }
     }
     if (t < 0 && c0 + lane < C) out[c0 + lane] = acc;
-    if (amax) opf_dev_warp_amax(key, amax);
 }
 
 /* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
@@ -306,7 +303,6 @@ template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
 /* Scaled GLU backward: k = j, c = row; dx as the GLU backward with
  * g = fl(dy s[r]), and the term fl(fl(f(a) b) dy) of ds[r]. */
 template <opf_act_fn FN> struct ds_term {
-    enum { ALONG_K = 1 };
     struct in { float a, b, dy; };
     const float *x, *dy, *s;
     float       *dx;
@@ -318,7 +314,7 @@ template <opf_act_fn FN> struct ds_term {
         v.b = x[r * 2 * h + h + j];
         v.dy = dy[r * h + j];
     }
-    __device__ __forceinline__ float finish(int64_t j, int64_t r, const in &v, unsigned &) const
+    __device__ __forceinline__ float finish(int64_t j, int64_t r, const in &v) const
     {
         float g = v.dy * s[r], fa = act_f<FN>(v.a, alpha);
         float da = act_df<FN>(v.a, alpha) * g;
@@ -384,11 +380,11 @@ template <bool BWD> struct glu_launch {
 /* The ordered sums over K terms of C sums (none: nothing to launch). */
 template <typename Term>
 static opf_status launch_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
-                              int64_t K, int64_t C, float *out, unsigned *amax = NULL)
+                              int64_t K, int64_t C, float *out)
 {
     if (C == 0) return OPF_OK;
     unsigned grid = (unsigned)((C + SUM_LANES - 1) / SUM_LANES);
-    sum_kernel<Term><<<grid, SUM_THREADS, 0, s->stream>>>(t, K, C, out, amax);
+    sum_kernel<Term><<<grid, SUM_THREADS, 0, s->stream>>>(t, K, C, out);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
 }
