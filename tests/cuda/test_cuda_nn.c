@@ -169,7 +169,7 @@ static void test_embedding(opf_ctx *ctx)
 /* ---- attention ---------------------------------------------------------------- */
 
 /* The attention paths (OPF_CUDA_ATTENTION; NULL: unset, the default:
- * flash for D 64 and 128, gemm for other D) and their bounds against the
+ * flash2 for D 64 and 128, gemm for other D) and their bounds against the
  * CPU, as fractions of the largest |value| of the reference (0: bit for
  * bit), per logical dtype of qkv (f32, bf16, f16).
  *  - gemm: fp32 GEMMs; only the order of the sums differs.

@@ -136,6 +136,7 @@ __global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void 
         float w = st_t<DO>(y, i, r);
         if (amax) key = max(key, opf_dev_amax_key(w));
     }
+    if (amax) opf_dev_warp_amax(key, amax);
 }
 
 /* ---- GLU kinds -------------------------------------------------------------
@@ -260,12 +261,19 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
 
 /* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
 template <opf_act_fn FN> struct dbias_term {
-    enum { BATCH = ACT_BATCH };
+    enum { BATCH = ACT_BATCH, STREAMS = 2 };
+    typedef float store;
     struct in { float x, dy; };
     const float *x, *dy;
     float       *dx;
     int64_t      cols;
     float        alpha;
+    __host__ __device__ const void *stream(int i) const { return i ? dy : x; }
+    __device__ __forceinline__ void unpack(const float (&e)[2], in &v) const
+    {
+        v.x = e[0];
+        v.dy = e[1];
+    }
     __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
     {
         v.x = x[r * cols + c];
@@ -281,12 +289,19 @@ template <opf_act_fn FN> struct dbias_term {
 
 /* The typed form: x, dy of DI; dx stored in DO, its amax key kept. */
 template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
-    enum { BATCH = ACT_BATCH };
+    enum { BATCH = ACT_BATCH, STREAMS = 2 };
+    typedef typename opf_dev_plain<DI>::store store;
     struct in { float x, dy; };
     const void *x, *dy;
     void       *dx;
     int64_t     cols;
     float       alpha;
+    __host__ __device__ const void *stream(int i) const { return i ? dy : x; }
+    __device__ __forceinline__ void unpack(const store (&e)[2], in &v) const
+    {
+        v.x = opf_dev_to_f32<DI>(e[0]);
+        v.dy = opf_dev_to_f32<DI>(e[1]);
+    }
     __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
     {
         v.x = ld_t<DI>(x, r * cols + c);

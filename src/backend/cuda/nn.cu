@@ -387,12 +387,13 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
     }
 }
 
-/* The attention kernels OPF_CUDA_ATTENTION picks: flash (unset or empty:
- * the default) flash.cu's tiled tensor-core kernels, 16-bit products for
- * bf16 / f16 qkv (D 64 or 128 and aligned arrays; else gemm); flash2 the
- * same but for bf16 / f16 its mma.sync kernels (S and P in registers);
- * gemm attn.cu's batched GEMMs; exact the kernels here, with the CPU's bits
- * (a warp per row: slow at long contexts). */
+/* The attention kernels OPF_CUDA_ATTENTION picks: flash2 (unset or empty:
+ * the default) flash.cu's tiled kernels, for bf16 / f16 qkv its mma.sync
+ * ones (S and P in registers; D 64 or 128 and aligned arrays, else gemm),
+ * TF32 WMMA for fp32; flash the same with WMMA for 16-bit too (slower on an
+ * H200: 1.80 against 1.45 ms forward + backward at GPT-2's shape); gemm
+ * attn.cu's batched GEMMs; exact the kernels here, with the CPU's bits (a
+ * warp per row: slow at long contexts). */
 typedef enum attn_path { ATTN_GEMM, ATTN_FLASH, ATTN_EXACT, ATTN_FLASH2 } attn_path;
 
 static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
@@ -402,7 +403,7 @@ static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
     if (getenv("OPF_CUDA_EXACT_ATTENTION"))
         opf_ctx_warn_once(ctx, "cuda: OPF_CUDA_EXACT_ATTENTION", "OPF_CUDA_EXACT_ATTENTION is "
                           "no longer read: OPF_CUDA_ATTENTION=exact selects the exact kernels");
-    *out = ATTN_FLASH;
+    *out = ATTN_FLASH2;
     if (!v || !v[0]) return OPF_OK;
     for (int p = 0; p < 4; p++)
         if (!strcmp(v, names[p])) {

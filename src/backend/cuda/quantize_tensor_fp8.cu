@@ -387,6 +387,7 @@ extern "C" opf_status opf_cuda_dequantize_tensor_fp8(opf_ctx *ctx, const opf_ten
     if (!s) return OPF_ERR_STATE;
     int64_t M, K;
     opf_shape_2d(&t->spec, &M, &K);
+    if (M * K == 0) return OPF_OK;  /* an empty tensor: no grid to launch */
     bool col = which == OPF_USAGE_COLUMNWISE, e4m3 = t->spec.qdtype == OPF_E4M3;
     const uint8_t *d = (const uint8_t *)t->data[col ? OPF_COMP_COL_DATA : OPF_COMP_DATA];
     const float *sinv = (const float *)t->data[col ? OPF_COMP_COL_SCALE_INV : OPF_COMP_SCALE_INV];
