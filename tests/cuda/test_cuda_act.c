@@ -179,10 +179,12 @@ static void run_case(opf_ctx *ctx, const acase *c)
 
 /* [rows, cols], cols even for the GLUs: h = cols / 2 below, at and past the
  * vector width, not a multiple of 4; rows none, one, past 32 and the 64-term
- * tiles of the ordered sums, not a multiple of them. */
+ * tiles of the ordered sums, not a multiple of them; rows of whole 16-byte
+ * chunks over several stages of colsum.cuh's staged kernel (3001 x 136) and
+ * rows that are not (4099 x 34: its direct kernel). */
 static const int64_t shapes[][2] = {
     {0, 8}, {1, 2}, {2, 2}, {5, 6}, {3, 10}, {7, 66}, {33, 128}, {130, 1000}, {1000, 72},
-    {4099, 34}, {64, 4096}, {3, 8194},
+    {4099, 34}, {64, 4096}, {3, 8194}, {3001, 136},
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 

@@ -12,6 +12,15 @@
  * ([32][cols]) to a fold kernel, a thread a column. The adds are
  * opf_dev_add's (x86's NaN bits, as the CPU's sums give them).
  *
+ * That kernel keeps Term::BATCH rows in flight a thread, and 32 x cols
+ * threads are all there are: at GPT-2's 768 columns about 0.8 MB in flight
+ * over the whole GPU, a fifth of what hides an H200's memory latency. So
+ * where the inputs allow it (every row whole 16-byte chunks) the staged
+ * kernel runs instead: a block's threads copy a strip of rows into shared
+ * memory asynchronously (cp.async, several stages ahead, 16 bytes a copy,
+ * decoupled from the chains), and each chain reads its terms from there in
+ * the same order. Same bits either way.
+ *
  * A Term gives the terms and what the pass writes besides (act.cu's dact +
  * dbias writes dx):
  *   enum { BATCH };                               rows loaded ahead (registers:
@@ -21,7 +30,12 @@
  *   void  load(int64_t r, int64_t c, in &v);      issues its loads
  *   float finish(int64_t r, int64_t c, const in &v, unsigned &key);
  *                                                 the term (key: the amax key
- *                                                 of anything it stored) */
+ *                                                 of anything it stored)
+ * and, for the staged kernel (STREAMS 0: never staged), its inputs as
+ * STREAMS [rows, cols] arrays of one element type:
+ *   enum { STREAMS };  typedef ... store;         the element type
+ *   const void *stream(int i);                    input i's base (host and device)
+ *   void unpack(const store (&e)[STREAMS], in &v); the loaded elements as in */
 #ifndef OPFUSE_CUDA_COLSUM_CUH
 #define OPFUSE_CUDA_COLSUM_CUH
 
@@ -75,6 +89,90 @@ __global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *ou
     ((typename opf_dev_plain<OD>::store *)out)[c] = opf_dev_from_f32<OD>(v[0]);
 }
 
+/* The staged kernel's shape for Term: a block of 128 threads, a strip of SC
+ * columns (128 bytes of a row) x G classes, each thread one chain; a stage
+ * is K row groups of 32 (its G rows of each, 64 rows, 8 KB a stream); NST
+ * stages in shared memory (48 KB at most). */
+template <typename Term> struct colsum_staging {
+    typedef typename Term::store T;
+    enum {
+        THREADS = 128,
+        SC = 128 / (int)sizeof(T),
+        G = THREADS / SC,
+        K = 64 / G,
+        NST = Term::STREAMS == 1 ? 4 : 3,
+        CHUNKS = K * G * 128 / 16,  /* 16-byte copies a stage, a stream */
+        PER_CHUNK = 16 / (int)sizeof(T),
+    };
+    static_assert(OPF_SUM_LANES % G == 0, "a block's classes divide the 32");
+};
+
+/* part[l * cols + c] as opf_colsum_kernel's, the inputs staged. */
+template <typename Term>
+__global__ void __launch_bounds__(colsum_staging<Term>::THREADS)
+opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
+{
+    typedef colsum_staging<Term> P;
+    typedef typename Term::store T;
+    enum { S = Term::STREAMS };
+    __shared__ __align__(16) T buf[P::NST][S][P::K][P::G][P::SC];
+    const int t = (int)threadIdx.x, gl = t / P::SC, cl = t % P::SC;
+    const int64_t c0 = (int64_t)blockIdx.x * P::SC, l0 = (int64_t)blockIdx.y * P::G;
+    const int64_t stages = (rows + OPF_SUM_LANES * P::K - 1) / (OPF_SUM_LANES * P::K);
+    /* stage s: rows 32 (s K + k) + l0 + g, k < K, g < G; consecutive threads
+     * take consecutive chunks of a row */
+    auto issue = [&](int64_t s) {
+        if (s >= stages) return;
+        for (int i = t; i < P::CHUNKS; i += P::THREADS) {
+            int k = i / (P::G * 8), g = i / 8 % P::G, ch = i % 8;
+            int64_t r = OPF_SUM_LANES * (s * P::K + k) + l0 + g, c = c0 + ch * P::PER_CHUNK;
+            if (r >= rows || c >= cols) continue;
+#pragma unroll
+            for (int j = 0; j < S; j++)
+                opf_dev_copy16_async(&buf[s % P::NST][j][k][g][ch * P::PER_CHUNK],
+                                     (const T *)term.stream(j) + r * cols + c);
+        }
+    };
+    for (int s = 0; s < P::NST - 1; s++) {
+        issue(s);
+        opf_dev_copies_commit();
+    }
+    const int64_t c = c0 + cl, l = l0 + gl;
+    const bool live = c < cols;
+    unsigned key = 0;
+    float acc = 0.0f;
+    for (int64_t s = 0; s < stages; s++) {
+        opf_dev_copies_wait<P::NST - 2>();  /* this thread's copies of stage s */
+        __syncthreads();  /* everyone's; and everyone is done with stage s - 1's buffer */
+        issue(s + P::NST - 1);  /* into stage s - 1's buffer */
+        opf_dev_copies_commit();
+        const int b = (int)(s % P::NST);
+        if (!live) continue;
+        for (int k = 0; k < P::K; k++) {
+            int64_t r = OPF_SUM_LANES * (s * P::K + k) + l;
+            if (r >= rows) break;
+            T e[S];
+#pragma unroll
+            for (int j = 0; j < S; j++) e[j] = buf[b][j][k][gl][cl];
+            typename Term::in v;
+            term.unpack(e, v);
+            acc = opf_dev_add(acc, term.finish(r, c, v, key));
+        }
+    }
+    if (live) part[l * cols + c] = acc;
+    if (amax) opf_dev_warp_amax(key, amax);
+}
+
+/* Whether t's inputs can be staged: rows of whole 16-byte chunks from
+ * 16-byte aligned bases. */
+template <typename Term> static bool opf_colsum_stageable(const Term &t, int64_t cols)
+{
+    if (cols * (int64_t)sizeof(typename Term::store) % 16) return false;
+    for (int j = 0; j < Term::STREAMS; j++)
+        if (!opf_cuda_aligned16(t.stream(j))) return false;
+    return true;
+}
+
 /* The launches on s's stream (no columns: nothing to launch). */
 template <typename Term, opf_dtype OD = OPF_F32>
 static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
@@ -87,8 +185,20 @@ static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *f
     if (!part)
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for 32 x %lld partial sums", fn,
                          (long long)cols);
-    dim3 grid((unsigned)((cols + 31) / 32), OPF_SUM_LANES / COLSUM_WARPS);
-    opf_colsum_kernel<Term><<<grid, COLSUM_WARPS * 32, 0, s->stream>>>(t, rows, cols, part, amax);
+    bool staged = false;
+    if constexpr (Term::STREAMS > 0) {
+        typedef colsum_staging<Term> P;
+        staged = opf_colsum_stageable(t, cols);
+        dim3 grid((unsigned)((cols + P::SC - 1) / P::SC), OPF_SUM_LANES / P::G);
+        if (staged)
+            opf_colsum_staged_kernel<Term><<<grid, P::THREADS, 0, s->stream>>>(t, rows, cols,
+                                                                                part, amax);
+    }
+    if (!staged) {
+        dim3 grid((unsigned)((cols + 31) / 32), OPF_SUM_LANES / COLSUM_WARPS);
+        opf_colsum_kernel<Term><<<grid, COLSUM_WARPS * 32, 0, s->stream>>>(t, rows, cols, part,
+                                                                         amax);
+    }
     opf_colsum_fold_kernel<OD><<<(unsigned)((cols + 255) / 256), 256, 0, s->stream>>>(part, cols,
                                                                                       out);
     opf_ctx_scratch_pop(ctx, mark);  /* stream-ordered: later work reuses it after these */

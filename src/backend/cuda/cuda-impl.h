@@ -176,6 +176,23 @@ __device__ __forceinline__ void opf_dev_warp_amax(unsigned key, unsigned *amax)
     if ((threadIdx.x & 31) == 0 && key) atomicMax(amax, key);
 }
 
+/* Asynchronous 16-byte copies global -> shared (cp.async; both addresses
+ * 16-byte aligned): issue, commit the thread's issued copies as a group,
+ * wait until at most PENDING of its groups are still in flight. */
+__device__ __forceinline__ void opf_dev_copy16_async(void *smem, const void *g)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void opf_dev_copies_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int PENDING> __device__ __forceinline__ void opf_dev_copies_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+}
+
 /* fp32 -> e4m3 / e5m2: RNE, saturating, NaN -> 0x7F (1.3); the hardware
  * cvt.rn.satfinite does exactly this. */
 __device__ __forceinline__ uint8_t opf_dev_to_fp8(float x, bool e4m3)

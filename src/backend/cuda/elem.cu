@@ -108,10 +108,16 @@ __global__ void cast_kernel(const void *x, int64_t n, bool vec, void *y)
 /* ---- dbias -----------------------------------------------------------------
  * colsum.cuh's column sums of dy [rows, n]. */
 template <opf_dtype D> struct db_term {
-    enum { BATCH = 16 };
+    enum { BATCH = 16, STREAMS = 1 };
+    typedef typename opf_dev_plain<D>::store store;
     struct in { float v; };
     const void *dy;
     int64_t     n;
+    __host__ __device__ const void *stream(int) const { return dy; }
+    __device__ __forceinline__ void unpack(const store (&e)[1], in &v) const
+    {
+        v.v = opf_dev_to_f32<D>(e[0]);
+    }
     __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
     {
         v.v = opf_dev_to_f32<D>(((const typename opf_dev_plain<D>::store *)dy)[r * n + c]);
@@ -163,7 +169,7 @@ __global__ void scaled_bias_add_kernel(sbias_args a)
 
 /* scaled_dbias's db: the column sums of fl(dy[r, j] * s[r]). */
 struct sdb_term {
-    enum { BATCH = 16 };
+    enum { BATCH = 16, STREAMS = 0 };
     struct in { float v, s; };
     sbias_args a;
     __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const

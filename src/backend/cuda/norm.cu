@@ -199,22 +199,6 @@ typedef struct row_view {
 
 /* ---- staging ----------------------------------------------------------- */
 
-__device__ __forceinline__ void copy16_async(void *smem, const void *g)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
-}
-__device__ __forceinline__ void copies_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-/* Waits for this thread's copies but the newest group (pending 1) or all. */
-__device__ __forceinline__ void copies_wait(bool pending)
-{
-    if (pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
 /* Starts copying row r of p (dtype t) into buf as it is: 16-byte
  * asynchronous copies when vec (the row is whole 16-byte chunks), else
  * element by element. The caller commits, waits and syncs the warp. */
@@ -225,7 +209,7 @@ __device__ __forceinline__ void stage(void *buf, const void *p, opf_dtype t, int
     const char *src = (const char *)p + r * bytes;
     if (vec) {
         for (int64_t c = (int64_t)lane * 16; c < bytes; c += LANES * 16)
-            copy16_async((char *)buf + c, src + c);
+            opf_dev_copy16_async((char *)buf + c, src + c);
     } else if (es == 2) {
         for (int64_t j = lane; j < H; j += LANES) ((uint16_t *)buf)[j] = ((const uint16_t *)src)[j];
     } else {
@@ -452,7 +436,7 @@ template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
     auto issue = [&](int k, int64_t row) {
         stage(mine + k * slot, a.x, a.xt, row, a.H, a.vec, lane);
         if (is_bwd(M)) stage(mine + k * slot + xb, a.dz, a.dzt, row, a.H, a.vec, lane);
-        copies_commit();
+        opf_dev_copies_commit();
     };
     if (slots && r < a.rows) issue(0, r);
     unsigned key = 0;
@@ -460,7 +444,8 @@ template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
         bool ahead = slots == 2 && r + stride < a.rows;
         if (ahead) issue(k ^ 1, r + stride);
         if (slots) {
-            copies_wait(ahead);
+            if (ahead) opf_dev_copies_wait<1>();
+            else opf_dev_copies_wait<0>();
             __syncwarp();  /* every lane's copies of this row have landed */
         }
         const char *b = mine + k * slot;
