@@ -57,6 +57,10 @@ typedef struct opf_act_bwd {
     double        limit;
 } opf_act_bwd;
 
+/* The forward of every activation class: y (plain or quantized by
+ * a->next_q) from a->x. Fused ops that end in an activation call it. */
+opf_status opf_act_forward(opf_ctx *ctx, const opf_act_fwd *a, opf_tensor *y);
+
 /* The kind of an op's class; -1 when it is no activation class. Compares
  * class pointers: for fusion matching, not needed by the classes' own calls. */
 int opf_act_kind_of(const opf_op *op);

@@ -206,10 +206,8 @@ static const opf_act_kernels *kernels_of(opf_ctx *ctx, const char *who, const op
 
 /* The backend's fwd_q from x (plain, or decoded) into the plain or quantized
  * output; stochastic rounding through opf_op_store_f32 (the fp32 entry). */
-static opf_status act_forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
-                                   opf_tensor *aux)
+opf_status opf_act_forward(opf_ctx *ctx, const opf_act_fwd *a, opf_tensor *outs)
 {
-    const opf_act_fwd *a = args;
     const opf_act_kind k = (opf_act_kind)a->act;
     const char *who = act_rows[k].name;
     const opf_act_kernels *K = kernels_of(ctx, who, &a->x);
@@ -228,6 +226,13 @@ static opf_status act_forward_impl(opf_ctx *ctx, const void *args, opf_tensor *o
     if (!st) st = opf_act_scratch(ctx, who, opf_spec_numel(&outs[0].spec), &y);
     if (!st) st = K->fwd(ctx, k, prm, x, y, opf_act_rows(&a->x.spec), opf_act_cols(&a->x.spec));
     return st ? st : opf_op_store_f32(ctx, y, a->x.spec.dtype, &a->next_q, &outs[0]);
+}
+
+static opf_status act_forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
+                                   opf_tensor *aux)
+{
+    (void)aux;
+    return opf_act_forward(ctx, args, outs);
 }
 
 /* bwd_q likewise. */

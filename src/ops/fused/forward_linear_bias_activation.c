@@ -7,8 +7,8 @@
  *
  * and one fusion function that builds the 3-op class where an activation
  * follows the bias and the 2-op class otherwise. The anchor reserves the
- * activation slot without using it; here the activation runs in the same
- * pass on the GEMM's fp32 result.
+ * activation slot without using it; here the activation runs right after
+ * the GEMM, on its output in the activation dtype.
  *
  * Conditions: the linear is not row tensor-parallel (opfuse has no tensor
  * parallelism yet, so this always holds). The anchor also needs an fp16/bf16
@@ -21,12 +21,17 @@
  *   - no activation: t is rounded to the activation dtype, or quantized
  *     with the next op's input quantizer (per-tensor FP8 by the GEMM's FP8
  *     output, other formats through opf_op_store_f32);
- *   - an activation: y = f(t) in fp32, stored with the next op's quantizer
- *     through opf_op_store_f32; t rounded to the activation dtype is the
- *     activation's saved input.
+ *   - an activation: t rounded to the activation dtype (the activation's
+ *     saved input, written there by the GEMM), then the activation op's own
+ *     forward on it, y = f(t) stored with the next op's quantizer. As the
+ *     anchor (whose activation reads the GEMM's 16-bit output) and as the
+ *     unfused plan's activation reads its input. An earlier version applied
+ *     f to the fp32 t: on a GPU that cost an fp32 [tokens, 4 x hidden]
+ *     round trip and a second rounding pass (0.44 ms a GPT-2 FC1 node on
+ *     an H200 against its 0.12 ms GEMM).
  * The unfused ops round the GEMM output, and the bias output, to the
- * activation dtype before the next op reads them; the fused op does not, so
- * it is at least as precise and, for f32 activations, bitwise equal.
+ * activation dtype; the fused op rounds once, after the bias, so it is at
+ * least as precise and, for f32 activations, bitwise equal.
  *
  * Contexts, as the basic ops' own forwards leave them: the linear's by
  * basic_linear's setup_context; the bias keeps nothing but the previous-op
@@ -94,44 +99,30 @@ static opf_status resolve_fwd(opf_op *op, const opf_fwd_env *env, void *args)
     return OPF_OK;  /* the runner runs the fake, then the linear's after_fake */
 }
 
-/* y = f(t) (numerics 6.3) by the activation op's own kernels: from the
- * fp32 tensor t into the plain or quantized y in one entry (fwd_q), or, for
- * stochastic rounding, in place in fp32 and stored by opf_op_store_f32. */
-static opf_status activate(opf_ctx *ctx, const flba_fwd *a, opf_tensor *t, opf_tensor *y)
-{
-    const opf_spec *s = &t->spec;
-    const opf_act_kernels *K =
-        opf_backend_kernels(ctx, "forward_linear_bias_activation", s->device, OPF_KERNELS_ACT);
-    opf_act_kind k = (opf_act_kind)a->act;
-    opf_act_params p = {(float)opf_act_default_alpha(k), 0.0f};
-    opf_dtype act_dt = a->lin.x.spec.dtype;
-    opf_quantize_state qs;
-    opf_qout o;
-    if (!K) return OPF_ERR_UNSUPPORTED;
-    if (opf_op_qout(&a->out_q, act_dt, y, &qs, &o)) return K->fwd_q(ctx, k, p, t, &o);
-    float *v = t->data[OPF_COMP_DATA];
-    opf_status st = K->fwd(ctx, k, p, v, v, opf_act_rows(s), opf_act_cols(s));
-    return st ? st : opf_op_store_f32(ctx, v, act_dt, &a->out_q, y);
-}
-
 static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs, opf_tensor *aux)
 {
     const flba_fwd *a = args;
     opf_gemm_options o = opf_gemm_options_default();
     o.bias = &a->bias;
     if (!a->has_act) return opf_linear_fprop(ctx, &a->lin, aux, &o, NULL, &a->out_q, &outs[0]);
-    /* GEMM + bias into fp32, then the activation on the unrounded sum */
-    const opf_spec *ys = &outs[0].spec;
-    opf_spec s = opf_spec_make(ys->ndim, ys->shape, OPF_F32);
-    s.device = ys->device;
+    /* GEMM + bias rounded once to the activation dtype, straight into the
+     * activation's saved input when it is kept; then the activation op's own
+     * forward on it */
     opf_quantizer plain = opf_quantizer_default();
     opf_tensor t;
-    opf_status st = opf_linear_scratch_tensor(ctx, &s, &t);
+    opf_status st = OPF_OK;
+    if (a->save_act_input) {
+        t = aux[AUX_ACT_IN];
+    } else {
+        const opf_spec *ys = &outs[0].spec;
+        opf_spec s = opf_spec_make(ys->ndim, ys->shape, a->lin.x.spec.dtype);
+        s.device = ys->device;
+        st = opf_linear_scratch_tensor(ctx, &s, &t);
+    }
     if (!st) st = opf_linear_fprop(ctx, &a->lin, aux, &o, NULL, &plain, &t);
-    float *v = t.data[OPF_COMP_DATA];
-    opf_dtype act_dt = a->lin.x.spec.dtype;
-    if (!st && a->save_act_input) st = opf_op_store_f32(ctx, v, act_dt, NULL, &aux[AUX_ACT_IN]);
-    return st ? st : activate(ctx, a, &t, &outs[0]);
+    opf_act_fwd af = {.x = t, .next_q = a->out_q, .act = a->act,
+                      .alpha = opf_act_default_alpha((opf_act_kind)a->act), .limit = 0.0};
+    return st ? st : opf_act_forward(ctx, &af, &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
