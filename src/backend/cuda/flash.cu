@@ -1520,8 +1520,6 @@ static opf_status attn_fwd_tiled(opf_ctx *ctx, const float *qkv, float *o, float
                                  int64_t T, int64_t H, int64_t D, opf_dtype in_dt, bool v2,
                                  const char *fn)
 {
-    const void *p[] = {qkv, o};
-    if (!flash_fits(B, T, H, D, p, 2)) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
@@ -1529,17 +1527,34 @@ static opf_status attn_fwd_tiled(opf_ctx *ctx, const float *qkv, float *o, float
                    : flash_fwd<128>(ctx, s, qkv, o, lse, B, T, H, in_dt, v2, fn);
 }
 
-opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                   int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+static opf_status attn_fwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                 float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 opf_dtype in_dt, bool v2, const char *fn)
 {
-    return attn_fwd_tiled(ctx, qkv, o, lse, B, T, H, D, in_dt, false,
+    const void *p[] = {qkv, o};
+    if (!flash_fits(B, T, H, D, p, 2))
+        return opf_cuda_attn_fwd_gemm(ctx, qkv, qkv_t, o, lse, B, T, H, D);
+    opf_cuda_attn_io io;
+    opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, NULL, OPF_F32, NULL, OPF_F32,
+                                          OPF_F32, OPF_F32, B * T * 3 * H * D);
+    if (st) return st;
+    st = attn_fwd_tiled(ctx, (const float *)io.qkv, o, lse, B, T, H, D, in_dt, v2, fn);
+    return opf_cuda_attn_io_close(ctx, &io, st);
+}
+
+opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                   float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                   opf_dtype in_dt)
+{
+    return attn_fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt, false,
                           "attention forward (cuda flash)");
 }
 
-opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                    int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                    float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                    opf_dtype in_dt)
 {
-    return attn_fwd_tiled(ctx, qkv, o, lse, B, T, H, D, in_dt, true,
+    return attn_fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt, true,
                           "attention forward (cuda flash2)");
 }
 
@@ -1547,9 +1562,6 @@ static opf_status attn_bwd_tiled(opf_ctx *ctx, const float *qkv, const float *o,
                                  const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
                                  int64_t D, opf_dtype in_dt, bool v2, const char *fn)
 {
-    const void *p[] = {qkv, o, dout, dqkv};
-    if (!flash_fits(B, T, H, D, p, 4))
-        return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
@@ -1562,18 +1574,38 @@ static opf_status attn_bwd_tiled(opf_ctx *ctx, const float *qkv, const float *o,
                : flash_bwd<128>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, v2, fn);
 }
 
-opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
-                                   const float *lse, const float *dout, float *dqkv, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+static opf_status attn_bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                 const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
+                                 opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 opf_dtype in_dt, bool v2, const char *fn)
 {
-    return attn_bwd_tiled(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt, false,
-                          "attention backward (cuda flash)");
+    const void *p[] = {qkv, o, dout, dqkv};
+    if (!flash_fits(B, T, H, D, p, 4))
+        return opf_cuda_attn_bwd_gemm(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H,
+                                      D);
+    opf_cuda_attn_io io;
+    opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, dout, dout_t, dqkv, dqkv_t,
+                                          OPF_F32, OPF_F32, B * T * 3 * H * D);
+    if (st) return st;
+    st = attn_bwd_tiled(ctx, (const float *)io.qkv, o, lse, (const float *)io.dout,
+                        (float *)io.dqkv, B, T, H, D, in_dt, v2, fn);
+    return opf_cuda_attn_io_close(ctx, &io, st);
 }
 
-opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const float *qkv, const float *o,
-                                    const float *lse, const float *dout, float *dqkv, int64_t B,
+opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                   const float *lse, const void *dout, opf_dtype dout_t,
+                                   void *dqkv, opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                                   int64_t D, opf_dtype in_dt)
+{
+    return attn_bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+                          false, "attention backward (cuda flash)");
+}
+
+opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                    const float *o, const float *lse, const void *dout,
+                                    opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
-    return attn_bwd_tiled(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt, true,
-                          "attention backward (cuda flash2)");
+    return attn_bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+                          true, "attention backward (cuda flash2)");
 }
