@@ -474,42 +474,51 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
     return rc || bench_adamw(ctx);
 }
 
-/* ---- causal attention: fp32 qkv [B, T, 3C] at GPT-2 small's shape, per
- * path of OPF_CUDA_ATTENTION, and flash and flash2 with qkv's logical dtype
- * bf16 (their 16-bit kernels); the FLOP counts are the causal half's (the
- * backward's five products 2.5 times the forward's two). ------------------ */
+/* ---- causal attention: qkv [B, T, 3C] at GPT-2 small's shape, fp32 per
+ * path of OPF_CUDA_ATTENTION, and flash and flash2 with qkv, do and dqkv
+ * stored in bf16, its logical dtype (their 16-bit kernels, as a bf16 model
+ * calls them); the FLOP counts are the causal half's (the backward's five
+ * products 2.5 times the forward's two). ------------------------------------ */
 enum { AT_B = 16, AT_T = 1024, AT_H = 12, AT_D = 64 };
 
 typedef struct attn_arg {
-    bool         bwd;
-    opf_dtype    dt;
-    const float *qkv, *dout;
-    float       *o, *lse, *dqkv;
+    bool        bwd;
+    opf_dtype   dt;  /* the logical and storage dtype of qkv, do and dqkv */
+    const void *qkv, *dout;
+    float      *o, *lse;
+    void       *dqkv;
 } attn_arg;
 static opf_status run_attn(opf_ctx *ctx, void *p)
 {
     attn_arg *a = p;
     const opf_nn_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->nn;
-    opf_status st = K->attn_fwd(ctx, a->qkv, a->o, a->lse, AT_B, AT_T, AT_H, AT_D, a->dt);
+    opf_status st = K->attn_fwd(ctx, a->qkv, a->dt, a->o, a->lse, AT_B, AT_T, AT_H, AT_D, a->dt);
     if (st || !a->bwd) return st;
-    return K->attn_bwd(ctx, a->qkv, a->o, a->lse, a->dout, a->dqkv, AT_B, AT_T, AT_H, AT_D,
-                       a->dt);
+    return K->attn_bwd(ctx, a->qkv, a->dt, a->o, a->lse, a->dout, a->dt, a->dqkv, a->dt, AT_B,
+                       AT_T, AT_H, AT_D, a->dt);
+}
+
+/* qkv, do and dqkv of dtype dt into t[0], t[1], t[2]. */
+static int attn_tensors(opf_ctx *ctx, opf_dtype dt, opf_tensor t[3])
+{
+    const int64_t rows = AT_B * AT_T, C = AT_H * AT_D;
+    opf_spec sq = opf_spec_make(2, (int64_t[]){rows, 3 * C}, dt);
+    return random_tensor(ctx, rows, 3 * C, dt, &t[0]) || random_tensor(ctx, rows, C, dt, &t[1]) ||
+           device_tensor(ctx, &sq, &t[2]);
 }
 
 static int bench_attn(opf_ctx *ctx)
 {
     const int64_t rows = AT_B * AT_T, C = AT_H * AT_D;
-    opf_tensor t[5];
+    opf_tensor t[8];  /* f32 qkv, do, dqkv; bf16 qkv, do, dqkv; o, lse */
     memset(t, 0, sizeof t);
     opf_spec so = opf_spec_make(2, (int64_t[]){rows, C}, OPF_F32);
     opf_spec sl = opf_spec_make(1, (int64_t[]){AT_B * AT_H * AT_T}, OPF_F32);
-    opf_spec sq = opf_spec_make(2, (int64_t[]){rows, 3 * C}, OPF_F32);
-    if (random_tensor(ctx, rows, 3 * C, OPF_F32, &t[0]) ||
-        random_tensor(ctx, rows, C, OPF_F32, &t[1]) || device_tensor(ctx, &so, &t[2]) ||
-        device_tensor(ctx, &sl, &t[3]) || device_tensor(ctx, &sq, &t[4]))
+    if (attn_tensors(ctx, OPF_F32, t) || attn_tensors(ctx, OPF_BF16, t + 3) ||
+        device_tensor(ctx, &so, &t[6]) || device_tensor(ctx, &sl, &t[7]))
         return 1;
-    printf("causal attention fp32, B %d T %d H %d D %d (ms a call)\n", AT_B, AT_T, AT_H, AT_D);
-    /* the path, qkv's logical dtype, the row's suffix */
+    printf("causal attention, B %d T %d H %d D %d (ms a call)\n", AT_B, AT_T, AT_H, AT_D);
+    /* the path, the dtype of qkv, do and dqkv, the row's suffix */
     static const char *const paths[] = {"gemm", "flash", "flash", "flash2"};
     static const opf_dtype dts[] = {OPF_F32, OPF_F32, OPF_BF16, OPF_BF16};
     static const char *const tags[] = {"gemm", "flash", "flash_bf16", "flash2_bf16"};
@@ -517,9 +526,10 @@ static int bench_attn(opf_ctx *ctx)
     int rc = 0;
     for (int p = 0; p < 4 && !rc; p++) {
         setenv("OPF_CUDA_ATTENTION", paths[p], 1);
+        const opf_tensor *io = dts[p] == OPF_F32 ? t : t + 3;
         for (int b = 0; b < 2 && !rc; b++) {
-            attn_arg a = {b, dts[p], t[0].data[0], t[1].data[0], t[2].data[0], t[3].data[0],
-                          t[4].data[0]};
+            attn_arg a = {b, dts[p], io[0].data[0], io[1].data[0], t[6].data[0], t[7].data[0],
+                          io[2].data[0]};
             double ms;
             rc = time_ms(ctx, run_attn, &a, &ms);
             char name[48], note[48];
@@ -530,7 +540,7 @@ static int bench_attn(opf_ctx *ctx)
     }
     unsetenv("OPF_CUDA_ATTENTION");
     opf_cuda_sync(ctx);
-    for (int i = 0; i < 5; i++) opf_tensor_release(&t[i]);
+    for (int i = 0; i < 8; i++) opf_tensor_release(&t[i]);
     return rc;
 }
 

@@ -3,12 +3,15 @@
  * cross-entropy over the vocabulary, and the sum of squares behind gradient
  * clipping.
  *
- * Every entry works on fp32 arrays in the device's memory, row-major, with
- * int32 token ids; the caller widens inputs to fp32 before and rounds or
- * quantizes outputs after (as for backend/act.h), so none sees a dtype (but
- * sumsq, and attention's hint), a quantizer or an op. Entries take validated arguments (ids in
- * range or, for targets, negative = ignored), allocate nothing, and return
- * OPF_OK on the CPU.
+ * Every entry works on arrays in the device's memory, row-major, with int32
+ * token ids: fp32, but for the typed ones (attention's qkv, do and dqkv,
+ * cross-entropy's logits and dx, sumsq's and clipping's x), which are plain
+ * f32, bf16 or f16 of a dtype passed beside them, read as fp32 and written
+ * by rounding each fp32 result once (RNE). The caller decodes quantized
+ * inputs and quantizes outputs (as for backend/act.h), so none sees a
+ * quantizer or an op. Entries take validated arguments (ids in range or,
+ * for targets, negative = ignored), allocate nothing but context scratch,
+ * and return OPF_OK on the CPU unless that scratch runs out.
  *
  * The order of the fp32 math is fixed here, so every bit is independent of
  * the thread count and a CUDA kernel can reproduce it:
@@ -35,8 +38,8 @@
  * CUDA kernels (cuda/nn.cu) carry ports of glibc's and match every bit, but
  * NaN outputs are NaN without the CPU's NaN payload bits.
  *
- * Usage (attention forward over qkv [B, T, 3C]):
- *   be->nn->attn_fwd(ctx, qkv, o, lse, B, T, H, C / H, OPF_BF16);
+ * Usage (attention forward over a bf16 qkv [B, T, 3C]):
+ *   be->nn->attn_fwd(ctx, qkv, OPF_BF16, o, lse, B, T, H, C / H, OPF_BF16);
  */
 #ifndef OPFUSE_BACKEND_NN_H
 #define OPFUSE_BACKEND_NN_H
@@ -57,18 +60,23 @@ typedef struct opf_nn_kernels {
     opf_status (*embed_bwd)(opf_ctx *ctx, const int32_t *tok, const float *dy, float *dwte,
                             float *dwpe, int64_t rows, int64_t T, int64_t C, int64_t V, int64_t P);
     /* Causal attention over qkv [B, T, 3C] (q, k, v side by side; head h in
-     * columns h*D .. h*D + D - 1 of each, C = H*D): o [B, T, C] and the
-     * logsumexp of each softmax row, lse [B, H, T]. No [T, T] matrix.
-     * in_dt is qkv's logical dtype (its values, and do's, are exact in it):
-     * bf16/f16 let a backend multiply in that precision on tensor cores;
-     * the CPU computes fp32 regardless. */
-    opf_status (*attn_fwd)(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                           int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
-    /* dqkv [B, T, 3C] (overwritten) from do [B, T, C] and the forward's qkv,
-     * o and lse; scores recomputed, never stored. in_dt: as attn_fwd's. */
-    opf_status (*attn_bwd)(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
-                           const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                           int64_t D, opf_dtype in_dt);
+     * columns h*D .. h*D + D - 1 of each, C = H*D), stored as qkv_t (f32,
+     * bf16 or f16): o [B, T, C] (fp32) and the logsumexp of each softmax
+     * row, lse [B, H, T]. No [T, T] matrix. in_dt is qkv's logical dtype
+     * (its values, and do's, are exact in it): bf16/f16 let a backend
+     * multiply in that precision on tensor cores; the CPU computes fp32
+     * regardless. A storage dtype other than the kernels' own costs a
+     * converted copy in context scratch (OPF_ERR_NO_MEMORY without it). */
+    opf_status (*attn_fwd)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o, float *lse,
+                           int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+    /* dqkv [B, T, 3C] (overwritten; stored as dqkv_t, each value computed
+     * in fp32 and rounded once) from do [B, T, C] (stored as dout_t) and the
+     * forward's qkv, o and lse (fp32); scores recomputed, never stored.
+     * in_dt: as attn_fwd's. */
+    opf_status (*attn_bwd)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                           const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
+                           opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                           opf_dtype in_dt);
     /* Mean softmax cross-entropy of logits x [rows, V] (plain f32, bf16 or
      * f16 of dtype xt, read as fp32) against tgt [rows] (negative: ignored)
      * into loss[0] (0 when no row counts); lse [rows] out (0 for ignored

@@ -5,7 +5,8 @@
  * and backward on each path of OPF_CUDA_ATTENTION (exact byte for byte,
  * gemm, flash and flash2 within bounds; T = 1, T not a multiple of 32, 64
  * or 128, heads 1..12, D = 1, 64, 128 and past one pass of 256; f32 qkv,
- * and bf16 and f16 for the 16-bit kernels; an unknown path is an error),
+ * and bf16 and f16 for the 16-bit kernels, stored as f32 and as themselves
+ * (the same bits); an unknown path is an error),
  * cross-entropy with ignored targets and a vocabulary of 50257, sumsq per
  * dtype, clipping's sumsq_acc and clip_scale; and the device expf/logf
  * against the host's libm. */
@@ -240,21 +241,16 @@ static void attn_where(char *buf, size_t n, int64_t at, int64_t T, int64_t H, in
              (long long)(c % C / D), (long long)(c % D));
 }
 
-/* got (device) against ref (host) within tol of ref's largest magnitude
- * (tol 0: byte for byte); a failure names the shape, the path and the
- * worst element with its place. */
-static void expect_attn(opf_ctx *ctx, const char *what, const char *shape, const float *ref,
-                        const float *dev, int64_t n, double tol, int64_t T, int64_t H, int64_t D,
-                        int64_t cols)
+/* got against ref (both host) within tol of ref's largest magnitude (tol
+ * 0: byte for byte); a failure names the shape, the path and the worst
+ * element with its place. */
+static void check_attn(const char *name, const float *ref, const float *got, int64_t n, double tol,
+                       int64_t T, int64_t H, int64_t D, int64_t cols)
 {
-    char name[160];
-    snprintf(name, sizeof name, "%s [%s]", what, shape);
     if (tol == 0) {
-        expect_same(ctx, name, ref, dev, n);
+        check_same(name, ref, got, n);
         return;
     }
-    float *got = fvec(n);
-    host_from(ctx, got, dev, sizeof(float) * (size_t)n);
     double big = 0, err = 0;
     int64_t at = 0;
     for (int64_t i = 0; i < n; i++) big = fmax(big, fabs((double)ref[i]));
@@ -267,29 +263,119 @@ static void expect_attn(opf_ctx *ctx, const char *what, const char *shape, const
     CHECK(err <= tol * (big > 0 ? big : 1), "%s: error %g at [%lld] (%s; gpu %g cpu %g), over %g "
           "of the largest |value| %g", name, err, (long long)at, where, n ? (double)got[at] : 0.0,
           n ? (double)ref[at] : 0.0, tol, big);
-    free(got);
+}
+
+/* The same for got on the device: n values of dtype dt, widened. */
+static void expect_attn_dt(opf_ctx *ctx, const char *what, const char *shape, const float *ref,
+                           const void *dev, opf_dtype dt, int64_t n, double tol, int64_t T,
+                           int64_t H, int64_t D, int64_t cols)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%s [%s]", what, shape);
+    size_t nb = opf_dtype_nbytes(dt, (size_t)n);
+    void *raw = malloc(nb ? nb : 1);
+    float *got = fvec(n);
+    host_from(ctx, raw, dev, nb);
+    CHECK_OK(ctx, opf_convert(raw, dt, got, OPF_F32, (size_t)n));
+    check_attn(name, ref, got, n, tol, T, H, D, cols);
+    free(raw), free(got);
+}
+
+static void expect_attn(opf_ctx *ctx, const char *what, const char *shape, const float *ref,
+                        const float *dev, int64_t n, double tol, int64_t T, int64_t H, int64_t D,
+                        int64_t cols)
+{
+    expect_attn_dt(ctx, what, shape, ref, dev, OPF_F32, n, tol, T, H, D, cols);
+}
+
+/* n values of dev (f32) as the host's, rounded to dt and widened back. */
+static float *host_rounded(opf_ctx *ctx, const float *dev, int64_t n, opf_dtype dt)
+{
+    float *h = fvec(n);
+    uint16_t *r = calloc((size_t)(n ? n : 1), sizeof *r);
+    host_from(ctx, h, dev, sizeof(float) * (size_t)n);
+    if (dt != OPF_F32) {
+        CHECK_OK(ctx, opf_convert(h, OPF_F32, r, dt, (size_t)n));
+        CHECK_OK(ctx, opf_convert(r, dt, h, OPF_F32, (size_t)n));
+    }
+    free(r);
+    return h;
+}
+
+/* n values exact in dt, stored as dt on the device. */
+static void *dev_as(opf_ctx *ctx, const float *h, int64_t n, opf_dtype dt)
+{
+    size_t nb = opf_dtype_nbytes(dt, (size_t)n);
+    void *x = malloc(nb ? nb : 1);
+    CHECK_OK(ctx, opf_convert(h, OPF_F32, x, dt, (size_t)n));
+    void *d = dev_from(ctx, x, nb);
+    free(x);
+    return d;
+}
+
+/* The arrays of one attention call on the device, and their sizes. */
+typedef struct attn_bufs {
+    int64_t B, T, H, D, nq, no, nl;
+    void   *qkv, *dout, *dqkv;  /* of the storage dtype */
+    float  *o, *lse;
+} attn_bufs;
+
+/* On the path now set, with qkv, do and dqkv stored as dt (the 16-bit
+ * kernels read and write it directly; g the fp32-storage run's arrays, the
+ * forward's outputs in fo / flse, before the CPU's o and lse replaced them,
+ * then dqkv from those): the forward's bits are that run's, dqkv is that
+ * run's rounded once to dt, and with dqkv f32 it is that run's exactly.
+ * The bounds against the CPU (cpu_dq) hold with dt's rounding. */
+static void attn_typed_case(opf_ctx *ctx, const char *shape, opf_dtype dt, const attn_bufs *g,
+                            const float *fo, const float *flse, const float *cpu_dq,
+                            const float *qkv, const float *dout, double tol)
+{
+    const opf_nn_kernels *K = &opf_cuda_nn;
+    int64_t B = g->B, T = g->T, H = g->H, D = g->D, nq = g->nq, no = g->no, nl = g->nl;
+    void *tq = dev_as(ctx, qkv, nq, dt), *td = dev_as(ctx, dout, no, dt);
+    void *tdq = dev_from(ctx, NULL, opf_dtype_nbytes(dt, (size_t)nq));
+    float *to = dev_from(ctx, NULL, sizeof(float) * (size_t)no);
+    float *tl = dev_from(ctx, NULL, sizeof(float) * (size_t)nl);
+    float *tdq32 = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
+    char at[160];
+    snprintf(at, sizeof at, "%s, %s storage", shape, opf_dtype_name(dt));
+    CHECK_OK(ctx, K->attn_fwd(ctx, tq, dt, to, tl, B, T, H, D, dt));
+    expect_attn(ctx, "attn_fwd o", at, fo, to, no, 0, T, H, D, H * D);
+    expect_attn(ctx, "attn_fwd lse", at, flse, tl, nl, 0, T, H, D, 0);
+    float *want = host_rounded(ctx, g->dqkv, nq, dt), *f32 = host_rounded(ctx, g->dqkv, nq, OPF_F32);
+    CHECK_OK(ctx, K->attn_bwd(ctx, tq, dt, g->o, g->lse, td, dt, tdq, dt, B, T, H, D, dt));
+    expect_attn_dt(ctx, "attn_bwd dqkv", at, want, tdq, dt, nq, 0, T, H, D, 3 * H * D);
+    expect_attn_dt(ctx, "attn_bwd dqkv vs cpu", at, cpu_dq, tdq, dt, nq, tol, T, H, D, 3 * H * D);
+    CHECK_OK(ctx, K->attn_bwd(ctx, tq, dt, g->o, g->lse, td, dt, tdq32, OPF_F32, B, T, H, D, dt));
+    expect_attn(ctx, "attn_bwd dqkv f32", at, f32, tdq32, nq, 0, T, H, D, 3 * H * D);
+    void *gs[] = {tq, td, tdq, to, tl, tdq32};
+    for (int i = 0; i < 6; i++) opf_cuda_free(ctx, gs[i]);
+    free(want), free(f32);
 }
 
 /* One shape on every path (exact only when `exact`: slow at long T; f32
  * qkv only gemm and exact, which read no dtype), with q, k, v and do drawn
  * exact in dt and dt passed as qkv's logical dtype: the forward against
  * the CPU's o and lse, then the backward from the CPU's o and lse against
- * its dqkv. */
+ * its dqkv, all on f32 storage; for bf16 and f16 then the same calls on dt
+ * storage against these (attn_typed_case). */
 static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
                          bool exact, opf_dtype dt)
 {
     int64_t C = H * D, nq = B * T * 3 * C, no = B * T * C, nl = B * H * T;
     float *qkv = frand_dt(nq, scale, dt), *dout = frand_dt(no, 1.0f, dt);
-    float *o = fvec(no), *lse = fvec(nl), *dqkv = fvec(nq);
-    float *gqkv = dev_from(ctx, qkv, sizeof(float) * (size_t)nq);
-    float *gdout = dev_from(ctx, dout, sizeof(float) * (size_t)no);
-    float *go = dev_from(ctx, NULL, sizeof(float) * (size_t)no);
-    float *glse = dev_from(ctx, NULL, sizeof(float) * (size_t)nl);
-    float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
+    float *o = fvec(no), *lse = fvec(nl), *dqkv = fvec(nq), *fo = fvec(no), *flse = fvec(nl);
+    attn_bufs g = {.B = B, .T = T, .H = H, .D = D, .nq = nq, .no = no, .nl = nl};
+    g.qkv = dev_from(ctx, qkv, sizeof(float) * (size_t)nq);
+    g.dout = dev_from(ctx, dout, sizeof(float) * (size_t)no);
+    g.o = dev_from(ctx, NULL, sizeof(float) * (size_t)no);
+    g.lse = dev_from(ctx, NULL, sizeof(float) * (size_t)nl);
+    g.dqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
     printf("  attention %s B %lld T %lld H %lld D %lld (scale %g)\n", opf_dtype_name(dt),
            (long long)B, (long long)T, (long long)H, (long long)D, (double)scale);
-    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, o, lse, B, T, H, D, dt));
-    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, dt));
+    const opf_dtype F = OPF_F32;
+    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, F, o, lse, B, T, H, D, dt));
+    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, F, o, lse, dout, F, dqkv, F, B, T, H, D, dt));
     int first = dt != OPF_F32 ? 2 : exact ? 0 : 1, slot = dtype_slot(dt);
     for (int p = first; p < (int)(sizeof attn_paths / sizeof attn_paths[0]); p++) {
         const attn_path_case *pc = &attn_paths[p];
@@ -299,21 +385,26 @@ static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t 
         snprintf(shape, sizeof shape, "%s B %lld T %lld H %lld D %lld scale %g, %s",
                  opf_dtype_name(dt), (long long)B, (long long)T, (long long)H, (long long)D,
                  (double)scale, pc->env ? pc->env : "default");
-        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, dt));
-        expect_attn(ctx, "attn_fwd o", shape, o, go, no, pc->tol_o[slot], T, H, D, C);
-        expect_attn(ctx, "attn_fwd lse", shape, lse, glse, nl, pc->tol_o[slot], T, H, D, 0);
+        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, g.qkv, F, g.o, g.lse, B, T, H, D, dt));
+        expect_attn(ctx, "attn_fwd o", shape, o, g.o, no, pc->tol_o[slot], T, H, D, C);
+        expect_attn(ctx, "attn_fwd lse", shape, lse, g.lse, nl, pc->tol_o[slot], T, H, D, 0);
+        host_from(ctx, fo, g.o, sizeof(float) * (size_t)no);
+        host_from(ctx, flse, g.lse, sizeof(float) * (size_t)nl);
         /* the backward from the CPU's o and lse on both sides */
-        CHECK_OK(ctx, opf_cuda_copy(ctx, go, o, sizeof(float) * (size_t)no, OPF_CUDA_H2D));
-        CHECK_OK(ctx, opf_cuda_copy(ctx, glse, lse, sizeof(float) * (size_t)nl, OPF_CUDA_H2D));
-        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D, dt));
-        expect_attn(ctx, "attn_bwd dqkv", shape, dqkv, gdqkv, nq, pc->tol_dqkv[slot], T, H, D,
+        CHECK_OK(ctx, opf_cuda_copy(ctx, g.o, o, sizeof(float) * (size_t)no, OPF_CUDA_H2D));
+        CHECK_OK(ctx, opf_cuda_copy(ctx, g.lse, lse, sizeof(float) * (size_t)nl, OPF_CUDA_H2D));
+        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, g.qkv, F, g.o, g.lse, g.dout, F, g.dqkv, F, B, T,
+                                           H, D, dt));
+        expect_attn(ctx, "attn_bwd dqkv", shape, dqkv, g.dqkv, nq, pc->tol_dqkv[slot], T, H, D,
                     3 * C);
+        if (dt != OPF_F32)
+            attn_typed_case(ctx, shape, dt, &g, fo, flse, dqkv, qkv, dout, pc->tol_dqkv[slot]);
     }
     unsetenv("OPF_CUDA_ATTENTION");
-    void *gs[] = {gqkv, gdout, go, glse, gdqkv};
+    void *gs[] = {g.qkv, g.dout, g.o, g.lse, g.dqkv};
     for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);
-    void *hs[] = {qkv, dout, o, lse, dqkv};
-    for (int i = 0; i < 5; i++) free(hs[i]);
+    void *hs[] = {qkv, dout, o, lse, dqkv, fo, flse};
+    for (int i = 0; i < 7; i++) free(hs[i]);
 }
 
 static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
@@ -335,12 +426,13 @@ static void attn_path_error(opf_ctx *ctx)
     float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
     printf("  attention: OPF_CUDA_ATTENTION=flash3 is an error\n");
     setenv("OPF_CUDA_ATTENTION", "flash3", 1);
-    CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, OPF_F32),
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_F32),
                 OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash3");
-    CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, go, glse, gdout, gdqkv, B, T, H, D, OPF_BF16),
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, OPF_F32, go, glse, gdout, OPF_F32, gdqkv,
+                                          OPF_F32, B, T, H, D, OPF_BF16),
                 OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash3");
     setenv("OPF_CUDA_ATTENTION", "gemm", 1);
-    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, go, glse, B, T, H, D, OPF_BF16));
+    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_BF16));
     unsetenv("OPF_CUDA_ATTENTION");
     void *gs[] = {gqkv, gdout, go, glse, gdqkv};
     for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);

@@ -2,11 +2,13 @@
  * embedding, causal attention and cross-entropy forward against a direct
  * double computation, their gradients against central finite differences of
  * that double forward, the fakes against the real outputs, bf16 inputs,
+ * attention's kernels on bf16 / f16 storage (the bits of f32 storage),
  * thread-count independence, bad input, and global gradient-norm clipping. */
 #include <omp.h>
 
 #include "test.h"
 
+#include "backend/nn.h"
 #include "ops/ops-impl.h"
 
 enum { B = 2, T = 7, H = 2, D = 4, C = H * D, V = 11, P = 8 };
@@ -159,6 +161,45 @@ static void test_attention(opf_ctx *ctx)
     opf_op_destroy(op3), opf_op_destroy(op);
 }
 
+/* The kernels with qkv, do and dqkv stored as dt (values exact in dt) give
+ * the bits of the fp32 storage, dqkv being the fp32 result rounded once;
+ * likewise with one of them 16-bit and the others fp32. */
+static void attention_storage_case(opf_ctx *ctx, opf_dtype dt)
+{
+    enum { NX = B * T * 3 * C, NY = B * T * C, NL = B * H * T };
+    static float qkv[NX], dout[NY], o[NY], lse[NL], o2[NY], lse2[NL], dq[NX], dq2[NX];
+    static uint16_t q16[NX], d16[NY], dq16[NX], want16[NX];
+    fill(qkv, NX, 1.0f), fill(dout, NY, 1.0f);
+    opf_convert(qkv, OPF_F32, q16, dt, NX), opf_convert(q16, dt, qkv, OPF_F32, NX);
+    opf_convert(dout, OPF_F32, d16, dt, NY), opf_convert(d16, dt, dout, OPF_F32, NY);
+    const opf_nn_kernels *k = &opf_cpu_nn;
+    CHECK_OK(ctx, k->attn_fwd(ctx, qkv, OPF_F32, o, lse, B, T, H, D, dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, qkv, OPF_F32, o, lse, dout, OPF_F32, dq, OPF_F32, B, T, H, D, dt));
+    opf_convert(dq, OPF_F32, want16, dt, NX);
+
+    CHECK_OK(ctx, k->attn_fwd(ctx, q16, dt, o2, lse2, B, T, H, D, dt));
+    CHECK(!memcmp(o, o2, sizeof o) && !memcmp(lse, lse2, sizeof lse),
+          "attention forward: %s qkv gives other bits than f32", opf_dtype_name(dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, q16, dt, o, lse, d16, dt, dq16, dt, B, T, H, D, dt));
+    CHECK(!memcmp(dq16, want16, sizeof dq16), "attention backward: %s storage, other bits than "
+          "the f32 run rounded", opf_dtype_name(dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, q16, dt, o, lse, dout, OPF_F32, dq2, OPF_F32, B, T, H, D, dt));
+    CHECK(!memcmp(dq, dq2, sizeof dq), "attention backward: %s qkv alone", opf_dtype_name(dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, qkv, OPF_F32, o, lse, d16, dt, dq2, OPF_F32, B, T, H, D, dt));
+    CHECK(!memcmp(dq, dq2, sizeof dq), "attention backward: %s do alone", opf_dtype_name(dt));
+}
+
+static void test_attention_storage(opf_ctx *ctx)
+{
+    attention_storage_case(ctx, OPF_BF16);
+    attention_storage_case(ctx, OPF_F16);
+    /* a copy past what scratch can hold: refused before any value is read */
+    float o[1], lse[1];
+    uint16_t q[1];
+    CHECK_FAILS(ctx, opf_cpu_nn.attn_fwd(ctx, q, OPF_BF16, o, lse, 1, 1 << 20, 1, 1 << 12, OPF_BF16),
+                OPF_ERR_NO_MEMORY, "attention", "qkv", "bytes");
+}
+
 /* ---- embedding ------------------------------------------------------------------- */
 
 static void test_embedding(opf_ctx *ctx)
@@ -282,6 +323,7 @@ int main(void)
     if (opf_ctx_create(NULL, &ctx) || opf_nn_register()) return 1;
     CHECK(opf_nn_register() == OPF_OK, "a second registration is a no-op");
     test_attention(ctx);
+    test_attention_storage(ctx);
     test_embedding(ctx);
     test_cross_entropy(ctx);
     test_clip(ctx);

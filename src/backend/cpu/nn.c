@@ -73,17 +73,57 @@ static void attn_fwd_head(const float *qkv, float *o, float *lse, int64_t T, int
     }
 }
 
-static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                           int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+/* ---- attention's storage dtypes ---------------------------------------------------
+ * The heads run on fp32; a 16-bit qkv, do or dqkv goes through an fp32 copy
+ * in the context's scratch (widening is exact, and dqkv rounds once at the
+ * end: the bits of an fp32 run). */
+
+static opf_status attn_no_scratch(opf_ctx *ctx, const char *what, size_t bytes)
+{
+    return opf_error(ctx, OPF_ERR_NO_MEMORY, "attention: no scratch for the fp32 copy of %s "
+                     "(%zu bytes)", what, bytes);
+}
+
+/* n fp32 values of scratch for `what`, or NULL with the error set. */
+static float *attn_scratch(opf_ctx *ctx, const char *what, int64_t n, opf_status *st)
+{
+    size_t bytes = sizeof(float) * (size_t)(n > 0 ? n : 1);
+    float *p = opf_ctx_scratch_push(ctx, bytes);
+    if (!p) *st = attn_no_scratch(ctx, what, bytes);
+    return p;
+}
+
+/* *v: x (n values of dtype t) as fp32: x itself when f32, else a copy. */
+static opf_status attn_widen(opf_ctx *ctx, const char *what, const void *x, opf_dtype t,
+                             int64_t n, const float **v)
+{
+    if (t == OPF_F32) {
+        *v = x;
+        return OPF_OK;
+    }
+    opf_status st = OPF_OK;
+    float *w = attn_scratch(ctx, what, n, &st);
+    if (w) opf_cpu_load_f32(x, t, 0, n, w);
+    *v = w;
+    return st;
+}
+
+static opf_status attn_fwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, float *o,
+                           float *lse, int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
     int64_t C = H * D;
     float scale = 1.0f / sqrtf((float)D);
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    const float *qkv;
+    opf_status st = attn_widen(ctx, "qkv", qkv_in, qkv_t, B * T * 3 * C, &qkv);
+    if (st) return st;
 #pragma omp parallel for schedule(dynamic) if (B * H > 1 && T * T * C >= PAR_MIN)
     for (int64_t bh = 0; bh < B * H; bh++) {
         int64_t b = bh / H, h = bh % H;
         attn_fwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T, T, C, D,
                       scale);
     }
+    opf_ctx_scratch_pop(ctx, mark);
     return OPF_OK;
 }
 
@@ -109,9 +149,8 @@ static void attn_bwd_head(const float *qkv, const float *o, const float *lse, co
     }
 }
 
-static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
-                           const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                           int64_t D, opf_dtype in_dt)
+static void attn_bwd_heads(const float *qkv, const float *o, const float *lse, const float *dout,
+                           float *dqkv, int64_t B, int64_t T, int64_t H, int64_t D)
 {
     int64_t C = H * D;
     float scale = 1.0f / sqrtf((float)D);
@@ -121,7 +160,26 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
         attn_bwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T,
                       dout + b * T * C + h * D, dqkv + b * T * 3 * C + h * D, T, C, D, scale);
     }
-    return OPF_OK;
+}
+
+static opf_status attn_bwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, const float *o,
+                           const float *lse, const void *dout_in, opf_dtype dout_t, void *dqkv_out,
+                           opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                           opf_dtype in_dt)
+{
+    int64_t nq = B * T * 3 * H * D;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    const float *qkv, *dout;
+    float *dqkv = dqkv_out;
+    opf_status st = attn_widen(ctx, "qkv", qkv_in, qkv_t, nq, &qkv);
+    if (!st) st = attn_widen(ctx, "do", dout_in, dout_t, B * T * H * D, &dout);
+    if (!st && dqkv_t != OPF_F32) dqkv = attn_scratch(ctx, "dqkv", nq, &st);
+    if (!st) {
+        attn_bwd_heads(qkv, o, lse, dout, dqkv, B, T, H, D);
+        if (dqkv != dqkv_out) opf_cpu_store_f32(dqkv, dqkv_t, dqkv_out, 0, nq);
+    }
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
 }
 
 /* Row r of x (dtype xt) is read XENT_BLOCK values at a time into fp32 on

@@ -138,8 +138,8 @@ static void carve(void *ws, float **out[], const int64_t *n, int count)
     for (int i = 0; i < count; i++) *out[i] = (float *)p, p += region(n[i]);
 }
 
-opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                                  int64_t T, int64_t H, int64_t D)
+static opf_status fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+                           int64_t T, int64_t H, int64_t D)
 {
     const char *fn = "attention forward (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
@@ -170,9 +170,9 @@ opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, floa
     return st;
 }
 
-opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
-                                  const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                                  int64_t D)
+static opf_status bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
+                           const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
+                           int64_t D)
 {
     const char *fn = "attention backward (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
@@ -211,4 +211,101 @@ opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o
         if (!st) st = launch_heads(ctx, s, dqkv, 3, dq, dk, dv, &h, true, fn);
     }
     return st;
+}
+
+/* ---- storage dtypes --------------------------------------------------------
+ * Kernels that read one dtype get a plain f32 / bf16 / f16 array of another
+ * as a copy cast by elem.cu (widening exact, narrowing RNE) in the context's
+ * device scratch; a result written in another dtype is cast at the end. */
+
+/* n values of dtype xt at x into y as yt. */
+static opf_status cast_dev(opf_ctx *ctx, const void *x, opf_dtype xt, void *y, opf_dtype yt,
+                           int64_t n)
+{
+    opf_spec sx = opf_spec_make(1, &n, xt), sy = opf_spec_make(1, &n, yt);
+    sx.device = sy.device = OPF_DEVICE_CUDA;
+    opf_tensor tx, ty;
+    opf_status st = opf_tensor_wrap(&sx, (void *)x, &tx);
+    if (!st) st = opf_tensor_wrap(&sy, y, &ty);
+    return st ? st : opf_cuda_elem.cast(ctx, &tx, &ty);
+}
+
+/* x (n values of xt; NULL: none) as want: x itself, or device scratch
+ * holding a copy when `copy` (an input), else nothing yet (an output). */
+static opf_status attn_as(opf_ctx *ctx, const char *fn, const char *what, const void *x,
+                          opf_dtype xt, opf_dtype want, int64_t n, bool copy, const void **out)
+{
+    *out = x;
+    if (xt == want || !x) return OPF_OK;
+    size_t bytes = opf_dtype_nbytes(want, (size_t)(n > 0 ? n : 1));
+    void *p = opf_ctx_scratch_push_on(ctx, OPF_DEVICE_CUDA, bytes);
+    if (!p)
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no device scratch for %s as %s (%zu bytes)",
+                         fn, what, opf_dtype_name(want), bytes);
+    *out = p;
+    return copy ? cast_dev(ctx, x, xt, p, want, n) : OPF_OK;
+}
+
+opf_status opf_cuda_attn_io_open(opf_ctx *ctx, const char *fn, opf_cuda_attn_io *io,
+                                 const void *qkv, opf_dtype qkv_t, const void *dout,
+                                 opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, opf_dtype in_t,
+                                 opf_dtype out_t, int64_t nq)
+{
+    const void *w = NULL;
+    *io = (opf_cuda_attn_io){.out = dqkv, .out_t = dqkv_t, .kernel_out_t = out_t, .nq = nq,
+                             .mark = opf_ctx_scratch_mark(ctx)};
+    opf_status st = attn_as(ctx, fn, "qkv", qkv, qkv_t, in_t, nq, true, &io->qkv);
+    if (!st) st = attn_as(ctx, fn, "do", dout, dout_t, in_t, nq / 3, true, &io->dout);
+    if (!st) st = attn_as(ctx, fn, "dqkv", dqkv, dqkv_t, out_t, nq, false, &w);
+    io->dqkv = (void *)w;
+    if (st) opf_ctx_scratch_pop(ctx, io->mark);
+    return st;
+}
+
+opf_status opf_cuda_attn_io_close(opf_ctx *ctx, const opf_cuda_attn_io *io, opf_status st)
+{
+    if (!st && io->dqkv != io->out)
+        st = cast_dev(ctx, io->dqkv, io->kernel_out_t, io->out, io->out_t, io->nq);
+    opf_ctx_scratch_pop(ctx, io->mark);  /* stream-ordered: later work reuses it after these */
+    return st;
+}
+
+opf_status opf_cuda_attn_fwd_f32(opf_ctx *ctx, opf_cuda_attn_fwd_fn body, const void *qkv,
+                                 opf_dtype qkv_t, float *o, float *lse, int64_t B, int64_t T,
+                                 int64_t H, int64_t D, const char *fn)
+{
+    opf_cuda_attn_io io;
+    opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, NULL, OPF_F32, NULL, OPF_F32,
+                                          OPF_F32, OPF_F32, B * T * 3 * H * D);
+    if (st) return st;
+    return opf_cuda_attn_io_close(ctx, &io, body(ctx, (const float *)io.qkv, o, lse, B, T, H, D));
+}
+
+opf_status opf_cuda_attn_bwd_f32(opf_ctx *ctx, opf_cuda_attn_bwd_fn body, const void *qkv,
+                                 opf_dtype qkv_t, const float *o, const float *lse,
+                                 const void *dout, opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t,
+                                 int64_t B, int64_t T, int64_t H, int64_t D, const char *fn)
+{
+    opf_cuda_attn_io io;
+    opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, dout, dout_t, dqkv, dqkv_t,
+                                          OPF_F32, OPF_F32, B * T * 3 * H * D);
+    if (st) return st;
+    st = body(ctx, (const float *)io.qkv, o, lse, (const float *)io.dout, (float *)io.dqkv, B, T,
+              H, D);
+    return opf_cuda_attn_io_close(ctx, &io, st);
+}
+
+opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                  float *lse, int64_t B, int64_t T, int64_t H, int64_t D)
+{
+    return opf_cuda_attn_fwd_f32(ctx, fwd_gemm, qkv, qkv_t, o, lse, B, T, H, D,
+                                 "attention forward (cuda)");
+}
+
+opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                  const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
+                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D)
+{
+    return opf_cuda_attn_bwd_f32(ctx, bwd_gemm, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B,
+                                 T, H, D, "attention backward (cuda)");
 }

@@ -90,27 +90,66 @@ opf_status opf_cuda_sgemm_batched(opf_ctx *ctx, opf_cuda_state *s, bool ta, bool
  * found on the device since the last read, as OPF_ERR_INVALID_ARG naming
  * the row and the id (runtime.cu). OPF_OK when none or nothing captured. */
 opf_status opf_cuda_deferred_check(opf_ctx *ctx, opf_cuda_state *s);
-/* nn.h's attention entries; nn.cu's pick one by OPF_CUDA_ATTENTION: flash
+/* nn.h's attention entries; nn.cu's pick one by OPF_CUDA_ATTENTION: flash2
  * (the default) the tiled tensor-core kernels (flash.cu: D 64 or 128 and
- * 16-byte aligned arrays, else the GEMMs; bf16 or f16 products for in_dt
- * bf16 or f16, TF32 for the rest); flash2 the same with 16-bit kernels on
- * mma.sync, S and P in registers; gemm batched fp32 GEMMs (attn.cu); exact
- * nn.cu's own, the CPU's bits. */
-opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                                  int64_t T, int64_t H, int64_t D);
-opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
-                                  const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                                  int64_t D);
-opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                   int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
-opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                    int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
-opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
-                                   const float *lse, const float *dout, float *dqkv, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
-opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const float *qkv, const float *o,
-                                    const float *lse, const float *dout, float *dqkv, int64_t B,
+ * 16-byte aligned arrays, else the GEMMs; for in_dt bf16 or f16 16-bit
+ * products on mma.sync, S and P in registers, reading and writing that
+ * dtype's storage; TF32 for the rest); flash the same with WMMA for 16-bit
+ * too; gemm batched fp32 GEMMs (attn.cu); exact nn.cu's own, the CPU's
+ * bits. qkv_t, dout_t and dqkv_t: the arrays' storage dtypes (nn.h). */
+opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                  float *lse, int64_t B, int64_t T, int64_t H, int64_t D);
+opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                  const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
+                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D);
+opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                   float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                   opf_dtype in_dt);
+opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                    float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                    opf_dtype in_dt);
+opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                   const float *lse, const void *dout, opf_dtype dout_t,
+                                   void *dqkv, opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                                   int64_t D, opf_dtype in_dt);
+opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                    const float *o, const float *lse, const void *dout,
+                                    opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+/* The arrays of an attention call as kernels of one input dtype in_t and
+ * one output dtype out_t take them (attn.cu): qkv and dout (NULL: none) the
+ * caller's or copies cast into device scratch; dqkv (NULL: none) the
+ * caller's or scratch that close casts into it. Open marks the context's
+ * scratch and close (after the kernels, passing their status on) pops it.
+ * A missing scratch is OPF_ERR_NO_MEMORY naming fn, the array and the
+ * bytes. nq: qkv's values, B T 3C. */
+typedef struct opf_cuda_attn_io {
+    const void *qkv, *dout;
+    void       *dqkv;
+    void       *out;  /* the caller's dqkv, of out_t */
+    opf_dtype   out_t, kernel_out_t;
+    int64_t     nq;
+    size_t      mark;
+} opf_cuda_attn_io;
+opf_status opf_cuda_attn_io_open(opf_ctx *ctx, const char *fn, opf_cuda_attn_io *io,
+                                 const void *qkv, opf_dtype qkv_t, const void *dout,
+                                 opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, opf_dtype in_t,
+                                 opf_dtype out_t, int64_t nq);
+opf_status opf_cuda_attn_io_close(opf_ctx *ctx, const opf_cuda_attn_io *io, opf_status st);
+/* An fp32 attention body run on typed storage: the arrays widened, dqkv
+ * written through fp32 (the gemm and exact paths). */
+typedef opf_status (*opf_cuda_attn_fwd_fn)(opf_ctx *ctx, const float *qkv, float *o, float *lse,
+                                           int64_t B, int64_t T, int64_t H, int64_t D);
+typedef opf_status (*opf_cuda_attn_bwd_fn)(opf_ctx *ctx, const float *qkv, const float *o,
+                                           const float *lse, const float *dout, float *dqkv,
+                                           int64_t B, int64_t T, int64_t H, int64_t D);
+opf_status opf_cuda_attn_fwd_f32(opf_ctx *ctx, opf_cuda_attn_fwd_fn body, const void *qkv,
+                                 opf_dtype qkv_t, float *o, float *lse, int64_t B, int64_t T,
+                                 int64_t H, int64_t D, const char *fn);
+opf_status opf_cuda_attn_bwd_f32(opf_ctx *ctx, opf_cuda_attn_bwd_fn body, const void *qkv,
+                                 opf_dtype qkv_t, const float *o, const float *lse,
+                                 const void *dout, opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t,
+                                 int64_t B, int64_t T, int64_t H, int64_t D, const char *fn);
 /* The status of a failed CUDA runtime call, with its message. */
 opf_status opf_cuda_fail(opf_ctx *ctx, cudaError_t e, const char *fn, const char *call);
 opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const char *call);

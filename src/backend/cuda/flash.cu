@@ -1,10 +1,13 @@
 /* flash.cu: causal self-attention (backend/nn.h's attn_fwd / attn_bwd) as
  * FlashAttention-2 style tiled kernels on the tensor cores
- * (OPF_CUDA_ATTENTION=flash or unset, nn.cu): the [T, T] scores live a tile
- * at a time in shared memory, never in global memory. qkv's logical dtype
- * picks the products: bf16 and f16 the 16-bit kernels (their section
- * below; with OPF_CUDA_ATTENTION=flash2 the mma.sync ones of the last
- * section), anything else these TF32 ones.
+ * (OPF_CUDA_ATTENTION=flash2 or unset, and flash, nn.cu): the [T, T] scores
+ * live a tile at a time in shared memory or registers, never in global
+ * memory. qkv's logical dtype picks the products: bf16 and f16 the 16-bit
+ * kernels (with flash2 the mma.sync ones of the last section, with flash
+ * the WMMA ones of the section before), anything else these TF32 ones. The
+ * kernels read qkv and do in one dtype (fp32 for TF32, E for the 16-bit
+ * ones) and the 16-bit ones write dqkv as E or fp32: a caller's array
+ * stored otherwise goes through a cast copy (the host section).
  *
  * The TF32 products are WMMA m16n16k8 with fp32 accumulation: q,
  * k, v, do, p and ds are rounded to TF32 (10 mantissa bits) as they enter
@@ -287,17 +290,23 @@ __global__ void __launch_bounds__(THREADS) flash_fwd_kernel(const float *qkv, fl
         strip_store<D>(acc, Ks + w * 16 * (D + 8), o + hd.o + (i0 + w * 16) * f.C, f.C, n, alpha);
 }
 
+/* A stored value as fp32 (exact). */
+static __device__ __forceinline__ float f32_of(float x) { return x; }
+static __device__ __forceinline__ float f32_of(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ float f32_of(__half x) { return __half2float(x); }
+
 /* D_i = do_i . o_i of every (batch, head, row) x = bh * T + i (lse's
- * layout), into di: a warp a row. */
-static __global__ void flash_delta_kernel(const float *o, const float *dout, float *di,
-                                          int64_t rows, flash_dims f, int D)
+ * layout), into di: a warp a row; do of its storage type S. */
+template <typename S>
+static __global__ void flash_delta_kernel(const float *o, const S *dout, float *di, int64_t rows,
+                                          flash_dims f, int D)
 {
     int lane = threadIdx.x % 32;
     int64_t nw = (int64_t)gridDim.x * blockDim.x / 32, H = f.C / D;
     for (int64_t x = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; x < rows; x += nw) {
         int64_t bh = x / f.T, i = x % f.T, off = (bh / H * f.T + i) * f.C + bh % H * D;
         float s = 0.0f;
-        for (int d = lane; d < D; d += 32) s += dout[off + d] * o[off + d];
+        for (int d = lane; d < D; d += 32) s += f32_of(dout[off + d]) * o[off + d];
         for (int sh = 16; sh; sh >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, sh);
         if (lane == 0) di[x] = s;
     }
@@ -318,11 +327,15 @@ typedef struct bwd_smem {
     float *own[2], *own_w[2], *loop[2], *strip[2], *lse2, *dis;
 } bwd_smem;
 
-/* The backward kernels' arguments: nn.h's, and di the D_i of every row. */
+/* The backward kernels' arguments: nn.h's, and di the D_i of every row.
+ * qkv and dout are fp32 for the TF32 kernels, E for the 16-bit ones, whose
+ * dqkv is E when out16, else fp32. */
 typedef struct bwd_args {
-    const float *qkv, *lse, *dout, *di;
-    float       *dqkv;
+    const void  *qkv, *dout;
+    const float *lse, *di;
+    void        *dqkv;
     flash_dims   f;
+    bool         out16;
 } bwd_args;
 
 template <int D> static __device__ bwd_smem bwd_smem_of()
@@ -366,7 +379,7 @@ template <int D> __global__ void __launch_bounds__(THREADS) flash_dkv_kernel(bwd
     int w = threadIdx.x / 32, lane = threadIdx.x % 32, kt = (int)blockIdx.y;
     int64_t j0 = (int64_t)kt * TILE, ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = a.qkv + hd.q, *dO = a.dout + hd.o;
+    const float *q = (const float *)a.qkv + hd.q, *dO = (const float *)a.dout + hd.o;
     float sl2 = f.scale * LOG2E;
 
     int nk = tile_rows(T, j0);
@@ -407,7 +420,7 @@ template <int D> __global__ void __launch_bounds__(THREADS) flash_dkv_kernel(bwd
     /* the warp's own K and V rows (only it reads them) hold dK and dV on their way out */
     int n = min(16, nk - w * 16);
     if (n <= 0) return;
-    float *row = a.dqkv + hd.q + (j0 + w * 16) * ld;
+    float *row = (float *)a.dqkv + hd.q + (j0 + w * 16) * ld;
     strip_store<D>(dk, Kw, row + f.C, ld, n, NULL);
     strip_store<D>(dv, Vw, row + 2 * f.C, ld, n, NULL);
 }
@@ -424,12 +437,12 @@ template <int D> __global__ void __launch_bounds__(THREADS) flash_dq_kernel(bwd_
     int qt = f.tiles - 1 - (int)blockIdx.y;
     int64_t i0 = (int64_t)qt * TILE, ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = a.qkv + hd.q;
+    const float *q = (const float *)a.qkv + hd.q;
     float sl2 = f.scale * LOG2E;
 
     int nq = tile_rows(T, i0);
     load_tile<D>(Qs, q + i0 * ld, ld, nq);
-    load_tile<D>(dOs, a.dout + hd.o + i0 * f.C, f.C, nq);
+    load_tile<D>(dOs, (const float *)a.dout + hd.o + i0 * f.C, f.C, nq);
     load_rows(m.lse2, m.dis, a.lse + hd.bh * T, a.di + hd.bh * T, i0, nq);
     frag_c dq[D / 16];
 #pragma unroll
@@ -458,14 +471,15 @@ template <int D> __global__ void __launch_bounds__(THREADS) flash_dq_kernel(bwd_
         strip_ab<D>(dq, Sw, Ks, 0, 16 * ng);  /* dQ += dS K */
     }
     int n = min(16, nq - w * 16);
-    if (n > 0) strip_store<D>(dq, Qw, a.dqkv + hd.q + (i0 + w * 16) * ld, ld, n, NULL);
+    if (n > 0) strip_store<D>(dq, Qw, (float *)a.dqkv + hd.q + (i0 + w * 16) * ld, ld, n, NULL);
 }
 
 /* ---- 16-bit inputs ------------------------------------------------------------
  * When qkv's logical dtype is bf16 or f16 its values are exact in that type,
- * so q, k, v round to it losslessly as they enter shared memory and the
- * products run as WMMA m16n16k16 in that type with fp32 accumulation; p, ds
- * and do are rounded to it (as FlashAttention and cuDNN do), the softmax,
+ * so q, k, v are read in it (E, the caller's storage or an exact copy) and
+ * the products run as WMMA m16n16k16 in that type with fp32 accumulation;
+ * p, ds and do are rounded to it (as FlashAttention and cuDNN do; do is
+ * read as E too, while D_i takes do as stored), the softmax,
  * m, l, lse, D_i and the accumulators stay fp32. E is __nv_bfloat16 or
  * __half. Shared memory per element halves, so a block is NW16 = 8 warps
  * over its own 128-row tile (queries in the forward and dQ, keys in dK dV)
@@ -506,21 +520,17 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float x, float y)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* Rows [0, n) of a ROWS x D fp32 tile (row stride ld) into dst (E, row
- * stride D + 8), rounded; rows n .. ROWS - 1 zero. The whole block: 32-byte
- * loads, 16-byte stores (src 16-byte aligned, ld a multiple of 4). */
+/* Rows [0, n) of a ROWS x D tile of E (row stride ld) into dst (row
+ * stride D + 8); rows n .. ROWS - 1 zero. The whole block, 16-byte loads
+ * and stores (src 16-byte aligned, ld a multiple of 8). */
 template <typename E, int D, int ROWS>
-static __device__ void load_tile16(E *dst, const float *src, int64_t ld, int n)
+static __device__ void load_tile16(E *dst, const E *src, int64_t ld, int n)
 {
     constexpr int V8 = D / 8;
     for (int e = threadIdx.x; e < ROWS * V8; e += THREADS16) {
         int r = e / V8, c = e % V8 * 8;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
-        if (r < n) {
-            x = __ldg((const float4 *)(src + r * ld + c));
-            y = __ldg((const float4 *)(src + r * ld + c + 4));
-        }
-        uint4 u = {pack2<E>(x.x, x.y), pack2<E>(x.z, x.w), pack2<E>(y.x, y.y), pack2<E>(y.z, y.w)};
+        uint4 u = make_uint4(0, 0, 0, 0);
+        if (r < n) u = __ldg((const uint4 *)(src + r * ld + c));
         *(uint4 *)(dst + r * (D + 8) + c) = u;
     }
 }
@@ -578,12 +588,36 @@ static __device__ void strip_ab16(acc16 (&acc)[D / 16], const E *p, const E *b, 
     }
 }
 
+/* The dtype of E, and results stored as O (fp32, or E rounded as
+ * opf_dev_from_f32 rounds: the bits of the CPU's fp32 -> E). */
+template <typename E> struct e_dtype { static constexpr opf_dtype value = OPF_BF16; };
+template <> struct e_dtype<__half> { static constexpr opf_dtype value = OPF_F16; };
+
+template <typename E> static __device__ __forceinline__ uint32_t round2(float x, float y)
+{
+    constexpr opf_dtype DT = e_dtype<E>::value;
+    return (uint32_t)opf_dev_from_f32<DT>(x) | (uint32_t)opf_dev_from_f32<DT>(y) << 16;
+}
+static __device__ __forceinline__ void store2(float *p, float x, float y)
+{
+    *(float2 *)p = make_float2(x, y);
+}
+template <typename E> static __device__ __forceinline__ void store2(E *p, float x, float y)
+{
+    *(uint32_t *)p = round2<E>(x, y);
+}
+static __device__ __forceinline__ void store4(float *p, float4 v) { *(float4 *)p = v; }
+template <typename E> static __device__ __forceinline__ void store4(E *p, float4 v)
+{
+    *(uint2 *)p = make_uint2(round2<E>(v.x, v.y), round2<E>(v.z, v.w));
+}
+
 /* A warp's 16 x D accumulators out through its strip, 64 columns at a time:
- * the rows that exist (n) to dst (row stride ld), times mul[r] when mul is
- * not NULL. The warp must be done reading the strip. */
-template <int D>
-static __device__ void strip_out16(acc16 (&acc)[D / 16], float *strip, float *dst, int64_t ld,
-                                   int n, const float *mul)
+ * the rows that exist (n) to dst (O, row stride ld), times mul[r] when mul
+ * is not NULL. The warp must be done reading the strip. */
+template <int D, typename O>
+static __device__ void strip_out16(acc16 (&acc)[D / 16], float *strip, O *dst, int64_t ld, int n,
+                                   const float *mul)
 {
     int lane = threadIdx.x % 32;
     for (int c0 = 0; c0 < D; c0 += TILE) {
@@ -598,7 +632,7 @@ static __device__ void strip_out16(acc16 (&acc)[D / 16], float *strip, float *ds
             if (r >= n) break;
             float4 v = *(const float4 *)(strip + r * SLD16 + c);
             if (mul) v = make_float4(v.x * mul[r], v.y * mul[r], v.z * mul[r], v.w * mul[r]);
-            *(float4 *)(dst + r * ld + c0 + c) = v;
+            store4(dst + r * ld + c0 + c, v);
         }
     }
 }
@@ -682,7 +716,7 @@ template <typename E, int D> static constexpr size_t fwd16_smem_bytes()
  * tiles (the block's Q first passes through both), the warps' strips, a
  * float per row. */
 template <typename E, int D>
-__global__ void __launch_bounds__(THREADS16) flash16_fwd_kernel(const float *qkv, float *o,
+__global__ void __launch_bounds__(THREADS16) flash16_fwd_kernel(const E *qkv, float *o,
                                                                 float *lse, flash_dims f)
 {
     extern __shared__ __align__(128) float sm[];
@@ -692,7 +726,7 @@ __global__ void __launch_bounds__(THREADS16) flash16_fwd_kernel(const float *qkv
     int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * OWN16, iw = i0 + 16 * w;
     int64_t ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = qkv + hd.q, *k = q + f.C, *v = k + f.C;
+    const E *q = qkv + hd.q, *k = q + f.C, *v = k + f.C;
     float *Sw = Ss + w * 16 * SLD16, *alpha = rowf + w * 16;
     float sl2 = f.scale * LOG2E;
 
@@ -774,9 +808,9 @@ template <typename E, int D> static __device__ bwd16_smem<E> bwd16_smem_of()
  * n) (the kernel's loader of TILE rows), lse (log2 units) and D_i; NT
  * threads. */
 template <int NT, typename E, typename L>
-static __device__ void dkv_query_tile(L load, E *Qs, E *dOs, float *lse2, float *dis,
-                                      const float *q, const float *dO, const bwd_args &a,
-                                      int64_t bh, int64_t i0, int n)
+static __device__ void dkv_query_tile(L load, E *Qs, E *dOs, float *lse2, float *dis, const E *q,
+                                      const E *dO, const bwd_args &a, int64_t bh, int64_t i0,
+                                      int n)
 {
     int64_t C = a.f.C, T = a.f.T;
     __syncthreads();  /* every warp is done with the last Q, dO */
@@ -802,7 +836,7 @@ __global__ void __launch_bounds__(THREADS16) flash16_dkv_kernel(bwd_args a)
     int64_t j0 = (int64_t)blockIdx.y * OWN16, jw = j0 + 16 * w, j = jw + lane / 2;
     int64_t ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = a.qkv + hd.q, *dO = a.dout + hd.o;
+    const E *q = (const E *)a.qkv + hd.q, *dO = (const E *)a.dout + hd.o;
     float sl2 = f.scale * LOG2E;
 
     int nk = rows_from(T, j0, OWN16);
@@ -815,7 +849,7 @@ __global__ void __launch_bounds__(THREADS16) flash16_dkv_kernel(bwd_args a)
         wmma::fill_fragment(dv[nd], 0.0f);
     }
 
-    auto load = [](E *dst, const float *src, int64_t ld, int n) {
+    auto load = [](E *dst, const E *src, int64_t ld, int n) {
         load_tile16<E, D, TILE>(dst, src, ld, n);
     };
     int qtiles = (int)((T + TILE - 1) / TILE);
@@ -850,10 +884,13 @@ __global__ void __launch_bounds__(THREADS16) flash16_dkv_kernel(bwd_args a)
         strip_ab16<E, D>(dk, dSw, Qs, 16 * g0, TILE);  /* dK += dS^T Q */
     }
     if (jw >= T) return;
-    float *row = a.dqkv + hd.q + jw * ld;
     int n = (int)min((int64_t)16, T - jw);
-    strip_out16<D>(dk, Sw, row + f.C, ld, n, NULL);
-    strip_out16<D>(dv, Sw, row + 2 * f.C, ld, n, NULL);
+    auto out = [&](auto *row) {
+        strip_out16<D>(dk, Sw, row + f.C, ld, n, NULL);
+        strip_out16<D>(dv, Sw, row + 2 * f.C, ld, n, NULL);
+    };
+    if (a.out16) out((E *)a.dqkv + hd.q + jw * ld);
+    else out((float *)a.dqkv + hd.q + jw * ld);
 }
 
 /* dQ: a block per (batch, head) x 128-query tile (the longest first), the
@@ -871,12 +908,12 @@ __global__ void __launch_bounds__(THREADS16) flash16_dq_kernel(bwd_args a)
     int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * OWN16, iw = i0 + 16 * w;
     int64_t i = iw + lane / 2, ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = a.qkv + hd.q;
+    const E *q = (const E *)a.qkv + hd.q;
     float sl2 = f.scale * LOG2E;
 
     int nq = rows_from(T, i0, OWN16);
     load_tile16<E, D, OWN16>(m.own[0], q + i0 * ld, ld, nq);
-    load_tile16<E, D, OWN16>(m.own[1], a.dout + hd.o + i0 * f.C, f.C, nq);
+    load_tile16<E, D, OWN16>(m.own[1], (const E *)a.dout + hd.o + i0 * f.C, f.C, nq);
     load_rows<OWN16, THREADS16>(m.lse2, m.dis, a.lse + hd.bh * T, a.di + hd.bh * T, i0, nq);
     acc16 dq[D / 16];
 #pragma unroll
@@ -913,17 +950,19 @@ __global__ void __launch_bounds__(THREADS16) flash16_dq_kernel(bwd_args a)
         __syncwarp();
         strip_ab16<E, D>(dq, dSw, Ks, 0, 16 * ng);  /* dQ += dS K */
     }
-    if (iw < T)
-        strip_out16<D>(dq, Sw, a.dqkv + hd.q + iw * ld, ld, (int)min((int64_t)16, T - iw), NULL);
+    if (iw >= T) return;
+    int n = (int)min((int64_t)16, T - iw);
+    if (a.out16) strip_out16<D>(dq, Sw, (E *)a.dqkv + hd.q + iw * ld, ld, n, NULL);
+    else strip_out16<D>(dq, Sw, (float *)a.dqkv + hd.q + iw * ld, ld, n, NULL);
 }
 
 /* ---- flash2: the 16-bit kernels on mma.sync (OPF_CUDA_ATTENTION=flash2) ----
  * FlashAttention-2's structure: S and P never leave the registers. A block
  * is 8 warps over 128 query rows, warp w rows 16w .. 16w + 15; key tiles of
- * 64 rows (K and V, rounded to E) double-buffered in shared memory: the
- * next tile's fp32 rows are loaded into registers before the current one's
- * products and stored (rounded) into the other buffer after them, one
- * barrier a tile. Q stays in registers as A fragments for the whole loop.
+ * 64 rows (K and V, of E) double-buffered in shared memory: the next
+ * tile's rows are loaded into registers before the current one's products
+ * and stored into the other buffer after them, one barrier a tile. Q stays
+ * in registers as A fragments for the whole loop.
  *
  * Layouts (PTX ISA, mma.m16n8k16 with 16-bit A and B, f32 C and D;
  * g = lane / 4, t = lane % 4; a register of A or B holds two elements, the
@@ -988,54 +1027,49 @@ static __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&
 }
 #undef F2_MMA
 
-/* A thread's share of a ROWS-row tile in flight: 8-element chunks, fp32. */
+/* A thread's share of a ROWS-row tile in flight: 8-element chunks of E. */
 template <int D, int ROWS> struct flash2_stage {
     enum { N = ROWS * D / 8 / F2_THREADS };
-    float4 x[N][2];
+    uint4 x[N];
 };
 
-/* Rows [0, n) of a tile (row stride ld) into s; rows past n zero. */
-template <int D, int ROWS>
-static __device__ __forceinline__ void flash2_fetch(flash2_stage<D, ROWS> &s, const float *src,
+/* Rows [0, n) of a tile of E (row stride ld) into s; rows past n zero. */
+template <typename E, int D, int ROWS>
+static __device__ __forceinline__ void flash2_fetch(flash2_stage<D, ROWS> &s, const E *src,
                                                     int64_t ld, int n)
 {
 #pragma unroll
     for (int i = 0; i < flash2_stage<D, ROWS>::N; i++) {
         int e = threadIdx.x + i * F2_THREADS, r = e / (D / 8), c = e % (D / 8) * 8;
-        s.x[i][0] = s.x[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < n) {
-            s.x[i][0] = __ldg((const float4 *)(src + r * ld + c));
-            s.x[i][1] = __ldg((const float4 *)(src + r * ld + c + 4));
-        }
+        s.x[i] = make_uint4(0, 0, 0, 0);
+        if (r < n) s.x[i] = __ldg((const uint4 *)(src + r * ld + c));
     }
 }
 
-/* s rounded to E into a swizzled tile. */
+/* s into a swizzled tile. */
 template <typename E, int D, int ROWS>
 static __device__ __forceinline__ void flash2_put(E *tile, const flash2_stage<D, ROWS> &s)
 {
 #pragma unroll
     for (int i = 0; i < flash2_stage<D, ROWS>::N; i++) {
         int e = threadIdx.x + i * F2_THREADS, r = e / (D / 8), c = e % (D / 8) * 8;
-        const float4 &x = s.x[i][0], &y = s.x[i][1];
-        uint4 u = {pack2<E>(x.x, x.y), pack2<E>(x.z, x.w), pack2<E>(y.x, y.y), pack2<E>(y.z, y.w)};
-        *(uint4 *)(tile + flash2_at<D>(r, c)) = u;
+        *(uint4 *)(tile + flash2_at<D>(r, c)) = s.x[i];
     }
 }
 
 /* Both at once (the backward's tiles: no load ahead). */
 template <typename E, int D, int ROWS>
-static __device__ void flash2_load(E *tile, const float *src, int64_t ld, int n)
+static __device__ void flash2_load(E *tile, const E *src, int64_t ld, int n)
 {
     flash2_stage<D, ROWS> s;
-    flash2_fetch<D, ROWS>(s, src, ld, n);
+    flash2_fetch<E, D, ROWS>(s, src, ld, n);
     flash2_put<E, D, ROWS>(tile, s);
 }
 
 /* The warp's 16 query rows from q (n of them exist) as A fragments, a
  * k-step of 16 columns each, straight from global memory. */
 template <typename E, int D>
-static __device__ void flash2_q(uint32_t (&qa)[D / 16][4], const float *q, int64_t ld, int n)
+static __device__ void flash2_q(uint32_t (&qa)[D / 16][4], const E *q, int64_t ld, int n)
 {
     int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
@@ -1043,9 +1077,7 @@ static __device__ void flash2_q(uint32_t (&qa)[D / 16][4], const float *q, int64
 #pragma unroll
         for (int j = 0; j < 4; j++) {  /* a0a1, a2a3, a4a5, a6a7 */
             int r = g + 8 * (j % 2), c = 16 * kk + 8 * (j / 2) + 2 * t;
-            float2 v = make_float2(0.0f, 0.0f);
-            if (r < n) v = __ldg((const float2 *)(q + r * ld + c));
-            qa[kk][j] = pack2<E>(v.x, v.y);
+            qa[kk][j] = r < n ? __ldg((const unsigned int *)(q + r * ld + c)) : 0u;
         }
 }
 
@@ -1154,21 +1186,20 @@ static __device__ __forceinline__ void flash2_pv(float (&o)[D / 8][4], const flo
     }
 }
 
-/* The warp's 16 x D accumulator to its rows from dst (row stride ld; rows
- * < n exist), row g + 8r times mul[r]. */
-template <int D>
-static __device__ __forceinline__ void flash2_store(const float (&acc)[D / 8][4], float *dst,
+/* The warp's 16 x D accumulator to its rows from dst (O, row stride ld;
+ * rows < n exist), row g + 8r times mul[r]. */
+template <int D, typename O>
+static __device__ __forceinline__ void flash2_store(const float (&acc)[D / 8][4], O *dst,
                                                     int64_t ld, int n, const float (&mul)[2])
 {
     int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (g + 8 * r >= n) continue;
-        float *row = dst + (g + 8 * r) * ld;
+        O *row = dst + (g + 8 * r) * ld;
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd++)
-            *(float2 *)(row + 8 * nd + 2 * t) =
-                make_float2(acc[nd][2 * r] * mul[r], acc[nd][2 * r + 1] * mul[r]);
+            store2(row + 8 * nd + 2 * t, acc[nd][2 * r] * mul[r], acc[nd][2 * r + 1] * mul[r]);
     }
 }
 
@@ -1187,7 +1218,7 @@ template <typename E, int D> static constexpr size_t flash2_smem_bytes()
  * two blocks an SM (128 registers a thread). */
 template <typename E, int D>
 __global__ void __launch_bounds__(F2_THREADS, D == 64 ? 2 : 1)
-    flash2_fwd_kernel(const float *qkv, float *o, float *lse, flash_dims f)
+    flash2_fwd_kernel(const E *qkv, float *o, float *lse, flash_dims f)
 {
     extern __shared__ __align__(128) float sm[];
     E *Kb = (E *)sm, *Vb = Kb + 2 * F2_KEYS * D;
@@ -1195,12 +1226,12 @@ __global__ void __launch_bounds__(F2_THREADS, D == 64 ? 2 : 1)
     int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * F2_ROWS;
     int64_t iw = i0 + 16 * (threadIdx.x / 32), ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = qkv + hd.q, *k = q + f.C, *v = k + f.C;
+    const E *q = qkv + hd.q, *k = q + f.C, *v = k + f.C;
     float sl2 = f.scale * LOG2E;
 
     flash2_stage<D, F2_KEYS> ks, vs;
-    flash2_fetch<D, F2_KEYS>(ks, k, ld, rows_from(T, 0, F2_KEYS));
-    flash2_fetch<D, F2_KEYS>(vs, v, ld, rows_from(T, 0, F2_KEYS));
+    flash2_fetch<E, D, F2_KEYS>(ks, k, ld, rows_from(T, 0, F2_KEYS));
+    flash2_fetch<E, D, F2_KEYS>(vs, v, ld, rows_from(T, 0, F2_KEYS));
     int nw = iw < T ? rows_from(T, iw, 16) : 0;
     uint32_t qa[D / 16][4];
     flash2_q<E, D>(qa, q + iw * ld, ld, nw);
@@ -1217,8 +1248,8 @@ __global__ void __launch_bounds__(F2_THREADS, D == 64 ? 2 : 1)
     for (int kt = 0; kt <= kend; kt++) {
         int64_t j0 = (int64_t)kt * F2_KEYS, jn = j0 + F2_KEYS;
         if (kt < kend) {  /* the next tile, in flight during this one's products */
-            flash2_fetch<D, F2_KEYS>(ks, k + jn * ld, ld, rows_from(T, jn, F2_KEYS));
-            flash2_fetch<D, F2_KEYS>(vs, v + jn * ld, ld, rows_from(T, jn, F2_KEYS));
+            flash2_fetch<E, D, F2_KEYS>(ks, k + jn * ld, ld, rows_from(T, jn, F2_KEYS));
+            flash2_fetch<E, D, F2_KEYS>(vs, v + jn * ld, ld, rows_from(T, jn, F2_KEYS));
         }
         const E *Ks = Kb + (kt & 1) * F2_KEYS * D, *Vs = Vb + (kt & 1) * F2_KEYS * D;
         if (iw < T && j0 <= iw) {  /* j0 a multiple of 64, iw of 16: else no row sees j0 */
@@ -1270,7 +1301,7 @@ __global__ void __launch_bounds__(F2_THREADS) flash2_dkv_kernel(bwd_args a)
     int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int64_t j0 = (int64_t)blockIdx.y * F2_ROWS, jw = j0 + 16 * w, ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = a.qkv + hd.q, *dO = a.dout + hd.o;
+    const E *q = (const E *)a.qkv + hd.q, *dO = (const E *)a.dout + hd.o;
     float sl2 = f.scale * LOG2E;
 
     int nk = rows_from(T, j0, F2_ROWS);
@@ -1279,7 +1310,7 @@ __global__ void __launch_bounds__(F2_THREADS) flash2_dkv_kernel(bwd_args a)
     const E *Kw = Ko + 16 * w * D, *Vw = Vo + 16 * w * D;
     auto kf = [&](uint32_t (&x)[4], int kk) { flash2_a<E, D>(x, Kw, kk); };
     auto vf = [&](uint32_t (&x)[4], int kk) { flash2_a<E, D>(x, Vw, kk); };
-    auto load = [](E *dst, const float *src, int64_t ld, int n) {
+    auto load = [](E *dst, const E *src, int64_t ld, int n) {
         flash2_load<E, D, F2_KEYS>(dst, src, ld, n);
     };
     float dk[D / 8][4], dv[D / 8][4];
@@ -1316,10 +1347,13 @@ __global__ void __launch_bounds__(F2_THREADS) flash2_dkv_kernel(bwd_args a)
         }
     }
     if (jw >= T) return;
-    float *row = a.dqkv + hd.q + jw * ld;
     const float one[2] = {1.0f, 1.0f};
-    flash2_store<D>(dk, row + f.C, ld, rows_from(T, jw, 16), one);
-    flash2_store<D>(dv, row + 2 * f.C, ld, rows_from(T, jw, 16), one);
+    auto out = [&](auto *row) {
+        flash2_store<D>(dk, row + f.C, ld, rows_from(T, jw, 16), one);
+        flash2_store<D>(dv, row + 2 * f.C, ld, rows_from(T, jw, 16), one);
+    };
+    if (a.out16) out((E *)a.dqkv + hd.q + jw * ld);
+    else out((float *)a.dqkv + hd.q + jw * ld);
 }
 
 /* dQ: a block per (batch, head) x 128-query tile (the longest first; warp
@@ -1336,13 +1370,13 @@ __global__ void __launch_bounds__(F2_THREADS) flash2_dq_kernel(bwd_args a)
     int64_t i0 = (int64_t)(f.tiles - 1 - (int)blockIdx.y) * F2_ROWS;
     int64_t iw = i0 + 16 * (threadIdx.x / 32), ld = 3 * f.C, T = f.T;
     flash_head hd = flash_head_of(f, D);
-    const float *q = a.qkv + hd.q;
+    const E *q = (const E *)a.qkv + hd.q;
     float sl2 = f.scale * LOG2E;
 
     int nw = iw < T ? rows_from(T, iw, 16) : 0;
     uint32_t qa[D / 16][4], da[D / 16][4];
     flash2_q<E, D>(qa, q + iw * ld, ld, nw);
-    flash2_q<E, D>(da, a.dout + hd.o + iw * f.C, f.C, nw);
+    flash2_q<E, D>(da, (const E *)a.dout + hd.o + iw * f.C, f.C, nw);
     auto qf = [&](uint32_t (&x)[4], int kk) {
         x[0] = qa[kk][0], x[1] = qa[kk][1], x[2] = qa[kk][2], x[3] = qa[kk][3];
     };
@@ -1390,7 +1424,9 @@ __global__ void __launch_bounds__(F2_THREADS) flash2_dq_kernel(bwd_args a)
         }
     }
     const float one[2] = {1.0f, 1.0f};
-    if (iw < T) flash2_store<D>(dq, a.dqkv + hd.q + iw * ld, ld, nw, one);
+    if (iw >= T) return;
+    if (a.out16) flash2_store<D>(dq, (E *)a.dqkv + hd.q + iw * ld, ld, nw, one);
+    else flash2_store<D>(dq, (float *)a.dqkv + hd.q + iw * ld, ld, nw, one);
 }
 
 /* ---- host -------------------------------------------------------------------- */
@@ -1435,39 +1471,50 @@ static bool is16(opf_dtype dt) { return dt == OPF_BF16 || dt == OPF_F16; }
 /* Rows of a block's own tile (a grid's y) for qkv's logical dtype dt. */
 static int own_rows(opf_dtype dt) { return is16(dt) ? (int)OWN16 : (int)TILE; }
 
-/* flash2's forward (bf16 or f16 dt). */
-template <int D>
-static opf_status flash2_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, float *o,
-                             float *lse, int64_t B, int64_t T, int64_t H, opf_dtype dt,
-                             const char *fn)
+/* The dtype the kernels of logical dtype dt read qkv and do in: dt for the
+ * 16-bit kernels, fp32 for TF32. */
+static opf_dtype kernel_dtype(opf_dtype dt) { return is16(dt) ? dt : OPF_F32; }
+
+/* flash2's forward (qkv of E). */
+template <typename E, int D>
+static opf_status flash2_fwd(opf_ctx *ctx, opf_cuda_state *s, const E *qkv, float *o,
+                             float *lse, int64_t B, int64_t T, int64_t H, const char *fn)
 {
     flash_dims f = flash_dims_of(T, H, D, F2_ROWS);
     dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
-    if (dt == OPF_BF16)
-        return flash_launch<flash2_fwd_kernel<__nv_bfloat16, D>, F2_THREADS>(
-            ctx, s, grid, flash2_smem_bytes<__nv_bfloat16, D>(), fn, qkv, o, lse, f);
-    return flash_launch<flash2_fwd_kernel<__half, D>, F2_THREADS>(
-        ctx, s, grid, flash2_smem_bytes<__half, D>(), fn, qkv, o, lse, f);
+    return flash_launch<flash2_fwd_kernel<E, D>, F2_THREADS>(
+        ctx, s, grid, flash2_smem_bytes<E, D>(), fn, qkv, o, lse, f);
 }
 
-/* The forward of qkv's logical dtype dt: bf16 and f16 the 16-bit kernels
- * (flash2's when v2), anything else TF32. */
+/* The 16-bit forward (qkv of E): flash2's kernel when v2. */
+template <typename E, int D>
+static opf_status flash16_fwd(opf_ctx *ctx, opf_cuda_state *s, const E *qkv, float *o,
+                              float *lse, int64_t B, int64_t T, int64_t H, bool v2,
+                              const char *fn)
+{
+    if (v2) return flash2_fwd<E, D>(ctx, s, qkv, o, lse, B, T, H, fn);
+    flash_dims f = flash_dims_of(T, H, D, OWN16);
+    dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
+    return flash_launch<flash16_fwd_kernel<E, D>, THREADS16>(
+        ctx, s, grid, fwd16_smem_bytes<E, D>(), fn, qkv, o, lse, f);
+}
+
+/* The forward of qkv's logical dtype dt (qkv of kernel_dtype(dt)): bf16 and
+ * f16 the 16-bit kernels, anything else TF32. */
 template <int D>
-static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, float *o,
+static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const void *qkv, float *o,
                             float *lse, int64_t B, int64_t T, int64_t H, opf_dtype dt, bool v2,
                             const char *fn)
 {
-    if (v2 && is16(dt)) return flash2_fwd<D>(ctx, s, qkv, o, lse, B, T, H, dt, fn);
-    flash_dims f = flash_dims_of(T, H, D, own_rows(dt));
-    dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
     if (dt == OPF_BF16)
-        return flash_launch<flash16_fwd_kernel<__nv_bfloat16, D>, THREADS16>(
-            ctx, s, grid, fwd16_smem_bytes<__nv_bfloat16, D>(), fn, qkv, o, lse, f);
+        return flash16_fwd<__nv_bfloat16, D>(ctx, s, (const __nv_bfloat16 *)qkv, o, lse, B, T, H,
+                                             v2, fn);
     if (dt == OPF_F16)
-        return flash_launch<flash16_fwd_kernel<__half, D>, THREADS16>(
-            ctx, s, grid, fwd16_smem_bytes<__half, D>(), fn, qkv, o, lse, f);
-    return flash_launch<flash_fwd_kernel<D>, THREADS>(ctx, s, grid, fwd_smem_bytes<D>(), fn, qkv,
-                                                      o, lse, f);
+        return flash16_fwd<__half, D>(ctx, s, (const __half *)qkv, o, lse, B, T, H, v2, fn);
+    flash_dims f = flash_dims_of(T, H, D, TILE);
+    dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
+    return flash_launch<flash_fwd_kernel<D>, THREADS>(ctx, s, grid, fwd_smem_bytes<D>(), fn,
+                                                      (const float *)qkv, o, lse, f);
 }
 
 /* flash2's backward; its grid is flash16's (F2_ROWS is OWN16). */
@@ -1494,20 +1541,13 @@ static opf_status flash16_bwd(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, const 
     return flash_launch<flash16_dq_kernel<E, D>, THREADS16>(ctx, s, grid, smem, fn, a);
 }
 
-/* The backward (D_i into di first) of qkv's logical dtype dt (bf16 and
- * f16: flash2's kernels when v2). */
+/* The backward's kernels of qkv's logical dtype dt (bf16 and f16: flash2's
+ * when v2), a's arrays of kernel_dtype(dt). */
 template <int D>
-static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, const float *o,
-                            const float *lse, const float *dout, float *dqkv, float *di, int64_t B,
-                            int64_t T, int64_t H, opf_dtype dt, bool v2, const char *fn)
+static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const bwd_args &a, int64_t BH,
+                            opf_dtype dt, bool v2, const char *fn)
 {
-    flash_dims f = flash_dims_of(T, H, D, own_rows(dt));
-    int64_t rows = B * H * T;
-    flash_delta_kernel<<<opf_cuda_grid(s, 32 * rows, 256), 256, 0, s->stream>>>(o, dout, di, rows,
-                                                                              f, D);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    dim3 grid((unsigned)(B * H), (unsigned)f.tiles);
-    bwd_args a = {qkv, lse, dout, di, dqkv, f};
+    dim3 grid((unsigned)BH, (unsigned)a.f.tiles);
     if (dt == OPF_BF16) return flash16_bwd<__nv_bfloat16, D>(ctx, s, grid, a, v2, fn);
     if (dt == OPF_F16) return flash16_bwd<__half, D>(ctx, s, grid, a, v2, fn);
     opf_status st =
@@ -1516,12 +1556,29 @@ static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const float *qkv, c
     return flash_launch<flash_dq_kernel<D>, THREADS>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
 }
 
-static opf_status attn_fwd_tiled(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+/* D_i of every row into di, from do as stored (dout_t): the fp32 values
+ * every path multiplies, whatever dtype the kernels read do in. */
+static opf_status flash_delta(opf_ctx *ctx, opf_cuda_state *s, const float *o, const void *dout,
+                              opf_dtype dout_t, float *di, int64_t rows, const flash_dims &f,
+                              int D, const char *fn)
+{
+    unsigned grid = opf_cuda_grid(s, 32 * rows, 256);
+    if (dout_t == OPF_BF16)
+        flash_delta_kernel<<<grid, 256, 0, s->stream>>>(o, (const __nv_bfloat16 *)dout, di, rows,
+                                                        f, D);
+    else if (dout_t == OPF_F16)
+        flash_delta_kernel<<<grid, 256, 0, s->stream>>>(o, (const __half *)dout, di, rows, f, D);
+    else
+        flash_delta_kernel<<<grid, 256, 0, s->stream>>>(o, (const float *)dout, di, rows, f, D);
+    OPF_CUDA_LAUNCHED(ctx, fn);
+    return OPF_OK;
+}
+
+/* The forward with qkv as the kernels read it (io's). */
+static opf_status attn_fwd_tiled(opf_ctx *ctx, const void *qkv, float *o, float *lse, int64_t B,
                                  int64_t T, int64_t H, int64_t D, opf_dtype in_dt, bool v2,
                                  const char *fn)
 {
-    const void *p[] = {qkv, o};
-    if (!flash_fits(B, T, H, D, p, 2)) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
@@ -1529,27 +1586,47 @@ static opf_status attn_fwd_tiled(opf_ctx *ctx, const float *qkv, float *o, float
                    : flash_fwd<128>(ctx, s, qkv, o, lse, B, T, H, in_dt, v2, fn);
 }
 
-opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                   int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+/* qkv as the kernels read it: the caller's when stored as kernel_dtype(in_dt)
+ * (a 16-bit model's), else a copy cast to it (exact: qkv's values are exact
+ * in in_dt, and the 16-bit kernels rounded the fp32 values to it anyway). */
+static opf_status attn_fwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                 float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 opf_dtype in_dt, bool v2, const char *fn)
 {
-    return attn_fwd_tiled(ctx, qkv, o, lse, B, T, H, D, in_dt, false,
+    const void *p[] = {qkv, o};
+    if (!flash_fits(B, T, H, D, p, 2))
+        return opf_cuda_attn_fwd_gemm(ctx, qkv, qkv_t, o, lse, B, T, H, D);
+    opf_dtype kt = kernel_dtype(in_dt);
+    opf_cuda_attn_io io;
+    opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, NULL, kt, NULL, kt, kt, kt,
+                                          B * T * 3 * H * D);
+    if (st) return st;
+    st = attn_fwd_tiled(ctx, io.qkv, o, lse, B, T, H, D, in_dt, v2, fn);
+    return opf_cuda_attn_io_close(ctx, &io, st);
+}
+
+opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                   float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                   opf_dtype in_dt)
+{
+    return attn_fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt, false,
                           "attention forward (cuda flash)");
 }
 
-opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const float *qkv, float *o, float *lse,
-                                    int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                    float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                    opf_dtype in_dt)
 {
-    return attn_fwd_tiled(ctx, qkv, o, lse, B, T, H, D, in_dt, true,
+    return attn_fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt, true,
                           "attention forward (cuda flash2)");
 }
 
-static opf_status attn_bwd_tiled(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
-                                 const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                                 int64_t D, opf_dtype in_dt, bool v2, const char *fn)
+/* D_i from do as stored, then the kernels on io's arrays. */
+static opf_status attn_bwd_tiled(opf_ctx *ctx, const opf_cuda_attn_io &io, const float *o,
+                                 const float *lse, const void *dout, opf_dtype dout_t, int64_t B,
+                                 int64_t T, int64_t H, int64_t D, opf_dtype in_dt, bool v2,
+                                 const char *fn)
 {
-    const void *p[] = {qkv, o, dout, dqkv};
-    if (!flash_fits(B, T, H, D, p, 4))
-        return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
@@ -1557,23 +1634,49 @@ static opf_status attn_bwd_tiled(opf_ctx *ctx, const float *qkv, const float *o,
     opf_status st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)(B * H * T), &ws);
     if (st) return st;
     float *di = (float *)ws;
-    return D == 64
-               ? flash_bwd<64>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, v2, fn)
-               : flash_bwd<128>(ctx, s, qkv, o, lse, dout, dqkv, di, B, T, H, in_dt, v2, fn);
+    flash_dims f = flash_dims_of(T, H, D, own_rows(in_dt));
+    if ((st = flash_delta(ctx, s, o, dout, dout_t, di, B * H * T, f, (int)D, fn))) return st;
+    bwd_args a = {io.qkv, io.dout, lse, di, io.dqkv, f, io.kernel_out_t != OPF_F32};
+    return D == 64 ? flash_bwd<64>(ctx, s, a, B * H, in_dt, v2, fn)
+                   : flash_bwd<128>(ctx, s, a, B * H, in_dt, v2, fn);
 }
 
-opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const float *qkv, const float *o,
-                                   const float *lse, const float *dout, float *dqkv, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+/* qkv and do as the kernels read them (as attn_fwd_typed's qkv); the 16-bit
+ * kernels write dqkv as E when it is stored so (each fp32 value rounded
+ * once, as a cast after them would), else fp32, cast after them when
+ * dqkv_t is neither. */
+static opf_status attn_bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                 const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
+                                 opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                 opf_dtype in_dt, bool v2, const char *fn)
 {
-    return attn_bwd_tiled(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt, false,
-                          "attention backward (cuda flash)");
+    const void *p[] = {qkv, o, dout, dqkv};
+    if (!flash_fits(B, T, H, D, p, 4))
+        return opf_cuda_attn_bwd_gemm(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H,
+                                      D);
+    opf_dtype kt = kernel_dtype(in_dt), ot = dqkv_t == kt ? kt : OPF_F32;
+    opf_cuda_attn_io io;
+    opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, dout, dout_t, dqkv, dqkv_t, kt,
+                                          ot, B * T * 3 * H * D);
+    if (st) return st;
+    st = attn_bwd_tiled(ctx, io, o, lse, dout, dout_t, B, T, H, D, in_dt, v2, fn);
+    return opf_cuda_attn_io_close(ctx, &io, st);
 }
 
-opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const float *qkv, const float *o,
-                                    const float *lse, const float *dout, float *dqkv, int64_t B,
+opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                   const float *lse, const void *dout, opf_dtype dout_t,
+                                   void *dqkv, opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                                   int64_t D, opf_dtype in_dt)
+{
+    return attn_bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+                          false, "attention backward (cuda flash)");
+}
+
+opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                    const float *o, const float *lse, const void *dout,
+                                    opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
-    return attn_bwd_tiled(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt, true,
-                          "attention backward (cuda flash2)");
+    return attn_bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+                          true, "attention backward (cuda flash2)");
 }

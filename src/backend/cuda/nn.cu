@@ -414,16 +414,11 @@ static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
                      "%s: OPF_CUDA_ATTENTION=%s is not gemm, flash, flash2 or exact", fn, v);
 }
 
-static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
-                           int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+/* The exact forward on fp32 arrays. */
+static opf_status fwd_exact(opf_ctx *ctx, const float *qkv, float *o, float *lse, int64_t B,
+                            int64_t T, int64_t H, int64_t D)
 {
     const char *fn = "attention forward (cuda)";
-    attn_path path;
-    opf_status st = attention_path(ctx, fn, &path);
-    if (st) return st;
-    if (path == ATTN_GEMM) return opf_cuda_attn_fwd_gemm(ctx, qkv, o, lse, B, T, H, D);
-    if (path == ATTN_FLASH) return opf_cuda_attn_fwd_flash(ctx, qkv, o, lse, B, T, H, D, in_dt);
-    if (path == ATTN_FLASH2) return opf_cuda_attn_fwd_flash2(ctx, qkv, o, lse, B, T, H, D, in_dt);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
@@ -432,6 +427,21 @@ static opf_status attn_fwd(opf_ctx *ctx, const float *qkv, float *o, float *lse,
     attn_fwd_kernel<<<warp_grid(warps), 32 * WARPS, 0, s->stream>>>(qkv, o, lse, a);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
+}
+
+static opf_status attn_fwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o, float *lse,
+                           int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+{
+    const char *fn = "attention forward (cuda)";
+    attn_path path;
+    opf_status st = attention_path(ctx, fn, &path);
+    if (st) return st;
+    if (path == ATTN_GEMM) return opf_cuda_attn_fwd_gemm(ctx, qkv, qkv_t, o, lse, B, T, H, D);
+    if (path == ATTN_FLASH)
+        return opf_cuda_attn_fwd_flash(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    if (path == ATTN_FLASH2)
+        return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    return opf_cuda_attn_fwd_f32(ctx, fwd_exact, qkv, qkv_t, o, lse, B, T, H, D, fn);
 }
 
 /* D_i = dot(do_i, o_i) of every (batch, head, row), into Dv [B*H*T]. */
@@ -538,26 +548,19 @@ static __global__ void attn_dkv_kernel(const float *qkv, const float *lse, const
     }
 }
 
-static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
-                           const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
-                           int64_t D, opf_dtype in_dt)
+/* The exact backward on fp32 arrays. */
+static opf_status bwd_exact(opf_ctx *ctx, const float *qkv, const float *o, const float *lse,
+                            const float *dout, float *dqkv, int64_t B, int64_t T, int64_t H,
+                            int64_t D)
 {
     const char *fn = "attention backward (cuda)";
-    attn_path path;
-    opf_status st = attention_path(ctx, fn, &path);
-    if (st) return st;
-    if (path == ATTN_GEMM) return opf_cuda_attn_bwd_gemm(ctx, qkv, o, lse, dout, dqkv, B, T, H, D);
-    if (path == ATTN_FLASH)
-        return opf_cuda_attn_bwd_flash(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt);
-    if (path == ATTN_FLASH2)
-        return opf_cuda_attn_bwd_flash2(ctx, qkv, o, lse, dout, dqkv, B, T, H, D, in_dt);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     int64_t warps = B * H * T;
     if (warps <= 0 || D <= 0) return OPF_OK;
     attn_dims a = {B, T, H, D, H * D, 1.0f / sqrtf((float)D)};
     void *ws;
-    st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)warps, &ws);
+    opf_status st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)warps, &ws);
     if (st) return st;
     float *Dv = (float *)ws;
     attn_delta_kernel<<<opf_cuda_grid(s, warps, 256), 256, 0, s->stream>>>(o, dout, Dv, a);
@@ -567,6 +570,28 @@ static opf_status attn_bwd(opf_ctx *ctx, const float *qkv, const float *o, const
     attn_dkv_kernel<<<warp_grid(warps), 32 * WARPS, 0, s->stream>>>(qkv, lse, dout, Dv, dqkv, a);
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;
+}
+
+static opf_status attn_bwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                           const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
+                           opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                           opf_dtype in_dt)
+{
+    const char *fn = "attention backward (cuda)";
+    attn_path path;
+    opf_status st = attention_path(ctx, fn, &path);
+    if (st) return st;
+    if (path == ATTN_GEMM)
+        return opf_cuda_attn_bwd_gemm(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
+                                      H, D);
+    if (path == ATTN_FLASH)
+        return opf_cuda_attn_bwd_flash(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
+                                       H, D, in_dt);
+    if (path == ATTN_FLASH2)
+        return opf_cuda_attn_bwd_flash2(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
+                                        H, D, in_dt);
+    return opf_cuda_attn_bwd_f32(ctx, bwd_exact, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t,
+                                 B, T, H, D, fn);
 }
 
 /* ---- cross-entropy -------------------------------------------------------- */

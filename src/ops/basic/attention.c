@@ -3,7 +3,8 @@
  * logical dtype. As the anchor computes attention, nothing is quantized: a
  * quantized qkv is decoded, the math is fp32 (backend/nn.h: online softmax
  * one key at a time, so no [T, T] matrix), and the next op quantizes y
- * itself. Saved for backward: qkv, the fp32 output and the logsumexp per
+ * itself. A plain qkv, dy or dqkv goes to the kernels in its own dtype (no
+ * fp32 copy). Saved for backward: qkv, the fp32 output and the logsumexp per
  * softmax row ([B, H, T]); the backward recomputes the scores. dqkv is
  * rounded to x's dtype or quantized with the previous op's grad-output
  * quantizer. */
@@ -79,10 +80,11 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     const attn_fwd *a = args;
     const opf_nn_kernels *k = opf_nn_kernels_of(ctx, "attention", &a->x);
     const int64_t *s = a->x.spec.shape;
-    const float *qkv;
+    const void *qkv;
+    opf_dtype qt;
     if (!k) return OPF_ERR_UNSUPPORTED;
-    opf_status st = opf_nn_in(ctx, &a->x, &qkv);
-    if (!st) st = k->attn_fwd(ctx, qkv, aux[1].data[0], aux[0].data[0], s[0], s[1], a->heads,
+    opf_status st = opf_nn_in_typed(ctx, &a->x, &qkv, &qt);
+    if (!st) st = k->attn_fwd(ctx, qkv, qt, aux[1].data[0], aux[0].data[0], s[0], s[1], a->heads,
                               s[2] / 3 / a->heads, a->x.spec.dtype);
     return st ? st : opf_nn_finish(ctx, aux[1].data[0], outs[0].spec.dtype, NULL, &outs[0]);
 }
@@ -126,15 +128,16 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
     const attn_bwd *a = args;
     const opf_nn_kernels *k = opf_nn_kernels_of(ctx, "attention", &a->x);
     const int64_t *s = a->x.spec.shape;
-    const float *qkv, *dy;
-    float *dx;
+    const void *qkv, *dy;
+    void *dx;
+    opf_dtype qt, dyt, dxt;
     if (!k) return OPF_ERR_UNSUPPORTED;
-    opf_status st = opf_nn_in(ctx, &a->x, &qkv);
-    if (!st) st = opf_nn_in(ctx, &a->dy, &dy);
-    if (!st) st = opf_nn_out(ctx, &grads[0], &dx);
+    opf_status st = opf_nn_in_typed(ctx, &a->x, &qkv, &qt);
+    if (!st) st = opf_nn_in_typed(ctx, &a->dy, &dy, &dyt);
+    if (!st) st = opf_nn_out_typed(ctx, &grads[0], &dx, &dxt);
     if (!st)
-        st = k->attn_bwd(ctx, qkv, a->o.data[0], a->lse.data[0], dy, dx, s[0], s[1], a->heads,
-                         s[2] / 3 / a->heads, a->x.spec.dtype);
+        st = k->attn_bwd(ctx, qkv, qt, a->o.data[0], a->lse.data[0], dy, dyt, dx, dxt, s[0], s[1],
+                         a->heads, s[2] / 3 / a->heads, a->x.spec.dtype);
     return st ? st : opf_nn_finish(ctx, dx, a->x.spec.dtype, &a->dx_q, &grads[0]);
 }
 
