@@ -30,7 +30,9 @@
  *   void  load(int64_t r, int64_t c, in &v);      issues its loads
  *   float finish(int64_t r, int64_t c, const in &v, unsigned &key);
  *                                                 the term (key: the amax key
- *                                                 of anything it stored)
+ *                                                 of anything it stored); a
+ *                                                 float2 for two sums at once
+ *                                                 (a norm's dgamma and dbeta)
  * and, for the staged kernel (STREAMS 0: never staged), its inputs as
  * STREAMS [rows, cols] arrays of one element type:
  *   enum { STREAMS };  typedef ... store;         the element type
@@ -39,13 +41,38 @@
 #ifndef OPFUSE_CUDA_COLSUM_CUH
 #define OPFUSE_CUDA_COLSUM_CUH
 
+#include <type_traits>
+
 #include "backend/cuda/cuda-impl.h"
 #include "backend/lanesum.h"
 
 enum { COLSUM_WARPS = 4 };
 
-/* part[l * cols + c] = class l's sum of column c; amax (or NULL) merges
- * the keys of what the terms stored. */
+/* One sum a column (a term of float) or two (float2): the accumulator adds
+ * each component in order, and plane p of the partials ([sums][32][cols])
+ * takes component p. */
+__device__ __forceinline__ void opf_colsum_add(float &acc, float t) { acc = opf_dev_add(acc, t); }
+__device__ __forceinline__ void opf_colsum_add(float2 &acc, float2 t)
+{
+    acc.x = opf_dev_add(acc.x, t.x);
+    acc.y = opf_dev_add(acc.y, t.y);
+}
+__device__ __forceinline__ void opf_colsum_put(float *part, int64_t i, int64_t, float acc)
+{
+    part[i] = acc;
+}
+__device__ __forceinline__ void opf_colsum_put(float *part, int64_t i, int64_t plane, float2 acc)
+{
+    part[i] = acc.x;
+    part[plane + i] = acc.y;
+}
+template <typename Term>
+using opf_colsum_acc = decltype(((const Term *)0)->finish(0, 0, typename Term::in(), *(unsigned *)0));
+template <typename Term>
+constexpr int opf_colsum_sums() { return std::is_same<opf_colsum_acc<Term>, float2>::value ? 2 : 1; }
+
+/* part[l * cols + c] = class l's sum of column c (and the second sum's at
+ * 32 cols further); amax (or NULL) merges the keys of what the terms stored. */
 template <typename Term>
 __global__ void __launch_bounds__(COLSUM_WARPS * 32)
 opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
@@ -54,7 +81,7 @@ opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *
     int64_t c = (int64_t)blockIdx.x * 32 + lane;
     bool live = c < cols;
     unsigned key = 0;
-    float acc = 0.0f;
+    opf_colsum_acc<Term> acc{};
     for (int64_t r0 = l; r0 < rows; r0 += OPF_SUM_LANES * Term::BATCH) {
         typename Term::in in[Term::BATCH];
 #pragma unroll
@@ -65,19 +92,24 @@ opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *
 #pragma unroll
         for (int k = 0; k < Term::BATCH; k++) {
             int64_t r = r0 + OPF_SUM_LANES * k;
-            if (live && r < rows) acc = opf_dev_add(acc, term.finish(r, c, in[k], key));
+            if (live && r < rows) opf_colsum_add(acc, term.finish(r, c, in[k], key));
         }
     }
-    if (live) part[(int64_t)l * cols + c] = acc;
+    if (live) opf_colsum_put(part, (int64_t)l * cols + c, OPF_SUM_LANES * cols, acc);
     if (amax) opf_dev_warp_amax(key, amax);
 }
 
-/* out[c] (dtype OD) = column c's 32 class sums folded in halves. */
+/* out[c] (dtype OD) = column c's 32 class sums folded in halves; the
+ * second sum's into out2 (when not NULL) from the next plane. */
 template <opf_dtype OD>
-__global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *out)
+__global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *out, void *out2)
 {
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
+    if (blockIdx.y) {
+        part += OPF_SUM_LANES * cols;
+        out = out2;
+    }
     float v[OPF_SUM_LANES];
 #pragma unroll
     for (int i = 0; i < OPF_SUM_LANES; i++) v[i] = part[i * cols + c];
@@ -140,7 +172,7 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
     const int64_t c = c0 + cl, l = l0 + gl;
     const bool live = c < cols;
     unsigned key = 0;
-    float acc = 0.0f;
+    opf_colsum_acc<Term> acc{};
     for (int64_t s = 0; s < stages; s++) {
         opf_dev_copies_wait<P::NST - 2>();  /* this thread's copies of stage s */
         __syncthreads();  /* everyone's; and everyone is done with stage s - 1's buffer */
@@ -148,18 +180,23 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
         opf_dev_copies_commit();
         const int b = (int)(s % P::NST);
         if (!live) continue;
-        for (int k = 0; k < P::K; k++) {
-            int64_t r = OPF_SUM_LANES * (s * P::K + k) + l;
-            if (r >= rows) break;
+        auto add = [&](int k) {
             T e[S];
 #pragma unroll
             for (int j = 0; j < S; j++) e[j] = buf[b][j][k][gl][cl];
             typename Term::in v;
             term.unpack(e, v);
-            acc = opf_dev_add(acc, term.finish(r, c, v, key));
+            opf_colsum_add(acc, term.finish(OPF_SUM_LANES * (s * P::K + k) + l, c, v, key));
+        };
+        int64_t r0 = OPF_SUM_LANES * s * P::K + l;
+        if (r0 + OPF_SUM_LANES * (P::K - 1) < rows) {  /* a whole stage: unrolled */
+#pragma unroll
+            for (int k = 0; k < P::K; k++) add(k);
+        } else {
+            for (int k = 0; r0 + OPF_SUM_LANES * k < rows; k++) add(k);
         }
     }
-    if (live) part[l * cols + c] = acc;
+    if (live) opf_colsum_put(part, l * cols + c, OPF_SUM_LANES * cols, acc);
     if (amax) opf_dev_warp_amax(key, amax);
 }
 
@@ -173,18 +210,21 @@ template <typename Term> static bool opf_colsum_stageable(const Term &t, int64_t
     return true;
 }
 
-/* The launches on s's stream (no columns: nothing to launch). */
+/* The launches on s's stream (no columns: nothing to launch); a term of
+ * two sums folds its second into out2. */
 template <typename Term, opf_dtype OD = OPF_F32>
 static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
-                                  int64_t rows, int64_t cols, void *out, unsigned *amax = NULL)
+                                  int64_t rows, int64_t cols, void *out, unsigned *amax = NULL,
+                                  void *out2 = NULL)
 {
+    constexpr int sums = opf_colsum_sums<Term>();
     if (cols == 0) return OPF_OK;
     size_t mark = opf_ctx_scratch_mark(ctx);
-    float *part = (float *)opf_ctx_scratch_push_on(ctx, OPF_DEVICE_CUDA,
-                                                   sizeof(float) * OPF_SUM_LANES * (size_t)cols);
+    float *part = (float *)opf_ctx_scratch_push_on(
+        ctx, OPF_DEVICE_CUDA, sizeof(float) * sums * OPF_SUM_LANES * (size_t)cols);
     if (!part)
-        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for 32 x %lld partial sums", fn,
-                         (long long)cols);
+        return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %d x 32 x %lld partial sums",
+                         fn, sums, (long long)cols);
     bool staged = false;
     if constexpr (Term::STREAMS > 0) {
         typedef colsum_staging<Term> P;
@@ -199,8 +239,8 @@ static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *f
         opf_colsum_kernel<Term><<<grid, COLSUM_WARPS * 32, 0, s->stream>>>(t, rows, cols, part,
                                                                          amax);
     }
-    opf_colsum_fold_kernel<OD><<<(unsigned)((cols + 255) / 256), 256, 0, s->stream>>>(part, cols,
-                                                                                      out);
+    dim3 fold((unsigned)((cols + 255) / 256), sums);
+    opf_colsum_fold_kernel<OD><<<fold, 256, 0, s->stream>>>(part, cols, out, out2);
     opf_ctx_scratch_pop(ctx, mark);  /* stream-ordered: later work reuses it after these */
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;

@@ -30,6 +30,7 @@
  * so each operation rounds once as on the CPU. A NaN in a row makes that
  * row's outputs NaN on both devices; which NaN bits is each hardware's
  * own (the tests compare NaN with NaN). */
+#include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
 
 enum {
@@ -518,6 +519,37 @@ __global__ void __launch_bounds__(COL_WARPS *LANES) col_kernel(norm_args a, floa
     }
 }
 
+/* The same sums as colsum.cuh terms (x and dz both of dtype D): the term
+ * of row r and column c is (d y, d) for LayerNorm, d y for RMSNorm. Where
+ * the rows are whole 16-byte chunks colsum.cuh stages them through shared
+ * memory, which keeps more of them in flight than col_kernel can. */
+template <bool LN, opf_dtype D> struct gamma_term {
+    enum { BATCH = 8, STREAMS = 2 };
+    typedef typename opf_dev_plain<D>::store store;
+    struct in { float x, dz; };
+    const void  *x, *dz;
+    const float *mu, *rs;
+    int64_t      H;
+    opf_dtype    act, dact;
+    __host__ __device__ const void *stream(int i) const { return i ? dz : x; }
+    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
+    {
+        v.x = opf_dev_to_f32<D>(((const store *)x)[r * H + c]);
+        v.dz = opf_dev_to_f32<D>(((const store *)dz)[r * H + c]);
+    }
+    __device__ __forceinline__ void unpack(const store (&e)[2], in &v) const
+    {
+        v.x = opf_dev_to_f32<D>(e[0]);
+        v.dz = opf_dev_to_f32<D>(e[1]);
+    }
+    __device__ __forceinline__ auto finish(int64_t r, int64_t, const in &v, unsigned &) const
+    {
+        float x = seen_from(v.x, D, act), d = seen_from(v.dz, D, dact);
+        if constexpr (LN) return make_float2(d * (rs[r] * (x - mu[r])), d);
+        else return d * (rs[r] * x);
+    }
+};
+
 /* The 32 class partials p[0], p[H], ... of a column folded in halves
  * (class i += class i + off, norm.h). */
 __device__ __forceinline__ float fold_classes(const float *p, int64_t H)
@@ -654,6 +686,15 @@ static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &
                               opf_tensor *dgamma, opf_tensor *dbeta, const char *fn)
 {
     if (a.H == 0) return OPF_OK;
+    if (a.xt == a.dzt && (!dbeta || dbeta->spec.dtype == dgamma->spec.dtype))
+        return opf_dev_with_dtype(a.xt, [&](auto d) {
+            gamma_term<LN, decltype(d)::value> t = {a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact};
+            return opf_dev_with_dtype(dgamma->spec.dtype, [&](auto o) {
+                return opf_cuda_colsum<decltype(t), decltype(o)::value>(
+                    ctx, s, fn, t, a.rows, a.H, dgamma->data[0], NULL,
+                    dbeta ? dbeta->data[0] : NULL);
+            });
+        });
     size_t mark = opf_ctx_scratch_mark(ctx);
     size_t sums = LN ? 2 : 1;
     float *part = (float *)opf_ctx_scratch_push_on(ctx, dgamma->spec.device,
