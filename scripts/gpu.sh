@@ -23,6 +23,10 @@
 # for the GPT benchmarks alone.
 #     OPF_GPU_KERNELS=0     skip the kernel and training-step benchmarks, their
 #                           peers and the profile
+#     OPF_GPU_ONLY=LIST     bench cuda's sections (its --only: quantize, gemm,
+#                           norm, elem, attn)
+#     OPF_GPU_RECIPES=LIST  the recipes of the GPT benchmarks (bench train
+#                           --recipes; default all six)
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -99,7 +103,8 @@ fi
 if [ "${OPF_GPU_KERNELS:-1}" != 0 ]; then
   step "bench cuda"
   : >"$logs/bench_opfuse.log"
-  bench "$logs/bench_opfuse.log" "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt"
+  bench "$logs/bench_opfuse.log" "$build/opfuse" bench cuda --out "$logs/bench_opfuse.txt" \
+    ${OPF_GPU_ONLY:+--only "$OPF_GPU_ONLY"}
   cat "$logs/bench_opfuse.log"
   step "bench cuda-train"
   : >"$logs/bench_train.log"
@@ -122,10 +127,12 @@ gpt=${OPF_GPU_GPT:-1}
 if [ "$gpt" != 0 ]; then
   step "bench train (the GPT of opfuse train per recipe; PyTorch bf16 eager and compiled in the same run)"
   : >"$logs/bench_gpt.log"
-  OPF_PYTHON=python3 bench "$logs/bench_gpt.log" "$build/opfuse" bench train --device cuda
+  recipes=(${OPF_GPU_RECIPES:+--recipes "$OPF_GPU_RECIPES"})
+  OPF_PYTHON=python3 bench "$logs/bench_gpt.log" "$build/opfuse" bench train --device cuda \
+    "${recipes[@]}"
   if [ "$gpt" = 2 ]; then
     OPF_PYTHON=python3 bench "$logs/bench_gpt.log" "$build/opfuse" bench train --device cuda \
-      --layers 24 --width 2048 --heads 16 --batch 8
+      --layers 24 --width 2048 --heads 16 --batch 8 "${recipes[@]}"
   fi
 fi
 step "the tables (this run's)"
