@@ -30,9 +30,10 @@
  *   void  load(int64_t r, int64_t c, in &v);      issues its loads
  *   float finish(int64_t r, int64_t c, const in &v, unsigned &key);
  *                                                 the term (key: the amax key
- *                                                 of anything it stored); a
- *                                                 float2 for two sums at once
- *                                                 (a norm's dgamma and dbeta)
+ *                                                 of anything it stored); of
+ *                                                 Term::sum_t when it is
+ *                                                 float2: two sums at once (a
+ *                                                 norm's dgamma and dbeta)
  * and, for the staged kernel (STREAMS 0: never staged), its inputs as
  * STREAMS [rows, cols] arrays of one element type:
  *   enum { STREAMS };  typedef ... store;         the element type
@@ -66,10 +67,29 @@ __device__ __forceinline__ void opf_colsum_put(float *part, int64_t i, int64_t p
     part[i] = acc.x;
     part[plane + i] = acc.y;
 }
-template <typename Term>
-using opf_colsum_acc = decltype(((const Term *)0)->finish(0, 0, typename Term::in(), *(unsigned *)0));
-template <typename Term>
-constexpr int opf_colsum_sums() { return std::is_same<opf_colsum_acc<Term>, float2>::value ? 2 : 1; }
+/* A term's sum type: Term::sum_t where it names one (float2: two sums),
+ * else float. Named, not deduced from finish: nvcc's host pass deduced a
+ * __device__ auto function's type differently from the device pass (the
+ * host sized the scratch for one sum, the device wrote two). */
+template <typename T, typename = void> struct opf_colsum_acc_of { typedef float type; };
+template <typename T> struct opf_colsum_acc_of<T, std::void_t<typename T::sum_t>> {
+    typedef typename T::sum_t type;
+};
+template <typename Term> using opf_colsum_acc = typename opf_colsum_acc_of<Term>::type;
+template <typename Term> constexpr int opf_colsum_sums()
+{
+    return std::is_same<opf_colsum_acc<Term>, float2>::value ? 2 : 1;
+}
+/* In the device pass: finish returns that type. */
+#ifdef __CUDA_ARCH__
+#define OPF_COLSUM_CHECK_TERM(Term, term)                                                     \
+    static_assert(std::is_same<decltype(term.finish(0, 0, typename Term::in(),                 \
+                                                    *(unsigned *)nullptr)),                   \
+                               opf_colsum_acc<Term>>::value,                                  \
+                  "a colsum term's finish returns its sum_t (float unless it names one)")
+#else
+#define OPF_COLSUM_CHECK_TERM(Term, term)
+#endif
 
 /* part[l * cols + c] = class l's sum of column c (and the second sum's at
  * 32 cols further); amax (or NULL) merges the keys of what the terms stored. */
@@ -77,6 +97,7 @@ template <typename Term>
 __global__ void __launch_bounds__(COLSUM_WARPS * 32)
 opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
 {
+    OPF_COLSUM_CHECK_TERM(Term, term);
     int lane = threadIdx.x & 31, l = (int)blockIdx.y * COLSUM_WARPS + (int)(threadIdx.x >> 5);
     int64_t c = (int64_t)blockIdx.x * 32 + lane;
     bool live = c < cols;
@@ -144,6 +165,7 @@ template <typename Term>
 __global__ void __launch_bounds__(colsum_staging<Term>::THREADS)
 opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
 {
+    OPF_COLSUM_CHECK_TERM(Term, term);
     typedef colsum_staging<Term> P;
     typedef typename Term::store T;
     enum { S = Term::STREAMS };

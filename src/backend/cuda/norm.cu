@@ -526,6 +526,7 @@ __global__ void __launch_bounds__(COL_WARPS *LANES) col_kernel(norm_args a, floa
 template <bool LN, opf_dtype D> struct gamma_term {
     enum { BATCH = 8, STREAMS = 2 };
     typedef typename opf_dev_plain<D>::store store;
+    typedef std::conditional_t<LN, float2, float> sum_t;
     struct in { float x, dz; };
     const void  *x, *dz;
     const float *mu, *rs;
@@ -542,13 +543,16 @@ template <bool LN, opf_dtype D> struct gamma_term {
         v.x = opf_dev_to_f32<D>(e[0]);
         v.dz = opf_dev_to_f32<D>(e[1]);
     }
-    __device__ __forceinline__ auto finish(int64_t r, int64_t, const in &v, unsigned &) const
+    __device__ __forceinline__ sum_t finish(int64_t r, int64_t, const in &v, unsigned &) const
     {
         float x = seen_from(v.x, D, act), d = seen_from(v.dz, D, dact);
         if constexpr (LN) return make_float2(d * (rs[r] * (x - mu[r])), d);
         else return d * (rs[r] * x);
     }
 };
+static_assert(opf_colsum_sums<gamma_term<true, OPF_BF16>>() == 2 &&
+                  opf_colsum_sums<gamma_term<false, OPF_BF16>>() == 1,
+              "LayerNorm's terms are (dgamma, dbeta), RMSNorm's dgamma alone");
 
 /* The 32 class partials p[0], p[H], ... of a column folded in halves
  * (class i += class i + off, norm.h). */
