@@ -45,8 +45,10 @@ typedef struct opf_seq opf_seq;
  * ops is refused when the seq builds its plans (first forward or
  * opf_seq_prepare) with OPF_ERR_UNSUPPORTED naming this limit. A callback
  * step (opf_seq_append_callback) or an activation-recompute span ends a
- * group. */
-#define OPF_MAX_GROUP_OPS 256
+ * group. A GPT block of opfuse train is 16 ops, so one group holds about
+ * 60 blocks (the fuser's plan arrays of this size live on the stack while
+ * the plans are built). */
+#define OPF_MAX_GROUP_OPS 1024
 
 OPF_API opf_status opf_seq_create(opf_ctx *ctx, opf_seq **out);
 /* Destroys the seq and every op it owns. NULL: no-op. */

@@ -38,10 +38,10 @@ int main(void)
 {
     opf_ctx *ctx;
     if (opf_ctx_create(NULL, &ctx)) return 1;
-    CHECK(OPF_MAX_GROUP_OPS == 256, "the limit is %d", OPF_MAX_GROUP_OPS);
+    CHECK(OPF_MAX_GROUP_OPS == 1024, "the limit is %d", OPF_MAX_GROUP_OPS);
     CHECK_OK(ctx, run(ctx, OPF_MAX_GROUP_OPS, false));
     CHECK_FAILS(ctx, run(ctx, OPF_MAX_GROUP_OPS + 1, false), OPF_ERR_UNSUPPORTED,
-                "257 ops", "OPF_MAX_GROUP_OPS", "256");
+                "1025 ops", "OPF_MAX_GROUP_OPS", "1024");
     CHECK_OK(ctx, run(ctx, OPF_MAX_GROUP_OPS + 1, true));
     opf_ctx_destroy(ctx);
     TEST_DONE();

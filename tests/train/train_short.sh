@@ -4,6 +4,7 @@
 #    projection in bf16, or quantized too with --quantize-head);
 #  - eager and compiled runs end in byte-identical checkpoints;
 #  - a run stopped, saved and resumed ends byte-identical to an uninterrupted one;
+#  - a 24-layer model builds and trains, eager and compiled;
 #  - --compare writes its CSV and table;
 #  - bad input (data file, shapes, device, checkpoints) fails with a clear message.
 set -u
@@ -51,6 +52,13 @@ for r in bf16 fp8-delayed nvfp4; do
     grep -q "resumed from .* at step 6" "$dir/resume-$r.out" || fail "$r: did not resume at step 6"
     cmp -s "$dir/whole-$r/model.safetensors" "$dir/part-$r/model.safetensors" ||
         fail "$r: resumed run differs from the uninterrupted one"
+done
+
+# a deep model (GPT-2 medium's 24 blocks, 387 ops in one fuser group) builds
+# and trains, eager and compiled
+for m in "" --compile; do
+    "$bin" train --layers 24 --width 32 --heads 2 --batch 4 --digits 2 --quiet --steps 2 \
+        --eval-every 2 $m >"$dir/deep.out" 2>&1 || { fail "24 layers $m: training failed"; cat "$dir/deep.out"; }
 done
 
 # --compare: a CSV row per evaluation and recipe, and the table
