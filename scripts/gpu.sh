@@ -40,6 +40,11 @@ mkdir -p "$logs"
 cd "$root"
 
 step() { printf '\n== %s\n' "$*"; }
+# verdict: each cuda test that did not pass, by name, and ctest's summary line
+verdict() {
+  grep -E "^ *[0-9]+/[0-9]+ Test +#" "$logs/ctest.log" | grep -v " Passed " | sed 's/^/not passed: /'
+  grep -E "tests passed|tests failed" "$logs/ctest.log" | tail -1 | sed 's/^/ctest -L cuda: /'
+}
 bench_rc=0
 fresh=()  # the table logs this run wrote, printed at the end
 # bench LOG CMD...: runs CMD with its output into LOG (appended), notes a failure
@@ -80,9 +85,7 @@ if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
   (cd "$build" && ctest -L cuda ${OPF_GPU_TESTS:+-R "$OPF_GPU_TESTS"} -V -j1) >"$logs/ctest.log" 2>&1
   ctest_rc=$?
   grep -E "failed|FAIL|SKIP|tests passed|Passed|rel err" "$logs/ctest.log" | grep -v ", 0 failed" | tail -40
-  # the one-line verdict of each test, whatever the lines above cut off
-  grep -E "^ *[0-9]+/[0-9]+ Test +#" "$logs/ctest.log" | grep -v " Passed " | sed 's/^/not passed: /'
-  grep -E "tests passed|tests failed" "$logs/ctest.log" | tail -1
+  verdict  # whatever the lines above cut off
   # the Python binding on CUDA tensors: the extension built into the same
   # tree, its GPU tests run with the machine's PyTorch (OPF_GPU_PY=0 skips)
   py=$(command -v python3 || true)
@@ -142,10 +145,7 @@ step "the tables (this run's)"
 for f in "${fresh[@]}"; do
   case $f in */bench_opfuse.log|*/bench_train.log) ;; *) cat "$f" ;; esac
 done
-if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then  # the tests' verdict last, where a tail shows it
-  grep -E "^ *[0-9]+/[0-9]+ Test +#" "$logs/ctest.log" | grep -v " Passed " | sed 's/^/not passed: /'
-  grep -E "tests passed|tests failed" "$logs/ctest.log" | tail -1 | sed 's/^/ctest -L cuda: /'
-fi
+[ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ] && verdict  # again last, where a tail shows it
 [ "$ctest_rc" = 0 ] && [ "$bench_rc" != 0 ] && echo "gpu.sh: a benchmark failed (see FAILED above)"
 [ "$ctest_rc" != 0 ] && exit "$ctest_rc"
 exit "$bench_rc"
