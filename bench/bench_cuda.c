@@ -15,7 +15,8 @@
  *     master weights, moments and parameter copies), in GB/s;
  *   - causal attention on fp32 qkv at GPT-2 small's shape (B 16, T 1024,
  *     H 12, D 64), forward and forward + backward, on the gemm and flash
- *     paths of OPF_CUDA_ATTENTION, and flash and flash2 with bf16 qkv, in ms.
+ *     paths of OPF_CUDA_ATTENTION, and flash, flash2 and flash1p with bf16
+ *     qkv, in ms.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
@@ -475,10 +476,10 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
 }
 
 /* ---- causal attention: qkv [B, T, 3C] at GPT-2 small's shape, fp32 per
- * path of OPF_CUDA_ATTENTION, and flash and flash2 with qkv, do and dqkv
- * stored in bf16, its logical dtype (their 16-bit kernels, as a bf16 model
- * calls them); the FLOP counts are the causal half's (the backward's five
- * products 2.5 times the forward's two). ------------------------------------ */
+ * path of OPF_CUDA_ATTENTION, and flash, flash2 and flash1p with qkv, do
+ * and dqkv stored in bf16, its logical dtype (their 16-bit kernels, as a
+ * bf16 model calls them); the FLOP counts are the causal half's (the
+ * backward's five products 2.5 times the forward's two). ------------------ */
 enum { AT_B = 16, AT_T = 1024, AT_H = 12, AT_D = 64 };
 
 typedef struct attn_arg {
@@ -519,12 +520,13 @@ static int bench_attn(opf_ctx *ctx)
         return 1;
     printf("causal attention, B %d T %d H %d D %d (ms a call)\n", AT_B, AT_T, AT_H, AT_D);
     /* the path, the dtype of qkv, do and dqkv, the row's suffix */
-    static const char *const paths[] = {"gemm", "flash", "flash", "flash2"};
-    static const opf_dtype dts[] = {OPF_F32, OPF_F32, OPF_BF16, OPF_BF16};
-    static const char *const tags[] = {"gemm", "flash", "flash_bf16", "flash2_bf16"};
+    static const char *const paths[] = {"gemm", "flash", "flash", "flash2", "flash1p"};
+    static const opf_dtype dts[] = {OPF_F32, OPF_F32, OPF_BF16, OPF_BF16, OPF_BF16};
+    static const char *const tags[] = {"gemm", "flash", "flash_bf16", "flash2_bf16",
+                                       "flash1p_bf16"};
     const double fwd_flop = 2.0 * AT_B * AT_H * (double)AT_T * AT_T * AT_D;
     int rc = 0;
-    for (int p = 0; p < 4 && !rc; p++) {
+    for (int p = 0; p < (int)(sizeof paths / sizeof paths[0]) && !rc; p++) {
         setenv("OPF_CUDA_ATTENTION", paths[p], 1);
         const opf_tensor *io = dts[p] == OPF_F32 ? t : t + 3;
         for (int b = 0; b < 2 && !rc; b++) {

@@ -3,7 +3,8 @@
  * (two NaNs count as equal: nn.cu's NaN exception): embedding forward and
  * backward with repeated tokens and a bad token, causal attention forward
  * and backward on each path of OPF_CUDA_ATTENTION (exact byte for byte,
- * gemm, flash and flash2 within bounds; T = 1, T not a multiple of 32, 64
+ * gemm, flash, flash2 and flash1p within bounds, the tiled ones the same
+ * bytes when run twice; T = 1, T not a multiple of 32, 64
  * or 128, heads 1..12, D = 1, 64, 128 and past one pass of 256; f32 qkv,
  * and bf16 and f16 for the 16-bit kernels, stored as f32 and as themselves
  * (the same bits); an unknown path is an error),
@@ -200,17 +201,24 @@ static void test_embedding(opf_ctx *ctx)
  *  - flash2: flash's bounds. Its 16-bit kernels round the same values (p
  *    and ds, from fp32 scores of exact inputs) and sum in another order; its
  *    f32 path is flash's.
- * D other than 64 and 128 falls back to gemm, well within every bound. */
+ *  - flash1p: flash2's forward and bounds; its 16-bit backward adds dq's
+ *    parts of each 128-key tile in fp32 across blocks (ordered by counters),
+ *    the same rounded ds in another order.
+ * D other than 64 and 128 falls back to gemm, well within every bound.
+ * twice: the backward run again gives the same bytes (the tiled paths,
+ * whose sums are in a fixed order; flash1p's across blocks too). */
 typedef struct attn_path_case {
     const char *env;
     double      tol_o[3], tol_dqkv[3];  /* by dtype: f32, bf16, f16 */
+    bool        twice;
 } attn_path_case;
 static const attn_path_case attn_paths[] = {
-    {"exact", {0, 0, 0}, {0, 0, 0}},
-    {"gemm", {2e-5, 2e-5, 2e-5}, {1e-4, 1e-4, 1e-4}},
-    {NULL, {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
-    {"flash", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
-    {"flash2", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}},
+    {"exact", {0, 0, 0}, {0, 0, 0}, false},
+    {"gemm", {2e-5, 2e-5, 2e-5}, {1e-4, 1e-4, 1e-4}, false},
+    {NULL, {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
+    {"flash", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
+    {"flash2", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
+    {"flash1p", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
 };
 
 static int dtype_slot(opf_dtype dt) { return dt == OPF_BF16 ? 1 : dt == OPF_F16 ? 2 : 0; }
@@ -353,6 +361,21 @@ static void attn_typed_case(opf_ctx *ctx, const char *shape, opf_dtype dt, const
     free(want), free(f32);
 }
 
+/* The backward of g (its o and lse, f32 storage) once more: the same bytes
+ * as its dqkv. */
+static void attn_bwd_again(opf_ctx *ctx, const char *shape, const attn_bufs *g, opf_dtype dt)
+{
+    const opf_dtype F = OPF_F32;
+    float *first = fvec(g->nq);
+    char name[160];
+    snprintf(name, sizeof name, "attn_bwd dqkv run twice [%s]", shape);
+    host_from(ctx, first, g->dqkv, sizeof(float) * (size_t)g->nq);
+    CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, g->qkv, F, g->o, g->lse, g->dout, F, g->dqkv, F, g->B,
+                                       g->T, g->H, g->D, dt));
+    expect_same(ctx, name, first, g->dqkv, g->nq);
+    free(first);
+}
+
 /* One shape on every path (exact only when `exact`: slow at long T; f32
  * qkv only gemm and exact, which read no dtype), with q, k, v and do drawn
  * exact in dt and dt passed as qkv's logical dtype: the forward against
@@ -397,6 +420,7 @@ static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t 
                                            H, D, dt));
         expect_attn(ctx, "attn_bwd dqkv", shape, dqkv, g.dqkv, nq, pc->tol_dqkv[slot], T, H, D,
                     3 * C);
+        if (pc->twice) attn_bwd_again(ctx, shape, &g, dt);
         if (dt != OPF_F32)
             attn_typed_case(ctx, shape, dt, &g, fo, flse, dqkv, qkv, dout, pc->tol_dqkv[slot]);
     }

@@ -116,6 +116,12 @@ opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv
                                     const float *o, const float *lse, const void *dout,
                                     opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+/* flash2's backward with dQ added inside the dK dV kernel, in a fixed order
+ * (OPF_CUDA_ATTENTION=flash1p; its forward is flash2's). */
+opf_status opf_cuda_attn_bwd_flash1p(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                     const float *o, const float *lse, const void *dout,
+                                     opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
+                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
 /* The arrays of an attention call as kernels of one input dtype in_t and
  * one output dtype out_t take them (attn.cu): qkv and dout (NULL: none) the
  * caller's or copies cast into device scratch; dqkv (NULL: none) the

@@ -336,6 +336,8 @@ typedef struct bwd_args {
     void        *dqkv;
     flash_dims   f;
     bool         out16;
+    float       *dq_acc;   /* flash1p: dQ's fp32 sums, [B*H, T, D] */
+    int         *dq_turn;  /* flash1p: parts added to each (bh, 64-query tile), zeroed */
 } bwd_args;
 
 template <int D> static __device__ bwd_smem bwd_smem_of()
@@ -1161,6 +1163,24 @@ static __device__ __forceinline__ void flash2_softmax(float (&s)[F2_KEYS / 8][4]
         for (int e = 0; e < 4; e++) o[nd][e] *= alpha[e / 2];
 }
 
+/* o += a B, o the NO 8-column n-tiles from column c0: B rows 16 kk .. 16 kk +
+ * 15 of a swizzled tile of D columns (rows from a multiple of 8), read by
+ * ldmatrix.trans. */
+template <typename E, int D, int NO>
+static __device__ __forceinline__ void flash2_ab(float (&o)[NO][4], const uint32_t (&a)[4],
+                                                 const E *rows, int kk, int c0)
+{
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int dp = 0; dp < NO / 2; dp++) {
+        uint32_t b[4];
+        ldsm4<true>(b, rows + flash2_at<D>(16 * kk + lane / 8 % 2 * 8 + lane % 8,
+                                           c0 + 16 * dp + lane / 16 * 8));
+        mma16816<E>(o[2 * dp], a, b[0], b[1]);
+        mma16816<E>(o[2 * dp + 1], a, b[2], b[3]);
+    }
+}
+
 /* o += P B: P from s (NJ n-tiles, NJ / 2 k-steps) rounded to E, as A
  * fragments straight from the registers; B rows of a swizzled tile (from a
  * multiple of 8), k-steps that hold an n-tile below nt. */
@@ -1168,21 +1188,13 @@ template <typename E, int D, int NJ>
 static __device__ __forceinline__ void flash2_pv(float (&o)[D / 8][4], const float (&s)[NJ][4],
                                                  const E *rows, int nt)
 {
-    int lane = threadIdx.x % 32;
 #pragma unroll
     for (int kk = 0; kk < NJ / 2; kk++) {
         if (2 * kk >= nt) break;
         const float *lo = s[2 * kk], *hi = s[2 * kk + 1];
         uint32_t a[4] = {pack2<E>(lo[0], lo[1]), pack2<E>(lo[2], lo[3]), pack2<E>(hi[0], hi[1]),
                          pack2<E>(hi[2], hi[3])};
-#pragma unroll
-        for (int dp = 0; dp < D / 16; dp++) {
-            uint32_t b[4];
-            ldsm4<true>(b, rows + flash2_at<D>(16 * kk + lane / 8 % 2 * 8 + lane % 8,
-                                               16 * dp + lane / 16 * 8));
-            mma16816<E>(o[2 * dp], a, b[0], b[1]);
-            mma16816<E>(o[2 * dp + 1], a, b[2], b[3]);
-        }
+        flash2_ab<E, D, D / 8>(o, a, rows, kk, 0);
     }
 }
 
@@ -1287,16 +1299,159 @@ __global__ void __launch_bounds__(F2_THREADS, D == 64 ? 2 : 1)
  * accumulators leave no registers for it at D 128). */
 enum { F2_CHUNK = 32 };
 
+/* ---- flash1p: dQ inside the dK dV kernel (OPF_CUDA_ATTENTION=flash1p) ----
+ * flash2's dQ kernel recomputes S, P, dP and dS; flash1p instead lets the dK
+ * dV block of key tile J (128 keys) add dS K_J into dQ for each 64-query
+ * tile i it visits: its warps put their dS^T rows (rounded to E, the values
+ * dK's product takes) into a shared tile, then warp w computes the 16 x D/2
+ * part of queries 16 (w % 4) .., columns (w / 4) D / 2 .. over the 128 keys.
+ * The parts of tile i are summed in fp32 in global scratch (dq_acc) in a
+ * fixed order, ascending J, whatever the schedule (FlashAttention-3's
+ * deterministic mode): dq_turn[bh, i] counts the parts added; block J waits
+ * until it reads J, adds its part and sets J + 1. Block 0 stores its part
+ * (so dq_acc needs no zeroing); the last part's block, J = i / 2 (tile i
+ * holds the diagonal of its keys), writes acc + part to dqkv as the output
+ * type instead, so there is no third kernel.
+ *
+ * Deadlock freedom: block J waits only on blocks J' < J of its (batch,
+ * head), whose linear index bh + J' B H is smaller (the key tile is the
+ * grid's y, the slowest-changing index). Blocks start in linear order, so
+ * those are resident or done when J waits; the lowest unfinished block waits
+ * on nothing, so it finishes, and by induction every block does. The query
+ * tiles run from the last down: block J - 1 then walks the same tiles a tile
+ * ahead of J, which waits about a tile at its start, where ascending tiles
+ * would hold every block to block 0's pace through the tiles below 2J. */
+
+/* A gpu-scope acquire load and release store (the turn counters). */
+static __device__ __forceinline__ int ld_acquire(const int *p)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void st_release(int *p, int v)
+{
+    asm volatile("st.release.gpu.global.s32 [%0], %1;\n" : : "l"(p), "r"(v) : "memory");
+}
+
+/* The warp's chunk of dS^T (x: its 16 keys x the 32 queries from c0, as C
+ * fragments) rounded to E into the block's dS^T tile (F2_ROWS keys x
+ * F2_KEYS queries, swizzled). */
+template <typename E>
+static __device__ __forceinline__ void flash1p_put(E *dst, const float (&x)[F2_CHUNK / 8][4],
+                                                   int c0)
+{
+    int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < F2_CHUNK / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            *(uint32_t *)(dst + flash2_at<F2_KEYS>(16 * w + g + 8 * r, c0 + 8 * j + 2 * t)) =
+                pack2<E>(x[j][2 * r], x[j][2 * r + 1]);
+}
+
+/* Zeros over the warp's rows of the dS^T tile from query c0 (a chunk that
+ * sees none of its keys: the dQ product reads it). */
+template <typename E> static __device__ __forceinline__ void flash1p_put0(E *dst, int c0)
+{
+    const float z[F2_CHUNK / 8][4] = {};
+    flash1p_put<E>(dst, z, c0);
+}
+
+/* Thread 0 waits until the tile's turn counter reads `turn`, with backoff;
+ * the barrier then orders every thread's reads of dq_acc after the acquire
+ * (the parts before were released with their writes). */
+static __device__ void flash1p_wait(const int *cnt, int turn)
+{
+    if (threadIdx.x == 0) {
+        unsigned ns = 32;
+        while (ld_acquire(cnt) < turn) {
+            __nanosleep(ns);
+            ns = ns < 1024 ? 2 * ns : ns;
+        }
+    }
+    __syncthreads();
+}
+
+/* Key tile kt's part of query tile qt's dQ (dS^T tile dSt, K in Ko), added
+ * in its turn. Every thread of the block calls it, after the warps' puts.
+ * A warp's D / 2 columns go in passes of 32 (16 accumulators a lane: D 128
+ * has no registers for 32 beside dK and dV). */
+template <typename E, int D>
+static __device__ void flash1p_dq(const bwd_args &a, const E *dSt, const E *Ko, int64_t bh, int kt,
+                                  int qt)
+{
+    enum { PASS = 32 };
+    const flash_dims &f = a.f;
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int qr = 16 * (w % 4);
+    int64_t i0 = (int64_t)qt * F2_KEYS, j0 = (int64_t)kt * F2_ROWS, T = f.T;
+    /* k-steps of keys past the tile's last query hold only zeros: skipped */
+    int ksteps = (int)min((int64_t)F2_ROWS / 16, (i0 + F2_KEYS - 1 - j0) / 16 + 1);
+    int qtiles = (int)((T + F2_KEYS - 1) / F2_KEYS);
+    int *cnt = a.dq_turn + bh * qtiles + qt;
+    bool last = qt * F2_KEYS / F2_ROWS == kt;  /* the diagonal's key tile adds last */
+    float *acc = a.dq_acc + (bh * T + i0) * D;
+    int64_t ld = 3 * f.C, q = (bh / f.H * T + i0) * ld + bh % f.H * D;
+    __syncthreads();  /* dSt is whole: every warp has put its rows */
+#pragma unroll
+    for (int pass = 0; pass < D / 2 / PASS; pass++) {
+        int dc = w / 4 * (D / 2) + pass * PASS;
+        float part[PASS / 8][4];
+#pragma unroll
+        for (int n = 0; n < PASS / 8; n++) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < F2_ROWS / 16; kk++) {
+            if (kk >= ksteps) break;
+            uint32_t x[4];  /* A = dS (rows queries, k keys) from dS^T: ldmatrix.trans */
+            ldsm4<true>(x, dSt + flash2_at<F2_KEYS>(16 * kk + lane / 16 * 8 + lane % 8,
+                                                     qr + lane / 8 % 2 * 8));
+            flash2_ab<E, D, PASS / 8>(part, x, Ko, kk, dc);
+        }
+        /* the first pass waits (all threads: the barrier); the parts before
+         * kt's are then in acc */
+        if (kt > 0 && pass == 0) flash1p_wait(cnt, kt);
+        auto add = [&](auto *out, int64_t ld) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int64_t row = qr + g + 8 * r;
+                if (i0 + row >= T) continue;
+#pragma unroll
+                for (int n = 0; n < PASS / 8; n++) {
+                    int64_t c = dc + 8 * n + 2 * t;
+                    float2 v = make_float2(part[n][2 * r], part[n][2 * r + 1]);
+                    if (kt > 0) {  /* from L2 (__ldcg): the sums were written on other SMs */
+                        float2 s = __ldcg((const float2 *)(acc + row * D + c));
+                        v = make_float2(s.x + v.x, s.y + v.y);
+                    }
+                    if (out) store2(out + row * ld + c, v.x, v.y);
+                    else __stcg((float2 *)(acc + row * D + c), v);
+                }
+            }
+        };
+        if (!last) add((float *)NULL, 0);
+        else if (a.out16) add((E *)a.dqkv + q, ld);
+        else add((float *)a.dqkv + q, ld);
+    }
+    if (last) return;  /* no block adds after this one */
+    /* each thread's writes visible at gpu scope before the barrier, the
+     * barrier before the release: the next block's reads see every part */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) st_release(cnt, kt + 1);
+}
+
 /* dK, dV: a block per (batch, head) x 128-key tile (K, V in shared memory;
  * warp w keys 16w ..), the 64-query tiles from its first key to the end.
  * With the warp's keys as rows: S^T = K Q^T, P^T = exp(S^T - lse), dP^T =
  * V dO^T, dS^T = P^T (dP^T - D_i) scale, dV += P^T dO, dK += dS^T Q. */
-template <typename E, int D>
+template <typename E, int D, bool DQ>
 __global__ void __launch_bounds__(F2_THREADS) flash2_dkv_kernel(bwd_args a)
 {
     extern __shared__ __align__(128) float sm[];
     E *Ko = (E *)sm, *Vo = Ko + F2_ROWS * D, *Qs = Vo + F2_ROWS * D, *dOs = Qs + F2_KEYS * D;
     float *lse2 = (float *)(dOs + F2_KEYS * D), *dis = lse2 + F2_KEYS;
+    E *dSt = (E *)(dis + F2_KEYS);  /* DQ: the dS^T tile (flash1p) */
     const flash_dims &f = a.f;
     int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int64_t j0 = (int64_t)blockIdx.y * F2_ROWS, jw = j0 + 16 * w, ld = 3 * f.C, T = f.T;
@@ -1317,16 +1472,25 @@ __global__ void __launch_bounds__(F2_THREADS) flash2_dkv_kernel(bwd_args a)
     zero_acc<D>(dk);
     zero_acc<D>(dv);
 
-    int qtiles = (int)((T + F2_KEYS - 1) / F2_KEYS);
-    for (int qt = (int)(j0 / F2_KEYS); qt < qtiles; qt++) {
+    int qtiles = (int)((T + F2_KEYS - 1) / F2_KEYS), q0 = (int)(j0 / F2_KEYS);
+    if (DQ && jw >= T) {  /* keys past T: their dS^T rows stay zero */
+        flash1p_put0<E>(dSt, 0);
+        flash1p_put0<E>(dSt, F2_CHUNK);
+    }
+    for (int n = 0; n < qtiles - q0; n++) {
+        int qt = DQ ? qtiles - 1 - n : q0 + n;  /* flash1p: from the last down */
         int64_t i0 = (int64_t)qt * F2_KEYS;
         int nq = rows_from(T, i0, F2_KEYS);
+        /* its first barrier: every warp is also done reading dSt */
         dkv_query_tile<F2_THREADS>(load, Qs, dOs, lse2, dis, q, dO, a, hd.bh, i0, nq);
-        if (jw >= T) continue;
 #pragma unroll
         for (int c0 = 0; c0 < F2_KEYS; c0 += F2_CHUNK) {
+            if (jw >= T) break;
             int64_t ic = i0 + c0;                /* the chunk's first query */
-            if (ic + F2_CHUNK - 1 < jw) continue;  /* it sees none of the warp's keys */
+            if (ic + F2_CHUNK - 1 < jw) {        /* it sees none of the warp's keys */
+                if constexpr (DQ) flash1p_put0<E>(dSt, c0);
+                continue;
+            }
             bool edge = ic < jw + 15 || ic + F2_CHUNK > T;
             float p[F2_CHUNK / 8][4], x[F2_CHUNK / 8][4];
             flash2_abt<E, D, F2_CHUNK / 8>(p, kf, Qs + c0 * D, F2_CHUNK / 8);   /* S^T */
@@ -1344,7 +1508,9 @@ __global__ void __launch_bounds__(F2_THREADS) flash2_dkv_kernel(bwd_args a)
                 }
             flash2_pv<E, D, F2_CHUNK / 8>(dv, p, dOs + c0 * D, F2_CHUNK / 8);  /* dV += P^T dO */
             flash2_pv<E, D, F2_CHUNK / 8>(dk, x, Qs + c0 * D, F2_CHUNK / 8);   /* dK += dS^T Q */
+            if constexpr (DQ) flash1p_put<E>(dSt, x, c0);
         }
+        if constexpr (DQ) flash1p_dq<E, D>(a, dSt, Ko, hd.bh, (int)blockIdx.y, qt);
     }
     if (jw >= T) return;
     const float one[2] = {1.0f, 1.0f};
@@ -1517,14 +1683,23 @@ static opf_status flash_fwd(opf_ctx *ctx, opf_cuda_state *s, const void *qkv, fl
                                                       (const float *)qkv, o, lse, f);
 }
 
-/* flash2's backward; its grid is flash16's (F2_ROWS is OWN16). */
+/* The 16-bit backward's kernels: flash's (WMMA), flash2's two on mma.sync,
+ * or flash1p's one (dQ added in the dK dV kernel). */
+typedef enum flash_bwd_kind { BWD_WMMA, BWD_FLASH2, BWD_FLASH1P } flash_bwd_kind;
+
+/* flash2's backward (one_pass: flash1p's); its grid is flash16's (F2_ROWS
+ * is OWN16). */
 template <typename E, int D>
 static opf_status flash2_bwd(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, const bwd_args &a,
-                             const char *fn)
+                             bool one_pass, const char *fn)
 {
     static_assert((int)F2_ROWS == (int)OWN16, "flash2's tiles are flash16's");
     size_t smem = sizeof(E) * (2 * F2_ROWS + 2 * F2_KEYS) * D + sizeof(float) * 2 * F2_KEYS;
-    opf_status st = flash_launch<flash2_dkv_kernel<E, D>, F2_THREADS>(ctx, s, grid, smem, fn, a);
+    if (one_pass)  /* and the dS^T tile */
+        return flash_launch<flash2_dkv_kernel<E, D, true>, F2_THREADS>(
+            ctx, s, grid, smem + sizeof(E) * F2_ROWS * F2_KEYS, fn, a);
+    opf_status st =
+        flash_launch<flash2_dkv_kernel<E, D, false>, F2_THREADS>(ctx, s, grid, smem, fn, a);
     if (st) return st;
     return flash_launch<flash2_dq_kernel<E, D>, F2_THREADS>(ctx, s, grid,
                                                             sizeof(E) * 2 * F2_KEYS * D, fn, a);
@@ -1532,24 +1707,24 @@ static opf_status flash2_bwd(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, const b
 
 template <typename E, int D>
 static opf_status flash16_bwd(opf_ctx *ctx, opf_cuda_state *s, dim3 grid, const bwd_args &a,
-                              bool v2, const char *fn)
+                              flash_bwd_kind kind, const char *fn)
 {
-    if (v2) return flash2_bwd<E, D>(ctx, s, grid, a, fn);
+    if (kind != BWD_WMMA) return flash2_bwd<E, D>(ctx, s, grid, a, kind == BWD_FLASH1P, fn);
     size_t smem = bwd16_smem_bytes<E, D>();
     opf_status st = flash_launch<flash16_dkv_kernel<E, D>, THREADS16>(ctx, s, grid, smem, fn, a);
     if (st) return st;
     return flash_launch<flash16_dq_kernel<E, D>, THREADS16>(ctx, s, grid, smem, fn, a);
 }
 
-/* The backward's kernels of qkv's logical dtype dt (bf16 and f16: flash2's
- * when v2), a's arrays of kernel_dtype(dt). */
+/* The backward's kernels of qkv's logical dtype dt (bf16 and f16: kind's),
+ * a's arrays of kernel_dtype(dt). */
 template <int D>
 static opf_status flash_bwd(opf_ctx *ctx, opf_cuda_state *s, const bwd_args &a, int64_t BH,
-                            opf_dtype dt, bool v2, const char *fn)
+                            opf_dtype dt, flash_bwd_kind kind, const char *fn)
 {
     dim3 grid((unsigned)BH, (unsigned)a.f.tiles);
-    if (dt == OPF_BF16) return flash16_bwd<__nv_bfloat16, D>(ctx, s, grid, a, v2, fn);
-    if (dt == OPF_F16) return flash16_bwd<__half, D>(ctx, s, grid, a, v2, fn);
+    if (dt == OPF_BF16) return flash16_bwd<__nv_bfloat16, D>(ctx, s, grid, a, kind, fn);
+    if (dt == OPF_F16) return flash16_bwd<__half, D>(ctx, s, grid, a, kind, fn);
     opf_status st =
         flash_launch<flash_dkv_kernel<D>, THREADS>(ctx, s, grid, bwd_smem_bytes<D>(), fn, a);
     if (st) return st;
@@ -1621,24 +1796,35 @@ opf_status opf_cuda_attn_fwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv
                           "attention forward (cuda flash2)");
 }
 
-/* D_i from do as stored, then the kernels on io's arrays. */
+/* D_i from do as stored, then the kernels on io's arrays. flash1p's
+ * kernel also takes dQ's fp32 sums and turn counters from the scratch
+ * after D_i; only the counters are zeroed (block 0 stores its part). */
 static opf_status attn_bwd_tiled(opf_ctx *ctx, const opf_cuda_attn_io &io, const float *o,
                                  const float *lse, const void *dout, opf_dtype dout_t, int64_t B,
-                                 int64_t T, int64_t H, int64_t D, opf_dtype in_dt, bool v2,
-                                 const char *fn)
+                                 int64_t T, int64_t H, int64_t D, opf_dtype in_dt,
+                                 flash_bwd_kind kind, const char *fn)
 {
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
+    bool one_pass = kind == BWD_FLASH1P && is16(in_dt);
+    size_t rows = (size_t)(B * H * T), di_bytes = (sizeof(float) * rows + 255) / 256 * 256;
+    size_t acc_bytes = one_pass ? sizeof(float) * rows * (size_t)D : 0;
+    size_t turn_bytes = one_pass ? sizeof(int) * (size_t)(B * H * ((T + TILE - 1) / TILE)) : 0;
     void *ws;
-    opf_status st = opf_cuda_scratch(ctx, s, sizeof(float) * (size_t)(B * H * T), &ws);
+    opf_status st = opf_cuda_scratch(ctx, s, di_bytes + acc_bytes + turn_bytes, &ws);
     if (st) return st;
     float *di = (float *)ws;
     flash_dims f = flash_dims_of(T, H, D, own_rows(in_dt));
     if ((st = flash_delta(ctx, s, o, dout, dout_t, di, B * H * T, f, (int)D, fn))) return st;
-    bwd_args a = {io.qkv, io.dout, lse, di, io.dqkv, f, io.kernel_out_t != OPF_F32};
-    return D == 64 ? flash_bwd<64>(ctx, s, a, B * H, in_dt, v2, fn)
-                   : flash_bwd<128>(ctx, s, a, B * H, in_dt, v2, fn);
+    bwd_args a = {io.qkv, io.dout, lse, di, io.dqkv, f, io.kernel_out_t != OPF_F32, NULL, NULL};
+    if (one_pass) {
+        a.dq_acc = (float *)((char *)ws + di_bytes);
+        a.dq_turn = (int *)((char *)ws + di_bytes + acc_bytes);
+        OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(a.dq_turn, 0, turn_bytes, s->stream));
+    }
+    return D == 64 ? flash_bwd<64>(ctx, s, a, B * H, in_dt, kind, fn)
+                   : flash_bwd<128>(ctx, s, a, B * H, in_dt, kind, fn);
 }
 
 /* qkv and do as the kernels read them (as attn_fwd_typed's qkv); the 16-bit
@@ -1648,7 +1834,7 @@ static opf_status attn_bwd_tiled(opf_ctx *ctx, const opf_cuda_attn_io &io, const
 static opf_status attn_bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
                                  const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
-                                 opf_dtype in_dt, bool v2, const char *fn)
+                                 opf_dtype in_dt, flash_bwd_kind kind, const char *fn)
 {
     const void *p[] = {qkv, o, dout, dqkv};
     if (!flash_fits(B, T, H, D, p, 4))
@@ -1659,7 +1845,7 @@ static opf_status attn_bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
     opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, dout, dout_t, dqkv, dqkv_t, kt,
                                           ot, B * T * 3 * H * D);
     if (st) return st;
-    st = attn_bwd_tiled(ctx, io, o, lse, dout, dout_t, B, T, H, D, in_dt, v2, fn);
+    st = attn_bwd_tiled(ctx, io, o, lse, dout, dout_t, B, T, H, D, in_dt, kind, fn);
     return opf_cuda_attn_io_close(ctx, &io, st);
 }
 
@@ -1669,7 +1855,7 @@ opf_status opf_cuda_attn_bwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_
                                    int64_t D, opf_dtype in_dt)
 {
     return attn_bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
-                          false, "attention backward (cuda flash)");
+                          BWD_WMMA, "attention backward (cuda flash)");
 }
 
 opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
@@ -1678,5 +1864,14 @@ opf_status opf_cuda_attn_bwd_flash2(opf_ctx *ctx, const void *qkv, opf_dtype qkv
                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
     return attn_bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
-                          true, "attention backward (cuda flash2)");
+                          BWD_FLASH2, "attention backward (cuda flash2)");
+}
+
+opf_status opf_cuda_attn_bwd_flash1p(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                     const float *o, const float *lse, const void *dout,
+                                     opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
+                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+{
+    return attn_bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+                          BWD_FLASH1P, "attention backward (cuda flash1p)");
 }
