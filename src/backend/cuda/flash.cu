@@ -1,10 +1,11 @@
 /* flash.cu: causal self-attention (backend/nn.h's attn_fwd / attn_bwd) as
  * FlashAttention-2 style tiled kernels on the tensor cores
- * (OPF_CUDA_ATTENTION=flash2 or unset, and flash, nn.cu): the [T, T] scores
- * live a tile at a time in shared memory or registers, never in global
- * memory. qkv's logical dtype picks the products: bf16 and f16 the 16-bit
- * kernels (with flash2 the mma.sync ones of the last section, with flash
- * the WMMA ones of the section before), anything else these TF32 ones. The
+ * (OPF_CUDA_ATTENTION=flash2 or unset, flash and flash1p, nn.cu): the
+ * [T, T] scores live a tile at a time in shared memory or registers, never
+ * in global memory. qkv's logical dtype picks the products: bf16 and f16
+ * the 16-bit kernels (with flash2 the mma.sync ones of the last section,
+ * with flash1p the same with one backward kernel, with flash the WMMA ones
+ * of the section before), anything else these TF32 ones. The
  * kernels read qkv and do in one dtype (fp32 for TF32, E for the 16-bit
  * ones) and the 16-bit ones write dqkv as E or fp32: a caller's array
  * stored otherwise goes through a cast copy (the host section).
