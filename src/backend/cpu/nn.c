@@ -45,6 +45,52 @@ static opf_status embed_bwd(opf_ctx *ctx, const int32_t *tok, const float *dy, f
     return OPF_OK;
 }
 
+/* ---- causal attention -------------------------------------------------------
+ * nn.h fixes the order: q_i . k_j is a dot product left to right over d;
+ * the forward's softmax runs online over j = 0..i, one key at a time
+ * (running max m, sum l, accumulator acc rescaled by expf(m - m')); the
+ * backward walks rows i in order and keys j = 0..i within a row, adding
+ * p dO into dv_j, ds k_j into dq_i and ds q_i into dk_j.
+ *
+ * The dots of a row do not depend on each other, so a row computes all of
+ * them at once against a transposed copy of the head's K (and V), the keys
+ * across the vector lanes and d in order within each: every dot is still
+ * the same left-to-right sum. Likewise the expf calls of a row run in a loop
+ * of their own, once the running maxes they need are known, so they
+ * overlap; only the additions that chain from key to key stay sequential. */
+
+/* The per-head work arrays: K and V transposed ([D][T]), then the row's
+ * scores, second dots and two factors ([T] each). */
+typedef struct attn_ws { float *kt, *vt, *s, *s2, *f1, *f2; } attn_ws;
+
+static size_t attn_ws_floats(int64_t T, int64_t D) { return (size_t)(2 * T * D + 4 * T); }
+
+static attn_ws attn_ws_at(float *base, int64_t T, int64_t D)
+{
+    attn_ws w = {base, base + T * D, base + 2 * T * D, 0, 0, 0};
+    w.s2 = w.s + T, w.f1 = w.s2 + T, w.f2 = w.f1 + T;
+    return w;
+}
+
+/* dst[d][j] = x_j[d] for rows j < T of stride ld. */
+static void transpose_head(const float *x, int64_t ld, int64_t T, int64_t D, float *restrict dst)
+{
+    for (int64_t j = 0; j < T; j++)
+        for (int64_t d = 0; d < D; d++) dst[d * T + j] = x[j * ld + d];
+}
+
+/* out[j] = a . x_j (left to right over d) for j < n, xt transposed [D][T]. */
+static void dots(const float *a, const float *restrict xt, int64_t T, int64_t D, int64_t n,
+                 float *restrict out)
+{
+    for (int64_t j = 0; j < n; j++) out[j] = 0.0f;
+    for (int64_t d = 0; d < D; d++) {
+        const float *restrict x = xt + d * T;
+        float ad = a[d];
+        for (int64_t j = 0; j < n; j++) out[j] += ad * x[j];
+    }
+}
+
 static float dot(const float *a, const float *b, int64_t n)
 {
     float s = 0.0f;
@@ -52,24 +98,63 @@ static float dot(const float *a, const float *b, int64_t n)
     return s;
 }
 
-/* One (batch, head) of the forward: q_i against k_0..k_i, one key at a time. */
+/* One (batch, head) of the forward. */
 static void attn_fwd_head(const float *qkv, float *o, float *lse, int64_t T, int64_t C, int64_t D,
-                          float scale)
+                          float scale, attn_ws w)
 {
+    transpose_head(qkv + C, 3 * C, T, D, w.kt);
     for (int64_t i = 0; i < T; i++) {
         const float *q = qkv + i * 3 * C;
         float *acc = o + i * C, m = -INFINITY, l = 0.0f;
+        dots(q, w.kt, T, D, i + 1, w.s);
+        /* the running max before and after each key, then the factors */
+        for (int64_t j = 0; j <= i; j++) {
+            float s = w.s[j] * scale, mn = s > m ? s : m;
+            w.s[j] = s, w.f1[j] = m, w.f2[j] = mn;
+            m = mn;
+        }
+        for (int64_t j = 0; j <= i; j++) {
+            float c = expf(w.f1[j] - w.f2[j]), p = expf(w.s[j] - w.f2[j]);
+            w.f1[j] = c, w.f2[j] = p;
+        }
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
         for (int64_t j = 0; j <= i; j++) {
-            const float *k = qkv + j * 3 * C + C, *v = k + C;
-            float s = dot(q, k, D) * scale, mn = s > m ? s : m;
-            float c = expf(m - mn), p = expf(s - mn);
+            const float *restrict v = qkv + j * 3 * C + 2 * C;
+            float c = w.f1[j], p = w.f2[j];
             l = l * c + p;
             for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * c + p * v[d];
-            m = mn;
         }
         for (int64_t d = 0; d < D; d++) acc[d] = acc[d] / l;
         lse[i] = m + logf(l);
+    }
+}
+
+/* One (batch, head) of the backward; its dq, dk, dv columns are its own. */
+static void attn_bwd_head(const float *qkv, const float *o, const float *lse, const float *dout,
+                          float *dqkv, int64_t T, int64_t C, int64_t D, float scale, attn_ws w)
+{
+    transpose_head(qkv + C, 3 * C, T, D, w.kt);
+    transpose_head(qkv + 2 * C, 3 * C, T, D, w.vt);
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t d = 0; d < D; d++)
+            dqkv[i * 3 * C + d] = dqkv[i * 3 * C + C + d] = dqkv[i * 3 * C + 2 * C + d] = 0.0f;
+    for (int64_t i = 0; i < T; i++) {
+        const float *q = qkv + i * 3 * C, *dO = dout + i * C;
+        float *restrict dq = dqkv + i * 3 * C, Di = dot(dO, o + i * C, D);
+        dots(q, w.kt, T, D, i + 1, w.s);
+        dots(dO, w.vt, T, D, i + 1, w.s2);
+        for (int64_t j = 0; j <= i; j++) {
+            float p = expf(w.s[j] * scale - lse[i]);
+            w.f1[j] = p, w.f2[j] = p * (w.s2[j] - Di) * scale;
+        }
+        for (int64_t j = 0; j <= i; j++) {
+            const float *restrict k = qkv + j * 3 * C + C;
+            float *restrict dk = dqkv + j * 3 * C + C, *restrict dv = dk + C;
+            float p = w.f1[j], ds = w.f2[j];
+            for (int64_t d = 0; d < D; d++) dv[d] += p * dO[d];
+            for (int64_t d = 0; d < D; d++) dq[d] += ds * k[d];
+            for (int64_t d = 0; d < D; d++) dk[d] += ds * q[d];
+        }
     }
 }
 
@@ -78,18 +163,13 @@ static void attn_fwd_head(const float *qkv, float *o, float *lse, int64_t T, int
  * in the context's scratch (widening is exact, and dqkv rounds once at the
  * end: the bits of an fp32 run). */
 
-static opf_status attn_no_scratch(opf_ctx *ctx, const char *what, size_t bytes)
-{
-    return opf_error(ctx, OPF_ERR_NO_MEMORY, "attention: no scratch for the fp32 copy of %s "
-                     "(%zu bytes)", what, bytes);
-}
-
 /* n fp32 values of scratch for `what`, or NULL with the error set. */
 static float *attn_scratch(opf_ctx *ctx, const char *what, int64_t n, opf_status *st)
 {
     size_t bytes = sizeof(float) * (size_t)(n > 0 ? n : 1);
     float *p = opf_ctx_scratch_push(ctx, bytes);
-    if (!p) *st = attn_no_scratch(ctx, what, bytes);
+    if (!p) *st = opf_error(ctx, OPF_ERR_NO_MEMORY, "attention: no scratch for %s (%zu bytes)",
+                            what, bytes);
     return p;
 }
 
@@ -108,6 +188,15 @@ static opf_status attn_widen(opf_ctx *ctx, const char *what, const void *x, opf_
     return st;
 }
 
+/* Threads for the heads of a call and their work arrays in scratch (NULL
+ * with the error set when there is none). */
+static float *attn_ws_alloc(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, int *nt,
+                            opf_status *st)
+{
+    *nt = B * H > 1 ? opf_cpu_threads(ctx, T * T * H * D, PAR_MIN) : 1;
+    return attn_scratch(ctx, "the heads' work arrays", (int64_t)*nt * attn_ws_floats(T, D), st);
+}
+
 static opf_status attn_fwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, float *o,
                            float *lse, int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
@@ -115,50 +204,35 @@ static opf_status attn_fwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, fl
     float scale = 1.0f / sqrtf((float)D);
     size_t mark = opf_ctx_scratch_mark(ctx);
     const float *qkv;
-    opf_status st = attn_widen(ctx, "qkv", qkv_in, qkv_t, B * T * 3 * C, &qkv);
-    if (st) return st;
-#pragma omp parallel for schedule(dynamic) if (B * H > 1 && T * T * C >= PAR_MIN)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        int64_t b = bh / H, h = bh % H;
-        attn_fwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T, T, C, D,
-                      scale);
-    }
-    opf_ctx_scratch_pop(ctx, mark);
-    return OPF_OK;
-}
-
-/* One (batch, head) of the backward; its dq, dk, dv columns are its own. */
-static void attn_bwd_head(const float *qkv, const float *o, const float *lse, const float *dout,
-                          float *dqkv, int64_t T, int64_t C, int64_t D, float scale)
-{
-    for (int64_t i = 0; i < T; i++)
-        for (int64_t d = 0; d < D; d++)
-            dqkv[i * 3 * C + d] = dqkv[i * 3 * C + C + d] = dqkv[i * 3 * C + 2 * C + d] = 0.0f;
-    for (int64_t i = 0; i < T; i++) {
-        const float *q = qkv + i * 3 * C, *dO = dout + i * C;
-        float *dq = dqkv + i * 3 * C, Di = dot(dO, o + i * C, D);
-        for (int64_t j = 0; j <= i; j++) {
-            const float *k = qkv + j * 3 * C + C, *v = k + C;
-            float *dk = dqkv + j * 3 * C + C, *dv = dk + C;
-            float p = expf(dot(q, k, D) * scale - lse[i]);
-            for (int64_t d = 0; d < D; d++) dv[d] += p * dO[d];
-            float ds = p * (dot(dO, v, D) - Di) * scale;
-            for (int64_t d = 0; d < D; d++) dq[d] += ds * k[d];
-            for (int64_t d = 0; d < D; d++) dk[d] += ds * q[d];
+    int nt;
+    float *ws = NULL;
+    opf_status st = attn_widen(ctx, "the fp32 copy of qkv", qkv_in, qkv_t, B * T * 3 * C, &qkv);
+    if (!st) ws = attn_ws_alloc(ctx, B, T, H, D, &nt, &st);
+    if (!st) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic)
+        for (int64_t bh = 0; bh < B * H; bh++) {
+            int64_t b = bh / H, h = bh % H;
+            attn_ws w = attn_ws_at(ws + omp_get_thread_num() * attn_ws_floats(T, D), T, D);
+            attn_fwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T, T,
+                          C, D, scale, w);
         }
     }
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
 }
 
 static void attn_bwd_heads(const float *qkv, const float *o, const float *lse, const float *dout,
-                           float *dqkv, int64_t B, int64_t T, int64_t H, int64_t D)
+                           float *dqkv, int64_t B, int64_t T, int64_t H, int64_t D, float *ws,
+                           int nt)
 {
     int64_t C = H * D;
     float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for schedule(dynamic) if (B * H > 1 && T * T * C >= PAR_MIN)
+#pragma omp parallel for num_threads(nt) schedule(dynamic)
     for (int64_t bh = 0; bh < B * H; bh++) {
         int64_t b = bh / H, h = bh % H;
+        attn_ws w = attn_ws_at(ws + omp_get_thread_num() * attn_ws_floats(T, D), T, D);
         attn_bwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T,
-                      dout + b * T * C + h * D, dqkv + b * T * 3 * C + h * D, T, C, D, scale);
+                      dout + b * T * C + h * D, dqkv + b * T * 3 * C + h * D, T, C, D, scale, w);
     }
 }
 
@@ -171,11 +245,13 @@ static opf_status attn_bwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, co
     size_t mark = opf_ctx_scratch_mark(ctx);
     const float *qkv, *dout;
     float *dqkv = dqkv_out;
-    opf_status st = attn_widen(ctx, "qkv", qkv_in, qkv_t, nq, &qkv);
-    if (!st) st = attn_widen(ctx, "do", dout_in, dout_t, B * T * H * D, &dout);
-    if (!st && dqkv_t != OPF_F32) dqkv = attn_scratch(ctx, "dqkv", nq, &st);
+    opf_status st = attn_widen(ctx, "the fp32 copy of qkv", qkv_in, qkv_t, nq, &qkv);
+    if (!st) st = attn_widen(ctx, "the fp32 copy of do", dout_in, dout_t, B * T * H * D, &dout);
+    if (!st && dqkv_t != OPF_F32) dqkv = attn_scratch(ctx, "the fp32 copy of dqkv", nq, &st);
+    int nt;
+    float *ws = st ? NULL : attn_ws_alloc(ctx, B, T, H, D, &nt, &st);
     if (!st) {
-        attn_bwd_heads(qkv, o, lse, dout, dqkv, B, T, H, D);
+        attn_bwd_heads(qkv, o, lse, dout, dqkv, B, T, H, D, ws, nt);
         if (dqkv != dqkv_out) opf_cpu_store_f32(dqkv, dqkv_t, dqkv_out, 0, nq);
     }
     opf_ctx_scratch_pop(ctx, mark);
