@@ -6,10 +6,12 @@
 #  - a run stopped, saved and resumed ends byte-identical to an uninterrupted one;
 #  - a 24-layer model builds and trains, eager and compiled;
 #  - --compare writes its CSV and table;
-#  - bad input (data file, shapes, device, checkpoints) fails with a clear message.
+#  - bad input (data file, shapes, device, checkpoints, a full disk while saving)
+#    fails with a clear message, and a failed save leaves the checkpoint whole.
 set -u
 bin=$1
 dir=$2
+umount "$dir/full" 2>/dev/null  # the full-disk case's tmpfs, if a killed run left it
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
 tiny="--layers 1 --width 64 --heads 2 --batch 16 --digits 2 --quiet"
 fails=0
@@ -101,6 +103,35 @@ cp "$dir/whole-bf16/model.safetensors" "$dir/good.safetensors"
 head -c 100 "$dir/good.safetensors" >"$dir/whole-bf16/model.safetensors"
 expect_error "cannot resume" --resume "$dir/whole-bf16" --recipe bf16
 cp "$dir/good.safetensors" "$dir/whole-bf16/model.safetensors"
+
+# A full disk while saving: the save fails with the system's message and the
+# checkpoint already there stays whole. The disk is a tmpfs with room for one
+# checkpoint but not a second where this user may mount one (root); else the
+# file-size limit (ulimit -f, SIGXFSZ ignored) refuses the write the same way
+# (OPF_TEST_NO_MOUNT=1 takes that way where root could mount).
+"$bin" train $tiny --steps 2 --eval-every 2 --save "$dir/ck-full" >"$dir/full-a.out" 2>&1 ||
+    { fail "full disk: the first save failed"; cat "$dir/full-a.out"; }
+kb=$(du -sk "$dir/ck-full" | cut -f1)
+mkdir -p "$dir/full"
+if [ "$(id -u)" = 0 ] && [ -z "${OPF_TEST_NO_MOUNT:-}" ] && mount -t tmpfs -o size=$((kb * 3 / 2))k tmpfs "$dir/full" 2>/dev/null; then
+    limit="" want="No space left on device"
+else
+    limit=$((kb / 2)) want="File too large"
+    echo "train_short: no tmpfs to fill (not root, or mount refused): the file-size limit stands in"
+fi
+cp -r "$dir/ck-full" "$dir/full/ck" && cp -r "$dir/ck-full" "$dir/ck-before"
+(
+    [ -n "$limit" ] && { trap '' XFSZ; ulimit -f "$limit"; }
+    exec "$bin" train $tiny --steps 4 --eval-every 2 --resume "$dir/full/ck" --save "$dir/full/ck"
+) >"$dir/full-b.out" 2>&1
+rc=$?
+{ [ $rc -eq 1 ] && grep -q "opf_checkpoint_save: cannot write .*: $want" "$dir/full-b.out"; } ||
+    { fail "full disk: rc $rc, want \"$want\" from opf_checkpoint_save in:"; cat "$dir/full-b.out"; }
+for f in model.safetensors train.txt; do
+    cmp -s "$dir/ck-before/$f" "$dir/full/ck/$f" || fail "full disk: $f changed by the failed save"
+done
+ls "$dir/full/ck" | grep -q '\.tmp\.' && fail "full disk: a temporary file was left behind"
+[ -z "$limit" ] && umount "$dir/full"
 
 [ $fails -eq 0 ] && echo "train_short: all passed" || echo "train_short: $fails failed"
 exit $((fails != 0))
