@@ -57,20 +57,33 @@ static opf_status embed_bwd(opf_ctx *ctx, const int32_t *tok, const float *dy, f
  * across the vector lanes and d in order within each: every dot is still
  * the same left-to-right sum. Likewise the expf calls of a row run in a loop
  * of their own, once the running maxes they need are known, so they
- * overlap; only the additions that chain from key to key stay sequential. */
+ * overlap; expf(0) is 1 exactly (C17 F.10.3.1), so a running max that did
+ * not move costs no call. What chains from key to key (acc, l, dq) runs for
+ * ROWS rows side by side, key by key: each row's chain is the same, and the
+ * chains overlap instead of waiting on each other. dv_j and dk_j still take
+ * their rows' terms in ascending i. */
 
-/* The per-head work arrays: K and V transposed ([D][T]), then the row's
- * scores, second dots and two factors ([T] each). */
+enum { ROWS = 4 };
+
+/* The per-head work arrays: K and V transposed ([D][T]), then for each of
+ * ROWS rows its scores, second dots and two factors ([T] each). */
 typedef struct attn_ws { float *kt, *vt, *s, *s2, *f1, *f2; } attn_ws;
 
-static size_t attn_ws_floats(int64_t T, int64_t D) { return (size_t)(2 * T * D + 4 * T); }
+static size_t attn_ws_floats(int64_t T, int64_t D)
+{
+    return (size_t)(2 * T * D + 4 * ROWS * T);
+}
 
+/* Row r's arrays are at r * T of each. */
 static attn_ws attn_ws_at(float *base, int64_t T, int64_t D)
 {
     attn_ws w = {base, base + T * D, base + 2 * T * D, 0, 0, 0};
-    w.s2 = w.s + T, w.f1 = w.s2 + T, w.f2 = w.f1 + T;
+    w.s2 = w.s + ROWS * T, w.f1 = w.s2 + ROWS * T, w.f2 = w.f1 + ROWS * T;
     return w;
 }
+
+/* expf(x), with the call skipped for x = 0 (the result is the same 1). */
+static inline float exp_or_one(float x) { return x == 0.0f ? 1.0f : expf(x); }
 
 /* dst[d][j] = x_j[d] for rows j < T of stride ld. */
 static void transpose_head(const float *x, int64_t ld, int64_t T, int64_t D, float *restrict dst)
@@ -98,64 +111,119 @@ static float dot(const float *a, const float *b, int64_t n)
     return s;
 }
 
-/* One (batch, head) of the forward. */
-static void attn_fwd_head(const float *qkv, float *o, float *lse, int64_t T, int64_t C, int64_t D,
-                          float scale, attn_ws w)
+/* One (batch, head) of the forward, ROWS rows at a time. Inlined into
+ * attn_fwd_head once per common head size, a constant D there. */
+static inline __attribute__((always_inline)) void
+attn_fwd_head_d(const float *qkv, float *o, float *lse, int64_t T, int64_t C, int64_t D,
+                float scale, attn_ws w)
 {
     transpose_head(qkv + C, 3 * C, T, D, w.kt);
-    for (int64_t i = 0; i < T; i++) {
-        const float *q = qkv + i * 3 * C;
-        float *acc = o + i * C, m = -INFINITY, l = 0.0f;
-        dots(q, w.kt, T, D, i + 1, w.s);
-        /* the running max before and after each key, then the factors */
-        for (int64_t j = 0; j <= i; j++) {
-            float s = w.s[j] * scale, mn = s > m ? s : m;
-            w.s[j] = s, w.f1[j] = m, w.f2[j] = mn;
-            m = mn;
+    for (int64_t i0 = 0; i0 < T; i0 += ROWS) {
+        int nr = T - i0 < ROWS ? (int)(T - i0) : ROWS;
+        float m[ROWS], l[ROWS];
+        for (int r = 0; r < nr; r++) {
+            int64_t i = i0 + r;
+            float *s = w.s + r * T, *f1 = w.f1 + r * T, *f2 = w.f2 + r * T;
+            dots(qkv + i * 3 * C, w.kt, T, D, i + 1, s);
+            /* the running max before and after each key, then the factors
+             * c = e^(m - m') and p = e^(s - m') */
+            float mr = -INFINITY;
+            for (int64_t j = 0; j <= i; j++) {
+                float sj = s[j] * scale, mn = sj > mr ? sj : mr;
+                s[j] = sj, f1[j] = mr, f2[j] = mn;
+                mr = mn;
+            }
+            for (int64_t j = 0; j <= i; j++) {
+                float c = exp_or_one(f1[j] - f2[j]), pj = exp_or_one(s[j] - f2[j]);
+                f1[j] = c, f2[j] = pj;
+            }
+            float *acc = o + i * C;
+            for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
+            m[r] = mr, l[r] = 0.0f;
         }
-        for (int64_t j = 0; j <= i; j++) {
-            float c = expf(w.f1[j] - w.f2[j]), p = expf(w.s[j] - w.f2[j]);
-            w.f1[j] = c, w.f2[j] = p;
-        }
-        for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
-        for (int64_t j = 0; j <= i; j++) {
+        /* l = l c + p, acc = acc c + p v_j, key by key, the rows side by side */
+        for (int64_t j = 0; j < i0 + nr; j++) {
             const float *restrict v = qkv + j * 3 * C + 2 * C;
-            float c = w.f1[j], p = w.f2[j];
-            l = l * c + p;
-            for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * c + p * v[d];
+            for (int r = (int)(j > i0 ? j - i0 : 0); r < nr; r++) {
+                float *restrict acc = o + (i0 + r) * C;
+                float c = w.f1[r * T + j], pj = w.f2[r * T + j];
+                l[r] = l[r] * c + pj;
+                for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * c + pj * v[d];
+            }
         }
-        for (int64_t d = 0; d < D; d++) acc[d] = acc[d] / l;
-        lse[i] = m + logf(l);
+        for (int r = 0; r < nr; r++) {
+            float *acc = o + (i0 + r) * C;
+            for (int64_t d = 0; d < D; d++) acc[d] = acc[d] / l[r];
+            lse[i0 + r] = m[r] + logf(l[r]);
+        }
     }
 }
 
-/* One (batch, head) of the backward; its dq, dk, dv columns are its own. */
-static void attn_bwd_head(const float *qkv, const float *o, const float *lse, const float *dout,
-                          float *dqkv, int64_t T, int64_t C, int64_t D, float scale, attn_ws w)
+/* One (batch, head) of the backward, ROWS rows at a time; its dq, dk, dv
+ * columns are its own. Inlined as attn_fwd_head_d is. */
+static inline __attribute__((always_inline)) void
+attn_bwd_head_d(const float *qkv, const float *o, const float *lse, const float *dout,
+                float *dqkv, int64_t T, int64_t C, int64_t D, float scale, attn_ws w)
 {
     transpose_head(qkv + C, 3 * C, T, D, w.kt);
     transpose_head(qkv + 2 * C, 3 * C, T, D, w.vt);
     for (int64_t i = 0; i < T; i++)
         for (int64_t d = 0; d < D; d++)
             dqkv[i * 3 * C + d] = dqkv[i * 3 * C + C + d] = dqkv[i * 3 * C + 2 * C + d] = 0.0f;
-    for (int64_t i = 0; i < T; i++) {
-        const float *q = qkv + i * 3 * C, *dO = dout + i * C;
-        float *restrict dq = dqkv + i * 3 * C, Di = dot(dO, o + i * C, D);
-        dots(q, w.kt, T, D, i + 1, w.s);
-        dots(dO, w.vt, T, D, i + 1, w.s2);
-        for (int64_t j = 0; j <= i; j++) {
-            float p = expf(w.s[j] * scale - lse[i]);
-            w.f1[j] = p, w.f2[j] = p * (w.s2[j] - Di) * scale;
+    for (int64_t i0 = 0; i0 < T; i0 += ROWS) {
+        int nr = T - i0 < ROWS ? (int)(T - i0) : ROWS;
+        for (int r = 0; r < nr; r++) {
+            int64_t i = i0 + r;
+            const float *dO = dout + i * C;
+            float *s = w.s + r * T, *s2 = w.s2 + r * T, Di = dot(dO, o + i * C, D);
+            dots(qkv + i * 3 * C, w.kt, T, D, i + 1, s);
+            dots(dO, w.vt, T, D, i + 1, s2);
+            for (int64_t j = 0; j <= i; j++) {  /* p and ds */
+                float p = expf(s[j] * scale - lse[i]);
+                w.f1[r * T + j] = p, w.f2[r * T + j] = p * (s2[j] - Di) * scale;
+            }
         }
-        for (int64_t j = 0; j <= i; j++) {
+        for (int64_t j = 0; j < i0 + nr; j++) {
             const float *restrict k = qkv + j * 3 * C + C;
             float *restrict dk = dqkv + j * 3 * C + C, *restrict dv = dk + C;
-            float p = w.f1[j], ds = w.f2[j];
-            for (int64_t d = 0; d < D; d++) dv[d] += p * dO[d];
-            for (int64_t d = 0; d < D; d++) dq[d] += ds * k[d];
-            for (int64_t d = 0; d < D; d++) dk[d] += ds * q[d];
+            for (int r = (int)(j > i0 ? j - i0 : 0); r < nr; r++) {
+                int64_t i = i0 + r;
+                const float *restrict q = qkv + i * 3 * C, *restrict dO = dout + i * C;
+                float *restrict dq = dqkv + i * 3 * C;
+                float p = w.f1[r * T + j], ds = w.f2[r * T + j];
+                for (int64_t d = 0; d < D; d++) dv[d] += p * dO[d];
+                for (int64_t d = 0; d < D; d++) dq[d] += ds * k[d];
+                for (int64_t d = 0; d < D; d++) dk[d] += ds * q[d];
+            }
         }
     }
+}
+
+/* The heads with D a constant where it is one of the common sizes (whole
+ * vectors, no remainder loops), else as it comes. */
+#define ATTN_BY_D(call, D)                                                     \
+    switch (D) {                                                               \
+    case 16: call(16); break;                                                  \
+    case 32: call(32); break;                                                  \
+    case 64: call(64); break;                                                  \
+    case 128: call(128); break;                                                \
+    default: call(D); break;                                                   \
+    }
+
+static void attn_fwd_head(const float *qkv, float *o, float *lse, int64_t T, int64_t C, int64_t D,
+                          float scale, attn_ws w)
+{
+#define FWD(d) attn_fwd_head_d(qkv, o, lse, T, C, d, scale, w)
+    ATTN_BY_D(FWD, D)
+#undef FWD
+}
+
+static void attn_bwd_head(const float *qkv, const float *o, const float *lse, const float *dout,
+                          float *dqkv, int64_t T, int64_t C, int64_t D, float scale, attn_ws w)
+{
+#define BWD(d) attn_bwd_head_d(qkv, o, lse, dout, dqkv, T, C, d, scale, w)
+    ATTN_BY_D(BWD, D)
+#undef BWD
 }
 
 /* ---- attention's storage dtypes ---------------------------------------------------
