@@ -109,9 +109,10 @@ grep -E "warning" "$logs/build.log" | head -20
 
 ctest_rc=0
 if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
-  step "ctest -L cuda"
+  step "ctest -L cuda (and cudnn)"
   # a test that hangs is cut off at 300 s rather than eat the session's GPU time
-  (cd "$build" && ctest -L cuda ${OPF_GPU_TESTS:+-R "$OPF_GPU_TESTS"} -V -j1 --timeout 300) \
+  (cd "$build" && ctest -L '^(cuda|cudnn)$' ${OPF_GPU_TESTS:+-R "$OPF_GPU_TESTS"} -V -j1 \
+     --timeout 300) \
     >"$logs/ctest.log" 2>&1
   ctest_rc=$?
   grep -E "failed|FAIL|SKIP|tests passed|Passed|rel err" "$logs/ctest.log" | grep -v ", 0 failed" | tail -40

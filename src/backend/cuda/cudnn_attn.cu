@@ -73,6 +73,14 @@ opf_status opf_cuda_cudnn_version(opf_ctx *ctx, size_t *version)
 
 void opf_cudnn_state_free(struct opf_cudnn_state *c) { (void)c; }
 
+opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, int64_t B, int64_t T, int64_t H,
+                                      int64_t D, opf_dtype dt, int *n_ops)
+{
+    (void)B, (void)T, (void)H, (void)D, (void)dt;
+    *n_ops = 0;
+    return no_cudnn(ctx, bwd ? BWD_FN : FWD_FN);
+}
+
 static opf_status cudnn_usable(opf_ctx *ctx, const char *fn, int64_t T, bool bwd, bool *use)
 {
     (void)T, (void)bwd, (void)use;
@@ -580,7 +588,7 @@ typedef struct cudnn_plan {
     cudnnBackendDescriptor_t descs[GB_MAX_DESCS];
     int       n_descs;
     int64_t   ws_bytes;  /* cuDNN's workspace for this plan */
-    char      engine[64];  /* which heuristic result it is, for messages */
+    char      engine[80];  /* which heuristic result and engine it is, for messages */
 } cudnn_plan;
 
 struct opf_cudnn_state {
@@ -614,8 +622,11 @@ static cudnnBackendDescriptor_t gb_op_graph(gb *g, cudnnHandle_t h)
     GB_SET(g, og, "operation graph", CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
            g->n_ops, g->ops);
     /* deprecated since 9.8 (the device comes from the engine then) but still
-     * read, and needed before: the frontend sets it whenever it has a handle */
-    GB_SET(g, og, "operation graph", CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+     * read, and needed before: the frontend sets it whenever it has a handle
+     * (NULL: none, opf_cuda_cudnn_graph_check's) */
+    if (h)
+        GB_SET(g, og, "operation graph", CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
+               &h);
     gb_finalize(g, og, "operation graph");
     return og;
 }
@@ -655,6 +666,22 @@ static int gb_heuristics(gb *g, cudnnBackendDescriptor_t og, cudnnBackendHeurMod
 }
 
 enum { MAX_CFGS = 16 };
+
+/* The global index of cfg's engine (for messages: which of cuDNN's engines
+ * runs the graph), -1 when cuDNN does not say. */
+static int64_t engine_index(cudnnBackendDescriptor_t cfg)
+{
+    cudnnBackendDescriptor_t eng = NULL;
+    int64_t n = 0, index = -1;
+    if (lib.cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng)) return -1;
+    if (lib.cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eng) ||
+        lib.cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                     &index))
+        index = -1;
+    lib.cudnnBackendDestroyDescriptor(eng);
+    return index;
+}
 
 /* The first engine configuration of mode A's list, then mode B's, that
  * finalizes into an execution plan for og. A configuration cuDNN refuses
@@ -697,7 +724,8 @@ static void gb_plan(gb *g, cudnnBackendDescriptor_t og, cudnnHandle_t h, cudnn_p
                 continue;
             }
             out->plan = p;
-            snprintf(out->engine, sizeof out->engine, "%s result %d", names[m], i);
+            snprintf(out->engine, sizeof out->engine, "%s result %d, engine %lld", names[m], i,
+                     (long long)engine_index(cfgs[i]));
         }
         if (out->plan) return;
     }
@@ -710,21 +738,32 @@ static void gb_plan(gb *g, cudnnBackendDescriptor_t og, cudnnHandle_t h, cudnn_p
 }
 
 /* Builds the plan of key on handle h into *out (descs moved there). */
-static opf_status plan_build(opf_ctx *ctx, cudnnHandle_t h, const cudnn_key &key, const char *fn,
-                             cudnn_plan *out)
+/* A builder holding key's graph and its finalized operation graph *og on
+ * handle h (NULL: none); NULL when out of host memory. */
+static gb *gb_graph(opf_ctx *ctx, cudnnHandle_t h, const cudnn_key &key, const char *fn,
+                    cudnnBackendDescriptor_t *og)
 {
     gb *g = (gb *)calloc(1, sizeof *g);
-    if (!g) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
+    if (!g) return NULL;
     g->ctx = ctx;
     g->fn = fn;
     g->next_virtual = UID_FIRST_VIRTUAL;
     attn_shapes a = shapes_of(key.B, key.T, key.H, key.D);
     if (key.bwd) graph_bwd(g, a, cudnn_dtype(key.dt));
     else graph_fwd(g, a, cudnn_dtype(key.dt));
-    cudnnBackendDescriptor_t og = gb_op_graph(g, h);
+    *og = gb_op_graph(g, h);
+    return g;
+}
+
+static opf_status plan_build(opf_ctx *ctx, cudnnHandle_t h, const cudnn_key &key, const char *fn,
+                             cudnn_plan *out)
+{
+    cudnnBackendDescriptor_t og;
+    gb *g = gb_graph(ctx, h, key, fn, &og);
+    if (!g) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
     if (!g->st) gb_plan(g, og, h, out);
     if (!g->st) {
-        char call[160];
+        char call[224];
         snprintf(call, sizeof call, "cudnnBackendGetAttribute(execution plan of %s, "
                  "CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)", out->engine);
         int64_t n = 0;
@@ -841,7 +880,7 @@ static opf_status plan_run(opf_ctx *ctx, opf_cuda_state *s, const cudnn_plan *p,
                                          CUDNN_TYPE_VOID_PTR, 1, &ws);
     }
     if (!e) call = "cudnnBackendFinalize(variant pack)", e = lib.cudnnBackendFinalize(vp);
-    char exec[120];
+    char exec[160];
     snprintf(exec, sizeof exec, "cudnnBackendExecute(execution plan of %s)", p->engine);
     if (!e) call = exec, e = lib.cudnnBackendExecute(s->cudnn->handle, p->plan, vp);
     lib.cudnnBackendDestroyDescriptor(vp);
@@ -921,6 +960,29 @@ static opf_status bwd_run(opf_ctx *ctx, const void *qkv, const float *o, const f
                           (void *)dout, dq,      dq + es * C,    dq + es * 2 * C, &v.scale,
                           &v.neg_inf, &v.one,    ssum,           acc};
     return plan_run(ctx, s, p, uids, ptrs, 14, acc + acc_bytes, fn);
+}
+
+opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, int64_t B, int64_t T, int64_t H,
+                                      int64_t D, opf_dtype dt, int *n_ops)
+{
+    const char *fn = bwd ? BWD_FN : FWD_FN;
+    *n_ops = 0;
+    opf_status st = lib_ready(ctx, fn);
+    if (st) return st;
+    if (lib.version < 90800)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: cuDNN %zu finalizes an operation graph "
+                         "only with a handle (a GPU) before 9.8", fn, lib.version);
+    if (dt != OPF_BF16 && dt != OPF_F16)
+        return opf_error(ctx, OPF_ERR_DTYPE, "%s: the cuDNN graphs are bf16 or f16, not %s", fn,
+                         opf_dtype_name(dt));
+    cudnnBackendDescriptor_t og;
+    gb *g = gb_graph(ctx, NULL, {B, T, H, D, dt, bwd}, fn, &og);
+    if (!g) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
+    st = g->st;
+    *n_ops = g->n_ops;
+    gb_destroy_all(g->descs, g->n_descs);
+    free(g);
+    return st;
 }
 
 /* Whether this cuDNN takes the call for known faults (the frontend refuses
