@@ -383,6 +383,10 @@ static void gb_reduction(gb *g, const char *what, cudnnReduceTensorOp_t red, con
     cudnnBackendDescriptor_t r = gb_new(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, what);
     GB_SET(g, r, what, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
     GB_SET(g, r, what, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red);
+    bool deterministic = false;  /* the frontend says so from 9.11, where the attribute exists */
+    if (lib.version >= 91100)
+        GB_SET(g, r, what, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1,
+               &deterministic);
     gb_finalize(g, r, what);
     cudnnBackendDescriptor_t op = gb_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what);
     GB_SET(g, op, what, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
