@@ -471,7 +471,8 @@ static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, 
 }
 
 /* An OPF_CUDA_ATTENTION that names no path fails both entries with a
- * message naming the variable and the value; "gemm" is accepted. */
+ * message naming the variable, the value and the paths; "gemm" is
+ * accepted; "cudnn" where cuDNN does not load is OPF_ERR_UNSUPPORTED. */
 static void attn_path_error(opf_ctx *ctx)
 {
     int64_t B = 1, T = 5, H = 2, D = 64, nq = B * T * 3 * H * D, no = B * T * H * D;
@@ -484,7 +485,8 @@ static void attn_path_error(opf_ctx *ctx)
     printf("  attention: OPF_CUDA_ATTENTION=flash3 is an error\n");
     setenv("OPF_CUDA_ATTENTION", "flash3", 1);
     CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_F32),
-                OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash3");
+                OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash3",
+                "flash1p, cudnn or exact");
     CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, OPF_F32, go, glse, gdout, OPF_F32, gdqkv,
                                           OPF_F32, B, T, H, D, OPF_BF16),
                 OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash3");
