@@ -15,8 +15,8 @@
  *     master weights, moments and parameter copies), in GB/s;
  *   - causal attention on fp32 qkv at GPT-2 small's shape (B 16, T 1024,
  *     H 12, D 64), forward and forward + backward, on the gemm and flash
- *     paths of OPF_CUDA_ATTENTION, and flash, flash2 and flash1p with bf16
- *     qkv, in ms.
+ *     paths of OPF_CUDA_ATTENTION, and flash, flash2, flash1p and cudnn with
+ *     bf16 qkv (cudnn skipped, saying why, where cuDNN does not load), in ms.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
@@ -476,9 +476,9 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
 }
 
 /* ---- causal attention: qkv [B, T, 3C] at GPT-2 small's shape, fp32 per
- * path of OPF_CUDA_ATTENTION, and flash, flash2 and flash1p with qkv, do
- * and dqkv stored in bf16, its logical dtype (their 16-bit kernels, as a
- * bf16 model calls them); the FLOP counts are the causal half's (the
+ * path of OPF_CUDA_ATTENTION, and flash, flash2, flash1p and cudnn with
+ * qkv, do and dqkv stored in bf16, its logical dtype (their 16-bit kernels,
+ * as a bf16 model calls them); the FLOP counts are the causal half's (the
  * backward's five products 2.5 times the forward's two). ------------------ */
 enum { AT_B = 16, AT_T = 1024, AT_H = 12, AT_D = 64 };
 
@@ -508,6 +508,18 @@ static int attn_tensors(opf_ctx *ctx, opf_dtype dt, opf_tensor t[3])
            device_tensor(ctx, &sq, &t[2]);
 }
 
+/* Whether cuDNN loads (the cudnn rows), printing its version or why not. */
+static bool cudnn_here(void)
+{
+    size_t v = 0;
+    if (opf_cuda_cudnn_version(NULL, &v)) {
+        printf("skipped cudnn_bf16: %s\n", opf_last_error(NULL));
+        return false;
+    }
+    printf("cuDNN %zu.%zu.%zu (libcudnn.so.9)\n", v / 10000, v / 100 % 100, v % 100);
+    return true;
+}
+
 static int bench_attn(opf_ctx *ctx)
 {
     const int64_t rows = AT_B * AT_T, C = AT_H * AT_D;
@@ -520,13 +532,14 @@ static int bench_attn(opf_ctx *ctx)
         return 1;
     printf("causal attention, B %d T %d H %d D %d (ms a call)\n", AT_B, AT_T, AT_H, AT_D);
     /* the path, the dtype of qkv, do and dqkv, the row's suffix */
-    static const char *const paths[] = {"gemm", "flash", "flash", "flash2", "flash1p"};
-    static const opf_dtype dts[] = {OPF_F32, OPF_F32, OPF_BF16, OPF_BF16, OPF_BF16};
-    static const char *const tags[] = {"gemm", "flash", "flash_bf16", "flash2_bf16",
-                                       "flash1p_bf16"};
+    static const char *const paths[] = {"gemm", "flash", "flash", "flash2", "flash1p", "cudnn"};
+    static const opf_dtype dts[] = {OPF_F32, OPF_F32, OPF_BF16, OPF_BF16, OPF_BF16, OPF_BF16};
+    static const char *const tags[] = {"gemm",        "flash",        "flash_bf16",
+                                       "flash2_bf16", "flash1p_bf16", "cudnn_bf16"};
     const double fwd_flop = 2.0 * AT_B * AT_H * (double)AT_T * AT_T * AT_D;
     int rc = 0;
     for (int p = 0; p < (int)(sizeof paths / sizeof paths[0]) && !rc; p++) {
+        if (!strcmp(paths[p], "cudnn") && !cudnn_here()) continue;
         setenv("OPF_CUDA_ATTENTION", paths[p], 1);
         const opf_tensor *io = dts[p] == OPF_F32 ? t : t + 3;
         for (int b = 0; b < 2 && !rc; b++) {

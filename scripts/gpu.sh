@@ -57,6 +57,33 @@ bench() {
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader || exit 1
 nvcc --version | tail -1
+# cuDNN for OPF_CUDA_ATTENTION=cudnn: the machine has none of its own, only
+# PyTorch's wheel (nvidia-cudnn-cu13, a namespace package: its __path__),
+# whose include/ the build reads and whose lib/ (libcudnn.so.9, opened at run
+# time) goes on LD_LIBRARY_PATH for the tests and benchmarks. None found:
+# the path is compiled out and its tests and bench rows say so.
+cudnn_dir=$(python3 - 2>/dev/null <<'PY'
+import os
+try:
+    import nvidia.cudnn as m
+except ImportError:
+    raise SystemExit(0)
+dirs = list(getattr(m, "__path__", [])) or [os.path.dirname(m.__file__ or "")]
+print(next((d for d in dirs if os.path.isfile(os.path.join(d, "include", "cudnn_graph.h"))), ""))
+PY
+)
+cudnn_cmake=()
+if [ -n "$cudnn_dir" ]; then
+  echo "cuDNN $(awk '/^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) /{print $3}' \
+    "$cudnn_dir/include/cudnn_version.h" | paste -sd.) (its headers; $cudnn_dir)"
+  cudnn_cmake=(-DCUDNN_INCLUDE_DIR="$cudnn_dir/include")
+  # its runtime-compiled engines (the fused attention ones) open NVRTC: the
+  # toolkit's, next to the cudart and cuBLASLt opfuse links
+  cuda_lib=$(dirname "$(command -v nvcc)")/../lib64
+  export LD_LIBRARY_PATH="$cudnn_dir/lib:$cuda_lib:${LD_LIBRARY_PATH:-}"
+else
+  echo "cuDNN: none (python3 finds no nvidia.cudnn with headers): OPF_CUDA_ATTENTION=cudnn compiled out"
+fi
 
 # Packages: unpacked, never installed; the build finds them through the
 # search paths below and links them by full path (rpath in the build tree).
@@ -73,16 +100,20 @@ export CFLAGS="-I$prefix/usr/include -I$prefix/usr/include/x86_64-linux-gnu/open
 export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread:${LD_LIBRARY_PATH:-}"
 
 step "build (cmake + ninja)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPF_CUDA=ON \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPF_CUDA=ON ${cudnn_cmake[@]+"${cudnn_cmake[@]}"} \
       -DCMAKE_LIBRARY_PATH="$lib;$lib/openblas-pthread" >"$logs/cmake.log" 2>&1 \
   || { tail -30 "$logs/cmake.log"; exit 1; }
+grep -E "cuDNN:" "$logs/cmake.log"
 ninja -C "$build" -j16 >"$logs/build.log" 2>&1 || { grep -E "error|Error" -A5 "$logs/build.log" | head -60; exit 1; }
 grep -E "warning" "$logs/build.log" | head -20
 
 ctest_rc=0
 if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
-  step "ctest -L cuda"
-  (cd "$build" && ctest -L cuda ${OPF_GPU_TESTS:+-R "$OPF_GPU_TESTS"} -V -j1) >"$logs/ctest.log" 2>&1
+  step "ctest -L cuda (and cudnn)"
+  # a test that hangs is cut off at 300 s rather than eat the session's GPU time
+  (cd "$build" && ctest -L '^(cuda|cudnn)$' ${OPF_GPU_TESTS:+-R "$OPF_GPU_TESTS"} -V -j1 \
+     --timeout 300) \
+    >"$logs/ctest.log" 2>&1
   ctest_rc=$?
   grep -E "failed|FAIL|SKIP|tests passed|Passed|rel err" "$logs/ctest.log" | grep -v ", 0 failed" | tail -40
   verdict  # whatever the lines above cut off

@@ -6,7 +6,8 @@
 
 struct opf_device_runtime;
 
-#define OPF_ERROR_MAX 512
+/* room for a device library's own explanation (cuDNN's cudnnGetLastErrorString) */
+#define OPF_ERROR_MAX 1024
 
 /* AddressSanitizer (gcc defines __SANITIZE_ADDRESS__, clang has the feature). */
 #if defined(__SANITIZE_ADDRESS__)

@@ -218,9 +218,8 @@ static opf_status bwd_gemm(opf_ctx *ctx, const float *qkv, const float *o, const
  * as a copy cast by elem.cu (widening exact, narrowing RNE) in the context's
  * device scratch; a result written in another dtype is cast at the end. */
 
-/* n values of dtype xt at x into y as yt. */
-static opf_status cast_dev(opf_ctx *ctx, const void *x, opf_dtype xt, void *y, opf_dtype yt,
-                           int64_t n)
+opf_status opf_cuda_attn_cast(opf_ctx *ctx, const void *x, opf_dtype xt, void *y, opf_dtype yt,
+                              int64_t n)
 {
     opf_spec sx = opf_spec_make(1, &n, xt), sy = opf_spec_make(1, &n, yt);
     sx.device = sy.device = OPF_DEVICE_CUDA;
@@ -243,7 +242,7 @@ static opf_status attn_as(opf_ctx *ctx, const char *fn, const char *what, const 
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no device scratch for %s as %s (%zu bytes)",
                          fn, what, opf_dtype_name(want), bytes);
     *out = p;
-    return copy ? cast_dev(ctx, x, xt, p, want, n) : OPF_OK;
+    return copy ? opf_cuda_attn_cast(ctx, x, xt, p, want, n) : OPF_OK;
 }
 
 opf_status opf_cuda_attn_io_open(opf_ctx *ctx, const char *fn, opf_cuda_attn_io *io,
@@ -265,7 +264,7 @@ opf_status opf_cuda_attn_io_open(opf_ctx *ctx, const char *fn, opf_cuda_attn_io 
 opf_status opf_cuda_attn_io_close(opf_ctx *ctx, const opf_cuda_attn_io *io, opf_status st)
 {
     if (!st && io->dqkv != io->out)
-        st = cast_dev(ctx, io->dqkv, io->kernel_out_t, io->out, io->out_t, io->nq);
+        st = opf_cuda_attn_cast(ctx, io->dqkv, io->kernel_out_t, io->out, io->out_t, io->nq);
     opf_ctx_scratch_pop(ctx, io->mark);  /* stream-ordered: later work reuses it after these */
     return st;
 }

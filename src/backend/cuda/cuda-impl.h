@@ -28,6 +28,8 @@ typedef struct opf_cuda_block {
 } opf_cuda_block;
 
 typedef struct opf_cuda_algo_entry opf_cuda_algo_entry;
+/* cuDNN's handle and attention plans (cudnn_attn.cu); NULL until first used. */
+struct opf_cudnn_state;
 
 typedef struct opf_cuda_state {
     int              device;
@@ -64,6 +66,7 @@ typedef struct opf_cuda_state {
     /* GEMM algorithm cache (gemm.cu) */
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;
+    struct opf_cudnn_state *cudnn;  /* OPF_CUDA_ATTENTION=cudnn's (cudnn_attn.cu) */
 } opf_cuda_state;
 
 #ifdef __cplusplus
@@ -96,7 +99,11 @@ opf_status opf_cuda_deferred_check(opf_ctx *ctx, opf_cuda_state *s);
  * products on mma.sync, S and P in registers, reading and writing that
  * dtype's storage; TF32 for the rest); flash the same with WMMA for 16-bit
  * too; gemm batched fp32 GEMMs (attn.cu); exact nn.cu's own, the CPU's
- * bits. qkv_t, dout_t and dqkv_t: the arrays' storage dtypes (nn.h). */
+ * bits; cudnn cuDNN's fused flash attention (cudnn_attn.cu: in_dt bf16 or
+ * f16, D a multiple of 8 up to 128, T >= 2, 16-byte aligned arrays, else
+ * flash2's entries; OPF_ERR_UNSUPPORTED naming why where cuDNN is not
+ * built in or does not load). qkv_t, dout_t and dqkv_t: the arrays'
+ * storage dtypes (nn.h). */
 opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
                                   float *lse, int64_t B, int64_t T, int64_t H, int64_t D);
 opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
@@ -122,6 +129,20 @@ opf_status opf_cuda_attn_bwd_flash1p(opf_ctx *ctx, const void *qkv, opf_dtype qk
                                      const float *o, const float *lse, const void *dout,
                                      opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                      int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                   float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                   opf_dtype in_dt);
+opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                   const float *o, const float *lse, const void *dout,
+                                   opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
+                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+/* Frees cuDNN's handle and plans of a CUDA state (runtime.cu's destroy,
+ * after the stream is idle). NULL: no-op. */
+void opf_cudnn_state_free(struct opf_cudnn_state *c);
+/* n values of plain dtype xt at x into y as yt, on the context's stream
+ * (elem.cu's cast: widening exact, narrowing RNE). */
+opf_status opf_cuda_attn_cast(opf_ctx *ctx, const void *x, opf_dtype xt, void *y, opf_dtype yt,
+                              int64_t n);
 /* The arrays of an attention call as kernels of one input dtype in_t and
  * one output dtype out_t take them (attn.cu): qkv and dout (NULL: none) the
  * caller's or copies cast into device scratch; dqkv (NULL: none) the

@@ -394,12 +394,17 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
  * H200: 1.80 against 1.45 ms forward + backward at GPT-2's shape); gemm
  * attn.cu's batched GEMMs; exact the kernels here, with the CPU's bits (a
  * warp per row: slow at long contexts); flash1p flash2 with one backward
- * kernel for 16-bit qkv (dQ summed in a fixed order, flash.cu). */
-typedef enum attn_path { ATTN_GEMM, ATTN_FLASH, ATTN_EXACT, ATTN_FLASH2, ATTN_FLASH1P } attn_path;
+ * kernel for 16-bit qkv (dQ summed in a fixed order, flash.cu); cudnn
+ * cuDNN's fused flash attention for 16-bit qkv (cudnn_attn.cu; flash2 for
+ * the rest; not yet run on a GPU). */
+typedef enum attn_path {
+    ATTN_GEMM, ATTN_FLASH, ATTN_EXACT, ATTN_FLASH2, ATTN_FLASH1P, ATTN_CUDNN, ATTN_PATH_COUNT
+} attn_path;
 
 static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
 {
-    static const char *const names[] = {"gemm", "flash", "exact", "flash2", "flash1p"};
+    static const char *const names[] = {"gemm", "flash", "exact", "flash2", "flash1p", "cudnn"};
+    static_assert(sizeof names / sizeof names[0] == ATTN_PATH_COUNT, "a name per path");
     const char *v = getenv("OPF_CUDA_ATTENTION");
     if (getenv("OPF_CUDA_EXACT_ATTENTION"))
         opf_ctx_warn_once(ctx, "cuda: OPF_CUDA_EXACT_ATTENTION", "OPF_CUDA_EXACT_ATTENTION is "
@@ -412,8 +417,8 @@ static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
             return OPF_OK;
         }
     return opf_error(ctx, OPF_ERR_INVALID_ARG,
-                     "%s: OPF_CUDA_ATTENTION=%s is not gemm, flash, flash2, flash1p or exact", fn,
-                     v);
+                     "%s: OPF_CUDA_ATTENTION=%s is not gemm, flash, flash2, flash1p, cudnn or "
+                     "exact", fn, v);
 }
 
 /* The exact forward on fp32 arrays. */
@@ -443,6 +448,8 @@ static opf_status attn_fwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float
         return opf_cuda_attn_fwd_flash(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
     if (path == ATTN_FLASH2 || path == ATTN_FLASH1P)
         return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    if (path == ATTN_CUDNN)
+        return opf_cuda_attn_fwd_cudnn(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
     return opf_cuda_attn_fwd_f32(ctx, fwd_exact, qkv, qkv_t, o, lse, B, T, H, D, fn);
 }
 
@@ -595,6 +602,9 @@ static opf_status attn_bwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const
     if (path == ATTN_FLASH1P)
         return opf_cuda_attn_bwd_flash1p(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B,
                                          T, H, D, in_dt);
+    if (path == ATTN_CUDNN)
+        return opf_cuda_attn_bwd_cudnn(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
+                                       H, D, in_dt);
     return opf_cuda_attn_bwd_f32(ctx, bwd_exact, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t,
                                  B, T, H, D, fn);
 }

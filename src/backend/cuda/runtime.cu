@@ -1,6 +1,7 @@
 /* runtime.cu: the CUDA state of a context: device and stream, a caching
  * device allocator, pinned staging for host copies, the kernels' device
- * scratch, the cuBLASLt handle and workspace, event timers. */
+ * scratch, the cuBLASLt handle and workspace, event timers (cuDNN's handle
+ * and plans are cudnn_attn.cu's; freed here with the state). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,7 @@ static void state_destroy(opf_cuda_state *s)
     free(s->free_list);
     free(s->live);
     free(s->algos);
+    opf_cudnn_state_free(s->cudnn);  /* cuDNN's handle and plans (cudnn_attn.cu) */
     cudaFree(s->ws);
     for (int i = 0; i < s->n_retired; i++) cudaFree(s->ws_retired[i]);
     cudaFree(s->deferred_bad);
