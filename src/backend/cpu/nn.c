@@ -63,44 +63,57 @@ static opf_status embed_bwd(opf_ctx *ctx, const int32_t *tok, const float *dy, f
  * chains overlap instead of waiting on each other. dv_j and dk_j still take
  * their rows' terms in ascending i. */
 
-enum { ROWS = 4 };
+enum { ROWS = 4, KEYS = 16 };  /* rows side by side; keys of a dots block */
 
-/* The per-head work arrays: K and V transposed ([D][T]), then for each of
- * ROWS rows its scores, second dots and two factors ([T] each). */
-typedef struct attn_ws { float *kt, *vt, *s, *s2, *f1, *f2; } attn_ws;
+/* The per-head work arrays, rows of ld = T rounded up to KEYS floats (the
+ * padding zero): K and V transposed ([D][ld]), then for each of ROWS rows
+ * its scores, second dots and two factors ([ld] each). */
+typedef struct attn_ws { float *kt, *vt, *s, *s2, *f1, *f2; int64_t ld; } attn_ws;
+
+static int64_t attn_ws_ld(int64_t T) { return (T + KEYS - 1) / KEYS * KEYS; }
 
 static size_t attn_ws_floats(int64_t T, int64_t D)
 {
-    return (size_t)(2 * T * D + 4 * ROWS * T);
+    return (size_t)((2 * D + 4 * ROWS) * attn_ws_ld(T));
 }
 
-/* Row r's arrays are at r * T of each. */
+/* Row r's arrays are at r * ld of each. */
 static attn_ws attn_ws_at(float *base, int64_t T, int64_t D)
 {
-    attn_ws w = {base, base + T * D, base + 2 * T * D, 0, 0, 0};
-    w.s2 = w.s + ROWS * T, w.f1 = w.s2 + ROWS * T, w.f2 = w.f1 + ROWS * T;
+    int64_t ld = attn_ws_ld(T);
+    attn_ws w = {base, base + ld * D, base + 2 * ld * D, 0, 0, 0, ld};
+    w.s2 = w.s + ROWS * ld, w.f1 = w.s2 + ROWS * ld, w.f2 = w.f1 + ROWS * ld;
     return w;
 }
 
 /* expf(x), with the call skipped for x = 0 (the result is the same 1). */
 static inline float exp_or_one(float x) { return x == 0.0f ? 1.0f : expf(x); }
 
-/* dst[d][j] = x_j[d] for rows j < T of stride ld. */
-static void transpose_head(const float *x, int64_t ld, int64_t T, int64_t D, float *restrict dst)
+/* dst[d][j] = x_j[d] for rows j < T of stride ldx, dst's rows w.ld long
+ * and zero past T. */
+static void transpose_head(const float *x, int64_t ldx, int64_t T, int64_t D, int64_t ld,
+                           float *restrict dst)
 {
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t j = T; j < ld; j++) dst[d * ld + j] = 0.0f;
     for (int64_t j = 0; j < T; j++)
-        for (int64_t d = 0; d < D; d++) dst[d * T + j] = x[j * ld + d];
+        for (int64_t d = 0; d < D; d++) dst[d * ld + j] = x[j * ldx + d];
 }
 
-/* out[j] = a . x_j (left to right over d) for j < n, xt transposed [D][T]. */
-static void dots(const float *a, const float *restrict xt, int64_t T, int64_t D, int64_t n,
+/* out[j] = a . x_j (left to right over d) for j < n rounded up to KEYS, xt
+ * transposed [D][ld]: a block of KEYS dots at a time, its sums in registers. */
+static void dots(const float *a, const float *restrict xt, int64_t ld, int64_t D, int64_t n,
                  float *restrict out)
 {
-    for (int64_t j = 0; j < n; j++) out[j] = 0.0f;
-    for (int64_t d = 0; d < D; d++) {
-        const float *restrict x = xt + d * T;
-        float ad = a[d];
-        for (int64_t j = 0; j < n; j++) out[j] += ad * x[j];
+    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
+        float acc[KEYS] = {0};
+        for (int64_t d = 0; d < D; d++) {
+            const float *restrict x = xt + d * ld + j0;
+            float ad = a[d];
+#pragma omp simd
+            for (int j = 0; j < KEYS; j++) acc[j] += ad * x[j];
+        }
+        for (int j = 0; j < KEYS; j++) out[j0 + j] = acc[j];
     }
 }
 
@@ -117,14 +130,14 @@ static inline __attribute__((always_inline)) void
 attn_fwd_head_d(const float *qkv, float *o, float *lse, int64_t T, int64_t C, int64_t D,
                 float scale, attn_ws w)
 {
-    transpose_head(qkv + C, 3 * C, T, D, w.kt);
+    transpose_head(qkv + C, 3 * C, T, D, w.ld, w.kt);
     for (int64_t i0 = 0; i0 < T; i0 += ROWS) {
         int nr = T - i0 < ROWS ? (int)(T - i0) : ROWS;
         float m[ROWS], l[ROWS];
         for (int r = 0; r < nr; r++) {
             int64_t i = i0 + r;
-            float *s = w.s + r * T, *f1 = w.f1 + r * T, *f2 = w.f2 + r * T;
-            dots(qkv + i * 3 * C, w.kt, T, D, i + 1, s);
+            float *s = w.s + r * w.ld, *f1 = w.f1 + r * w.ld, *f2 = w.f2 + r * w.ld;
+            dots(qkv + i * 3 * C, w.kt, w.ld, D, i + 1, s);
             /* the running max before and after each key, then the factors
              * c = e^(m - m') and p = e^(s - m') */
             float mr = -INFINITY;
@@ -146,7 +159,7 @@ attn_fwd_head_d(const float *qkv, float *o, float *lse, int64_t T, int64_t C, in
             const float *restrict v = qkv + j * 3 * C + 2 * C;
             for (int r = (int)(j > i0 ? j - i0 : 0); r < nr; r++) {
                 float *restrict acc = o + (i0 + r) * C;
-                float c = w.f1[r * T + j], pj = w.f2[r * T + j];
+                float c = w.f1[r * w.ld + j], pj = w.f2[r * w.ld + j];
                 l[r] = l[r] * c + pj;
                 for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * c + pj * v[d];
             }
@@ -165,8 +178,8 @@ static inline __attribute__((always_inline)) void
 attn_bwd_head_d(const float *qkv, const float *o, const float *lse, const float *dout,
                 float *dqkv, int64_t T, int64_t C, int64_t D, float scale, attn_ws w)
 {
-    transpose_head(qkv + C, 3 * C, T, D, w.kt);
-    transpose_head(qkv + 2 * C, 3 * C, T, D, w.vt);
+    transpose_head(qkv + C, 3 * C, T, D, w.ld, w.kt);
+    transpose_head(qkv + 2 * C, 3 * C, T, D, w.ld, w.vt);
     for (int64_t i = 0; i < T; i++)
         for (int64_t d = 0; d < D; d++)
             dqkv[i * 3 * C + d] = dqkv[i * 3 * C + C + d] = dqkv[i * 3 * C + 2 * C + d] = 0.0f;
@@ -175,12 +188,12 @@ attn_bwd_head_d(const float *qkv, const float *o, const float *lse, const float 
         for (int r = 0; r < nr; r++) {
             int64_t i = i0 + r;
             const float *dO = dout + i * C;
-            float *s = w.s + r * T, *s2 = w.s2 + r * T, Di = dot(dO, o + i * C, D);
-            dots(qkv + i * 3 * C, w.kt, T, D, i + 1, s);
-            dots(dO, w.vt, T, D, i + 1, s2);
+            float *s = w.s + r * w.ld, *s2 = w.s2 + r * w.ld, Di = dot(dO, o + i * C, D);
+            dots(qkv + i * 3 * C, w.kt, w.ld, D, i + 1, s);
+            dots(dO, w.vt, w.ld, D, i + 1, s2);
             for (int64_t j = 0; j <= i; j++) {  /* p and ds */
                 float p = expf(s[j] * scale - lse[i]);
-                w.f1[r * T + j] = p, w.f2[r * T + j] = p * (s2[j] - Di) * scale;
+                w.f1[r * w.ld + j] = p, w.f2[r * w.ld + j] = p * (s2[j] - Di) * scale;
             }
         }
         for (int64_t j = 0; j < i0 + nr; j++) {
@@ -190,7 +203,7 @@ attn_bwd_head_d(const float *qkv, const float *o, const float *lse, const float 
                 int64_t i = i0 + r;
                 const float *restrict q = qkv + i * 3 * C, *restrict dO = dout + i * C;
                 float *restrict dq = dqkv + i * 3 * C;
-                float p = w.f1[r * T + j], ds = w.f2[r * T + j];
+                float p = w.f1[r * w.ld + j], ds = w.f2[r * w.ld + j];
                 for (int64_t d = 0; d < D; d++) dv[d] += p * dO[d];
                 for (int64_t d = 0; d < D; d++) dq[d] += ds * k[d];
                 for (int64_t d = 0; d < D; d++) dk[d] += ds * q[d];
