@@ -533,7 +533,8 @@ static void graph_fwd(gb *g, const attn_shapes &a, cudnnDataType_t io)
  *   S = Q K^T * scale, P = exp(causal mask(S - Stats)),
  *   dV = P^T dO (P as Q's dtype), dP = dO V^T,
  *   dS = (dP - softmax_sum) * P * scale,
- *   dK = dS^T Q (dS as Q's dtype), dQ_accum = dS K (fp32), dQ = dQ_accum. */
+ *   dK = dS^T Q (dS as Q's dtype), dQ_accum = dS K (fp32, K's view fp32),
+ *   dQ = dQ_accum. */
 static void graph_bwd(gb *g, const attn_shapes &a, cudnnDataType_t io)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT;
@@ -570,8 +571,9 @@ static void graph_bwd(gb *g, const attn_shapes &a, cudnnDataType_t io)
     gt dst = gb_virtual(g, "dS^T", io, a.st);
     gb_reshape(g, "reshape_dS", ds, dst);
     gb_matmul(g, "matmul_dST_Q", dst, t.q, dk);
-    /* dS K => dQ */
-    gt k = gb_virtual(g, "K", io, a.q);
+    /* dS K => dQ; the frontend leaves K's view to its intermediate type
+     * (fp32), unlike P^T and dS^T, which it sets to Q's */
+    gt k = gb_virtual(g, "K", F, a.q);
     gb_reshape(g, "reshape_k", t.kt, k);
     gb_matmul(g, "matmul_dS_K", ds, k, dq_acc);
     gb_pw1(g, "identity_dQ", CUDNN_POINTWISE_IDENTITY, dq_acc, dq);
