@@ -383,10 +383,12 @@ static void gb_reduction(gb *g, const char *what, cudnnReduceTensorOp_t red, con
     cudnnBackendDescriptor_t r = gb_new(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, what);
     GB_SET(g, r, what, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32);
     GB_SET(g, r, what, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &red);
+#if CUDNN_VERSION >= 91100
     bool deterministic = false;  /* the frontend says so from 9.11, where the attribute exists */
     if (lib.version >= 91100)
         GB_SET(g, r, what, CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1,
                &deterministic);
+#endif
     gb_finalize(g, r, what);
     cudnnBackendDescriptor_t op = gb_new(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, what);
     GB_SET(g, op, what, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &r);
@@ -419,6 +421,13 @@ static void gb_reshape(gb *g, const char *what, const gt &x, const gt &y)
     cudnnBackendDescriptor_t op = gb_new(g, CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, what);
     GB_SET(g, op, what, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x.d);
     GB_SET(g, op, what, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y.d);
+#if CUDNN_VERSION >= 92200
+    /* from 9.22 a reshape has a mode, and the frontend says view-only (a
+     * transposed view, no data moved), as every reshape was before */
+    cudnnBackendReshapeMode_t view = CUDNN_RESHAPE_VIEW_ONLY;
+    if (lib.version >= 92200)
+        GB_SET(g, op, what, CUDNN_ATTR_OPERATION_RESHAPE_MODE, CUDNN_TYPE_RESHAPE_MODE, 1, &view);
+#endif
     gb_op(g, op, what);
 }
 
