@@ -161,6 +161,7 @@ attn_fwd_head_d(const float *qkv, float *o, float *lse, int64_t T, int64_t C, in
                 float *restrict acc = o + (i0 + r) * C;
                 float c = w.f1[r * w.ld + j], pj = w.f2[r * w.ld + j];
                 l[r] = l[r] * c + pj;
+#pragma omp simd
                 for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * c + pj * v[d];
             }
         }
@@ -204,8 +205,11 @@ attn_bwd_head_d(const float *qkv, const float *o, const float *lse, const float 
                 const float *restrict q = qkv + i * 3 * C, *restrict dO = dout + i * C;
                 float *restrict dq = dqkv + i * 3 * C;
                 float p = w.f1[r * w.ld + j], ds = w.f2[r * w.ld + j];
+#pragma omp simd
                 for (int64_t d = 0; d < D; d++) dv[d] += p * dO[d];
+#pragma omp simd
                 for (int64_t d = 0; d < D; d++) dq[d] += ds * k[d];
+#pragma omp simd
                 for (int64_t d = 0; d < D; d++) dk[d] += ds * q[d];
             }
         }
