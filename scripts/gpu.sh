@@ -27,6 +27,10 @@
 #                           norm, elem, attn)
 #     OPF_GPU_RECIPES=LIST  the recipes of the GPT benchmarks (bench train
 #                           --recipes; default all six)
+#     OPF_GPU_NCU=1         also every kernel of two eager GPT-2 124M steps
+#                           under Nsight Compute, summed per kernel name
+#                           (scripts/ncu_summary.py; OPF_GPU_NCU_RECIPE, default
+#                           bf16); the run itself takes a minute or more
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -159,6 +163,23 @@ if [ "${OPF_GPU_KERNELS:-1}" != 0 ]; then
       --context 1024 --random-vocab 50304 --batch 16 --steps 4 --eval-every 100 --compile --profile \
       --quiet --recipe $r
   done
+fi
+if [ "${OPF_GPU_NCU:-0}" != 0 ]; then
+  # every kernel of two eager GPT-2 124M steps under Nsight Compute (its
+  # duration metric only: one pass a kernel, the clocks left alone), summed
+  # per kernel name: what the node-level --profile cannot split
+  step "kernel profile: ncu over two eager GPT-2 124M steps, recipe ${OPF_GPU_NCU_RECIPE:-bf16}"
+  if command -v ncu >/dev/null; then
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 --context 1024 \
+      --random-vocab 50304 --batch 16 --steps 2 --eval-every 100 --quiet \
+      --recipe "${OPF_GPU_NCU_RECIPE:-bf16}" >"$logs/ncu.csv" 2>"$logs/ncu.err" ||
+      { echo "ncu failed (rc $?):"; tail -5 "$logs/ncu.err"; bench_rc=1; }
+    python3 scripts/ncu_summary.py "$logs/ncu.csv" --steps 2 --top 40 | tee "$logs/ncu.log"
+    fresh+=("$logs/ncu.log")
+  else
+    echo "ncu is not on this machine's PATH: no kernel profile"
+  fi
 fi
 gpt=${OPF_GPU_GPT:-1}
 if [ "$gpt" != 0 ]; then
