@@ -89,7 +89,7 @@ static attn_ws attn_ws_at(float *base, int64_t T, int64_t D)
 /* expf(x), with the call skipped for x = 0 (the result is the same 1). */
 static inline float exp_or_one(float x) { return x == 0.0f ? 1.0f : expf(x); }
 
-/* dst[d][j] = x_j[d] for rows j < T of stride ldx, dst's rows w.ld long
+/* dst[d][j] = x_j[d] for rows j < T of stride ldx, dst's rows ld long
  * and zero past T. */
 static void transpose_head(const float *x, int64_t ldx, int64_t T, int64_t D, int64_t ld,
                            float *restrict dst)
