@@ -170,7 +170,9 @@ if [ "${OPF_GPU_NCU:-0}" != 0 ]; then
   # per kernel name: what the node-level --profile cannot split
   step "kernel profile: ncu over two eager GPT-2 124M steps, recipe ${OPF_GPU_NCU_RECIPE:-bf16}"
   if command -v ncu >/dev/null; then
-    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    # cut off at 300 s (a profile that long has gone wrong; ncu writes its
+    # CSV only at the end, so then there is no table)
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
       "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 --context 1024 \
       --random-vocab 50304 --batch 16 --steps 2 --eval-every 100 --quiet \
       --recipe "${OPF_GPU_NCU_RECIPE:-bf16}" >"$logs/ncu.csv" 2>"$logs/ncu.err" ||
