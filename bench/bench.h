@@ -4,8 +4,11 @@
 #ifndef OPFUSE_BENCH_H
 #define OPFUSE_BENCH_H
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "opfuse.h"
 
 /* The monotonic clock in seconds. */
 static inline double opf_bench_now(void)
@@ -36,6 +39,11 @@ int opf_bench_quantize(int argc, char **argv);
  * fp32 operands at a few shapes, then every quantized recipe at 1024^3.
  *     opfuse bench gemm [M N K]   one fp32 shape instead of the default list */
 int opf_bench_gemm(int argc, char **argv);
+
+/* Median microseconds of host time per op of forward (+ backward) through a
+ * seq of n ops of class cls on x, on x's device (bench_ops.c); -1 on failure. */
+double opf_bench_host_us_per_op(opf_ctx *ctx, const char *cls, const void *cfg, int n,
+                                bool backward, const opf_tensor *x);
 
 /* Host time per op in the eager fuser and the LayerNorm-MLP step against
  * PyTorch CPU (bench_ops.c).

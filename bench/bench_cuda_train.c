@@ -11,7 +11,8 @@
  *   - host time: the CPU wall time of the calls alone (the stream is idle
  *     before each timed call and the GPU work it queues runs after it), per
  *     eager op call (a step's calls over its plan entries) and per compiled
- *     step, with the graph launches a step makes.
+ *     step, with the graph launches a step makes; and per eager call of one
+ *     op class (a seq of 32 on a tiny tensor, as `bench ops` on the CPU).
  * `--out FILE` also writes "name value" lines for
  * bench/peer/torch_cuda_train.py, which prints the comparison table.
  *
@@ -331,6 +332,41 @@ static opf_status small_case(opf_ctx *ctx, const rcase *rc, int64_t T, int64_t H
     return st;
 }
 
+/* Host time per eager op call on the GPU: bench ops' seq of 32 ops of one
+ * class on a tiny [16, 64] f32 device tensor, forward and forward + backward
+ * (the GPU synchronized, untimed, before each call): what an op call costs
+ * the CPU (its checks, plan, allocation and kernel launches), apart from a
+ * step's optimizer and loss. */
+static void bench_op_host(opf_ctx *ctx)
+{
+    enum { ROWS = 16, COLS = 64 };
+    printf("host time per eager op call, a seq of 32 ops on a [%d, %d] f32 device tensor\n", ROWS,
+           COLS);
+    float xs[ROWS * COLS];
+    for (int i = 0; i < ROWS * COLS; i++) xs[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    opf_tensor hx, x;
+    opf_spec sp = opf_spec_make(2, (int64_t[]){ROWS, COLS}, OPF_F32);
+    if (opf_tensor_wrap(&sp, xs, &hx) || opf_tensor_to(ctx, &hx, OPF_DEVICE_CUDA, &x)) {
+        failed(ctx, "host per op: the input");
+        return;
+    }
+    opf_bias_config bc = {COLS, OPF_F32};
+    opf_norm_config ln = {COLS, 1e-5, false, OPF_F32};
+    static const char *const ops[] = {"identity", "bias", "gelu", "layernorm"};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        const void *cfg = !strcmp(ops[i], "bias") ? (const void *)&bc
+                        : !strcmp(ops[i], "layernorm") ? (const void *)&ln : NULL;
+        for (int bwd = 0; bwd < 2; bwd++) {
+            char name[64];
+            double us = opf_bench_host_us_per_op(ctx, ops[i], cfg, 32, bwd, &x);
+            snprintf(name, sizeof name, "host_op_%s_%s_us", ops[i], bwd ? "fwdbwd" : "fwd");
+            if (us < 0) failed(ctx, name);
+            else record(name, "us", us, NULL);
+        }
+    }
+    opf_tensor_release(&x);
+}
+
 static void bench_small(opf_ctx *ctx)
 {
     const int64_t T = 256, H = 1024;
@@ -354,6 +390,7 @@ int opf_bench_cuda_train(int argc, char **argv)
     bench_lnmlp(ctx, T, H);
     profile_lnmlp(ctx, T, H);
     bench_small(ctx);
+    bench_op_host(ctx);
     if (results) fclose(results);
     results = NULL;
     opf_ctx_destroy(ctx);

@@ -12,32 +12,42 @@
 #include "bench.h"
 #include "model.h"
 
-/* Median microseconds per op of forward (+ backward) through a seq of n ops. */
-static double host_us_per_op(opf_ctx *ctx, const char *cls, const void *cfg, int n, bool backward,
-                             const opf_tensor *x)
+/* Median microseconds per op of forward (+ backward) through a seq of n ops
+ * of class cls on x (any device: the context is synchronized, untimed,
+ * before each call, so only the host's time counts); -1 on failure. */
+double opf_bench_host_us_per_op(opf_ctx *ctx, const char *cls, const void *cfg, int n,
+                                bool backward, const opf_tensor *x)
 {
     opf_seq *seq;
-    opf_seq_create(ctx, &seq);
+    if (opf_seq_create(ctx, &seq)) return -1;
     for (int i = 0; i < n; i++) {
         opf_op *op;
-        if (opf_op_create(ctx, cls, cfg, cls, &op) || opf_seq_append(seq, op)) return -1;
+        if (opf_op_create(ctx, cls, cfg, cls, &op) || opf_seq_append(seq, op)) {
+            opf_seq_destroy(seq);
+            return -1;
+        }
     }
     opf_seq_call call = opf_seq_call_default();
     call.requires_grad = backward;
     enum { REPS = 41 };
     double t[REPS];
-    for (int r = -3; r < REPS; r++) {  /* three warm-up calls build plans and scratch */
+    opf_status st = OPF_OK;
+    for (int r = -3; r < REPS && !st; r++) {  /* three warm-up calls build plans and scratch */
+        if ((st = opf_ctx_sync(ctx))) break;
         double t0 = opf_bench_now();
         opf_tensor y, dx;
-        if (opf_seq_forward(seq, x, &call, &y, NULL)) return -1;
-        if (backward && opf_seq_backward(seq, &y, NULL, &dx, NULL)) return -1;
+        if ((st = opf_seq_forward(seq, x, &call, &y, NULL))) break;
+        if (backward && (st = opf_seq_backward(seq, &y, NULL, &dx, NULL))) {
+            opf_tensor_release(&y);
+            break;
+        }
         if (backward) opf_tensor_release(&dx);
         opf_tensor_release(&y);
         if (r >= 0) t[r] = (opf_bench_now() - t0) * 1e6 / n;
     }
+    if (!st) st = opf_ctx_sync(ctx);
     opf_seq_destroy(seq);
-    qsort(t, REPS, sizeof t[0], opf_bench_cmp_double);
-    return t[REPS / 2];
+    return st ? -1 : opf_bench_median(t, REPS);
 }
 
 /* Median ms of a training step of the LayerNorm-MLP, fusions on or off,
@@ -114,8 +124,8 @@ int opf_bench_ops(int argc, char **argv)
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         const void *cfg = !strcmp(ops[i], "bias") ? (const void *)&bc
                         : !strcmp(ops[i], "layernorm") ? (const void *)&ln : NULL;
-        printf("| %-10s | %14.2f | %20.2f |\n", ops[i], host_us_per_op(ctx, ops[i], cfg, 32, false, &x),
-               host_us_per_op(ctx, ops[i], cfg, 32, true, &x));
+        printf("| %-10s | %14.2f | %20.2f |\n", ops[i], opf_bench_host_us_per_op(ctx, ops[i], cfg, 32, false, &x),
+               opf_bench_host_us_per_op(ctx, ops[i], cfg, 32, true, &x));
     }
     int steps = 20, threads = omp_get_max_threads();
     double ours = ln_mlp_ms(ctx, tokens, hidden, ffn, steps, true, NULL);

@@ -5,7 +5,9 @@ bf16, random data, CUDA-event medians after warm-up:
     forward + backward with a given dy (no optimizer, as opfuse's step) at
     T tokens x hidden H, eager and torch.compile;
   - the same block at 256 x 1024, eager and torch.compile(mode="reduce-overhead")
-    (CUDA graphs), with the host time of an eager step's calls.
+    (CUDA graphs), with the host time of an eager step's calls;
+  - host time per eager op call: a chain of 32 identity / bias / gelu /
+    layernorm ops on a tiny tensor, forward and forward + backward.
 Reads opfuse's "name value" file and prints the comparison table last, with
 the targets of issue 12.
 
@@ -67,6 +69,29 @@ def block_times(rows, h, mode):
     return out
 
 
+def op_host_us(name, backward):
+    """Host microseconds per call of a chain of 32 ops of one kind on a tiny
+    [16, 64] fp32 CUDA tensor (opfuse's bench_op_host), the GPU idle before."""
+    x = torch.randn(16, 64, device=DEV, requires_grad=backward)
+    w = torch.ones(64, device=DEV, requires_grad=backward)
+    b = torch.zeros(64, device=DEV, requires_grad=backward)
+    f = torch.nn.functional
+    one = {"identity": lambda t: t.clone(), "bias": lambda t: t + b,
+           "gelu": lambda t: f.gelu(t, approximate="tanh"),
+           "layernorm": lambda t: f.layer_norm(t, (64,), w, b, 1e-5)}[name]
+    dy = torch.ones(16, 64, device=DEV)
+
+    def chain():
+        t = x
+        for _ in range(32):
+            t = one(t)
+        if backward:
+            t.backward(dy)
+    for _ in range(3):
+        chain()
+    return host_us(chain) / 32
+
+
 def main():
     path = sys.argv[1]
     S = int(sys.argv[2]) if len(sys.argv) >= 3 else 8192
@@ -125,6 +150,14 @@ def main():
             v = ours.get(f"host_{r}_{k}_us")
             print(f"  {r + ' ' + k.replace('_', ' '):38s} {v or 0:9.2f}")
     print(f"  {'PyTorch eager step (256x1024)':38s} {small['eager_host']:9.2f}")
+    print("host time per eager op call (us; a chain of 32 on a [16, 64] fp32 tensor)")
+    print(f"  {'op':24s} {'opfuse':>9s} {'PyTorch':>9s} {'ratio':>7s}")
+    for name in ("identity", "bias", "gelu", "layernorm"):
+        for bwd in (False, True):
+            o = ours.get(f"host_op_{name}_{'fwdbwd' if bwd else 'fwd'}_us")
+            p = op_host_us(name, bwd)
+            what = name + (" fwd+bwd" if bwd else " fwd")
+            print(f"  {what:24s} {o or 0:9.2f} {p:9.2f} {p / o if o else 0:7.2f}x")
 
 
 main()
