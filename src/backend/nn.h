@@ -49,6 +49,14 @@
 #include "opfuse/context.h"
 #include "opfuse/tensor.h"
 
+/* One array of the clipping entries: n values of dtype dt (f32, bf16 or f16)
+ * at x, in the device's memory. */
+typedef struct opf_nn_span {
+    void     *x;
+    opf_dtype dt;
+    int64_t   n;
+} opf_nn_span;
+
 typedef struct opf_nn_kernels {
     /* y [rows, C] = wte[tok[r]] + wpe[r mod T]; wte [V, C], wpe [>= T, C].
      * The one entry that checks its data: a token outside [0, V) is
@@ -90,14 +98,16 @@ typedef struct opf_nn_kernels {
                            int64_t rows, int64_t V);
     /* *out = the sum of squares of n values of x (f32, bf16 or f16). */
     opf_status (*sumsq)(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out);
-    /* Gradient clipping with no host read: *acc, one double in the
-     * device's memory, becomes (add ? *acc : 0) + sumsq of x, the same sum
-     * as sumsq's; clip_scale then, when norm = sqrt(*sumsq) is finite and
-     * above max_norm, scales x (n values of dt, in place) by
-     * f = fl32(max_norm / (norm + 1e-6)): x = fl32(f * x) rounded to dt. */
-    opf_status (*sumsq_acc)(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *acc,
-                            bool add);
-    opf_status (*clip_scale)(opf_ctx *ctx, void *x, opf_dtype dt, int64_t n, const double *sumsq,
+    /* Gradient clipping with no host read, over count arrays at once (all of
+     * a model's gradients in a few launches): *acc, one double in the
+     * device's memory, becomes (add ? *acc : 0) + S_0, then + S_1, ..., one
+     * array at a time in order, S_k the sum of squares of array k as sumsq
+     * computes it (count 0: *acc is left alone); clip_scale then, when
+     * norm = sqrt(*sumsq) is finite and above max_norm, scales every array
+     * (in place) by f = fl32(max_norm / (norm + 1e-6)): x = fl32(f * x)
+     * rounded to its dtype. */
+    opf_status (*sumsq_acc)(opf_ctx *ctx, const opf_nn_span *x, int count, double *acc, bool add);
+    opf_status (*clip_scale)(opf_ctx *ctx, const opf_nn_span *x, int count, const double *sumsq,
                              double max_norm);
 } opf_nn_kernels;
 

@@ -639,43 +639,59 @@ static void test_sumsq(opf_ctx *ctx)
     printf("  sumsq: f32, bf16, f16 at %d sizes\n", (int)(sizeof ns / sizeof ns[0]));
 }
 
-/* Clipping without a host read: two tensors' sums of squares accumulated
- * into one device double (sumsq_acc), then clip_scale at a max_norm below
- * the norm (scales), above it (leaves x alone) and with an infinite value
- * (leaves x alone): the sum and every element byte for byte with the CPU's. */
-static void clip_case(opf_ctx *ctx, opf_dtype dt, int64_t n, double frac, bool inf)
+/* Clipping without a host read: the arrays' sums of squares accumulated
+ * into one device double by one sumsq_acc call, then one clip_scale call at
+ * a max_norm below the norm (scales), above it (leaves the arrays alone) and
+ * with an infinite value (leaves them alone): the sum and every element byte
+ * for byte with the CPU's. Array k has n[k] values of dtype dt[k]. */
+static void clip_arrays(opf_ctx *ctx, int count, const int64_t *n, const opf_dtype *dt,
+                        double frac, bool inf, const char *what)
 {
-    float *x = frand(n, 3.0f, 0, false), *y = frand(n, 0.5f, 0, false);
-    if (inf && n) x[n / 2] = INFINITY;
-    size_t bytes = opf_dtype_nbytes(dt, (size_t)n);
-    void *hx = malloc(bytes + 8), *hy = malloc(bytes + 8), *back = malloc(bytes + 8);
-    opf_convert(x, OPF_F32, hx, dt, (size_t)n), opf_convert(y, OPF_F32, hy, dt, (size_t)n);
-    void *gx = dev_from(ctx, hx, bytes), *gy = dev_from(ctx, hy, bytes);
+    opf_nn_span *hs = calloc((size_t)count + 1, sizeof *hs), *gs = calloc((size_t)count + 1, sizeof *gs);
+    void **back = calloc((size_t)count + 1, sizeof *back);
+    for (int k = 0; k < count; k++) {
+        float *x = frand(n[k], k % 2 ? 0.5f : 3.0f, 0, false);
+        if (inf && k == count / 2 && n[k]) x[n[k] / 2] = INFINITY;
+        size_t bytes = opf_dtype_nbytes(dt[k], (size_t)n[k]);
+        void *h = malloc(bytes + 8);
+        opf_convert(x, OPF_F32, h, dt[k], (size_t)n[k]);
+        hs[k] = (opf_nn_span){h, dt[k], n[k]};
+        gs[k] = (opf_nn_span){dev_from(ctx, h, bytes), dt[k], n[k]};
+        back[k] = malloc(bytes + 8);
+        free(x);
+    }
     double ref = -1.0, got = -2.0, *gacc = dev_from(ctx, NULL, sizeof(double));
-    CHECK_OK(ctx, opf_cpu_nn.sumsq_acc(ctx, hx, dt, n, &ref, false));
-    CHECK_OK(ctx, opf_cpu_nn.sumsq_acc(ctx, hy, dt, n, &ref, true));
-    CHECK_OK(ctx, opf_cuda_nn.sumsq_acc(ctx, gx, dt, n, gacc, false));
-    CHECK_OK(ctx, opf_cuda_nn.sumsq_acc(ctx, gy, dt, n, gacc, true));
+    CHECK_OK(ctx, opf_cpu_nn.sumsq_acc(ctx, hs, count, &ref, false));
+    CHECK_OK(ctx, opf_cuda_nn.sumsq_acc(ctx, gs, count, gacc, false));
     host_from(ctx, &got, gacc, sizeof got);
-    CHECK(memcmp(&ref, &got, sizeof ref) == 0, "sumsq_acc %s n %lld: gpu %a cpu %a", opf_dtype_name(dt),
-          (long long)n, got, ref);
+    CHECK(memcmp(&ref, &got, sizeof ref) == 0, "sumsq_acc %s: gpu %a cpu %a", what, got, ref);
+    /* add: the same sum again onto it */
+    CHECK_OK(ctx, opf_cpu_nn.sumsq_acc(ctx, hs, count, &ref, true));
+    CHECK_OK(ctx, opf_cuda_nn.sumsq_acc(ctx, gs, count, gacc, true));
+    host_from(ctx, &got, gacc, sizeof got);
+    CHECK(memcmp(&ref, &got, sizeof ref) == 0, "sumsq_acc %s, added: gpu %a cpu %a", what, got, ref);
     double max_norm = frac * sqrt(ref);
-    CHECK_OK(ctx, opf_cpu_nn.clip_scale(ctx, hx, dt, n, &ref, max_norm));
-    CHECK_OK(ctx, opf_cuda_nn.clip_scale(ctx, gx, dt, n, gacc, max_norm));
-    host_from(ctx, back, gx, bytes);
-    size_t es = opf_dtype_nbytes(dt, 1);
-    int64_t bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (memcmp((char *)hx + i * es, (char *)back + i * es, es) && bad++ < 4) {
-            float a, b;
-            opf_convert((char *)back + i * es, dt, &a, OPF_F32, 1), opf_convert((char *)hx + i * es, dt, &b, OPF_F32, 1);
-            fprintf(stderr, "  clip_scale %s n %lld frac %g [%lld]: gpu %a cpu %a\n", opf_dtype_name(dt),
-                    (long long)n, frac, (long long)i, (double)a, (double)b);
-        }
-    CHECK(bad == 0, "clip_scale %s n %lld frac %g%s: %lld of %lld differ", opf_dtype_name(dt), (long long)n,
-          frac, inf ? " (inf)" : "", (long long)bad, (long long)n);
-    opf_cuda_free(ctx, gx), opf_cuda_free(ctx, gy), opf_cuda_free(ctx, gacc);
-    free(hx), free(hy), free(back), free(x), free(y);
+    CHECK_OK(ctx, opf_cpu_nn.clip_scale(ctx, hs, count, &ref, max_norm));
+    CHECK_OK(ctx, opf_cuda_nn.clip_scale(ctx, gs, count, gacc, max_norm));
+    int64_t bad = 0, all = 0;
+    for (int k = 0; k < count; k++) {
+        size_t es = opf_dtype_nbytes(dt[k], 1);
+        host_from(ctx, back[k], gs[k].x, es * (size_t)n[k]);
+        for (int64_t i = 0; i < n[k]; i++, all++)
+            if (memcmp((char *)hs[k].x + i * es, (char *)back[k] + i * es, es) && bad++ < 4) {
+                float a, b;
+                opf_convert((char *)back[k] + i * es, dt[k], &a, OPF_F32, 1);
+                opf_convert((char *)hs[k].x + i * es, dt[k], &b, OPF_F32, 1);
+                fprintf(stderr, "  clip_scale %s frac %g array %d [%lld]: gpu %a cpu %a\n", what,
+                        frac, k, (long long)i, (double)a, (double)b);
+            }
+        opf_cuda_free(ctx, gs[k].x);
+        free(hs[k].x), free(back[k]);
+    }
+    CHECK(bad == 0, "clip_scale %s frac %g%s: %lld of %lld differ", what, frac, inf ? " (inf)" : "",
+          (long long)bad, (long long)all);
+    opf_cuda_free(ctx, gacc);
+    free(hs), free(gs), free(back);
 }
 
 static void test_clip(opf_ctx *ctx)
@@ -684,11 +700,44 @@ static void test_clip(opf_ctx *ctx)
     static const int64_t ns[] = {0, 1, 4097, 1000003};
     for (int d = 0; d < 3; d++)
         for (int i = 0; i < (int)(sizeof ns / sizeof ns[0]); i++) {
-            clip_case(ctx, dts[d], ns[i], 0.3, false);
-            clip_case(ctx, dts[d], ns[i], 2.0, false);
-            clip_case(ctx, dts[d], ns[i], 0.3, true);
+            int64_t n2[2] = {ns[i], ns[i]};
+            opf_dtype d2[2] = {dts[d], dts[d]};
+            char what[64];
+            snprintf(what, sizeof what, "%s n %lld x 2", opf_dtype_name(dts[d]), (long long)ns[i]);
+            clip_arrays(ctx, 2, n2, d2, 0.3, false, what);
+            clip_arrays(ctx, 2, n2, d2, 2.0, false, what);
+            clip_arrays(ctx, 2, n2, d2, 0.3, true, what);
         }
-    printf("  sumsq_acc, clip_scale: f32, bf16, f16 at %d sizes\n", (int)(sizeof ns / sizeof ns[0]));
+    /* a model's worth: 300 arrays (three launches' batches) of every dtype
+     * and sizes from 0 to over a chunk, in one call each */
+    enum { MANY = 300 };
+    int64_t n[MANY];
+    opf_dtype dt[MANY];
+    for (int k = 0; k < MANY; k++) n[k] = (k * 7919) % 9001, dt[k] = dts[k % 3];
+    n[5] = 0, n[131] = 1, n[257] = 4096 * 5;
+    clip_arrays(ctx, MANY, n, dt, 0.3, false, "300 arrays");
+    clip_arrays(ctx, MANY, n, dt, 2.0, false, "300 arrays");
+    clip_arrays(ctx, MANY, n, dt, 0.3, true, "300 arrays");
+    printf("  sumsq_acc, clip_scale: f32, bf16, f16 at %d sizes in pairs; 300 arrays of mixed "
+           "dtypes and sizes in one call\n", (int)(sizeof ns / sizeof ns[0]));
+    /* gradients on the CPU clipped by a CUDA context: refused, naming both,
+     * and nothing scaled */
+    opf_ctx *cpu;
+    opf_seq *seq;
+    CHECK_OK(NULL, opf_ctx_create(NULL, &cpu));
+    CHECK_OK(cpu, opf_seq_create(cpu, &seq));
+    CHECK_OK(cpu, opf_seq_append_linear(seq, 4, 3, true, OPF_F32, "fc"));
+    opf_param *p = opf_op_param(opf_seq_at(seq, 0), 0);
+    float *g = p->grad.data[0];
+    for (int64_t k = 0; k < opf_spec_numel(&p->grad.spec); k++) g[k] = 100.0f + (float)k;
+    p->has_grad = true;
+    double norm = -1.0;
+    CHECK_FAILS(ctx, opf_clip_grad_norm(ctx, &seq, 1, 1.0, &norm), OPF_ERR_INVALID_ARG,
+                "clip_grad_norm", "is on device 0, the context's on 1");
+    CHECK(g[0] == 100.0f && norm == 0.0, "a refused clip changed the gradient (%g) or norm (%g)",
+          (double)g[0], norm);
+    opf_seq_destroy(seq);
+    opf_ctx_destroy(cpu);
 }
 
 /* ---- expf / logf ------------------------------------------------------------------ */

@@ -431,24 +431,33 @@ static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, do
     return OPF_OK;
 }
 
-static opf_status sumsq_acc(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *acc,
-                            bool add)
+static opf_status sumsq_acc(opf_ctx *ctx, const opf_nn_span *x, int count, double *acc, bool add)
 {
-    double s;
-    opf_status st = sumsq(ctx, x, dt, n, &s);
-    if (!st) *acc = add ? *acc + s : s;
-    return st;
+    for (int k = 0; k < count; k++) {
+        double s;
+        opf_status st = sumsq(ctx, x[k].x, x[k].dt, x[k].n, &s);
+        if (st) return st;
+        *acc = add || k ? *acc + s : s;
+    }
+    return OPF_OK;
 }
 
 /* The factor's multiply is the element-wise scale entry's. */
-static opf_status clip_scale(opf_ctx *ctx, void *x, opf_dtype dt, int64_t n, const double *sumsq,
+static opf_status clip_scale(opf_ctx *ctx, const opf_nn_span *x, int count, const double *sumsq,
                              double max_norm)
 {
     double norm = sqrt(*sumsq);
-    if (!isfinite(norm) || norm <= max_norm || n <= 0) return OPF_OK;
-    opf_tensor t;
-    opf_status st = opf_tensor_wrap(&(opf_spec){.ndim = 1, .shape = {n}, .dtype = dt}, x, &t);
-    return st ? st : opf_cpu_elem.scale(ctx, &t, (float)(max_norm / (norm + 1e-6)), &t);
+    if (!isfinite(norm) || norm <= max_norm) return OPF_OK;
+    float f = (float)(max_norm / (norm + 1e-6));
+    for (int k = 0; k < count; k++) {
+        if (x[k].n <= 0) continue;
+        opf_tensor t;
+        opf_status st = opf_tensor_wrap(&(opf_spec){.ndim = 1, .shape = {x[k].n}, .dtype = x[k].dt},
+                                        x[k].x, &t);
+        if (!st) st = opf_cpu_elem.scale(ctx, &t, f, &t);
+        if (st) return st;
+    }
+    return OPF_OK;
 }
 
 const opf_nn_kernels opf_cpu_nn = {

@@ -259,6 +259,20 @@ template <int PENDING> __device__ __forceinline__ void opf_dev_copies_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
+/* The owner of chunk c in a multi-tensor launch (optim.cu, nn.cu's
+ * clipping): the last k < count with first[k] <= c, first[] the prefix sums
+ * of the tensors' chunk counts. */
+__device__ __forceinline__ int opf_dev_chunk_owner(const int64_t *first, int count, int64_t c)
+{
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= c) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 /* fp32 -> e4m3 / e5m2: RNE, saturating, NaN -> 0x7F (1.3); the hardware
  * cvt.rn.satfinite does exactly this. */
 __device__ __forceinline__ uint8_t opf_dev_to_fp8(float x, bool e4m3)

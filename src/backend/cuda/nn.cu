@@ -23,6 +23,8 @@
  *    in double.
  *  - sumsq: a warp per 4096-value chunk of the CPU, each lane its own
  *    squares, then the fold (lanesum.h); one warp folds the chunk sums.
+ *    Clipping's sumsq_acc and clip_scale take every gradient of a model in
+ *    a few launches (up to SPANS arrays each), with the same sums.
  *
  * expf and logf are ports of the glibc functions the CPU reference calls
  * (glibc 2.28 and later, the same algorithms as ARM's optimized-routines:
@@ -827,44 +829,170 @@ static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, do
     return st ? st : opf_cuda_copy(ctx, out, total, sizeof(double), OPF_CUDA_D2H);
 }
 
-static opf_status sumsq_acc(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *acc,
-                            bool add)
+/* ---- clipping over many arrays (nn.h's opf_nn_span) ------------------------
+ * Up to SPANS arrays a launch, their descriptors in the kernel's parameters
+ * with the prefix sums of their chunk counts (optim.cu's scheme): the sum of
+ * squares is one launch over every 4096-value chunk of the batch (a warp a
+ * chunk, found by binary search; the chunk sums of sumsq_chunks_kernel) and
+ * one block that folds each array's chunk sums as sumsq_total_kernel does
+ * and adds the arrays' sums to *acc one at a time in order; the scaling is
+ * one launch over CLIP_CHUNK-value chunks. So a model's clipping is a few
+ * launches, not three an array, with the same bits. */
+enum {
+    SPANS = 128,        /* arrays a launch: 4 KiB of descriptors */
+    CLIP_CHUNK = 2048,  /* values a block takes at a time when scaling */
+    FOLD_WARPS = 32,    /* warps of the folding block */
+};
+
+typedef struct span_d {
+    const void *x;
+    int64_t     n;
+    int         dt;  /* opf_dtype: f32, bf16 or f16 */
+} span_d;
+
+typedef struct span_batch {
+    span_d  t[SPANS];
+    int64_t first[SPANS + 1];  /* first[k]: array k's first chunk; first[count]: all chunks */
+    int     count;
+} span_batch;
+
+template <typename T>
+__device__ __forceinline__ double chunk_sumsq(const T *xc, int len, int lane)
 {
-    const char *fn = "sumsq_acc (cuda)";
-    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
-    if (!s) return OPF_ERR_STATE;
-    void *ws = NULL;
-    opf_status st = opf_cuda_scratch(ctx, s, sizeof(double) * (size_t)(sumsq_chunks(n) + 1), &ws);
-    return st ? st : sumsq_dev(ctx, s, fn, x, dt, n, (double *)ws, acc, add);
+    double s = 0.0;
+    for (int i = lane; i < len; i += 32) {
+        double v = (double)opf_dev_widen<T>(xc[i]);
+        s = __dadd_rn(s, __dmul_rn(v, v));
+    }
+    return nn_fold_d(s);
+}
+
+static __global__ void sumsq_spans_kernel(const span_batch b, double *part)
+{
+    int lane = nn_lane();
+    int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t c = nn_warp_id(); c < b.first[b.count]; c += warps) {
+        int k = opf_dev_chunk_owner(b.first, b.count, c);
+        int64_t c0 = (c - b.first[k]) * SUMSQ_CHUNK, n = b.t[k].n;
+        int len = n - c0 < SUMSQ_CHUNK ? (int)(n - c0) : SUMSQ_CHUNK;
+        double v;
+        if (b.t[k].dt == OPF_F32) v = chunk_sumsq((const float *)b.t[k].x + c0, len, lane);
+        else if (b.t[k].dt == OPF_BF16)
+            v = chunk_sumsq((const __nv_bfloat16 *)b.t[k].x + c0, len, lane);
+        else v = chunk_sumsq((const __half *)b.t[k].x + c0, len, lane);
+        if (lane == 0) part[c] = v;
+    }
+}
+
+/* One block: array k's chunk sums folded as sumsq_total_kernel folds them
+ * (chunk c of the array in lane c mod 32), then *acc = (add ? *acc : 0) +
+ * S_0, + S_1, ... in order by one thread. */
+static __global__ void sumsq_spans_total_kernel(const span_batch b, const double *part,
+                                                double *acc, bool add)
+{
+    __shared__ double sums[SPANS];
+    int lane = nn_lane(), w = (int)(threadIdx.x / 32);
+    for (int k = w; k < b.count; k += FOLD_WARPS) {
+        double t = 0.0;
+        for (int64_t c = b.first[k] + lane; c < b.first[k + 1]; c += 32) t = __dadd_rn(t, part[c]);
+        t = nn_fold_d(t);
+        if (lane == 0) sums[k] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double a = add ? *acc : 0.0;
+        for (int k = 0; k < b.count; k++) a = add || k ? __dadd_rn(a, sums[k]) : sums[k];
+        *acc = a;
+    }
 }
 
 /* Each thread reads the sum and decides, as the CPU does once. */
 template <opf_dtype D>
-static __global__ void clip_scale_kernel(void *x, int64_t n, const double *sumsq, double max_norm)
+__device__ __forceinline__ void clip_chunk(void *x, int64_t i0, int64_t i1, float f)
+{
+    typename opf_dev_plain<D>::store *p = (typename opf_dev_plain<D>::store *)x;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+        p[i] = opf_dev_from_f32<D>(opf_dev_mul(f, opf_dev_to_f32<D>(p[i])));
+}
+
+static __global__ void clip_spans_kernel(const span_batch b, const double *sumsq, double max_norm)
 {
     double norm = __dsqrt_rn(*sumsq);
     if (!(norm > max_norm) || isinf(norm)) return;
     float f = __double2float_rn(__ddiv_rn(max_norm, __dadd_rn(norm, 1e-6)));
-    typename opf_dev_plain<D>::store *p = (typename opf_dev_plain<D>::store *)x;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        p[i] = opf_dev_from_f32<D>(opf_dev_mul(f, opf_dev_to_f32<D>(p[i])));
+    for (int64_t c = blockIdx.x; c < b.first[b.count]; c += gridDim.x) {
+        int k = opf_dev_chunk_owner(b.first, b.count, c);
+        int64_t i0 = (c - b.first[k]) * CLIP_CHUNK, n = b.t[k].n;
+        int64_t i1 = n - i0 < CLIP_CHUNK ? n : i0 + CLIP_CHUNK;
+        void *x = (void *)b.t[k].x;
+        if (b.t[k].dt == OPF_F32) clip_chunk<OPF_F32>(x, i0, i1, f);
+        else if (b.t[k].dt == OPF_BF16) clip_chunk<OPF_BF16>(x, i0, i1, f);
+        else clip_chunk<OPF_F16>(x, i0, i1, f);
+    }
 }
 
-static opf_status clip_scale(opf_ctx *ctx, void *x, opf_dtype dt, int64_t n, const double *sumsq,
+/* The next batch of x's count arrays from array k0 (SPANS at most) into b,
+ * chunks of `chunk` values; OPF_ERR_DTYPE for an array of another dtype than
+ * f32, bf16 or f16. */
+static opf_status span_batch_of(opf_ctx *ctx, const char *fn, const opf_nn_span *x, int count,
+                                int k0, int64_t chunk, span_batch *b)
+{
+    count = count - k0 < SPANS ? count - k0 : SPANS;
+    b->count = count;
+    b->first[0] = 0;
+    for (int k = 0; k < count; k++) {
+        const opf_nn_span *t = &x[k0 + k];
+        if (t->dt != OPF_F32 && t->dt != OPF_BF16 && t->dt != OPF_F16)
+            return opf_error(ctx, OPF_ERR_DTYPE, "%s: array %d has dtype %s, expected f32, bf16 "
+                             "or f16", fn, k0 + k, opf_dtype_name(t->dt));
+        int64_t n = t->n > 0 ? t->n : 0;
+        b->t[k] = (span_d){t->x, n, (int)t->dt};
+        b->first[k + 1] = b->first[k] + (n + chunk - 1) / chunk;
+    }
+    return OPF_OK;
+}
+
+static opf_status sumsq_acc(opf_ctx *ctx, const opf_nn_span *x, int count, double *acc, bool add)
+{
+    const char *fn = "sumsq_acc (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    for (int k0 = 0; k0 < count; k0 += SPANS) {
+        span_batch b;
+        opf_status st = span_batch_of(ctx, fn, x, count, k0, SUMSQ_CHUNK, &b);
+        void *ws = NULL;
+        int64_t nc = b.first[b.count];
+        if (!st) st = opf_cuda_scratch(ctx, s, sizeof(double) * (size_t)(nc + 1), &ws);
+        if (st) return st;
+        if (nc) {
+            int64_t want = (nc + WARPS - 1) / WARPS, cap = (int64_t)s->sm_count * 16;
+            unsigned grid = (unsigned)(want < cap ? want : cap);  /* a warp a chunk, looping */
+            sumsq_spans_kernel<<<grid, 32 * WARPS, 0, s->stream>>>(b, (double *)ws);
+            OPF_CUDA_LAUNCHED(ctx, fn);
+        }
+        sumsq_spans_total_kernel<<<1, 32 * FOLD_WARPS, 0, s->stream>>>(b, (double *)ws, acc,
+                                                                      add || k0 > 0);
+        OPF_CUDA_LAUNCHED(ctx, fn);
+    }
+    return OPF_OK;
+}
+
+static opf_status clip_scale(opf_ctx *ctx, const opf_nn_span *x, int count, const double *sumsq,
                              double max_norm)
 {
     const char *fn = "clip_scale (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (n <= 0) return OPF_OK;
-    unsigned grid = opf_cuda_grid(s, n, 256);
-    if (dt == OPF_F32) clip_scale_kernel<OPF_F32><<<grid, 256, 0, s->stream>>>(x, n, sumsq, max_norm);
-    else if (dt == OPF_BF16) clip_scale_kernel<OPF_BF16><<<grid, 256, 0, s->stream>>>(x, n, sumsq, max_norm);
-    else if (dt == OPF_F16) clip_scale_kernel<OPF_F16><<<grid, 256, 0, s->stream>>>(x, n, sumsq, max_norm);
-    else return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtype %s, expected f32, bf16 or f16", fn,
-                          opf_dtype_name(dt));
-    OPF_CUDA_LAUNCHED(ctx, fn);
+    for (int k0 = 0; k0 < count; k0 += SPANS) {
+        span_batch b;
+        opf_status st = span_batch_of(ctx, fn, x, count, k0, CLIP_CHUNK, &b);
+        if (st) return st;
+        int64_t nc = b.first[b.count];
+        if (!nc) continue;
+        unsigned grid = (unsigned)(nc < (int64_t)s->sm_count * 8 ? nc : (int64_t)s->sm_count * 8);
+        clip_spans_kernel<<<grid, 256, 0, s->stream>>>(b, sumsq, max_norm);
+        OPF_CUDA_LAUNCHED(ctx, fn);
+    }
     return OPF_OK;
 }
 

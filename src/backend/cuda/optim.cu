@@ -176,18 +176,6 @@ __device__ __forceinline__ void step8_param(const step_params &p, const desc &t,
     }
 }
 
-/* The tensor holding chunk c: the last k with first[k] <= c. */
-__device__ __forceinline__ int tensor_of(const batch &b, int64_t c)
-{
-    int lo = 0, hi = b.count - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (b.first[mid] <= c) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 /* 1 - beta^step the host's way when the host computed it, else here (pow
  * in double, rounded: powf's value but for a rare last bit). */
 __device__ __forceinline__ float bias_correction(const step_params &p, int which, int64_t lag)
@@ -205,7 +193,7 @@ __global__ void __launch_bounds__(THREADS) step_kernel(const __grid_constant__ b
         if (p.adamw) p.bc1 = bias_correction(p, 0, lag), p.bc2 = bias_correction(p, 1, lag);
     }
     for (int64_t c = blockIdx.x; c < b.first[b.count]; c += gridDim.x) {
-        int k = tensor_of(b, c);
+        int k = opf_dev_chunk_owner(b.first, b.count, c);
         const desc &t = b.t[k];
         int64_t i0 = (c - b.first[k]) * CHUNK + threadIdx.x * VEC;
         if (i0 >= t.n) continue;
@@ -235,7 +223,7 @@ template <opf_dtype DG> __device__ __forceinline__ bool nonfinite8(const desc &t
 __global__ void __launch_bounds__(THREADS) check_kernel(const __grid_constant__ batch b, int32_t *found)
 {
     for (int64_t c = blockIdx.x; c < b.first[b.count]; c += gridDim.x) {
-        int k = tensor_of(b, c);
+        int k = opf_dev_chunk_owner(b.first, b.count, c);
         const desc &t = b.t[k];
         int64_t i0 = (c - b.first[k]) * CHUNK + threadIdx.x * VEC;
         bool hit = false;
