@@ -260,8 +260,8 @@ template <int PENDING> __device__ __forceinline__ void opf_dev_copies_wait()
 }
 
 /* The owner of chunk c in a multi-tensor launch (optim.cu, nn.cu's
- * clipping): the last k < count with first[k] <= c, first[] the prefix sums
- * of the tensors' chunk counts. */
+ * clipping, scale.cu's delayed update): the last k < count with first[k] <=
+ * c, first[] the prefix sums of the tensors' chunk (or slot) counts. */
 __device__ __forceinline__ int opf_dev_chunk_owner(const int64_t *first, int count, int64_t c)
 {
     int lo = 0, hi = count - 1;

@@ -93,12 +93,7 @@ __global__ void delayed_kernel(const __grid_constant__ state_batch b)
 {
     int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= b.first[b.count]) return;
-    int lo = 0, hi = b.count - 1;  /* the last state with first <= g */
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (b.first[mid] <= g) lo = mid;
-        else hi = mid - 1;
-    }
+    int lo = opf_dev_chunk_owner(b.first, b.count, g);  /* the last state with first <= g */
     const opf_delayed_arrays &s = b.s[lo];
     int j = (int)(g - b.first[lo]);
     float a = s.reduced && s.reduced[j] != 0.0f ? s.reduced[j] : s.history[j];
