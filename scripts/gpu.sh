@@ -43,7 +43,7 @@ logs=${1:-$build/logs}
 mkdir -p "$logs"
 cd "$root"
 
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== %s (at %d s)\n' "$*" "$SECONDS"; }
 # verdict: each cuda test that did not pass, by name, and ctest's summary line
 verdict() {
   grep -E "^ *[0-9]+/[0-9]+ Test +#" "$logs/ctest.log" | grep -v " Passed " | sed 's/^/not passed: /'
