@@ -129,7 +129,7 @@ static int64_t chunk_pairs(int64_t BH, size_t per)
 
 /* Bytes of n floats rounded up to 256: each scratch region starts where
  * cuBLASLt's heuristic assumes (256-byte alignment) whatever T and D are. */
-static size_t region(int64_t n) { return (sizeof(float) * (size_t)n + 255) / 256 * 256; }
+static size_t region(int64_t n) { return opf_cuda_pad256(sizeof(float) * (size_t)n); }
 
 /* Splits scratch ws into count regions of the given float counts. */
 static void carve(void *ws, float **out[], const int64_t *n, int count)

@@ -177,6 +177,10 @@ opf_status opf_cuda_attn_bwd_f32(opf_ctx *ctx, opf_cuda_attn_bwd_fn body, const 
                                  opf_dtype qkv_t, const float *o, const float *lse,
                                  const void *dout, opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t,
                                  int64_t B, int64_t T, int64_t H, int64_t D, const char *fn);
+/* Bytes rounded up to 256: scratch regions carved from one allocation each
+ * start aligned for any access. */
+static inline size_t opf_cuda_pad256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 /* The status of a failed CUDA runtime call, with its message. */
 opf_status opf_cuda_fail(opf_ctx *ctx, cudaError_t e, const char *fn, const char *call);
 opf_status opf_cublas_fail(opf_ctx *ctx, cublasStatus_t e, const char *fn, const char *call);

@@ -904,10 +904,6 @@ static opf_status plan_run(opf_ctx *ctx, opf_cuda_state *s, const cudnn_plan *p,
     return OPF_OK;
 }
 
-/* Bytes of a scratch region: rounded up to 256, so each region starts
- * 256-byte aligned (cuDNN's tensors ask for 16). */
-static size_t region(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 /* The by-value scalars' host values (read by cudnnBackendExecute, or baked
  * into a captured graph's kernel parameters): scale 1/sqrt(D) as every path
  * computes it, -inf for the mask (-FLT_MAX before cuDNN 9.10, as the
@@ -932,7 +928,7 @@ static opf_status fwd_run(opf_ctx *ctx, const void *qkv, float *o, float *lse, i
     opf_status st = plan_get(ctx, s, {B, T, H, D, dt, false}, fn, &p);
     if (st) return st;
     int64_t C = H * D, n_o = B * T * C;
-    size_t es = opf_dtype_nbytes(dt, 1), o_bytes = region(es * (size_t)n_o);
+    size_t es = opf_dtype_nbytes(dt, 1), o_bytes = opf_cuda_pad256(es * (size_t)n_o);
     void *ws;
     if ((st = opf_cuda_scratch(ctx, s, o_bytes + (size_t)p->ws_bytes, &ws))) return st;
     char *o16 = (char *)ws, *base = (char *)qkv;
@@ -955,9 +951,9 @@ static opf_status bwd_run(opf_ctx *ctx, const void *qkv, const float *o, const f
     opf_status st = plan_get(ctx, s, {B, T, H, D, dt, true}, fn, &p);
     if (st) return st;
     int64_t C = H * D, n_o = B * T * C, rows = B * H * T;
-    size_t es = opf_dtype_nbytes(dt, 1), o_bytes = region(es * (size_t)n_o);
-    size_t sum_bytes = region(sizeof(float) * (size_t)rows);
-    size_t acc_bytes = region(sizeof(float) * (size_t)(rows * D));
+    size_t es = opf_dtype_nbytes(dt, 1), o_bytes = opf_cuda_pad256(es * (size_t)n_o);
+    size_t sum_bytes = opf_cuda_pad256(sizeof(float) * (size_t)rows);
+    size_t acc_bytes = opf_cuda_pad256(sizeof(float) * (size_t)(rows * D));
     void *ws;
     if ((st = opf_cuda_scratch(ctx, s, o_bytes + sum_bytes + acc_bytes + (size_t)p->ws_bytes, &ws)))
         return st;

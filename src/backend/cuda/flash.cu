@@ -1809,7 +1809,7 @@ static opf_status attn_bwd_tiled(opf_ctx *ctx, const opf_cuda_attn_io &io, const
     if (!s) return OPF_ERR_STATE;
     if (B <= 0 || T <= 0 || H <= 0) return OPF_OK;
     bool one_pass = kind == BWD_FLASH1P && is16(in_dt);
-    size_t rows = (size_t)(B * H * T), di_bytes = (sizeof(float) * rows + 255) / 256 * 256;
+    size_t rows = (size_t)(B * H * T), di_bytes = opf_cuda_pad256(sizeof(float) * rows);
     size_t acc_bytes = one_pass ? sizeof(float) * rows * (size_t)D : 0;
     size_t turn_bytes = one_pass ? sizeof(int) * (size_t)(B * H * ((T + TILE - 1) / TILE)) : 0;
     void *ws;

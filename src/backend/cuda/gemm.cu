@@ -414,7 +414,6 @@ static opf_status gemm_into(opf_ctx *ctx, opf_cuda_state *s, const opf_gemm_args
     return OPF_OK;
 }
 
-static size_t pad256(size_t n) { return (n + 255) / 256 * 256; }
 
 /* Copy `rowwise` of t (the slot's idx x K operand) decoded to bf16 at buf,
  * as the plain tensor *out: MXFP8 in t's logical layout, NVFP4 as stored,
@@ -475,13 +474,13 @@ extern "C" opf_status opf_cuda_gemm(opf_ctx *ctx, const opf_gemm_args *g_in)
     /* scratch: the bf16 operands of an MXFP8 / NVFP4 GEMM and NVFP4's alpha,
      * an fp32 D when cuBLASLt cannot write D itself, then the bias */
     bool dq = decoded(g_in->a);
-    size_t a_bytes = dq ? pad256((size_t)(g_in->n * g_in->k) * 2) : 0;
-    size_t b_bytes = dq ? pad256((size_t)(g_in->m * g_in->k) * 2) : 0;
+    size_t a_bytes = dq ? opf_cuda_pad256((size_t)(g_in->n * g_in->k) * 2) : 0;
+    size_t b_bytes = dq ? opf_cuda_pad256((size_t)(g_in->m * g_in->k) * 2) : 0;
     size_t ab_bytes = dq ? 256 : 0;
     opf_gemm_args gm = *g_in;
     const opf_gemm_args *g = &gm;
     bool direct = direct_output(g), fp8_out = g->opts->out_quantizer != NULL;
-    size_t y_pad = direct ? 0 : pad256((size_t)(g->m * g->n) * sizeof(float));
+    size_t y_pad = direct ? 0 : opf_cuda_pad256((size_t)(g->m * g->n) * sizeof(float));
     void *scratch = NULL;
     if ((st = opf_cuda_scratch(ctx, s, a_bytes + b_bytes + ab_bytes + y_pad +
                                        (size_t)g->n * sizeof(float) + 256, &scratch)))

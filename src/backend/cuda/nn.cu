@@ -293,7 +293,6 @@ static __global__ void embed_dwpe_kernel(const float *dy, float *dwpe, int64_t r
     }
 }
 
-static size_t pad256(size_t n) { return (n + 255) / 256 * 256; }
 
 static int bits_for(int64_t V)
 {
@@ -315,7 +314,7 @@ static opf_status embed_bwd(opf_ctx *ctx, const int32_t *tok, const float *dy, f
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: %lld rows (at most %d)", fn,
                          (long long)rows, INT32_MAX);
     int n = (int)rows, bits = bits_for(V);
-    size_t tmp_bytes = 0, arr = pad256(sizeof(uint32_t) * (size_t)rows);
+    size_t tmp_bytes = 0, arr = opf_cuda_pad256(sizeof(uint32_t) * (size_t)rows);
     const uint32_t *keys = (const uint32_t *)tok;  /* ids in [0, V): the same order unsigned */
     OPF_CUDA_TRY(ctx, fn, cub::DeviceRadixSort::SortPairs(NULL, tmp_bytes, keys, (uint32_t *)NULL,
                                                           (const uint32_t *)NULL, (uint32_t *)NULL,
