@@ -760,81 +760,15 @@ __device__ __forceinline__ double nn_fold_d(double v)
     return v;
 }
 
-template <typename T>
-static __global__ void sumsq_chunks_kernel(const T *x, int64_t n, int64_t nc, double *part)
-{
-    int64_t c = nn_warp_id();
-    if (c >= nc) return;
-    int lane = nn_lane();
-    const T *xc = x + c * SUMSQ_CHUNK;
-    int len = n - c * SUMSQ_CHUNK < SUMSQ_CHUNK ? (int)(n - c * SUMSQ_CHUNK) : SUMSQ_CHUNK;
-    double s = 0.0;
-    for (int i = lane; i < len; i += 32) {
-        double v = (double)opf_dev_widen<T>(xc[i]);
-        s = __dadd_rn(s, __dmul_rn(v, v));
-    }
-    s = nn_fold_d(s);
-    if (lane == 0) part[c] = s;
-}
-
-/* One warp: the chunk sums as one lane sum (chunk c in lane c mod 32), into
- * *out or (add) onto it. */
-static __global__ void sumsq_total_kernel(const double *part, int64_t nc, double *out, bool add)
-{
-    double t = 0.0;
-    for (int64_t c = threadIdx.x; c < nc; c += 32) t = __dadd_rn(t, part[c]);
-    t = nn_fold_d(t);
-    if (threadIdx.x == 0) *out = add ? __dadd_rn(*out, t) : t;
-}
-
-static int64_t sumsq_chunks(int64_t n) { return n > 0 ? (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK : 0; }
-
-/* The sum of squares of x into the device double *out (or onto it); part:
- * scratch for sumsq_chunks(n) doubles. */
-static opf_status sumsq_dev(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const void *x,
-                            opf_dtype dt, int64_t n, double *part, double *out, bool add)
-{
-    if (dt != OPF_F32 && dt != OPF_BF16 && dt != OPF_F16)
-        return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtype %s, expected f32, bf16 or f16", fn,
-                         opf_dtype_name(dt));
-    int64_t nc = sumsq_chunks(n);
-    unsigned grid = warp_grid(nc), threads = 32 * WARPS;
-    cudaStream_t strm = s->stream;
-    if (nc && dt == OPF_F32)
-        sumsq_chunks_kernel<float><<<grid, threads, 0, strm>>>((const float *)x, n, nc, part);
-    else if (nc && dt == OPF_BF16)
-        sumsq_chunks_kernel<__nv_bfloat16><<<grid, threads, 0, strm>>>((const __nv_bfloat16 *)x, n,
-                                                                     nc, part);
-    else if (nc)
-        sumsq_chunks_kernel<__half><<<grid, threads, 0, strm>>>((const __half *)x, n, nc, part);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    sumsq_total_kernel<<<1, 32, 0, strm>>>(part, nc, out, add);
-    OPF_CUDA_LAUNCHED(ctx, fn);
-    return OPF_OK;
-}
-
-static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out)
-{
-    const char *fn = "sumsq (cuda)";
-    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
-    if (!s) return OPF_ERR_STATE;
-    *out = 0.0;
-    if (n <= 0) return OPF_OK;
-    int64_t nc = sumsq_chunks(n);
-    void *ws = NULL;
-    opf_status st = opf_cuda_scratch(ctx, s, sizeof(double) * (size_t)(nc + 1), &ws);
-    double *part = (double *)ws, *total = part + nc;
-    if (!st) st = sumsq_dev(ctx, s, fn, x, dt, n, part, total, false);
-    return st ? st : opf_cuda_copy(ctx, out, total, sizeof(double), OPF_CUDA_D2H);
-}
-
 /* ---- clipping over many arrays (nn.h's opf_nn_span) ------------------------
  * Up to SPANS arrays a launch, their descriptors in the kernel's parameters
  * with the prefix sums of their chunk counts (optim.cu's scheme): the sum of
  * squares is one launch over every 4096-value chunk of the batch (a warp a
- * chunk, found by binary search; the chunk sums of sumsq_chunks_kernel) and
- * one block that folds each array's chunk sums as sumsq_total_kernel does
- * and adds the arrays' sums to *acc one at a time in order; the scaling is
+ * chunk, found by binary search: lane l adds the squares of values l, l + 32,
+ * ... of the chunk in order, then the fold) and one block that folds each
+ * array's chunk sums (chunk c in lane c mod 32) and adds the arrays' sums to
+ * *acc one at a time in order (nn.h's sumsq; sumsq itself is this on one
+ * array); the scaling is
  * one launch over CLIP_CHUNK-value chunks. So a model's clipping is a few
  * launches, not three an array, with the same bits. */
 enum {
@@ -883,8 +817,8 @@ static __global__ void sumsq_spans_kernel(const span_batch b, double *part)
     }
 }
 
-/* One block: array k's chunk sums folded as sumsq_total_kernel folds them
- * (chunk c of the array in lane c mod 32), then *acc = (add ? *acc : 0) +
+/* One block: array k's chunk sums folded as one lane sum (chunk c of the
+ * array in lane c mod 32), then *acc = (add ? *acc : 0) +
  * S_0, + S_1, ... in order by one thread. */
 static __global__ void sumsq_spans_total_kernel(const span_batch b, const double *part,
                                                 double *acc, bool add)
@@ -993,6 +927,21 @@ static opf_status clip_scale(opf_ctx *ctx, const opf_nn_span *x, int count, cons
         OPF_CUDA_LAUNCHED(ctx, fn);
     }
     return OPF_OK;
+}
+
+/* One array's sum, read back: sumsq_acc's launches on it into a device
+ * double of the caching allocator. */
+static opf_status sumsq(opf_ctx *ctx, const void *x, opf_dtype dt, int64_t n, double *out)
+{
+    *out = 0.0;
+    if (n <= 0) return OPF_OK;
+    void *acc = NULL;
+    opf_nn_span span = {(void *)x, dt, n};
+    opf_status st = opf_cuda_alloc(ctx, sizeof(double), &acc);
+    if (!st) st = sumsq_acc(ctx, &span, 1, (double *)acc, false);
+    if (!st) st = opf_cuda_copy(ctx, out, acc, sizeof(double), OPF_CUDA_D2H);
+    opf_cuda_free(ctx, acc);
+    return st;
 }
 
 extern "C" const opf_nn_kernels opf_cuda_nn = {
