@@ -38,7 +38,15 @@
  * STREAMS [rows, cols] arrays of one element type:
  *   enum { STREAMS };  typedef ... store;         the element type
  *   const void *stream(int i);                    input i's base (host and device)
- *   void unpack(const store (&e)[STREAMS], in &v); the loaded elements as in */
+ *   void unpack(const store (&e)[STREAMS], in &v); the loaded elements as in
+ * A term that also reads a value per row (a norm's mu and rsigma) names
+ * ROWS float arrays; the staged kernel loads them a stage ahead, lane k of
+ * a warp row k of the stage, and hands each chain its row's by a shuffle
+ * (read in the chain, each an L2 round trip a term the compiler would not
+ * hoist past the adds' NaN branches: a stage's 32 terms waited on 32 of
+ * them in turn, ten times the time of the stage's copies):
+ *   enum { ROWS };  const float *row(int i);
+ *   void unpack(const store (&e)[STREAMS], const float (&rv)[ROWS], in &v); */
 #ifndef OPFUSE_CUDA_COLSUM_CUH
 #define OPFUSE_CUDA_COLSUM_CUH
 
@@ -76,6 +84,13 @@ template <typename T> struct opf_colsum_acc_of<T, std::void_t<typename T::sum_t>
     typedef typename T::sum_t type;
 };
 template <typename Term> using opf_colsum_acc = typename opf_colsum_acc_of<Term>::type;
+/* A term's per-row arrays: Term::ROWS where it names them, else none. */
+template <typename T, typename = void> struct opf_colsum_rows_of {
+    static constexpr int value = 0;
+};
+template <typename T> struct opf_colsum_rows_of<T, std::void_t<decltype(T::ROWS)>> {
+    static constexpr int value = (int)T::ROWS;
+};
 template <typename Term> constexpr int opf_colsum_sums()
 {
     return std::is_same<opf_colsum_acc<Term>, float2>::value ? 2 : 1;
@@ -156,8 +171,10 @@ template <typename Term> struct colsum_staging {
         NST = Term::STREAMS == 1 ? 4 : 3,
         CHUNKS = K * G * 128 / 16,  /* 16-byte copies a stage, a stream */
         PER_CHUNK = 16 / (int)sizeof(T),
+        ROWS = opf_colsum_rows_of<Term>::value,
     };
     static_assert(OPF_SUM_LANES % G == 0, "a block's classes divide the 32");
+    static_assert(SC % 32 == 0 && K <= 32, "a warp is one class; a stage's rows are lanes");
 };
 
 /* part[l * cols + c] as opf_colsum_kernel's, the inputs staged. */
@@ -193,21 +210,42 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
     }
     const int64_t c = c0 + cl, l = l0 + gl;
     const bool live = c < cols;
+    const int lane = t & 31;
+    /* the per-row values of stage s (lane k: row k of the stage's class l) */
+    float rv_now[P::ROWS > 0 ? P::ROWS : 1], rv_next[P::ROWS > 0 ? P::ROWS : 1];
+    auto rows_of = [&](int64_t s, float (&rv)[P::ROWS > 0 ? P::ROWS : 1]) {
+        if constexpr (P::ROWS > 0) {
+            int64_t r = OPF_SUM_LANES * (s * P::K + lane) + l;
+#pragma unroll
+            for (int i = 0; i < P::ROWS; i++)
+                rv[i] = lane < P::K && r < rows ? __ldg(term.row(i) + r) : 0.0f;
+        }
+    };
+    rows_of(0, rv_next);
     unsigned key = 0;
     opf_colsum_acc<Term> acc{};
     for (int64_t s = 0; s < stages; s++) {
+#pragma unroll
+        for (int i = 0; i < P::ROWS; i++) rv_now[i] = rv_next[i];
+        if (P::ROWS && s + 1 < stages) rows_of(s + 1, rv_next);  /* in flight over this stage */
         opf_dev_copies_wait<P::NST - 2>();  /* this thread's copies of stage s */
         __syncthreads();  /* everyone's; and everyone is done with stage s - 1's buffer */
         issue(s + P::NST - 1);  /* into stage s - 1's buffer */
         opf_dev_copies_commit();
         const int b = (int)(s % P::NST);
-        if (!live) continue;
+        /* a warp's lanes all run the adds (the shuffles); the dead ones'
+         * terms are not computed */
         auto add = [&](int k) {
+            float rv[P::ROWS > 0 ? P::ROWS : 1];
+#pragma unroll
+            for (int i = 0; i < P::ROWS; i++) rv[i] = __shfl_sync(0xFFFFFFFFu, rv_now[i], k);
+            if (!live) return;
             T e[S];
 #pragma unroll
             for (int j = 0; j < S; j++) e[j] = buf[b][j][k][gl][cl];
             typename Term::in v;
-            term.unpack(e, v);
+            if constexpr (P::ROWS > 0) term.unpack(e, rv, v);
+            else term.unpack(e, v);
             opf_colsum_add(acc, term.finish(OPF_SUM_LANES * (s * P::K + k) + l, c, v, key));
         };
         int64_t r0 = OPF_SUM_LANES * s * P::K + l;

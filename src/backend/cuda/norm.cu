@@ -522,32 +522,39 @@ __global__ void __launch_bounds__(COL_WARPS *LANES) col_kernel(norm_args a, floa
 /* The same sums as colsum.cuh terms (x and dz both of dtype D): the term
  * of row r and column c is (d y, d) for LayerNorm, d y for RMSNorm. Where
  * the rows are whole 16-byte chunks colsum.cuh stages them through shared
- * memory, which keeps more of them in flight than col_kernel can. */
+ * memory, which keeps more of them in flight than col_kernel can; the rows'
+ * mu (LayerNorm) and rsigma are its per-row values. */
 template <bool LN, opf_dtype D> struct gamma_term {
-    enum { BATCH = 8, STREAMS = 2 };
+    enum { BATCH = 8, STREAMS = 2, ROWS = LN ? 2 : 1 };
     typedef typename opf_dev_plain<D>::store store;
     typedef std::conditional_t<LN, float2, float> sum_t;
-    struct in { float x, dz; };
+    struct in { float x, dz, mu, rs; };
     const void  *x, *dz;
     const float *mu, *rs;
     int64_t      H;
     opf_dtype    act, dact;
     __host__ __device__ const void *stream(int i) const { return i ? dz : x; }
+    __device__ const float *row(int i) const { return i == ROWS - 1 ? rs : mu; }
     __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
     {
         v.x = opf_dev_to_f32<D>(((const store *)x)[r * H + c]);
         v.dz = opf_dev_to_f32<D>(((const store *)dz)[r * H + c]);
+        v.rs = rs[r];
+        v.mu = LN ? mu[r] : 0.0f;
     }
-    __device__ __forceinline__ void unpack(const store (&e)[2], in &v) const
+    __device__ __forceinline__ void unpack(const store (&e)[2], const float (&rv)[ROWS],
+                                           in &v) const
     {
         v.x = opf_dev_to_f32<D>(e[0]);
         v.dz = opf_dev_to_f32<D>(e[1]);
+        v.rs = rv[ROWS - 1];
+        v.mu = LN ? rv[0] : 0.0f;
     }
-    __device__ __forceinline__ sum_t finish(int64_t r, int64_t, const in &v, unsigned &) const
+    __device__ __forceinline__ sum_t finish(int64_t, int64_t, const in &v, unsigned &) const
     {
         float x = seen_from(v.x, D, act), d = seen_from(v.dz, D, dact);
-        if constexpr (LN) return make_float2(d * (rs[r] * (x - mu[r])), d);
-        else return d * (rs[r] * x);
+        if constexpr (LN) return make_float2(d * (v.rs * (x - v.mu)), d);
+        else return d * (v.rs * x);
     }
 };
 static_assert(opf_colsum_sums<gamma_term<true, OPF_BF16>>() == 2 &&
