@@ -15,7 +15,7 @@
  *     master weights, moments and parameter copies), in GB/s;
  *   - causal attention on fp32 qkv at GPT-2 small's shape (B 16, T 1024,
  *     H 12, D 64), forward and forward + backward, on the gemm and flash
- *     paths of OPF_CUDA_ATTENTION, and flash, flash2, flash1p and cudnn with
+ *     paths of OPF_CUDA_ATTENTION, and flash, flash2, flash1p, cudnn and cudnn-atomic with
  *     bf16 qkv (cudnn skipped, saying why, where cuDNN does not load), in ms.
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
@@ -476,7 +476,7 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
 }
 
 /* ---- causal attention: qkv [B, T, 3C] at GPT-2 small's shape, fp32 per
- * path of OPF_CUDA_ATTENTION, and flash, flash2, flash1p and cudnn with
+ * path of OPF_CUDA_ATTENTION, and flash, flash2, flash1p, cudnn and cudnn-atomic with
  * qkv, do and dqkv stored in bf16, its logical dtype (their 16-bit kernels,
  * as a bf16 model calls them); the FLOP counts are the causal half's (the
  * backward's five products 2.5 times the forward's two). ------------------ */
@@ -532,14 +532,17 @@ static int bench_attn(opf_ctx *ctx)
         return 1;
     printf("causal attention, B %d T %d H %d D %d (ms a call)\n", AT_B, AT_T, AT_H, AT_D);
     /* the path, the dtype of qkv, do and dqkv, the row's suffix */
-    static const char *const paths[] = {"gemm", "flash", "flash", "flash2", "flash1p", "cudnn"};
-    static const opf_dtype dts[] = {OPF_F32, OPF_F32, OPF_BF16, OPF_BF16, OPF_BF16, OPF_BF16};
-    static const char *const tags[] = {"gemm",        "flash",        "flash_bf16",
-                                       "flash2_bf16", "flash1p_bf16", "cudnn_bf16"};
+    static const char *const paths[] = {"gemm",    "flash", "flash",       "flash2",
+                                        "flash1p", "cudnn", "cudnn-atomic"};
+    static const opf_dtype dts[] = {OPF_F32,  OPF_F32,  OPF_BF16, OPF_BF16,
+                                    OPF_BF16, OPF_BF16, OPF_BF16};
+    static const char *const tags[] = {"gemm",         "flash",      "flash_bf16",
+                                       "flash2_bf16",  "flash1p_bf16", "cudnn_bf16",
+                                       "cudnn_atomic_bf16"};
     const double fwd_flop = 2.0 * AT_B * AT_H * (double)AT_T * AT_T * AT_D;
     int rc = 0;
     for (int p = 0; p < (int)(sizeof paths / sizeof paths[0]) && !rc; p++) {
-        if (!strcmp(paths[p], "cudnn") && !cudnn_here()) continue;
+        if (!strncmp(paths[p], "cudnn", 5) && !cudnn_here()) continue;
         setenv("OPF_CUDA_ATTENTION", paths[p], 1);
         const opf_tensor *io = dts[p] == OPF_F32 ? t : t + 3;
         for (int b = 0; b < 2 && !rc; b++) {

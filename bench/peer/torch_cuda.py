@@ -235,11 +235,13 @@ ATTN_ROWS = (("attn_fwd_gemm_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwd_flash_bf16_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwd_flash2_bf16_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwd_cudnn_bf16_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
+             ("attn_fwd_cudnn_atomic_bf16_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwdbwd_gemm_ms", "attn_fwdbwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwdbwd_flash_ms", "attn_fwdbwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwdbwd_flash_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwdbwd_flash2_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"),
-             ("attn_fwdbwd_cudnn_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"))
+             ("attn_fwdbwd_cudnn_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"),
+             ("attn_fwdbwd_cudnn_atomic_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"))
 
 
 def attn_peer(dev):

@@ -171,8 +171,8 @@ static void test_embedding(opf_ctx *ctx)
 
 /* ---- attention ---------------------------------------------------------------- */
 
-/* The attention paths (OPF_CUDA_ATTENTION; NULL: unset, the default:
- * flash2 for D 64 and 128, gemm for other D) and their bounds against the
+/* The attention paths (OPF_CUDA_ATTENTION; NULL: unset, the default: auto,
+ * cuDNN where it loads, else flash2) and their bounds against the
  * CPU, as fractions of the largest |value| of the reference (0: bit for
  * bit), per logical dtype of qkv (f32, bf16, f16).
  *  - gemm: fp32 GEMMs; only the order of the sums differs.
@@ -210,13 +210,17 @@ static void test_embedding(opf_ctx *ctx)
  *    once more: up to u/2 of the largest, 2e-3 for bf16, so o lands within
  *    about 3.2e-3 and dqkv 4.5e-3 of bf16's model, under 5e-3 and 1e-2) and
  *    sums D_i from o rounded to it. Where it does not run (f32 qkv, T 1)
- *    flash2 does.
+ *    flash2 does. cudnn-atomic: the same bounds (dQ summed in fp32 in
+ *    another order).
+ *  - the default: cudnn's bounds where cuDNN loads, flash2's (the same)
+ *    where not.
  * D other than 64 and 128 falls back to gemm (cudnn: D a multiple of 8 up
  * to 128 runs on cuDNN), well within every bound.
  * twice: the backward's bytes repeat, checked by running it again and, for
  * 16-bit storage, against the f32-storage run (the tiled paths, whose sums
- * are in a fixed order; flash1p's across blocks too). cuDNN's backward adds
- * dQ with atomics: checked against the CPU's instead. */
+ * are in a fixed order; flash1p's across blocks too; cudnn's deterministic
+ * backward). cudnn-atomic's backward adds dQ with atomics: checked against
+ * the CPU's only. */
 typedef struct attn_path_case {
     const char *env;
     double      tol_o[3], tol_dqkv[3];  /* by dtype: f32, bf16, f16 */
@@ -229,7 +233,8 @@ static const attn_path_case attn_paths[] = {
     {"flash", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
     {"flash2", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
     {"flash1p", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
-    {"cudnn", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, false},
+    {"cudnn", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, true},
+    {"cudnn-atomic", {2e-3, 5e-3, 1e-3}, {5e-3, 1e-2, 2e-3}, false},
 };
 
 /* Whether cuDNN can run here (OPF_CUDA_ATTENTION=cudnn's cases); the first
@@ -248,7 +253,7 @@ static bool cudnn_usable(void)
 
 static bool attn_path_runs(const attn_path_case *pc)
 {
-    return !pc->env || strcmp(pc->env, "cudnn") || cudnn_usable();
+    return !pc->env || strncmp(pc->env, "cudnn", 5) || cudnn_usable();
 }
 
 static int dtype_slot(opf_dtype dt) { return dt == OPF_BF16 ? 1 : dt == OPF_F16 ? 2 : 0; }
@@ -472,7 +477,8 @@ static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, 
 
 /* An OPF_CUDA_ATTENTION that names no path fails both entries with a
  * message naming the variable, the value and the paths; "gemm" is
- * accepted; "cudnn" where cuDNN does not load is OPF_ERR_UNSUPPORTED. */
+ * accepted; "cudnn" where cuDNN does not load is OPF_ERR_UNSUPPORTED, and
+ * the default runs flash2 there. */
 static void attn_path_error(opf_ctx *ctx)
 {
     int64_t B = 1, T = 5, H = 2, D = 64, nq = B * T * 3 * H * D, no = B * T * H * D;
@@ -486,7 +492,7 @@ static void attn_path_error(opf_ctx *ctx)
     setenv("OPF_CUDA_ATTENTION", "flash3", 1);
     CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_F32),
                 OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash3",
-                "flash1p, cudnn or exact");
+                "flash1p, cudnn, cudnn-atomic or exact");
     CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, OPF_F32, go, glse, gdout, OPF_F32, gdqkv,
                                           OPF_F32, B, T, H, D, OPF_BF16),
                 OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash3");
@@ -498,6 +504,11 @@ static void attn_path_error(opf_ctx *ctx)
         CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_BF16),
                     OPF_ERR_UNSUPPORTED, "attention forward (cuda cudnn)", "cuDNN");
         CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_F32));
+        printf("  attention: unset without cuDNN runs flash2\n");
+        unsetenv("OPF_CUDA_ATTENTION");
+        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_BF16));
+        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, OPF_F32, go, glse, gdout, OPF_F32, gdqkv,
+                                           OPF_F32, B, T, H, D, OPF_BF16));
     }
     unsetenv("OPF_CUDA_ATTENTION");
     void *gs[] = {gqkv, gdout, go, glse, gdqkv};

@@ -40,7 +40,7 @@ int main(void)
         printf("SKIP: %s\n", opf_last_error(NULL));
         return 77;
     }
-    opf_status st = opf_cuda_cudnn_graph_check(NULL, false, 1, 2, 1, 8, OPF_BF16, &n_ops);
+    opf_status st = opf_cuda_cudnn_graph_check(NULL, false, false, 1, 2, 1, 8, OPF_BF16, &n_ops);
     if (st == OPF_ERR_UNSUPPORTED) {
         printf("SKIP: %s\n", opf_last_error(NULL));
         return 77;
@@ -49,18 +49,21 @@ int main(void)
     static const opf_dtype dts[] = {OPF_BF16, OPF_F16};
     for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++)
         for (int d = 0; d < 2; d++)
-            for (int bwd = 0; bwd < 2; bwd++) {
+            for (int g = 0; g < 3; g++) {  /* forward, backward, atomic backward */
                 const graph_case *k = &cases[c];
-                st = opf_cuda_cudnn_graph_check(NULL, bwd, k->B, k->T, k->H, k->D, dts[d], &n_ops);
-                CHECK(st == OPF_OK && n_ops == (bwd ? 22 : 14),
+                bool bwd = g > 0, atomic = g == 2;
+                int want = g == 0 ? 14 : g == 1 ? 21 : 22;
+                st = opf_cuda_cudnn_graph_check(NULL, bwd, atomic, k->B, k->T, k->H, k->D,
+                                                dts[d], &n_ops);
+                CHECK(st == OPF_OK && n_ops == want,
                       "%s %s B %lld T %lld H %lld D %lld: %s, %d operations (want %d): %s",
-                      bwd ? "backward" : "forward", opf_dtype_name(dts[d]), (long long)k->B,
-                      (long long)k->T, (long long)k->H, (long long)k->D, opf_status_str(st), n_ops,
-                      bwd ? 22 : 14, opf_last_error(NULL));
+                      g == 0 ? "forward" : g == 1 ? "backward" : "atomic backward",
+                      opf_dtype_name(dts[d]), (long long)k->B, (long long)k->T, (long long)k->H,
+                      (long long)k->D, opf_status_str(st), n_ops, want, opf_last_error(NULL));
             }
-    printf("  forward and backward graphs, bf16 and f16, %d shapes\n",
+    printf("  forward, backward and atomic backward graphs, bf16 and f16, %d shapes\n",
            (int)(sizeof cases / sizeof cases[0]));
-    CHECK_FAILS(NULL, opf_cuda_cudnn_graph_check(NULL, false, 1, 2, 1, 8, OPF_F32, &n_ops),
+    CHECK_FAILS(NULL, opf_cuda_cudnn_graph_check(NULL, false, false, 1, 2, 1, 8, OPF_F32, &n_ops),
                 OPF_ERR_DTYPE, "attention forward (cuda cudnn)", "f32");
     TEST_DONE();
 }

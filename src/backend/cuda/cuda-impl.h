@@ -93,13 +93,14 @@ opf_status opf_cuda_sgemm_batched(opf_ctx *ctx, opf_cuda_state *s, bool ta, bool
  * found on the device since the last read, as OPF_ERR_INVALID_ARG naming
  * the row and the id (runtime.cu). OPF_OK when none or nothing captured. */
 opf_status opf_cuda_deferred_check(opf_ctx *ctx, opf_cuda_state *s);
-/* nn.h's attention entries; nn.cu's pick one by OPF_CUDA_ATTENTION: flash2
- * (the default) the tiled tensor-core kernels (flash.cu: D 64 or 128 and
- * 16-byte aligned arrays, else the GEMMs; for in_dt bf16 or f16 16-bit
- * products on mma.sync, S and P in registers, reading and writing that
- * dtype's storage; TF32 for the rest); flash the same with WMMA for 16-bit
- * too; gemm batched fp32 GEMMs (attn.cu); exact nn.cu's own, the CPU's
- * bits; cudnn cuDNN's fused flash attention (cudnn_attn.cu: in_dt bf16 or
+/* nn.h's attention entries; nn.cu's pick one by OPF_CUDA_ATTENTION: auto
+ * (the default) cuDNN's where the library loads, else flash2; flash2 the
+ * tiled tensor-core kernels (flash.cu: D 64 or 128 and 16-byte aligned
+ * arrays, else the GEMMs; for in_dt bf16 or f16 16-bit products on
+ * mma.sync, S and P in registers, reading and writing that dtype's storage;
+ * TF32 for the rest); flash the same with WMMA for 16-bit too; gemm batched
+ * fp32 GEMMs (attn.cu); exact nn.cu's own, the CPU's bits; cudnn and
+ * cudnn-atomic cuDNN's fused flash attention (cudnn_attn.cu: in_dt bf16 or
  * f16, D a multiple of 8 up to 128, T >= 2, 16-byte aligned arrays, else
  * flash2's entries; OPF_ERR_UNSUPPORTED naming why where cuDNN is not
  * built in or does not load). qkv_t, dout_t and dqkv_t: the arrays'
@@ -129,13 +130,21 @@ opf_status opf_cuda_attn_bwd_flash1p(opf_ctx *ctx, const void *qkv, opf_dtype qk
                                      const float *o, const float *lse, const void *dout,
                                      opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                      int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+/* How the cuDNN entries run: AUTO (the default path) cuDNN where the
+ * library loads, else flash2's entries, silently; ON cuDNN, or
+ * OPF_ERR_UNSUPPORTED naming why it does not load; ATOMIC as ON with the
+ * backward's dQ through cuDNN's atomic fp32 accumulator (faster, not
+ * deterministic) instead of its deterministic kernel. Calls cuDNN does not
+ * take (cudnn_attn.cu: cudnn_fits) go to flash2 in every mode. */
+typedef enum opf_cudnn_use { OPF_CUDNN_AUTO, OPF_CUDNN_ON, OPF_CUDNN_ATOMIC } opf_cudnn_use;
 opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
                                    float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                   opf_dtype in_dt);
+                                   opf_dtype in_dt, opf_cudnn_use mode);
 opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
                                    const float *o, const float *lse, const void *dout,
                                    opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt,
+                                   opf_cudnn_use mode);
 /* Frees cuDNN's handle and plans of a CUDA state (runtime.cu's destroy,
  * after the stream is idle). NULL: no-op. */
 void opf_cudnn_state_free(struct opf_cudnn_state *c);

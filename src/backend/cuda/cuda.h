@@ -61,14 +61,16 @@ opf_status opf_cuda_device_name(opf_ctx *ctx, char *buf, size_t size);
  * the library does not load (dlerror's text). Needs no GPU; ctx may be NULL
  * (the message is then the thread's last error). */
 opf_status opf_cuda_cudnn_version(opf_ctx *ctx, size_t *version);
-/* For tests, with or without a GPU: builds OPF_CUDA_ATTENTION=cudnn's
- * forward (bwd false) or backward graph of that call shape (dt bf16 or f16)
- * with no handle and finalizes every descriptor and the operation graph,
- * as cuDNN does before choosing an engine; *n_ops its operations. The
- * status and message of the first descriptor cuDNN refuses; OPF_ERR_UNSUPPORTED
- * where cuDNN is not usable or older than 9.8 (which needs a GPU for this). */
-opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, int64_t B, int64_t T, int64_t H,
-                                      int64_t D, opf_dtype dt, int *n_ops);
+/* For tests, with or without a GPU: builds the cuDNN attention's forward
+ * (bwd false) or backward graph of that call shape (dt bf16 or f16; atomic:
+ * the backward whose dQ goes through the atomic fp32 accumulator, else the
+ * deterministic one) with no handle and finalizes every descriptor and the
+ * operation graph, as cuDNN does before choosing an engine; *n_ops its
+ * operations. The status and message of the first descriptor cuDNN
+ * refuses; OPF_ERR_UNSUPPORTED where cuDNN is not usable or older than 9.8
+ * (which needs a GPU for this). */
+opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, bool atomic, int64_t B,
+                                      int64_t T, int64_t H, int64_t D, opf_dtype dt, int *n_ops);
 
 /* Device memory from the caching allocator, 256-byte aligned. Blocks are
  * reused in stream order (a freed block goes to later work on the same

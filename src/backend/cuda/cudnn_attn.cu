@@ -29,9 +29,14 @@
  * "walk this segment instead" (compile/replay.c). Executing a built plan
  * inside a capture only queues kernels on the context's stream.
  *
- * The backward is cuDNN's default one: dQ summed with atomics across key
- * blocks, so its bits may differ from run to run (test_cuda_nn checks it
- * within bounds, not byte for byte). */
+ * The backward comes in two graphs. The deterministic one (the default,
+ * and OPF_CUDA_ATTENTION=cudnn) writes dQ = dS K straight into dQ, which
+ * cuDNN's Hopper engines run through a dP workspace (B H T T 16-bit values,
+ * the plan's workspace): the same bits every run, as a compiled graph's
+ * replay must give its eager run's. The atomic one
+ * (OPF_CUDA_ATTENTION=cudnn-atomic, the frontend's default) sums dQ into an
+ * fp32 accumulator with atomics across key blocks: less memory, its bits
+ * may differ from run to run (test_cuda_nn checks it within bounds). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,18 +78,20 @@ opf_status opf_cuda_cudnn_version(opf_ctx *ctx, size_t *version)
 
 void opf_cudnn_state_free(struct opf_cudnn_state *c) { (void)c; }
 
-opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, int64_t B, int64_t T, int64_t H,
-                                      int64_t D, opf_dtype dt, int *n_ops)
+opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, bool atomic, int64_t B,
+                                      int64_t T, int64_t H, int64_t D, opf_dtype dt, int *n_ops)
 {
-    (void)B, (void)T, (void)H, (void)D, (void)dt;
+    (void)atomic, (void)B, (void)T, (void)H, (void)D, (void)dt;
     *n_ops = 0;
     return no_cudnn(ctx, bwd ? BWD_FN : FWD_FN);
 }
 
-static opf_status cudnn_usable(opf_ctx *ctx, const char *fn, int64_t T, bool bwd, bool *use)
+static opf_status cudnn_usable(opf_ctx *ctx, const char *fn, int64_t T, bool bwd,
+                               opf_cudnn_use mode, bool *use)
 {
-    (void)T, (void)bwd, (void)use;
-    return no_cudnn(ctx, fn);
+    (void)T, (void)bwd;
+    *use = false;
+    return mode == OPF_CUDNN_AUTO ? OPF_OK : no_cudnn(ctx, fn);
 }
 
 /* Never reached (cudnn_usable refuses first). */
@@ -95,7 +102,7 @@ static opf_status fwd_typed(opf_ctx *ctx, const void *, opf_dtype, float *, floa
 }
 static opf_status bwd_typed(opf_ctx *ctx, const void *, opf_dtype, const float *, const float *,
                             const void *, opf_dtype, void *, opf_dtype, int64_t, int64_t, int64_t,
-                            int64_t, opf_dtype)
+                            int64_t, opf_dtype, bool)
 {
     return no_cudnn(ctx, BWD_FN);
 }
@@ -537,14 +544,15 @@ static void graph_fwd(gb *g, const attn_shapes &a, cudnnDataType_t io)
 }
 
 /* The backward (the frontend's CompositeSDPABackwardNode, causal, no
- * dropout: cuDNN 9's dQ through an fp32 accumulator, not the dP workspace):
+ * dropout; atomic: dQ through an fp32 accumulator, else straight into dQ,
+ * which the engines take as the deterministic dP-workspace kernel):
  *   softmax_sum = sum_row(dO * O) * 1 (fp32, kept in our scratch),
  *   S = Q K^T * scale, P = exp(causal mask(S - Stats)),
  *   dV = P^T dO (P as Q's dtype), dP = dO V^T,
  *   dS = (dP - softmax_sum) * P * scale,
  *   dK = dS^T Q (dS as Q's dtype), dQ_accum = dS K (fp32, K's view fp32),
- *   dQ = dQ_accum. */
-static void graph_bwd(gb *g, const attn_shapes &a, cudnnDataType_t io)
+ *   dQ = dQ_accum; or dQ = dS K. */
+static void graph_bwd(gb *g, const attn_shapes &a, cudnnDataType_t io, bool atomic)
 {
     const cudnnDataType_t F = CUDNN_DATA_FLOAT;
     attn_tensors t = gb_attn_tensors(g, a, io, true);
@@ -554,7 +562,7 @@ static void graph_bwd(gb *g, const attn_shapes &a, cudnnDataType_t io)
     gt dv = gb_tensor(g, "dV", UID_DV, io, a.q, false, false);
     gt one = gb_scalar(g, "one", UID_ONE);
     gt ssum = gb_tensor(g, "softmax_sum", UID_SOFTMAX_SUM, F, a.row, false, false);
-    gt dq_acc = gb_tensor(g, "dQ_accum", UID_DQ_ACCUM, F, a.acc, false, false);
+    gt dq_acc = atomic ? gb_tensor(g, "dQ_accum", UID_DQ_ACCUM, F, a.acc, false, false) : dq;
 
     /* dO * O => softmax_sum */
     gt t1 = gb_pw_new(g, "mul_dO_O", CUDNN_POINTWISE_MUL, dO, &t.o, a.do_o);
@@ -585,7 +593,7 @@ static void graph_bwd(gb *g, const attn_shapes &a, cudnnDataType_t io)
     gt k = gb_virtual(g, "K", F, a.q);
     gb_reshape(g, "reshape_k", t.kt, k);
     gb_matmul(g, "matmul_dS_K", ds, k, dq_acc);
-    gb_pw1(g, "identity_dQ", CUDNN_POINTWISE_IDENTITY, dq_acc, dq);
+    if (atomic) gb_pw1(g, "identity_dQ", CUDNN_POINTWISE_IDENTITY, dq_acc, dq);
 }
 
 /* ---- plans ------------------------------------------------------------------------ */
@@ -594,6 +602,7 @@ typedef struct cudnn_key {
     int64_t   B, T, H, D;
     opf_dtype dt;
     bool      bwd;
+    bool      atomic;  /* the backward's dQ through the atomic fp32 accumulator */
 } cudnn_key;
 
 /* A finalized execution plan and everything it was built from. */
@@ -626,7 +635,8 @@ void opf_cudnn_state_free(struct opf_cudnn_state *c)
 
 static bool key_eq(const cudnn_key &a, const cudnn_key &b)
 {
-    return a.B == b.B && a.T == b.T && a.H == b.H && a.D == b.D && a.dt == b.dt && a.bwd == b.bwd;
+    return a.B == b.B && a.T == b.T && a.H == b.H && a.D == b.D && a.dt == b.dt &&
+           a.bwd == b.bwd && a.atomic == b.atomic;
 }
 
 /* The operation graph of gb's ops on handle h, finalized. */
@@ -764,7 +774,7 @@ static gb *gb_graph(opf_ctx *ctx, cudnnHandle_t h, const cudnn_key &key, const c
     g->fn = fn;
     g->next_virtual = UID_FIRST_VIRTUAL;
     attn_shapes a = shapes_of(key.B, key.T, key.H, key.D);
-    if (key.bwd) graph_bwd(g, a, cudnn_dtype(key.dt));
+    if (key.bwd) graph_bwd(g, a, cudnn_dtype(key.dt), key.atomic);
     else graph_fwd(g, a, cudnn_dtype(key.dt));
     *og = gb_op_graph(g, h);
     return g;
@@ -925,7 +935,7 @@ static opf_status fwd_run(opf_ctx *ctx, const void *qkv, float *o, float *lse, i
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     const cudnn_plan *p;
-    opf_status st = plan_get(ctx, s, {B, T, H, D, dt, false}, fn, &p);
+    opf_status st = plan_get(ctx, s, {B, T, H, D, dt, false, false}, fn, &p);
     if (st) return st;
     int64_t C = H * D, n_o = B * T * C;
     size_t es = opf_dtype_nbytes(dt, 1), o_bytes = opf_cuda_pad256(es * (size_t)n_o);
@@ -939,27 +949,28 @@ static opf_status fwd_run(opf_ctx *ctx, const void *qkv, float *o, float *lse, i
     return opf_cuda_attn_cast(ctx, o16, dt, o, OPF_F32, n_o);
 }
 
-/* The backward on qkv, do and dqkv of in_dt (io's). */
+/* The backward on qkv, do and dqkv of in_dt (io's); atomic: dQ through the
+ * fp32 accumulator (in our scratch). */
 static opf_status bwd_run(opf_ctx *ctx, const void *qkv, const float *o, const float *lse,
                           const void *dout, void *dqkv, int64_t B, int64_t T, int64_t H,
-                          int64_t D, opf_dtype dt)
+                          int64_t D, opf_dtype dt, bool atomic)
 {
     const char *fn = BWD_FN;
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     const cudnn_plan *p;
-    opf_status st = plan_get(ctx, s, {B, T, H, D, dt, true}, fn, &p);
+    opf_status st = plan_get(ctx, s, {B, T, H, D, dt, true, atomic}, fn, &p);
     if (st) return st;
     int64_t C = H * D, n_o = B * T * C, rows = B * H * T;
     size_t es = opf_dtype_nbytes(dt, 1), o_bytes = opf_cuda_pad256(es * (size_t)n_o);
     size_t sum_bytes = opf_cuda_pad256(sizeof(float) * (size_t)rows);
-    size_t acc_bytes = opf_cuda_pad256(sizeof(float) * (size_t)(rows * D));
+    size_t acc_bytes = atomic ? opf_cuda_pad256(sizeof(float) * (size_t)(rows * D)) : 0;
     void *ws;
     if ((st = opf_cuda_scratch(ctx, s, o_bytes + sum_bytes + acc_bytes + (size_t)p->ws_bytes, &ws)))
         return st;
     char *o16 = (char *)ws, *ssum = o16 + o_bytes, *acc = ssum + sum_bytes;
     if ((st = opf_cuda_attn_cast(ctx, o, OPF_F32, o16, dt, n_o))) return st;
-    if (lib.version < 90600)  /* the frontend zeroes dQ_accum itself before 9.6 */
+    if (atomic && lib.version < 90600)  /* the frontend zeroes dQ_accum itself before 9.6 */
         OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(acc, 0, sizeof(float) * (size_t)(rows * D),
                                               s->stream));
     char *q = (char *)qkv, *dq = (char *)dqkv;
@@ -970,11 +981,11 @@ static opf_status bwd_run(opf_ctx *ctx, const void *qkv, const float *o, const f
     void *const ptrs[] = {q,        q + es * C,  q + es * 2 * C, o16,      (void *)lse,
                           (void *)dout, dq,      dq + es * C,    dq + es * 2 * C, &v.scale,
                           &v.neg_inf, &v.one,    ssum,           acc};
-    return plan_run(ctx, s, p, uids, ptrs, 14, acc + acc_bytes, fn);
+    return plan_run(ctx, s, p, uids, ptrs, atomic ? 14 : 13, acc + acc_bytes, fn);
 }
 
-opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, int64_t B, int64_t T, int64_t H,
-                                      int64_t D, opf_dtype dt, int *n_ops)
+opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, bool atomic, int64_t B,
+                                      int64_t T, int64_t H, int64_t D, opf_dtype dt, int *n_ops)
 {
     const char *fn = bwd ? BWD_FN : FWD_FN;
     *n_ops = 0;
@@ -987,7 +998,7 @@ opf_status opf_cuda_cudnn_graph_check(opf_ctx *ctx, bool bwd, int64_t B, int64_t
         return opf_error(ctx, OPF_ERR_DTYPE, "%s: the cuDNN graphs are bf16 or f16, not %s", fn,
                          opf_dtype_name(dt));
     cudnnBackendDescriptor_t og;
-    gb *g = gb_graph(ctx, NULL, {B, T, H, D, dt, bwd}, fn, &og);
+    gb *g = gb_graph(ctx, NULL, {B, T, H, D, dt, bwd, bwd && atomic}, fn, &og);
     if (!g) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
     st = g->st;
     *n_ops = g->n_ops;
@@ -1007,11 +1018,14 @@ static bool cudnn_version_fits(int64_t T, bool bwd)
 }
 
 /* OPF_OK with *use whether cuDNN runs the call (false: a known fault of this
- * version, flash2 runs it); OPF_ERR_UNSUPPORTED when cuDNN is not usable. */
-static opf_status cudnn_usable(opf_ctx *ctx, const char *fn, int64_t T, bool bwd, bool *use)
+ * version, or OPF_CUDNN_AUTO where the library does not load: flash2 runs
+ * it); OPF_ERR_UNSUPPORTED when cuDNN is not usable and was asked for. */
+static opf_status cudnn_usable(opf_ctx *ctx, const char *fn, int64_t T, bool bwd,
+                               opf_cudnn_use mode, bool *use)
 {
-    opf_status st = lib_ready(ctx, fn);
-    *use = !st && cudnn_version_fits(T, bwd);
+    pthread_once(&lib_once, lib_open);
+    opf_status st = mode == OPF_CUDNN_AUTO && !lib.ok ? OPF_OK : lib_ready(ctx, fn);
+    *use = !st && lib.ok && cudnn_version_fits(T, bwd);
     return st;
 }
 
@@ -1032,13 +1046,13 @@ static opf_status fwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, floa
 static opf_status bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
                             const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
                             opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
-                            opf_dtype in_dt)
+                            opf_dtype in_dt, bool atomic)
 {
     opf_cuda_attn_io io;
     opf_status st = opf_cuda_attn_io_open(ctx, BWD_FN, &io, qkv, qkv_t, dout, dout_t, dqkv,
                                           dqkv_t, in_dt, in_dt, B * T * 3 * H * D);
     if (st) return st;
-    st = bwd_run(ctx, io.qkv, o, lse, io.dout, io.dqkv, B, T, H, D, in_dt);
+    st = bwd_run(ctx, io.qkv, o, lse, io.dout, io.dqkv, B, T, H, D, in_dt, atomic);
     return opf_cuda_attn_io_close(ctx, &io, st);
 }
 
@@ -1048,11 +1062,11 @@ static opf_status bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, cons
 
 opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
                                    float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                   opf_dtype in_dt)
+                                   opf_dtype in_dt, opf_cudnn_use mode)
 {
     const void *p[] = {qkv, lse};
     bool use = cudnn_fits(B, T, H, D, in_dt, p, 2);
-    opf_status st = use ? cudnn_usable(ctx, FWD_FN, T, false, &use) : OPF_OK;
+    opf_status st = use ? cudnn_usable(ctx, FWD_FN, T, false, mode, &use) : OPF_OK;
     if (st) return st;
     if (!use) return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
     return fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
@@ -1061,14 +1075,16 @@ opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_
 opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
                                    const float *o, const float *lse, const void *dout,
                                    opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt,
+                                   opf_cudnn_use mode)
 {
     const void *p[] = {qkv, lse, dout, dqkv};
     bool use = cudnn_fits(B, T, H, D, in_dt, p, 4);
-    opf_status st = use ? cudnn_usable(ctx, BWD_FN, T, true, &use) : OPF_OK;
+    opf_status st = use ? cudnn_usable(ctx, BWD_FN, T, true, mode, &use) : OPF_OK;
     if (st) return st;
     if (!use)
         return opf_cuda_attn_bwd_flash2(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B,
                                         T, H, D, in_dt);
-    return bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt);
+    return bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+                     mode == OPF_CUDNN_ATOMIC);
 }

@@ -388,29 +388,35 @@ static __global__ void attn_fwd_kernel(const float *qkv, float *o, float *lse, a
     }
 }
 
-/* The attention kernels OPF_CUDA_ATTENTION picks: flash2 (unset or empty:
- * the default) flash.cu's tiled kernels, for bf16 / f16 qkv its mma.sync
- * ones (S and P in registers; D 64 or 128 and aligned arrays, else gemm),
- * TF32 WMMA for fp32; flash the same with WMMA for 16-bit too (slower on an
- * H200: 1.80 against 1.45 ms forward + backward at GPT-2's shape); gemm
- * attn.cu's batched GEMMs; exact the kernels here, with the CPU's bits (a
- * warp per row: slow at long contexts); flash1p flash2 with one backward
- * kernel for 16-bit qkv (dQ summed in a fixed order, flash.cu); cudnn
- * cuDNN's fused flash attention for 16-bit qkv (cudnn_attn.cu; flash2 for
- * the rest; not yet run on a GPU). */
+/* The attention kernels OPF_CUDA_ATTENTION picks: auto (unset or empty:
+ * the default) cuDNN's fused flash attention where libcudnn.so.9 loads,
+ * with its deterministic backward, else flash2; flash2 flash.cu's tiled
+ * kernels, for bf16 / f16 qkv its mma.sync ones (S and P in registers; D 64
+ * or 128 and aligned arrays, else gemm), TF32 WMMA for fp32; flash the same
+ * with WMMA for 16-bit too (slower on an H200: 1.80 against 1.45 ms forward
+ * + backward at GPT-2's shape); gemm attn.cu's batched GEMMs; exact the
+ * kernels here, with the CPU's bits (a warp per row: slow at long
+ * contexts); flash1p flash2 with one backward kernel for 16-bit qkv (dQ
+ * summed in a fixed order, flash.cu); cudnn cuDNN's (cudnn_attn.cu, for
+ * 16-bit qkv: flash2 for the rest), an error where it does not load;
+ * cudnn-atomic the same with cuDNN's atomic dQ accumulation (faster, bits
+ * vary from run to run). On an H200 at GPT-2 124M's shape cuDNN's forward
+ * + backward takes 0.42 ms against flash2's 1.32 (bench/RESULTS.md). */
 typedef enum attn_path {
-    ATTN_GEMM, ATTN_FLASH, ATTN_EXACT, ATTN_FLASH2, ATTN_FLASH1P, ATTN_CUDNN, ATTN_PATH_COUNT
+    ATTN_GEMM, ATTN_FLASH, ATTN_EXACT, ATTN_FLASH2, ATTN_FLASH1P, ATTN_CUDNN, ATTN_CUDNN_ATOMIC,
+    ATTN_AUTO, ATTN_PATH_COUNT
 } attn_path;
 
 static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
 {
-    static const char *const names[] = {"gemm", "flash", "exact", "flash2", "flash1p", "cudnn"};
+    static const char *const names[] = {"gemm",    "flash", "exact",        "flash2",
+                                        "flash1p", "cudnn", "cudnn-atomic", "auto"};
     static_assert(sizeof names / sizeof names[0] == ATTN_PATH_COUNT, "a name per path");
     const char *v = getenv("OPF_CUDA_ATTENTION");
     if (getenv("OPF_CUDA_EXACT_ATTENTION"))
         opf_ctx_warn_once(ctx, "cuda: OPF_CUDA_EXACT_ATTENTION", "OPF_CUDA_EXACT_ATTENTION is "
                           "no longer read: OPF_CUDA_ATTENTION=exact selects the exact kernels");
-    *out = ATTN_FLASH2;
+    *out = ATTN_AUTO;
     if (!v || !v[0]) return OPF_OK;
     for (int p = 0; p < (int)(sizeof names / sizeof names[0]); p++)
         if (!strcmp(v, names[p])) {
@@ -418,8 +424,18 @@ static opf_status attention_path(opf_ctx *ctx, const char *fn, attn_path *out)
             return OPF_OK;
         }
     return opf_error(ctx, OPF_ERR_INVALID_ARG,
-                     "%s: OPF_CUDA_ATTENTION=%s is not gemm, flash, flash2, flash1p, cudnn or "
-                     "exact", fn, v);
+                     "%s: OPF_CUDA_ATTENTION=%s is not auto, gemm, flash, flash2, flash1p, cudnn, "
+                     "cudnn-atomic or exact", fn, v);
+}
+
+/* The cuDNN mode of a cuDNN path. */
+static opf_cudnn_use cudnn_mode(attn_path p)
+{
+    return p == ATTN_AUTO ? OPF_CUDNN_AUTO : p == ATTN_CUDNN ? OPF_CUDNN_ON : OPF_CUDNN_ATOMIC;
+}
+static bool is_cudnn(attn_path p)
+{
+    return p == ATTN_AUTO || p == ATTN_CUDNN || p == ATTN_CUDNN_ATOMIC;
 }
 
 /* The exact forward on fp32 arrays. */
@@ -449,8 +465,9 @@ static opf_status attn_fwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float
         return opf_cuda_attn_fwd_flash(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
     if (path == ATTN_FLASH2 || path == ATTN_FLASH1P)
         return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
-    if (path == ATTN_CUDNN)
-        return opf_cuda_attn_fwd_cudnn(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    if (is_cudnn(path))
+        return opf_cuda_attn_fwd_cudnn(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt,
+                                       cudnn_mode(path));
     return opf_cuda_attn_fwd_f32(ctx, fwd_exact, qkv, qkv_t, o, lse, B, T, H, D, fn);
 }
 
@@ -603,9 +620,9 @@ static opf_status attn_bwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const
     if (path == ATTN_FLASH1P)
         return opf_cuda_attn_bwd_flash1p(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B,
                                          T, H, D, in_dt);
-    if (path == ATTN_CUDNN)
+    if (is_cudnn(path))
         return opf_cuda_attn_bwd_cudnn(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
-                                       H, D, in_dt);
+                                       H, D, in_dt, cudnn_mode(path));
     return opf_cuda_attn_bwd_f32(ctx, bwd_exact, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t,
                                  B, T, H, D, fn);
 }
