@@ -1,7 +1,9 @@
 /* cudnn_attn.cu: causal self-attention (backend/nn.h's attn_fwd / attn_bwd)
- * through cuDNN's fused flash-attention engines (OPF_CUDA_ATTENTION=cudnn,
- * nn.cu), by its backend graph API (cudnn_graph.h). NOT YET RUN ON A GPU:
- * written blind; docs/train.md says what the first run should check.
+ * through cuDNN's fused flash-attention engines (the default where the
+ * library loads; OPF_CUDA_ATTENTION=cudnn and cudnn-atomic, nn.cu), by its
+ * backend graph API (cudnn_graph.h). On an H200 with cuDNN 9.19 it passes
+ * test_cuda_nn's bounds against the CPU and takes 0.445 ms forward +
+ * backward at GPT-2 124M's shape (flash2: 1.316).
  *
  * The library is opened with dlopen("libcudnn.so.9") at first use and its
  * entries are taken into a table, so opfuse links no cuDNN and runs where

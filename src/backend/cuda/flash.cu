@@ -1,6 +1,7 @@
 /* flash.cu: causal self-attention (backend/nn.h's attn_fwd / attn_bwd) as
  * FlashAttention-2 style tiled kernels on the tensor cores
- * (OPF_CUDA_ATTENTION=flash2 or unset, flash and flash1p, nn.cu): the
+ * (OPF_CUDA_ATTENTION=flash2, and unset where cuDNN does not load; flash and
+ * flash1p; nn.cu): the
  * [T, T] scores live a tile at a time in shared memory or registers, never
  * in global memory. qkv's logical dtype picks the products: bf16 and f16
  * the 16-bit kernels (with flash2 the mma.sync ones of the last section,
