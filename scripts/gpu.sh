@@ -30,7 +30,11 @@
 #     OPF_GPU_NCU=1         also every kernel of two eager GPT-2 124M steps
 #                           under Nsight Compute, summed per kernel name
 #                           (scripts/ncu_summary.py; OPF_GPU_NCU_RECIPE, default
-#                           bf16); the run itself takes a minute or more
+#                           bf16); the run itself takes a minute or more.
+#                           OPF_GPU_NCU=2: also each kernel's DRAM GB/s and SM
+#                           throughput (% of peak), which tell latency-bound
+#                           from bandwidth- or compute-bound (several replays
+#                           a kernel: a few minutes)
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -166,13 +170,16 @@ if [ "${OPF_GPU_KERNELS:-1}" != 0 ]; then
 fi
 if [ "${OPF_GPU_NCU:-0}" != 0 ]; then
   # every kernel of two eager GPT-2 124M steps under Nsight Compute (its
-  # duration metric only: one pass a kernel, the clocks left alone), summed
-  # per kernel name: what the node-level --profile cannot split
+  # duration, one pass a kernel, the clocks left alone; with 2 also the DRAM
+  # bytes and SM throughput, replaying each kernel), summed per kernel name:
+  # what the node-level --profile cannot split
   step "kernel profile: ncu over two eager GPT-2 124M steps, recipe ${OPF_GPU_NCU_RECIPE:-bf16}"
   if command -v ncu >/dev/null; then
     # cut off at 300 s (a profile that long has gone wrong; ncu writes its
     # CSV only at the end, so then there is no table)
-    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    metrics=gpu__time_duration.sum
+    [ "$OPF_GPU_NCU" = 2 ] && metrics=$metrics,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
+    timeout 300 ncu --clock-control none --metrics "$metrics" --csv --print-units base \
       "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 --context 1024 \
       --random-vocab 50304 --batch 16 --steps 2 --eval-every 100 --quiet \
       --recipe "${OPF_GPU_NCU_RECIPE:-bf16}" >"$logs/ncu.csv" 2>"$logs/ncu.err" ||
