@@ -131,7 +131,9 @@ opf_status opf_cuda_attn_bwd_flash1p(opf_ctx *ctx, const void *qkv, opf_dtype qk
                                      opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                      int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
 /* How the cuDNN entries run: AUTO (the default path) cuDNN where the
- * library loads, else flash2's entries, silently; ON cuDNN, or
+ * library loads, else flash2's entries, silently (and flash2 for a call
+ * whose graph cuDNN refuses, with a warning once: not run on a GPU yet,
+ * cuDNN 9.19 on the H200 takes every call tested); ON cuDNN, or
  * OPF_ERR_UNSUPPORTED naming why it does not load; ATOMIC as ON with the
  * backward's dQ through cuDNN's atomic fp32 accumulator (faster, not
  * deterministic) instead of its deterministic kernel. Calls cuDNN does not

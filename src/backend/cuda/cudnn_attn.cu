@@ -838,6 +838,11 @@ static opf_status plan_new(opf_ctx *ctx, opf_cuda_state *s, const cudnn_key &key
     if (!p) return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: out of host memory", fn);
     p->key = key;
     opf_status st = plan_build(ctx, c->handle, key, fn, p);
+    if (st == OPF_ERR_UNSUPPORTED) {  /* kept, plan NULL: asked again, refused at once */
+        p->plan = NULL;
+        c->plans[c->n_plans++] = p;
+        return st;
+    }
     if (st) {
         free(p);
         return st;
@@ -859,6 +864,11 @@ static opf_status plan_get(opf_ctx *ctx, opf_cuda_state *s, const cudnn_key &key
     opf_cudnn_state *c = s->cudnn;
     for (int i = 0; c && i < c->n_plans; i++)
         if (key_eq(c->plans[i]->key, key)) {
+            if (!c->plans[i]->plan)
+                return opf_error(ctx, OPF_ERR_UNSUPPORTED, "%s: cuDNN refused this call's graph "
+                                 "at its first use (B %lld T %lld H %lld D %lld %s)", fn,
+                                 (long long)key.B, (long long)key.T, (long long)key.H,
+                                 (long long)key.D, opf_dtype_name(key.dt));
             *out = c->plans[i];
             return OPF_OK;
         }
@@ -1062,6 +1072,21 @@ static opf_status bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, cons
 
 /* ---- the entries ------------------------------------------------------------ */
 
+/* Whether the default path (OPF_CUDNN_AUTO) hands a call cuDNN refused
+ * (OPF_ERR_UNSUPPORTED: no engine takes the graph on this GPU and cuDNN) to
+ * flash2: then once a warning naming cuDNN's reason, and the error cleared.
+ * Any other mode or error stays the caller's. */
+static bool auto_falls_back(opf_ctx *ctx, opf_cudnn_use mode, opf_status st)
+{
+    if (mode != OPF_CUDNN_AUTO || st != OPF_ERR_UNSUPPORTED) return false;
+    char why[512];
+    snprintf(why, sizeof why, "%s", opf_last_error(ctx));
+    opf_ctx_warn_once(ctx, "cuda: cuDNN attention refused", "%s; flash2's kernels run "
+                      "attention instead (OPF_CUDA_ATTENTION=flash2 picks them outright)", why);
+    opf_clear_error(ctx);
+    return true;
+}
+
 opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
                                    float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
                                    opf_dtype in_dt, opf_cudnn_use mode)
@@ -1070,8 +1095,9 @@ opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_
     bool use = cudnn_fits(B, T, H, D, in_dt, p, 2);
     opf_status st = use ? cudnn_usable(ctx, FWD_FN, T, false, mode, &use) : OPF_OK;
     if (st) return st;
-    if (!use) return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
-    return fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    if (use) st = fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    if (use && !auto_falls_back(ctx, mode, st)) return st;
+    return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
 }
 
 opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
@@ -1084,9 +1110,10 @@ opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_
     bool use = cudnn_fits(B, T, H, D, in_dt, p, 4);
     opf_status st = use ? cudnn_usable(ctx, BWD_FN, T, true, mode, &use) : OPF_OK;
     if (st) return st;
-    if (!use)
-        return opf_cuda_attn_bwd_flash2(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B,
-                                        T, H, D, in_dt);
-    return bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
-                     mode == OPF_CUDNN_ATOMIC);
+    if (use)
+        st = bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+                       mode == OPF_CUDNN_ATOMIC);
+    if (use && !auto_falls_back(ctx, mode, st)) return st;
+    return opf_cuda_attn_bwd_flash2(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H,
+                                    D, in_dt);
 }
