@@ -210,6 +210,7 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
     }
     const int64_t c = c0 + cl, l = l0 + gl;
     const bool live = c < cols;
+    const bool warp_live = __all_sync(0xFFFFFFFFu, live);
     const int lane = t & 31;
     /* the per-row values of stage s (lane k: row k of the stage's class l) */
     float rv_now[P::ROWS > 0 ? P::ROWS : 1], rv_next[P::ROWS > 0 ? P::ROWS : 1];
@@ -234,12 +235,14 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
         opf_dev_copies_commit();
         const int b = (int)(s % P::NST);
         /* a warp's lanes all run the adds (the shuffles); the dead ones'
-         * terms are not computed */
-        auto add = [&](int k) {
+         * terms are not computed. A warp of live lanes (all but the last
+         * strip's) takes a copy without that test, so a whole stage is one
+         * block of straight-line code the compiler schedules as a whole */
+        auto add = [&](int k, auto checked) {
             float rv[P::ROWS > 0 ? P::ROWS : 1];
 #pragma unroll
             for (int i = 0; i < P::ROWS; i++) rv[i] = __shfl_sync(0xFFFFFFFFu, rv_now[i], k);
-            if (!live) return;
+            if (decltype(checked)::value && !live) return;
             T e[S];
 #pragma unroll
             for (int j = 0; j < S; j++) e[j] = buf[b][j][k][gl][cl];
@@ -249,11 +252,14 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
             opf_colsum_add(acc, term.finish(OPF_SUM_LANES * (s * P::K + k) + l, c, v, key));
         };
         int64_t r0 = OPF_SUM_LANES * s * P::K + l;
-        if (r0 + OPF_SUM_LANES * (P::K - 1) < rows) {  /* a whole stage: unrolled */
+        if (r0 + OPF_SUM_LANES * (P::K - 1) < rows && warp_live) {  /* a whole stage */
 #pragma unroll
-            for (int k = 0; k < P::K; k++) add(k);
+            for (int k = 0; k < P::K; k++) add(k, std::false_type());
+        } else if (r0 + OPF_SUM_LANES * (P::K - 1) < rows) {
+#pragma unroll
+            for (int k = 0; k < P::K; k++) add(k, std::true_type());
         } else {
-            for (int k = 0; r0 + OPF_SUM_LANES * k < rows; k++) add(k);
+            for (int k = 0; r0 + OPF_SUM_LANES * k < rows; k++) add(k, std::true_type());
         }
     }
     if (live) opf_colsum_put(part, l * cols + c, OPF_SUM_LANES * cols, acc);

@@ -497,12 +497,16 @@ __device__ __forceinline__ uint4 opf_dev_philox_at(uint64_t seed, uint64_t ctr, 
  * no NaN operand (inf - inf, 0 * inf, 0 / 0) the "indefinite" 0xFFC00000.
  * The GPU gives 0x7FFFFFFF for all. Operands in the CPU source's order (when
  * both are NaN the CPU compiler's operand order decides: equal NaNs agree). */
+/* Written as selects, not branches: a branch per add split the chains of
+ * ordered sums into blocks the compiler would not schedule across, so each
+ * term's loads and arithmetic waited on the previous add. */
 __device__ __forceinline__ float opf_dev_x86_nan(float r, float a, float b)
 {
-    if (!isnan(r)) return r;
-    if (isnan(a)) return __uint_as_float(__float_as_uint(a) | 0x00400000u);
-    if (isnan(b)) return __uint_as_float(__float_as_uint(b) | 0x00400000u);
-    return __uint_as_float(0xFFC00000u);
+    const unsigned ua = __float_as_uint(a), ub = __float_as_uint(b);
+    const unsigned q = (ua << 1) > 0xFF000000u   ? ua | 0x00400000u
+                       : (ub << 1) > 0xFF000000u ? ub | 0x00400000u
+                                                 : 0xFFC00000u;
+    return (__float_as_uint(r) << 1) > 0xFF000000u ? __uint_as_float(q) : r;
 }
 /* One IEEE fp32 operation each, never contracted into an FMA (the CPU
  * builds with -ffp-contract=off), NaNs as x86's. */

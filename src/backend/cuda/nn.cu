@@ -650,11 +650,15 @@ static __global__ void xent_lse_kernel(const void *x, const int32_t *tgt, float 
     }
     int64_t base = r * V;
     float m = -INFINITY;
+#pragma unroll 8
     for (int64_t j = lane; j < V; j += 32) m = fmaxf(m, nn_ld<D>(x, base + j));  /* fmaxf skips NaN */
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
     float x0 = nn_ld<D>(x, base);
     if (isnan(x0)) m = x0;
     float e = 0.0f;
+    /* unrolled: several exps (fp64, about 100 cycles each) in flight while
+     * the adds keep their order */
+#pragma unroll 4
     for (int64_t j = lane; j < V; j += 32) e = __fadd_rn(e, nn_expf(__fsub_rn(nn_ld<D>(x, base + j), m)));
     for (int o = 16; o; o >>= 1) e = __fadd_rn(e, __shfl_down_sync(FULL, e, o));
     if (lane == 0) lse[r] = __fadd_rn(m, nn_logf(e));
@@ -734,6 +738,7 @@ static __global__ void xent_bwd_kernel(const void *x, const int32_t *tgt, const 
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int64_t t = tgt[r];
         float l = lse[r];
+#pragma unroll 4
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
             float e = nn_expf(__fsub_rn(nn_ld<D>(x, r * V + j), l));
             float d = t < 0 ? 0.0f : __fmul_rn(__fsub_rn(e, j == t ? 1.0f : 0.0f), gg);
