@@ -40,17 +40,18 @@ def rows_of(text):
 
 def number(text, unit=""):
     try:
-        return float(text.replace(",", "")) * SCALE.get(unit.strip(), 1.0)
+        return float((text or "").replace(",", "")) * SCALE.get((unit or "").strip(), 1.0)
     except ValueError:
-        return None  # the raw page's unit row, or an n/a
+        return None  # the raw page's unit row, an n/a, or a short row
 
 
 def launches_of(rows):
     """[(kernel name, {metric: value in base units})], one per launch."""
     if rows and "Metric Name" in rows[0]:
         by_id = {}
-        for r in rows:
-            key = (r.get("ID"), r.get("Kernel Name", "?"))
+        for i, r in enumerate(rows):
+            # a launch's rows share its ID; without the column each row is its own
+            key = (r.get("ID", i) if "ID" in r else i, r.get("Kernel Name", "?"))
             v = number(r.get("Metric Value", ""), r.get("Metric Unit", ""))
             if v is not None:
                 by_id.setdefault(key, {})[r["Metric Name"]] = v
@@ -68,21 +69,22 @@ def short(name, width=96):
 
 def summary(launches, steps=0, top=40):
     """The table's lines."""
-    sums = {}  # name: [launches, ns, dram bytes, sm % x ns, ns with sm %]
+    sums = {}  # name: [launches, ns, dram bytes, ns with dram, sm % x ns, ns with sm %]
     has_dram = has_sm = False
     for name, m in launches:
         ns = m.get(TIME)
         if ns is None:
             continue
-        s = sums.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0])
+        s = sums.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0, 0.0])
         s[0] += 1
         s[1] += ns
         if all(k in m for k in DRAM):
             s[2] += m[DRAM[0]] + m[DRAM[1]]
+            s[3] += ns
             has_dram = True
         if SM in m:
-            s[3] += m[SM] * ns
-            s[4] += ns
+            s[4] += m[SM] * ns
+            s[5] += ns
             has_sm = True
     if not sums:
         return []
@@ -99,13 +101,13 @@ def summary(launches, steps=0, top=40):
     if has_sm:
         head, rule = head + " SM % |", rule + "---|"
     lines += [head, rule]
-    for name, (n, t, b, smt, smns) in sorted(sums.items(), key=lambda kv: -kv[1][1])[:top]:
+    for name, (n, t, b, bns, smt, smns) in sorted(sums.items(), key=lambda kv: -kv[1][1])[:top]:
         row = "| `%s` | %d | %.1f | %.2f | %.1f%% |" % (short(name), n, t / 1e3, t / 1e3 / n,
                                                       100.0 * t / total)
         if steps:
             row += " %.1f |" % (t / 1e3 / steps)
         if has_dram:
-            row += " %.0f |" % (b / t) if b else " |"  # bytes per ns = GB/s
+            row += " %.0f |" % (b / bns) if bns else " |"  # bytes per ns = GB/s
         if has_sm:
             row += " %.0f |" % (smt / smns) if smns else " |"
         lines.append(row)
@@ -146,6 +148,11 @@ def self_test():
     assert lines[1] == "| kernel | launches | total us | mean us | share |", lines[1]
     assert lines[3] == "| `b` | 1 | 1.5 | 1.50 | 60.0% |", lines[3]
     assert summary(launches_of(rows_of("==PROF== nothing\n"))) == []
+    no_id = '"Kernel Name","Metric Name","Metric Unit","Metric Value"\n' \
+            '"k","gpu__time_duration.sum","nsecond","100"\n"k","gpu__time_duration.sum","nsecond","300"\n'
+    assert summary(launches_of(rows_of(no_id)))[3] == "| `k` | 2 | 0.4 | 0.20 | 100.0% |"
+    short_raw = '"ID","Kernel Name","gpu__time_duration.sum"\n"0","a"\n"1","a","200"\n'
+    assert summary(launches_of(rows_of(short_raw)))[0] == "kernels: 1 launches, 0.000 ms in all"
     print("ncu_summary self-test: ok")
     return 0
 

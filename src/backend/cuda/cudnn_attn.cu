@@ -35,7 +35,8 @@
  * and OPF_CUDA_ATTENTION=cudnn) writes dQ = dS K straight into dQ, which
  * cuDNN's Hopper engines run through a dP workspace (B H T T 16-bit values,
  * the plan's workspace): the same bits every run, as a compiled graph's
- * replay must give its eager run's. The atomic one
+ * replay must give its eager run's. The default takes it up to a 1 GiB
+ * workspace (AUTO_DP_MAX) and flash2's backward beyond. The atomic one
  * (OPF_CUDA_ATTENTION=cudnn-atomic, the frontend's default) sums dQ into an
  * fp32 accumulator with atomics across key blocks: less memory, its bits
  * may differ from run to run (test_cuda_nn checks it within bounds). */
@@ -46,6 +47,10 @@
 #include "backend/cuda/cuda-impl.h"
 
 static const char *const FWD_FN = "attention forward (cuda cudnn)";
+/* The largest dP workspace the default path's deterministic backward takes:
+ * 1 GiB (GPT-2 124M's 16 x 12 x 1024^2 is 384 MiB; 24 x 2048's 8 x 16 x
+ * 1024^2, 256 MiB). */
+static const double AUTO_DP_MAX = 1024.0 * 1024.0 * 1024.0;
 static const char *const BWD_FN = "attention backward (cuda cudnn)";
 
 /* Whether cuDNN's engines take this call at all (else flash2 does): a
@@ -880,7 +885,7 @@ static opf_status plan_get(opf_ctx *ctx, opf_cuda_state *s, const cudnn_key &key
     opf_status st = plan_new(ctx, s, key, fn, out);
     OPF_CUDA_TRY(ctx, fn, cudaThreadExchangeStreamCaptureMode(&mode));  /* back to the caller's */
     cudaError_t e = cudaStreamIsCapturing(s->stream, &cs);
-    if (!st && (e != cudaSuccess || cs != cudaStreamCaptureStatusActive)) {
+    if (e != cudaSuccess || cs != cudaStreamCaptureStatusActive) {  /* refused or built */
         cudaGetLastError();
         return opf_error(ctx, OPF_ERR_STATE, "%s: building cuDNN's plan inside a CUDA graph "
                          "capture broke the capture (cuDNN synchronized or launched outside "
@@ -1073,12 +1078,14 @@ static opf_status bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, cons
 /* ---- the entries ------------------------------------------------------------ */
 
 /* Whether the default path (OPF_CUDNN_AUTO) hands a call cuDNN refused
- * (OPF_ERR_UNSUPPORTED: no engine takes the graph on this GPU and cuDNN) to
- * flash2: then once a warning naming cuDNN's reason, and the error cleared.
+ * (OPF_ERR_UNSUPPORTED: no engine takes the graph on this GPU and cuDNN) or
+ * whose workspace did not fit (OPF_ERR_NO_MEMORY, before anything ran) to
+ * flash2: then once a warning naming the reason, and the error cleared.
  * Any other mode or error stays the caller's. */
 static bool auto_falls_back(opf_ctx *ctx, opf_cudnn_use mode, opf_status st)
 {
-    if (mode != OPF_CUDNN_AUTO || st != OPF_ERR_UNSUPPORTED) return false;
+    if (mode != OPF_CUDNN_AUTO || (st != OPF_ERR_UNSUPPORTED && st != OPF_ERR_NO_MEMORY))
+        return false;
     char why[512];
     snprintf(why, sizeof why, "%s", opf_last_error(ctx));
     opf_ctx_warn_once(ctx, "cuda: cuDNN attention refused", "%s; flash2's kernels run "
@@ -1108,6 +1115,11 @@ opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_
 {
     const void *p[] = {qkv, lse, dout, dqkv};
     bool use = cudnn_fits(B, T, H, D, in_dt, p, 4);
+    /* the default keeps the deterministic backward's dP workspace (B H T T
+     * 16-bit values, held by the scratch once grown) within AUTO_DP_MAX:
+     * longer contexts take flash2, whose memory grows with T, not T^2 */
+    double dp_bytes = 2.0 * (double)B * (double)H * (double)T * (double)T;
+    if (mode == OPF_CUDNN_AUTO && dp_bytes > AUTO_DP_MAX) use = false;
     opf_status st = use ? cudnn_usable(ctx, BWD_FN, T, true, mode, &use) : OPF_OK;
     if (st) return st;
     if (use)
