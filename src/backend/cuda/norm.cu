@@ -524,7 +524,7 @@ __global__ void __launch_bounds__(COL_WARPS *LANES) col_kernel(norm_args a, floa
  * the rows are whole 16-byte chunks colsum.cuh stages them through shared
  * memory, which keeps more of them in flight than col_kernel can; the rows'
  * mu (LayerNorm) and rsigma are its per-row values. */
-template <bool LN, opf_dtype D> struct gamma_term {
+template <bool LN, opf_dtype D, bool SEEN = true> struct gamma_term {
     enum { BATCH = 8, STREAMS = 2, ROWS = LN ? 2 : 1 };
     typedef typename opf_dev_plain<D>::store store;
     typedef std::conditional_t<LN, float2, float> sum_t;
@@ -552,7 +552,9 @@ template <bool LN, opf_dtype D> struct gamma_term {
     }
     __device__ __forceinline__ sum_t finish(int64_t, int64_t, const in &v, unsigned &) const
     {
-        float x = seen_from(v.x, D, act), d = seen_from(v.dz, D, dact);
+        /* SEEN false: act and dact hold every value of D (the launch
+         * checked), so no term takes seen_from's run-time dtype branches */
+        float x = SEEN ? seen_from(v.x, D, act) : v.x, d = SEEN ? seen_from(v.dz, D, dact) : v.dz;
         if constexpr (LN) return make_float2(d * (v.rs * (x - v.mu)), d);
         else return d * (v.rs * x);
     }
@@ -699,12 +701,18 @@ static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &
     if (a.H == 0) return OPF_OK;
     if (a.xt == a.dzt && (!dbeta || dbeta->spec.dtype == dgamma->spec.dtype))
         return opf_dev_with_dtype(a.xt, [&](auto d) {
-            gamma_term<LN, decltype(d)::value> t = {a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact};
-            return opf_dev_with_dtype(dgamma->spec.dtype, [&](auto o) {
-                return opf_cuda_colsum<decltype(t), decltype(o)::value>(
-                    ctx, s, fn, t, a.rows, a.H, dgamma->data[0], NULL,
-                    dbeta ? dbeta->data[0] : NULL);
-            });
+            constexpr opf_dtype D = decltype(d)::value;
+            auto run = [&](auto t) {
+                return opf_dev_with_dtype(dgamma->spec.dtype, [&](auto o) {
+                    return opf_cuda_colsum<decltype(t), decltype(o)::value>(
+                        ctx, s, fn, t, a.rows, a.H, dgamma->data[0], NULL,
+                        dbeta ? dbeta->data[0] : NULL);
+                });
+            };
+            bool holds = (a.act == D || a.act == OPF_F32) && (a.dact == D || a.dact == OPF_F32);
+            if (holds)
+                return run(gamma_term<LN, D, false>{a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact});
+            return run(gamma_term<LN, D, true>{a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact});
         });
     size_t mark = opf_ctx_scratch_mark(ctx);
     size_t sums = LN ? 2 : 1;
