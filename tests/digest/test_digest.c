@@ -839,11 +839,26 @@ static dg_case golden[MAX_CASES];
 static int n_golden;
 static char golden_core[64];  /* the base file's core ("" when it names none) */
 
-static void core_file(const char *core, char *out, size_t n)
+/* The golden file's directory ("." when its path names none). */
+static void golden_dir(char *out, size_t n)
 {
     const char *slash = strrchr(OPF_DIGEST_GOLDEN, '/');
-    int dir = slash ? (int)(slash - OPF_DIGEST_GOLDEN + 1) : 0;
-    snprintf(out, n, "%.*sgolden-%s.txt", dir, OPF_DIGEST_GOLDEN, core);
+    if (slash) snprintf(out, n, "%.*s", (int)(slash - OPF_DIGEST_GOLDEN), OPF_DIGEST_GOLDEN);
+    else snprintf(out, n, ".");
+}
+
+static void core_file(const char *core, char *out, size_t n)
+{
+    char dir[512];
+    golden_dir(dir, sizeof dir);
+    snprintf(out, n, "%s/golden-%s.txt", dir, core);
+}
+
+static dg_case *find_golden(const char *name)
+{
+    for (int k = 0; k < n_golden; k++)
+        if (!strcmp(golden[k].name, name)) return &golden[k];
+    return NULL;
 }
 
 /* Reads path's "name hash" lines into golden[], replacing the lines of the
@@ -862,14 +877,13 @@ static bool read_golden(const char *path, bool base)
         char *sp = strchr(buf, ' ');
         if (!sp) continue;
         *sp = 0;
-        int k = 0;
-        while (k < n_golden && strcmp(golden[k].name, buf)) k++;
-        if (k == n_golden) {
+        dg_case *g = find_golden(buf);
+        if (!g) {
             if (n_golden == MAX_CASES) break;
-            n_golden++;
+            g = &golden[n_golden++];
+            snprintf(g->name, sizeof g->name, "%.95s", buf);
         }
-        snprintf(golden[k].name, sizeof golden[k].name, "%.95s", buf);
-        snprintf(golden[k].line, sizeof golden[k].line, "%.159s", sp + 1);
+        snprintf(g->line, sizeof g->line, "%.159s", sp + 1);
     }
     fclose(f);
     return true;
@@ -880,9 +894,7 @@ static bool read_golden(const char *path, bool base)
 static bool core_dependent(const char *name)
 {
     char dir[1024];
-    const char *slash = strrchr(OPF_DIGEST_GOLDEN, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - OPF_DIGEST_GOLDEN) : 1,
-             slash ? OPF_DIGEST_GOLDEN : ".");
+    golden_dir(dir, sizeof dir);
     DIR *d = opendir(dir);
     bool found = false;
     for (struct dirent *e; d && !found && (e = readdir(d));) {
@@ -923,9 +935,7 @@ static int write_golden(const char *core, bool other_core)
                    "# from golden.txt's (its fp32 GEMMs); written as golden.txt is, on a\n"
                    "# machine whose OpenBLAS picks core %s.\n", core, core, core);
         for (int i = 0; i < n_cases; i++) {
-            const dg_case *g = NULL;
-            for (int k = 0; k < n_golden && !g; k++)
-                if (!strcmp(golden[k].name, cases[i].name)) g = &golden[k];
+            const dg_case *g = find_golden(cases[i].name);
             if (g && !strcmp(g->line, cases[i].line)) continue;
             fprintf(f, "%s %s\n", cases[i].name, cases[i].line), n++;
         }

@@ -42,9 +42,9 @@
  * A term that also reads a value per row (a norm's mu and rsigma) names
  * ROWS float arrays; the staged kernel loads them a stage ahead, lane k of
  * a warp row k of the stage, and hands each chain its row's by a shuffle
- * (read in the chain, each an L2 round trip a term the compiler would not
- * hoist past the adds' NaN branches: a stage's 32 terms waited on 32 of
- * them in turn, ten times the time of the stage's copies):
+ * (read inside the chain of adds, each term waited on its own L2 round
+ * trip: a stage's 32 terms on 32 of them in turn, ten times the time of
+ * the stage's copies):
  *   enum { ROWS };  const float *row(int i);
  *   void unpack(const store (&e)[STREAMS], const float (&rv)[ROWS], in &v); */
 #ifndef OPFUSE_CUDA_COLSUM_CUH
@@ -252,10 +252,11 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
             opf_colsum_add(acc, term.finish(OPF_SUM_LANES * (s * P::K + k) + l, c, v, key));
         };
         int64_t r0 = OPF_SUM_LANES * s * P::K + l;
-        if (r0 + OPF_SUM_LANES * (P::K - 1) < rows && warp_live) {  /* a whole stage */
+        bool whole = r0 + OPF_SUM_LANES * (P::K - 1) < rows;  /* every row of the stage */
+        if (whole && warp_live) {
 #pragma unroll
             for (int k = 0; k < P::K; k++) add(k, std::false_type());
-        } else if (r0 + OPF_SUM_LANES * (P::K - 1) < rows) {
+        } else if (whole) {
 #pragma unroll
             for (int k = 0; k < P::K; k++) add(k, std::true_type());
         } else {

@@ -131,9 +131,10 @@ opf_status opf_cuda_attn_bwd_flash1p(opf_ctx *ctx, const void *qkv, opf_dtype qk
                                      opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
                                      int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
 /* How the cuDNN entries run: AUTO (the default path) cuDNN where the
- * library loads, else flash2's entries, silently (and flash2 for a call
- * whose graph cuDNN refuses, with a warning once: not run on a GPU yet,
- * cuDNN 9.19 on the H200 takes every call tested); ON cuDNN, or
+ * library loads, else flash2's entries, silently; flash2 also for a
+ * backward whose deterministic dP workspace would pass 1 GiB, and, with a
+ * warning once, for a call whose graph cuDNN refuses or whose workspace
+ * does not fit (cudnn_attn.cu; no such call on the H200); ON cuDNN, or
  * OPF_ERR_UNSUPPORTED naming why it does not load; ATOMIC as ON with the
  * backward's dQ through cuDNN's atomic fp32 accumulator (faster, not
  * deterministic) instead of its deterministic kernel. Calls cuDNN does not
@@ -496,8 +497,8 @@ __device__ __forceinline__ uint4 opf_dev_philox_at(uint64_t seed, uint64_t ctr, 
 /* x86's NaN of a NaN result r = a op b: the first NaN operand, quieted; with
  * no NaN operand (inf - inf, 0 * inf, 0 / 0) the "indefinite" 0xFFC00000.
  * The GPU gives 0x7FFFFFFF for all. Operands in the CPU source's order (when
- * both are NaN the CPU compiler's operand order decides: equal NaNs agree). */
-/* Written as selects, not branches: a branch per add split the chains of
+ * both are NaN the CPU compiler's operand order decides: equal NaNs agree).
+ * Written as selects, not branches: a branch per add split the chains of
  * ordered sums into blocks the compiler would not schedule across, so each
  * term's loads and arithmetic waited on the previous add. */
 __device__ __forceinline__ float opf_dev_x86_nan(float r, float a, float b)

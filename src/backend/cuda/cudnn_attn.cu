@@ -47,11 +47,11 @@
 #include "backend/cuda/cuda-impl.h"
 
 static const char *const FWD_FN = "attention forward (cuda cudnn)";
+static const char *const BWD_FN = "attention backward (cuda cudnn)";
 /* The largest dP workspace the default path's deterministic backward takes:
  * 1 GiB (GPT-2 124M's 16 x 12 x 1024^2 is 384 MiB; 24 x 2048's 8 x 16 x
  * 1024^2, 256 MiB). */
 static const double AUTO_DP_MAX = 1024.0 * 1024.0 * 1024.0;
-static const char *const BWD_FN = "attention backward (cuda cudnn)";
 
 /* Whether cuDNN's engines take this call at all (else flash2 does): a
  * 16-bit logical dtype, D a multiple of 8 up to 128 (what the Hopper engines

@@ -140,11 +140,17 @@ __device__ __forceinline__ void st1(void *p, opf_dtype t, int64_t i, float v)
     }
 }
 
+/* Whether act holds every value of dtype t (the same dtype, or fp32). */
+__host__ __device__ __forceinline__ bool holds_all(opf_dtype act, opf_dtype t)
+{
+    return t == act || act == OPF_F32;
+}
+
 /* A value of dtype t seen as act: seen_as, but skipped where act holds
- * every value of t (the same dtype, or fp32), where it changes no bit. */
+ * every value of t, where it changes no bit. */
 __device__ __forceinline__ float seen_from(float v, opf_dtype t, opf_dtype act)
 {
-    return t == act || act == OPF_F32 ? v : seen_as(v, act);
+    return holds_all(act, t) ? v : seen_as(v, act);
 }
 
 /* Stores 8 values, each rounded once to t; 16-byte aligned. */
@@ -709,8 +715,7 @@ static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &
                         dbeta ? dbeta->data[0] : NULL);
                 });
             };
-            bool holds = (a.act == D || a.act == OPF_F32) && (a.dact == D || a.dact == OPF_F32);
-            if (holds)
+            if (holds_all(a.act, D) && holds_all(a.dact, D))
                 return run(gamma_term<LN, D, false>{a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact});
             return run(gamma_term<LN, D, true>{a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact});
         });
