@@ -128,8 +128,17 @@ static opf_status check_call(opf_seq *seq, const opf_tensor *x, const opf_seq_ca
 
 void opf_seq_update_delayed(opf_seq *seq, bool backward)
 {
-    for (int i = 0; i < seq->n; i++)
-        if (seq->ops[i]->rs) opf_recipe_state_update(seq->ctx, seq->ops[i]->rs, backward, NULL, NULL);
+    enum { CHUNK = 256 };  /* one batched update of every op's state (in chunks) */
+    opf_delayed_state *st[CHUNK];
+    int n = 0;
+    for (int i = 0; i < seq->n; i++) {
+        opf_delayed_state *ds = opf_recipe_state_delayed(seq->ops[i]->rs, backward);
+        if (ds) st[n++] = ds;
+        if (n == CHUNK || (n && i == seq->n - 1)) {
+            opf_delayed_states_update(seq->ctx, st, n);
+            n = 0;
+        }
+    }
 }
 
 opf_spec opf_grad_sum_spec(const opf_spec *acc)

@@ -279,24 +279,65 @@ static opf_status reduce_row0(opf_ctx *ctx, opf_delayed_state *s, opf_amax_reduc
     return st;
 }
 
+static opf_delayed_arrays arrays_of(const opf_delayed_state *s, bool reduced)
+{
+    return (opf_delayed_arrays){.history = s->history, .scale = s->scale,
+                                .reduced = reduced ? s->reduced : NULL, .n = s->n, .len = s->len,
+                                .nonfinite = s->nonfinite, .scaled_max = s->scaled_max,
+                                .algo = s->algo, .reject_nonfinite = s->reject};
+}
+
+/* The device's update of states[0..count) (one device, no reduction), then
+ * the CPU's warnings. */
+static opf_status update_batch(opf_ctx *ctx, const char *fn, opf_delayed_state *const *states,
+                               const opf_delayed_arrays *a, int count)
+{
+    const opf_scale_kernels *k = opf_backend_kernels(ctx, fn, states[0]->device, OPF_KERNELS_SCALE);
+    if (!k) return OPF_ERR_UNSUPPORTED;
+    /* The arrays are in the memory of the states' device, so is the roll. */
+    opf_status st = k->delayed_update(states[0]->ctx, a, count);
+    for (int i = 0; !st && i < count; i++)
+        if (states[i]->device == OPF_DEVICE_CPU && states[i]->count_host)
+            warn_nonfinite(ctx, states[i], states[i]->count_host);
+    return st;
+}
+
 opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
                                     opf_amax_reduce_fn reduce, void *reduce_user)
 {
     const char *fn = "opf_delayed_state_update";
     OPF_CHECK_NULL(ctx, fn, s);
     if (!ctx) ctx = s->ctx;
-    const opf_scale_kernels *k = opf_backend_kernels(ctx, fn, s->device, OPF_KERNELS_SCALE);
-    if (!k) return OPF_ERR_UNSUPPORTED;
+    if (!opf_backend_kernels(ctx, fn, s->device, OPF_KERNELS_SCALE)) return OPF_ERR_UNSUPPORTED;
     opf_status st = reduce ? reduce_row0(ctx, s, reduce, reduce_user) : OPF_OK;
     if (st) return st;
-    opf_delayed_arrays a = {.history = s->history, .scale = s->scale,
-                            .reduced = reduce ? s->reduced : NULL, .n = s->n, .len = s->len,
-                            .nonfinite = s->nonfinite, .scaled_max = s->scaled_max,
-                            .algo = s->algo, .reject_nonfinite = s->reject};
-    /* The arrays are in the memory of the state's device, so is the roll. */
-    st = k->delayed_update(s->ctx, &a, 1);
-    if (!st && s->device == OPF_DEVICE_CPU && s->count_host) warn_nonfinite(ctx, s, s->count_host);
-    return st;
+    opf_delayed_arrays a = arrays_of(s, reduce != NULL);
+    return update_batch(ctx, fn, &s, &a, 1);
+}
+
+opf_status opf_delayed_states_update(opf_ctx *ctx, opf_delayed_state *const *states, int count)
+{
+    const char *fn = "opf_delayed_states_update";
+    enum { CHUNK = 64 };  /* states a device call */
+    opf_delayed_state *group[CHUNK];
+    opf_delayed_arrays a[CHUNK];
+    int n = 0;
+    opf_status first = OPF_OK;
+    for (int i = 0; i <= count; i++) {
+        opf_delayed_state *s = i < count ? states[i] : NULL;
+        if (i < count && !s) continue;
+        /* a group ends at the end, when full, or where the device or context changes */
+        if (n && (!s || n == CHUNK || s->device != group[0]->device || s->ctx != group[0]->ctx)) {
+            opf_status st = update_batch(ctx ? ctx : group[0]->ctx, fn, group, a, n);
+            if (!first) first = st;
+            n = 0;
+        }
+        if (s) {
+            group[n] = s;
+            a[n++] = arrays_of(s, false);
+        }
+    }
+    return first;
 }
 
 void opf_delayed_state_set_reject_nonfinite(opf_delayed_state *s, bool reject)

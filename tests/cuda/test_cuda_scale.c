@@ -70,7 +70,7 @@ typedef struct dstate {
 /* The state's options beyond its shape: reduced amaxes, non-finite ones kept
  * out, a count of them. */
 typedef struct dopts {
-    bool reduced, reject, count;
+    bool reduced, reject, count, filled;  /* filled: history rows 1.. start with ordinary amaxes */
 } dopts;
 
 static dstate make_state(opf_ctx *ctx, int n, int len, opf_amax_algo algo, dopts o)
@@ -79,6 +79,8 @@ static dstate make_state(opf_ctx *ctx, int n, int len, opf_amax_algo algo, dopts
     memset(&s, 0, sizeof s);
     size_t hb = sizeof(float) * (size_t)n * (size_t)len, sb = sizeof(float) * (size_t)n;
     s.h.history = calloc(1, hb);
+    for (size_t i = (size_t)n; o.filled && i < (size_t)n * (size_t)len; i++)
+        s.h.history[i] = fabsf(cuda_test_unit()) * 100.0f;
     s.h.scale = malloc(sb);
     for (int j = 0; j < n; j++) s.h.scale[j] = j % 5 == 4 ? 0.25f : 1.0f;
     s.h.n = s.d.n = n, s.h.len = s.d.len = len;
@@ -134,13 +136,16 @@ static void new_amaxes(opf_ctx *ctx, dstate *s)
  * is set; every fourth state has no count. */
 static void run_delayed(opf_ctx *ctx, int count, bool reject, const char *label)
 {
-    static const int lens[] = {1, 2, 16};
+    /* 300 and 1024 rows: the device splits a slot's rows over a block's
+     * threads in chunks (256 rows), the last one partial at 300 */
+    static const int lens[] = {1, 2, 16, 300, 1024};
     static const int ns[] = {1, 3, 17, 64, 200, 2};
     dstate s[MAX_STATES];
     opf_delayed_arrays th[MAX_STATES], td[MAX_STATES];
     for (int k = 0; k < count; k++) {
-        dopts o = {.reduced = k / 6 % 2 == 1, .reject = reject && k % 2, .count = k % 4 != 3};
-        s[k] = make_state(ctx, ns[k % 6], lens[k % 3], k / 3 % 2 ? OPF_AMAX_MOST_RECENT : OPF_AMAX_MAX,
+        dopts o = {.reduced = k / 6 % 2 == 1, .reject = reject && k % 2, .count = k % 4 != 3,
+                   .filled = k / 2 % 2 == 0};
+        s[k] = make_state(ctx, ns[k % 6], lens[k % 5], k / 3 % 2 ? OPF_AMAX_MOST_RECENT : OPF_AMAX_MAX,
                           o);
         th[k] = s[k].h, td[k] = s[k].d;
     }

@@ -1,9 +1,11 @@
 /* test_delayed.c: the delayed-scaling state (docs/numerics.md 3.1, 2.2)
  * against hand-computed scales and histories over several steps, both amax
  * algorithms, margin, history 3 and 1, zero / inf / tiny amaxes, the
- * reduction hook, the amax the quantizer accumulates, and bad inputs. */
+ * reduction hook, the amax the quantizer accumulates, the batched update
+ * of many states against one at a time, and bad inputs. */
 #include <float.h>
 
+#include "quant/quant-impl.h"
 #include "test.h"
 
 /* Bitwise float equality (so -0 and NaN would not slip through). */
@@ -246,6 +248,52 @@ static void test_bad_inputs(void)
     opf_ctx_destroy(ctx);
 }
 
+/* opf_delayed_states_update over more states than one device call takes
+ * (NULL entries among them) equals opf_delayed_state_update on copies, bit
+ * for bit, over several steps with histories of 1 to 1024 rows. */
+static void test_batched(void)
+{
+    enum { COUNT = 150, STEPS = 4 };
+    static const int lens[] = {1, 3, 300, 1024, 16};
+    opf_ctx *ctx = new_ctx();
+    opf_delayed_state *a[COUNT], *b[COUNT];
+    unsigned long long rng = 7;
+    for (int k = 0; k < COUNT; k++) {
+        a[k] = b[k] = NULL;
+        if (k % 7 == 3) continue;  /* a hole */
+        int n = 1 + k % 4, L = lens[k % 5];
+        opf_amax_algo algo = k % 2 ? OPF_AMAX_MOST_RECENT : OPF_AMAX_MAX;
+        CHECK_OK(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0.0f, L, algo, k % 3 == 0,
+                                               n, &a[k]));
+        CHECK_OK(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0.0f, L, algo, k % 3 == 0,
+                                               n, &b[k]));
+        float *ha = opf_delayed_state_history(a[k]), *hb = opf_delayed_state_history(b[k]);
+        for (int i = n; i < n * L; i++) ha[i] = hb[i] = opf_test_uniform(&rng, 0.0f, 500.0f);
+    }
+    for (int t = 0; t < STEPS; t++) {
+        for (int k = 0; k < COUNT; k++) {
+            if (!a[k]) continue;
+            float *ha = opf_delayed_state_history(a[k]), *hb = opf_delayed_state_history(b[k]);
+            for (int j = 0; j < opf_delayed_state_slots(a[k]); j++)
+                ha[j] = hb[j] = (k + j + t) % 5 == 0 ? 0.0f : opf_test_uniform(&rng, 0.0f, 900.0f);
+            CHECK_OK(ctx, opf_delayed_state_update(ctx, a[k], NULL, NULL));
+        }
+        CHECK_OK(ctx, opf_delayed_states_update(ctx, b, COUNT));
+        for (int k = 0; k < COUNT; k++) {
+            if (!a[k]) continue;
+            int n = opf_delayed_state_slots(a[k]), L = opf_delayed_state_history_len(a[k]);
+            CHECK(!memcmp(opf_delayed_state_scale(a[k]), opf_delayed_state_scale(b[k]),
+                          sizeof(float) * (size_t)n), "batched: state %d step %d scales", k, t);
+            CHECK(!memcmp(opf_delayed_state_history(a[k]), opf_delayed_state_history(b[k]),
+                          sizeof(float) * (size_t)n * (size_t)L),
+                  "batched: state %d step %d history", k, t);
+        }
+    }
+    CHECK_OK(ctx, opf_delayed_states_update(ctx, b, 0));  /* nothing to do */
+    for (int k = 0; k < COUNT; k++) opf_delayed_state_destroy(a[k]), opf_delayed_state_destroy(b[k]);
+    opf_ctx_destroy(ctx);
+}
+
 int main(void)
 {
     test_script(OPF_AMAX_MAX);
@@ -253,6 +301,7 @@ int main(void)
     test_backward_history1();
     test_reduce();
     test_quantize_accumulates();
+    test_batched();
     test_bad_inputs();
     TEST_DONE();
 }

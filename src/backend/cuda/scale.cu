@@ -4,8 +4,9 @@
  * amax: a grid-stride pass of amax keys (|x| as bits, NaN as 0), one
  * integer atomicMax per block into the fp32 result (max is order-free).
  *
- * delayed_update: one thread per slot over every state of a batch, the
- * states' descriptors passed in the kernel's parameters (copied at launch:
+ * delayed_update: one block per slot over every state of a batch (its
+ * threads split the history's rows), the states' descriptors passed in the
+ * kernel's parameters (copied at launch:
  * nothing for the caller to keep alive, no host synchronization), the slot
  * found by binary search over the prefix sums of the states' slot counts.
  * Its arrays are device memory, and so is the count of non-finite amaxes,
@@ -66,33 +67,53 @@ __device__ __forceinline__ float delayed_scale(float amax, float scaled_max, flo
     return isinf(s) ? FLT_MAX : s;
 }
 
-/* The CPU's update_slot: slot j of state s with this step's amax a. */
+/* The CPU's update_slot for slot j of state s, by one block: a is this
+ * step's amax. The rows 1..L-1 go through in chunks of blockDim.x, one row
+ * a thread: each chunk reads its rows, then (after a barrier) writes each
+ * one a row lower, so every row is read before it is overwritten (a
+ * chunk's first write lands in the previous chunk's last row, read a
+ * barrier ago). The window's max is taken on the way (fmaxf skips NaN; the
+ * values are amaxes, so the order of the max does not change its bits). */
 __device__ void update_slot(const opf_delayed_arrays &s, int j, float a)
 {
-    if (a == 0.0f) return;  /* no roll, scale unchanged */
+    __shared__ float warp_max[THREADS / 32];
     float *h = s.history + j;
-    if (!isfinite(a)) {  /* rare: an atomic per such slot */
-        if (s.nonfinite) atomicAdd((unsigned long long *)s.nonfinite, 1ull);
+    __syncthreads();  /* every thread has read row 0 (a) before it is cleared */
+    if (a == 0.0f) return;  /* no roll, scale unchanged */
+    bool lead = threadIdx.x == 0;
+    if (!isfinite(a)) {  /* rare: one atomic per such slot */
+        if (lead && s.nonfinite) atomicAdd((unsigned long long *)s.nonfinite, 1ull);
         if (s.reject_nonfinite) {
-            h[0] = 0.0f;
+            if (lead) h[0] = 0.0f;
             return;
         }
     }
     int64_t n = s.n, L = s.len;
-    float amax = 0.0f;  /* the window: a and the L-1 previous amaxes; fmaxf skips NaN */
-    for (int64_t i = 1; i < L; i++) amax = fmaxf(amax, h[i * n]);
+    float amax = 0.0f;
+    for (int64_t c = 1; c < L; c += blockDim.x) {
+        int64_t i = c + threadIdx.x;
+        float v = i < L ? h[i * n] : 0.0f;
+        amax = fmaxf(amax, v);
+        __syncthreads();
+        if (i >= 2 && i < L) h[(i - 1) * n] = v;
+    }
     amax = fmaxf(amax, a);
-    for (int64_t i = 1; i + 1 < L; i++) h[i * n] = h[(i + 1) * n];
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = amax;
+    __syncthreads();  /* also: every write of the roll is done */
+    if (!lead) return;
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) amax = fmaxf(amax, warp_max[w]);
     if (L > 1) h[(L - 1) * n] = a;
     h[0] = 0.0f;
     if (s.algo == OPF_AMAX_MOST_RECENT) amax = a;
     s.scale[j] = delayed_scale(amax, s.scaled_max, s.scale[j]);
 }
 
+/* One block a slot (the history rows are the parallel dimension: a slot's
+ * roll is L serial load-store pairs for one thread, ~0.1 ms at L = 1024). */
 __global__ void delayed_kernel(const __grid_constant__ state_batch b)
 {
-    int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= b.first[b.count]) return;
+    int64_t g = blockIdx.x;
     int lo = opf_dev_chunk_owner(b.first, b.count, g);  /* the last state with first <= g */
     const opf_delayed_arrays &s = b.s[lo];
     int j = (int)(g - b.first[lo]);
@@ -170,8 +191,12 @@ static opf_status cuda_delayed_update(opf_ctx *ctx, const opf_delayed_arrays *st
             b.count++;
         }
         if (b.count == 0) continue;
+        /* a block a slot, of one warp up to 8: as many threads as the longest history has rows */
         int64_t slots = b.first[b.count];
-        delayed_kernel<<<(unsigned)((slots + THREADS - 1) / THREADS), THREADS, 0, s->stream>>>(b);
+        int rows = 32;
+        for (int k = 0; k < b.count && rows < THREADS; k++)
+            while (rows < THREADS && rows < b.s[k].len - 1) rows *= 2;
+        delayed_kernel<<<(unsigned)slots, rows, 0, s->stream>>>(b);
         OPF_CUDA_LAUNCHED(ctx, fn);
     }
     return OPF_OK;
