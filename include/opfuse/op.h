@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define OPF_OP_ABI_VERSION 2
+#define OPF_OP_ABI_VERSION 3
 #define OPF_OP_MAX_PARAMS  64   /* parameters of one basic op */
 #define OPF_OP_MAX_EXTRA   4    /* extra inputs or outputs of one basic op */
 #define OPF_OP_MAX_AUX     6    /* tensors a forward may produce for backward */
@@ -264,6 +264,14 @@ struct opf_op_class {
      * main input x (same layout, byte for byte): a compiled graph may then
      * run the op in place. */
     bool inplace;
+    /* The op only hands its input on: every present forward output (outs,
+     * no aux) is bitwise x (forward_is_input), every present gradient
+     * bitwise dy (backward_is_dy). The eager runner and the compiler then
+     * pass the input's tensor on and skip the impl: no copy, no kernel.
+     * The fakes and impls still describe and write copies, for runners
+     * whose outputs must be distinct memory (a torch op's may not alias its
+     * inputs). */
+    bool forward_is_input, backward_is_dy;
 };
 
 /* ---- fused ops ------------------------------------------------------------------

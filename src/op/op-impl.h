@@ -121,6 +121,12 @@ float *opf_op_scratch_on(opf_ctx *ctx, opf_device dev, int64_t n);
  * one place a forward fake runs, for eager and compiled execution alike. */
 opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, opf_spec *out_s,
                                 opf_spec *aux_s);
+/* Whether the op's class hands its input on for these specs
+ * (forward_is_input or backward_is_dy, by direction): in (x or dy) is set
+ * and every present one of s[0..n) is its spec exactly. The runner then
+ * passes references to the input and skips the impl. */
+bool opf_op_outputs_are(const opf_op *op, bool backward, const opf_tensor *in, const opf_spec *s,
+                        int n);
 /* What the forward keeps for backward in octx (one context per covered
  * basic op): the previous op's grad quantizer and setup_context (default:
  * the aux tensors); marks the contexts valid. */

@@ -34,6 +34,13 @@ static void none_specs(opf_spec *s, int n)
     for (int i = 0; i < n; i++) s[i].ndim = OPF_SPEC_NONE_NDIM;
 }
 
+static bool any_spec(const opf_spec *s, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (s[i].ndim >= 0) return true;
+    return false;
+}
+
 /* Fakes describe shapes and formats; the device is the call's: every
  * present spec lives where the op's input (x forward, dy backward) lives,
  * but for the host-resident ones a fake marks OPF_SPEC_HOST. */
@@ -90,6 +97,32 @@ opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *o
     return st;
 }
 
+bool opf_op_outputs_are(const opf_op *op, bool backward, const opf_tensor *in, const opf_spec *s,
+                        int n)
+{
+    if (!(backward ? op->cls->backward_is_dy : op->cls->forward_is_input) || !in) return false;
+    for (int i = 0; i < n; i++)
+        if (s[i].ndim >= 0 && !opf_spec_equal(&s[i], &in->spec)) return false;
+    return true;
+}
+
+/* forward_is_input: each present output a reference to x, no call. */
+static opf_status forward_alias(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
+                                const opf_spec *out_s, opf_tensor *outs)
+{
+    int n_out = 1 + op->n_extra_out;
+    opf_tensor aux[OPF_OP_MAX_AUX];
+    memset(aux, 0, sizeof aux);
+    for (int i = 0; i < n_out; i++) {
+        memset(&outs[i], 0, sizeof outs[i]);
+        if (out_s[i].ndim >= 0) opf_tensor_retain(env->x, &outs[i]);
+    }
+    opf_status st = env->requires_grad && octx
+                        ? opf_op_save_context(op, env, octx, op->fwd_args, outs, aux) : OPF_OK;
+    if (st) release_all(outs, n_out);
+    return st;
+}
+
 opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, opf_tensor *outs)
 {
     opf_ctx *ctx = env->ctx;
@@ -97,6 +130,8 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
     opf_spec out_s[1 + OPF_OP_MAX_EXTRA], aux_s[OPF_OP_MAX_AUX];
     opf_status st = opf_op_trace_forward(op, env, op->fwd_args, out_s, aux_s);
     if (st) return st;
+    if (opf_op_outputs_are(op, false, env->x, out_s, n_out) && !any_spec(aux_s, OPF_OP_MAX_AUX))
+        return forward_alias(op, env, octx, out_s, outs);
     opf_tensor aux[OPF_OP_MAX_AUX];
     if ((st = alloc_specs(ctx, out_s, outs, n_out))) return st;
     if ((st = alloc_specs(ctx, aux_s, aux, OPF_OP_MAX_AUX))) {
@@ -193,13 +228,20 @@ opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_
     bool pass = gs[0].ndim == OPF_GRAD_PASSTHROUGH;
     if (pass) gs[0].ndim = OPF_SPEC_NONE_NDIM;
     opf_tensor g[OPF_OP_MAX_GRADS];
-    if ((st = alloc_specs(ctx, gs, g, n))) return st;
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    st = op->cls->backward_impl(ctx, op->bwd_args, g);
-    opf_ctx_scratch_pop(ctx, mark);
-    if (st) {
-        release_all(g, n);
-        return st;
+    if (opf_op_outputs_are(op, true, env->dy, gs, n)) {  /* backward_is_dy: references, no call */
+        for (int i = 0; i < n; i++) {
+            memset(&g[i], 0, sizeof g[i]);
+            if (gs[i].ndim >= 0) opf_tensor_retain(env->dy, &g[i]);
+        }
+    } else {
+        if ((st = alloc_specs(ctx, gs, g, n))) return st;
+        size_t mark = opf_ctx_scratch_mark(ctx);
+        st = op->cls->backward_impl(ctx, op->bwd_args, g);
+        opf_ctx_scratch_pop(ctx, mark);
+        if (st) {
+            release_all(g, n);
+            return st;
+        }
     }
     if (pass) opf_tensor_retain(env->dy, dx);
     else *dx = g[0];

@@ -227,6 +227,20 @@ static void check_reasons(const row_run *rr)
           "(%d reasons)", rr->tag, n);
 }
 
+/* The ops that only hand their input on leave no node: make_extra_output's
+ * forward (forward_is_input) and add_extra_input's backward
+ * (backward_is_dy), where no recipe quantizes around them. */
+static void check_handed_on(const row_run *rr)
+{
+    bool mk = !strcmp(rr->r->cls, "make_extra_output"), add = !strcmp(rr->r->cls, "add_extra_input");
+    if (!(mk || add) || rr->pl != PLACE_ALONE) return;
+    opf_graph_stats s;
+    opf_graph_get_stats(rr->g, &s);
+    int n = mk ? s.n_forward : s.n_backward;
+    CHECK(n == 0, "%s: %d %s nodes, want none (the op hands its input on)", rr->tag, n,
+          mk ? "forward" : "backward");
+}
+
 static bool row_setup(row_run *rr)
 {
     rr->a = build(ca, rr->r, rr->dt, rr->pl);
@@ -264,7 +278,7 @@ static void run_row(const op_row *r, opf_dtype dt, opf_recipe_kind rk, placement
         rr.call.extra_in = &extra;
         ok = eager_step(&rr, step, &x, &dy, &dext, &ea);
         if (ok && step == 0) ok = cu_compile(cb, rr.tag, rr.b, &x.spec, &rr.call, NULL, &rr.g);
-        if (ok && step == 0) check_reasons(&rr), n_compared++;
+        if (ok && step == 0) check_reasons(&rr), check_handed_on(&rr), n_compared++;
         if (ok) compiled_step(&rr, step, &x, &dy, &dext, &ea);
         cu_outs_release(&ea);
         opf_tensor_release(&x), opf_tensor_release(&extra);

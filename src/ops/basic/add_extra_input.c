@@ -1,5 +1,7 @@
 /* add_extra_input.c: y = x + extra (a residual added from an extra input);
- * dx = dy (passed through) and d(extra) = a copy of dy.
+ * dx = dy (passed through) and d(extra) = dy: the eager runner and the
+ * compiler hand dy itself on (backward_is_dy), the impl's copy serves
+ * runners that need distinct memory.
  *
  * The sum is one fp32 add of the decoded values, stored in the output dtype:
  * x's dtype, or with in_place the extra input's dtype (the anchor adds into
@@ -81,5 +83,6 @@ const opf_op_class opf_op_class_add_extra_input = {
     OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .config_default = &default_config,
     .n_extra_in = 1,
-    .inplace = true,  /* x is read whole before y is stored */
+    .inplace = true,         /* x is read whole before y is stored */
+    .backward_is_dy = true,  /* dx and d(extra) are dy: runners pass it on */
 };

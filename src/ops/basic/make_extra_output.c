@@ -1,5 +1,7 @@
 /* make_extra_output.c: y = x and extra output 0 = x (a residual branch taken
- * off the main path; both are copies, a quantized x stays quantized);
+ * off the main path; a quantized x stays quantized). The eager runner and
+ * the compiler hand x itself on for both (forward_is_input); the impl's
+ * copies serve runners that need distinct memory;
  * dx = dy + d(extra), where a missing extra gradient counts as zero (then dy
  * passes through unchanged). The sum is one fp32 add of the decoded values,
  * stored plain in dy's dtype.
@@ -75,5 +77,6 @@ const opf_op_class opf_op_class_make_extra_output = {
     OPF_OP_CLASS_STD_HOOKS(NULL, NULL),
     .config_default = &default_config,
     .n_extra_out = 1,
-    .inplace = true,  /* the copies skip equal memory (y == x) */
+    .inplace = true,           /* the copies skip equal memory (y == x) */
+    .forward_is_input = true,  /* y and the extra output are x: runners pass it on */
 };
