@@ -34,7 +34,9 @@
 #                           OPF_GPU_NCU=2: also each kernel's DRAM GB/s and SM
 #                           throughput (% of peak), which tell latency-bound
 #                           from bandwidth- or compute-bound (several replays
-#                           a kernel: a few minutes)
+#                           a kernel: one step, a few minutes; give it a call
+#                           of its own). OPF_GPU_NCU_TIMEOUT: its limit in s
+#                           (default 300)
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -173,18 +175,24 @@ if [ "${OPF_GPU_NCU:-0}" != 0 ]; then
   # duration, one pass a kernel, the clocks left alone; with 2 also the DRAM
   # bytes and SM throughput, replaying each kernel), summed per kernel name:
   # what the node-level --profile cannot split
-  step "kernel profile: ncu over two eager GPT-2 124M steps, recipe ${OPF_GPU_NCU_RECIPE:-bf16}"
+  # OPF_GPU_NCU=2 replays every kernel several times: one step only, and
+  # best in a call of its own (OPF_GPU_SKIP_TESTS=1 OPF_GPU_KERNELS=0
+  # OPF_GPU_GPT=0 OPF_GPU_NCU=2): after the tests and benchmarks it ran past
+  # a 10-minute call and came back empty
+  nsteps=2; [ "$OPF_GPU_NCU" = 2 ] && nsteps=1
+  step "kernel profile: ncu over $nsteps eager GPT-2 124M step(s), recipe ${OPF_GPU_NCU_RECIPE:-bf16}"
   if command -v ncu >/dev/null; then
-    # cut off at 300 s (a profile that long has gone wrong; ncu writes its
-    # CSV only at the end, so then there is no table)
+    # cut off at OPF_GPU_NCU_TIMEOUT s, default 300 (ncu writes its CSV only
+    # at the end, so then there is no table)
     metrics=gpu__time_duration.sum
     [ "$OPF_GPU_NCU" = 2 ] && metrics=$metrics,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
-    timeout 300 ncu --clock-control none --metrics "$metrics" --csv --print-units base \
+    timeout "${OPF_GPU_NCU_TIMEOUT:-300}" ncu --clock-control none --metrics "$metrics" --csv \
+      --print-units base \
       "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 --context 1024 \
-      --random-vocab 50304 --batch 16 --steps 2 --eval-every 100 --quiet \
+      --random-vocab 50304 --batch 16 --steps $nsteps --eval-every 100 --quiet \
       --recipe "${OPF_GPU_NCU_RECIPE:-bf16}" >"$logs/ncu.csv" 2>"$logs/ncu.err" ||
       { echo "ncu failed (rc $?):"; tail -5 "$logs/ncu.err"; bench_rc=1; }
-    python3 scripts/ncu_summary.py "$logs/ncu.csv" --steps 2 --top 40 | tee "$logs/ncu.log"
+    python3 scripts/ncu_summary.py "$logs/ncu.csv" --steps $nsteps --top 40 | tee "$logs/ncu.log"
     fresh+=("$logs/ncu.log")
   else
     echo "ncu is not on this machine's PATH: no kernel profile"
