@@ -110,7 +110,9 @@ OPF_API void opf_graph_destroy(opf_graph *g);  /* NULL: no-op */
  * the compiled specs (the leading size of x may vary up to max_leading) and
  * call's recipe, grad flags and value kwargs the compiled ones; otherwise
  * OPF_ERR_INVALID_ARG names what differs (opf_compiled recompiles instead).
- * *y and extra_out (opf_seq_num_extra_out entries) receive arena views. */
+ * *y and extra_out (opf_seq_num_extra_out entries) receive arena views
+ * (two of them may be one value: an op that hands its input on, as
+ * make_extra_output, gives y and its extra output the same memory). */
 OPF_API opf_status opf_graph_forward(opf_graph *g, const opf_tensor *x, const opf_seq_call *call,
                                      opf_tensor *y, opf_tensor *extra_out);
 /* Runs the backward graph of the last forward (once per forward).

@@ -98,9 +98,11 @@ OPF_API opf_seq_call opf_seq_call_default(void);   /* requires_grad and input_re
 
 /* Runs the forward. *y receives the main output (a counted reference the
  * caller releases); extra_out, when not NULL, receives the public extra
- * outputs in order (opf_seq_num_extra_out of them). A refused forward (any
- * status, out of memory included) leaves the amaxes recorded since the last
- * delayed-scaling update and the Philox offset as they were. */
+ * outputs in order (opf_seq_num_extra_out of them). Outputs are never
+ * written after they are returned, but may share memory with each other or
+ * with x (a make_extra_output hands its input on by reference). A refused
+ * forward (any status, out of memory included) leaves the amaxes recorded
+ * since the last delayed-scaling update and the Philox offset as they were. */
 OPF_API opf_status opf_seq_forward(opf_seq *seq, const opf_tensor *x, const opf_seq_call *call,
                                    opf_tensor *y, opf_tensor *extra_out);
 /* Runs the backward of the last forward. dextra_out: gradients of the public

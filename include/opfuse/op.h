@@ -408,7 +408,11 @@ OPF_API opf_status opf_op_set_extra_output(opf_op *op, int index, const char *ch
  * fake, allocate, impl; parameter gradients are accumulated into each
  * parameter's grad (has_grad set); *dx receives the input gradient (a
  * reference to dy itself for a pass-through) and dextra_in[i] the extra
- * inputs' gradients (zeroed tensors when none). The context is consumed. */
+ * inputs' gradients (zeroed tensors when none). The context is consumed.
+ * A class that hands its input on (forward_is_input, backward_is_dy) gets
+ * no impl call when x's (dy's) buffer is counted: its outputs are then
+ * references to x (dy), sharing its memory with it and with each other;
+ * over caller memory (opf_tensor_wrap) they are the impl's copies. */
 OPF_API opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx,
                                   opf_tensor *outs);
 OPF_API opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,

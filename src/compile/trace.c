@@ -69,6 +69,14 @@ static opf_gnode *new_node(opf_graph *g, opf_node_kind kind, opf_op *op, int fir
     return n;
 }
 
+/* Whether an op may hand value v on as its outputs (forward_is_input,
+ * backward_is_dy): an arena value only. A graph input stays behind a node
+ * that copies it, so the graph's outputs are always its own memory. */
+static bool hands_on(const opf_graph *g, int v)
+{
+    return v >= 0 && g->vals[v].kind == OPF_VAL_ARENA;
+}
+
 /* Takes back the last node (an op that turned out to run nothing). */
 static void drop_node(opf_graph *g, opf_gnode *n)
 {
@@ -423,16 +431,16 @@ static opf_status trace_forward(opf_walker *w, const opf_plan_entry *e, const op
         if ((st = opf_op_trace_forward(op, &env, n->args, out_s, aux_s))) return st;
         bool no_aux = true;
         for (int i = 0; i < OPF_OP_MAX_AUX; i++) no_aux &= aux_s[i].ndim < 0;
-        if (n->x_val >= 0 && no_aux && opf_op_outputs_are(op, false, env.x, out_s, 1 + op->n_extra_out)) {
+        if (hands_on(g, n->x_val) && no_aux &&
+            opf_op_outputs_are(op, false, env.x, out_s, 1 + op->n_extra_out)) {
             /* forward_is_input: every output is x's value; the op leaves no node */
-            opf_tensor none[1 + OPF_OP_MAX_EXTRA + OPF_OP_MAX_AUX] = {0};
+            opf_tensor aux[OPF_OP_MAX_AUX] = {0};
             for (int i = 0; i < 1 + op->n_extra_out; i++) {
                 memset(&outs[i], 0, sizeof outs[i]);
-                if (out_s[i].ndim >= 0) tag_tensor(g, n->x_val, &outs[i]);
+                if (out_s[i].ndim >= 0) outs[i] = *env.x;
             }
             if (env.requires_grad)
-                st = opf_op_save_context(op, &env, &g->octx_traced[first], n->args, none,
-                                         none + 1 + OPF_OP_MAX_EXTRA);
+                st = opf_op_save_context(op, &env, &g->octx_traced[first], n->args, outs, aux);
             drop_node(g, n);
             return st;
         }
@@ -528,14 +536,14 @@ static opf_status trace_backward(opf_walker *w, const opf_plan_entry *e, const o
             free(n->args);
             n->args = NULL;
             n->schema = NULL;
-        } else if (n_params == 0 && opf_op_outputs_are(op, true, env.dy, gs, ng)) {
+        } else if (hands_on(g, cur) && opf_op_outputs_are(op, true, env.dy, gs, ng)) {
             /* backward_is_dy: dx and every extra-input gradient are dy's
              * value; the op leaves no node */
             for (int i = 0; i < op->n_extra_in; i++) {
                 memset(&dextra_in[i], 0, sizeof dextra_in[i]);
-                if (gs[1 + i].ndim >= 0) tag_tensor(g, cur, &dextra_in[i]);
+                if (gs[1 + i].ndim >= 0) dextra_in[i] = *env.dy;
             }
-            if (gs[0].ndim >= 0 || gs[0].ndim == OPF_GRAD_PASSTHROUGH) tag_tensor(g, cur, dx);
+            if (gs[0].ndim >= 0 || gs[0].ndim == OPF_GRAD_PASSTHROUGH) *dx = *env.dy;
             drop_node(g, n);
             return OPF_OK;
         } else {

@@ -122,9 +122,12 @@ float *opf_op_scratch_on(opf_ctx *ctx, opf_device dev, int64_t n);
 opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, opf_spec *out_s,
                                 opf_spec *aux_s);
 /* Whether the op's class hands its input on for these specs
- * (forward_is_input or backward_is_dy, by direction): in (x or dy) is set
- * and every present one of s[0..n) is its spec exactly. The runner then
- * passes references to the input and skips the impl. */
+ * (forward_is_input or backward_is_dy, by direction): in (x or dy) is set,
+ * every present one of s[0..n) is its spec exactly, and (backward) the op
+ * has no parameters. The eager runner then passes counted references to
+ * the input (when its buffer is counted) and skips the impl; the compiler
+ * ties the outputs to the input's value (an arena value) and drops the
+ * node. */
 bool opf_op_outputs_are(const opf_op *op, bool backward, const opf_tensor *in, const opf_spec *s,
                         int n);
 /* What the forward keeps for backward in octx (one context per covered

@@ -69,15 +69,16 @@ static const scen scens[] = {
     {"linear+scale+add", "LSA", 0.5, 0,
      {{"forward_linear_scale_add", FWD, ALLR}, {"backward_linear_scale", BWD, ALLR}}, NULL},
     {"linear+scale", "LS", 0.37, 0, {{"backward_linear_scale", BWD, ALLR}}, "basic_linear,constant_scale"},
-    /* make_extra_output's forward hands x on (forward_is_input): no node */
-    {"make+linear", "ML", 0, 0, {{"backward_linear_add", BWD, ALLR}}, "basic_linear"},
+    /* make_extra_output first: its input is the graph's x, so a node copies it */
+    {"make+linear", "ML", 0, 0, {{"backward_linear_add", BWD, ALLR}}, "make_extra_output,basic_linear"},
     {"make+linear, no extra gradient", "ML", 0, NO_DEXTRA, {{"backward_linear_add", BWD, ALLR}},
-     "basic_linear"},
+     "make_extra_output,basic_linear"},
     {"residual inside the group", "MLA", 0, CHAN,
-     {{"backward_linear_add", BWD, ALLR}, {"forward_linear_add", FWD, ALLR}}, "forward_linear_add"},
+     {{"backward_linear_add", BWD, ALLR}, {"forward_linear_add", FWD, ALLR}},
+     "make_extra_output,forward_linear_add"},
     {"quantize+bias+gelu", "QBG", 0, 0, {{"backward_activation_bias", BWD, QUANT}}, "quantize,bias,gelu"},
     {"quantize+bias+relu", "QBR", 0, 0, {{"backward_activation_bias", BWD, QUANT}}, "quantize,bias,relu"},
-    {"make+rmsnorm", "mN", 0, 0, {{"backward_add_rmsnorm", BWD, ALLR}}, "rmsnorm"},
+    {"make+rmsnorm", "mN", 0, 0, {{"backward_add_rmsnorm", BWD, ALLR}}, "make_extra_output,rmsnorm"},
     {"grouped mlp", "XWY", 0, 0, {{"grouped_mlp", JOINT, ALLR}}, NULL},
 };
 enum { NSCEN = sizeof scens / sizeof scens[0] };

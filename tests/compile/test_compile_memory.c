@@ -124,6 +124,71 @@ out:
     cu_pair_close(&p);
 }
 
+/* make_extra_output hands its input on (forward_is_input): first in the seq,
+ * its input is the graph's x, which a node copies, so y and the extra output
+ * are the graph's own memory with the right bytes, in a training and in a
+ * forward-only graph; after a linear it leaves no node and both outputs are
+ * the linear's value. Against the eager seq, whose outputs are counted
+ * references (to x itself where x's buffer is counted). */
+static opf_seq *build_handed_on(opf_ctx *ctx, bool first, int64_t h)
+{
+    opf_seq *seq = NULL;
+    opf_op *mk = NULL;
+    opf_ctx_set_rng(ctx, 41, 0);
+    CHECK_OK(ctx, opf_seq_create(ctx, &seq));
+    if (!first) CHECK_OK(ctx, opf_seq_append_linear(seq, h, h, false, OPF_F32, "in"));
+    CHECK_OK(ctx, opf_op_create(ctx, "make_extra_output", NULL, "mk", &mk));
+    CHECK_OK(ctx, opf_seq_append(seq, mk));
+    CHECK_OK(ctx, opf_seq_append_linear(seq, h, h, false, OPF_F32, "out"));
+    return seq;
+}
+
+static void test_handed_on(bool first, bool training)
+{
+    const int64_t m = 16, h = 32;
+    char what[64];
+    snprintf(what, sizeof what, "handed on (%s, %s)", first ? "first op" : "after a linear",
+             training ? "training" : "forward only");
+    opf_ctx *ca = NULL, *cb = NULL;
+    CHECK_OK(NULL, opf_ctx_create(NULL, &ca));
+    CHECK_OK(NULL, opf_ctx_create(NULL, &cb));
+    opf_seq *a = build_handed_on(ca, first, h), *b = build_handed_on(cb, first, h);
+    opf_seq_call call = opf_seq_call_default();
+    call.requires_grad = call.input_requires_grad = training;
+    opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, OPF_F32);
+    opf_graph *g = NULL;
+    CHECK_OK(cb, opf_compile(b, &xs, &call, NULL, &g));
+    int mk_nodes = 0;
+    for (int i = 0; g && i < opf_graph_num_nodes(g); i++) {
+        opf_graph_node_info in;
+        CHECK_OK(cb, opf_graph_node(g, i, &in));
+        mk_nodes += in.class_name && !strcmp(in.class_name, "make_extra_output") && !in.backward;
+    }
+    CHECK(mk_nodes == (first ? 1 : 0), "%s: %d forward make_extra_output nodes", what, mk_nodes);
+    for (int step = 0; g && step < 2; step++) {
+        opf_tensor x = cu_rand2(ca, m, h, OPF_F32, 1.0f), ya = {0}, ea = {0}, yb = {0}, eb = {0};
+        CHECK_OK(ca, opf_seq_forward(a, &x, &call, &ya, &ea));
+        CHECK_OK(cb, opf_graph_forward(g, &x, &call, &yb, &eb));
+        CHECK(yb.data[0] && eb.data[0] && opf_test_same_bytes(&ya, &yb) &&
+              opf_test_same_bytes(&ea, &eb), "%s step %d: y or the extra output differs", what, step);
+        CHECK(eb.data[0] != x.data[0], "%s step %d: the graph's extra output is the caller's x", what,
+              step);
+        if (first) CHECK(ea.data[0] == x.data[0], "%s step %d: eager did not hand x on", what, step);
+        if (training) {
+            opf_tensor dy = cu_rand2(ca, m, h, OPF_F32, 1.0f), de = cu_rand2(ca, m, h, OPF_F32, 1.0f);
+            opf_tensor dxa = {0}, dxb = {0};
+            CHECK_OK(ca, opf_seq_backward(a, &dy, &de, &dxa, NULL));
+            CHECK_OK(cb, opf_graph_backward(g, &dy, &de, &dxb, NULL));
+            CHECK(dxb.data[0] && opf_test_same_bytes(&dxa, &dxb), "%s step %d: dx differs", what, step);
+            opf_tensor_release(&dxa), opf_tensor_release(&dy), opf_tensor_release(&de);
+        }
+        opf_tensor_release(&ya), opf_tensor_release(&ea), opf_tensor_release(&x);
+    }
+    opf_graph_destroy(g);
+    opf_seq_destroy(a), opf_seq_destroy(b);
+    opf_ctx_destroy(ca), opf_ctx_destroy(cb);
+}
+
 /* ---- 12. memory the graph does not own ------------------------------------------------ */
 
 static uint64_t params_checksum(opf_seq *seq)
@@ -253,6 +318,7 @@ int main(void)
         {OPF_RECIPE_CURRENT, OPF_BF16}, {OPF_RECIPE_MXFP8, OPF_BF16}};
     for (int i = 0; i < 5; i++) test_no_alloc(cases[i].k, cases[i].dt);
     for (int i = 0; i < 5; i++) test_inference(cases[i].k, cases[i].dt);
+    for (int k = 0; k < 4; k++) test_handed_on(k & 1, k & 2);
     /* eager nodes: the user op's forward and backward; both grouped linears' */
     test_untouched(build_inplace, "in-place + no-fake op", OPF_RECIPE_NONE, 2);
     test_untouched(build_inplace, "in-place + no-fake op", OPF_RECIPE_CURRENT, 2);

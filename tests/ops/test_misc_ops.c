@@ -736,6 +736,15 @@ static void run_make_case(opf_dtype dt, bool with_dextra, bool quantized_in)
               outs[k].data[OPF_COMP_COL_DATA] == xin.data[OPF_COMP_COL_DATA],
               "%s: output %d is not x handed on", what, k);
     impl_copies_input(op, false, &xin, what);
+    if (!quantized_in) {  /* caller memory (no counted buffer): copies that own their memory */
+        opf_tensor w, wo[1 + OPF_OP_MAX_EXTRA];
+        CHECK_OK(ctx, opf_tensor_wrap(&x.spec, x.data[0], &w));
+        CHECK_OK(ctx, fwd(op, &w, NULL, NULL, NULL, NULL, wo));
+        for (int k = 0; k < 2; k++)
+            CHECK(wo[k].buf && wo[k].data[0] != x.data[0] && same_bytes(&wo[k], &x),
+                  "%s: output %d over wrapped memory is not a copy", what, k);
+        release_n(wo, 2);
+    }
     conform_fwd(op, outs, NULL, 0);
     CHECK_OK(ctx, bwd(op, &octx, &dy, with_dextra ? &de : NULL, &dx, dex));
     if (with_dextra) check_close(what, &dx, ref, dtype_tol(dt));
