@@ -429,10 +429,8 @@ static opf_status trace_forward(opf_walker *w, const opf_plan_entry *e, const op
         opf_spec out_s[1 + OPF_OP_MAX_EXTRA], aux_s[OPF_OP_MAX_AUX];
         if (!n->args) return opf_error(g->ctx, OPF_ERR_NO_MEMORY, "compile: out of memory");
         if ((st = opf_op_trace_forward(op, &env, n->args, out_s, aux_s))) return st;
-        bool no_aux = true;
-        for (int i = 0; i < OPF_OP_MAX_AUX; i++) no_aux &= aux_s[i].ndim < 0;
-        if (hands_on(g, n->x_val) && no_aux &&
-            opf_op_outputs_are(op, false, env.x, out_s, 1 + op->n_extra_out)) {
+        if (hands_on(g, n->x_val) &&
+            opf_op_outputs_are(op, false, env.x, out_s, 1 + op->n_extra_out, aux_s)) {
             /* forward_is_input: every output is x's value; the op leaves no node */
             opf_tensor aux[OPF_OP_MAX_AUX] = {0};
             for (int i = 0; i < 1 + op->n_extra_out; i++) {
@@ -536,7 +534,7 @@ static opf_status trace_backward(opf_walker *w, const opf_plan_entry *e, const o
             free(n->args);
             n->args = NULL;
             n->schema = NULL;
-        } else if (hands_on(g, cur) && opf_op_outputs_are(op, true, env.dy, gs, ng)) {
+        } else if (hands_on(g, cur) && opf_op_outputs_are(op, true, env.dy, gs, ng, NULL)) {
             /* backward_is_dy: dx and every extra-input gradient are dy's
              * value; the op leaves no node */
             for (int i = 0; i < op->n_extra_in; i++) {

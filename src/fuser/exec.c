@@ -132,13 +132,11 @@ void opf_seq_update_delayed(opf_seq *seq, bool backward)
     opf_delayed_state *st[CHUNK];
     int n = 0;
     for (int i = 0; i < seq->n; i++) {
+        if (n == CHUNK) opf_delayed_states_update(seq->ctx, st, n), n = 0;
         opf_delayed_state *ds = opf_recipe_state_delayed(seq->ops[i]->rs, backward);
         if (ds) st[n++] = ds;
-        if (n == CHUNK || (n && i == seq->n - 1)) {
-            opf_delayed_states_update(seq->ctx, st, n);
-            n = 0;
-        }
     }
+    if (n) opf_delayed_states_update(seq->ctx, st, n);
 }
 
 opf_spec opf_grad_sum_spec(const opf_spec *acc)

@@ -123,13 +123,14 @@ opf_status opf_op_trace_forward(opf_op *op, const opf_fwd_env *env, void *args, 
                                 opf_spec *aux_s);
 /* Whether the op's class hands its input on for these specs
  * (forward_is_input or backward_is_dy, by direction): in (x or dy) is set,
- * every present one of s[0..n) is its spec exactly, and (backward) the op
- * has no parameters. The eager runner then passes counted references to
+ * every present one of s[0..n) is its spec exactly, none of aux (forward:
+ * the OPF_OP_MAX_AUX aux specs; backward: NULL) is present, and (backward)
+ * the op has no parameters. The eager runner then passes counted references to
  * the input (when its buffer is counted) and skips the impl; the compiler
  * ties the outputs to the input's value (an arena value) and drops the
  * node. */
 bool opf_op_outputs_are(const opf_op *op, bool backward, const opf_tensor *in, const opf_spec *s,
-                        int n);
+                        int n, const opf_spec *aux);
 /* What the forward keeps for backward in octx (one context per covered
  * basic op): the previous op's grad quantizer and setup_context (default:
  * the aux tensors); marks the contexts valid. */

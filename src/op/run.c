@@ -98,10 +98,11 @@ opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *o
 }
 
 bool opf_op_outputs_are(const opf_op *op, bool backward, const opf_tensor *in, const opf_spec *s,
-                        int n)
+                        int n, const opf_spec *aux)
 {
     if (!(backward ? op->cls->backward_is_dy : op->cls->forward_is_input) || !in) return false;
     if (backward && opf_op_num_params(op) > 0) return false;  /* a parameter's gradient is no dy */
+    if (aux && any_spec(aux, OPF_OP_MAX_AUX)) return false;   /* nothing kept beside x */
     for (int i = 0; i < n; i++)
         if (s[i].ndim >= 0 && !opf_spec_equal(&s[i], &in->spec)) return false;
     return true;
@@ -133,8 +134,7 @@ opf_status opf_op_forward(opf_op *op, const opf_fwd_env *env, opf_op_ctx *octx, 
     if (st) return st;
     /* x's buffer counted: the outputs are references that keep it alive
      * (wrapped caller memory gets the impl's copies) */
-    if (env->x && env->x->buf && opf_op_outputs_are(op, false, env->x, out_s, n_out) &&
-        !any_spec(aux_s, OPF_OP_MAX_AUX))
+    if (env->x && env->x->buf && opf_op_outputs_are(op, false, env->x, out_s, n_out, aux_s))
         return forward_alias(op, env, octx, out_s, outs);
     opf_tensor aux[OPF_OP_MAX_AUX];
     if ((st = alloc_specs(ctx, out_s, outs, n_out))) return st;
@@ -233,7 +233,7 @@ opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_
     if (pass) gs[0].ndim = OPF_SPEC_NONE_NDIM;
     opf_tensor g[OPF_OP_MAX_GRADS];
     /* backward_is_dy over a counted dy: references, no call */
-    if (env->dy && env->dy->buf && opf_op_outputs_are(op, true, env->dy, gs, n)) {
+    if (env->dy && env->dy->buf && opf_op_outputs_are(op, true, env->dy, gs, n, NULL)) {
         for (int i = 0; i < n; i++) {
             memset(&g[i], 0, sizeof g[i]);
             if (gs[i].ndim >= 0) opf_tensor_retain(env->dy, &g[i]);

@@ -287,13 +287,12 @@ static opf_delayed_arrays arrays_of(const opf_delayed_state *s, bool reduced)
                                 .algo = s->algo, .reject_nonfinite = s->reject};
 }
 
-/* The device's update of states[0..count) (one device, no reduction), then
- * the CPU's warnings. */
-static opf_status update_batch(opf_ctx *ctx, const char *fn, opf_delayed_state *const *states,
-                               const opf_delayed_arrays *a, int count)
+/* The update of states[0..count) (one device, arrays a) by its kernels k,
+ * then the CPU's warnings. */
+static opf_status update_batch(opf_ctx *ctx, const opf_scale_kernels *k,
+                               opf_delayed_state *const *states, const opf_delayed_arrays *a,
+                               int count)
 {
-    const opf_scale_kernels *k = opf_backend_kernels(ctx, fn, states[0]->device, OPF_KERNELS_SCALE);
-    if (!k) return OPF_ERR_UNSUPPORTED;
     /* The arrays are in the memory of the states' device, so is the roll. */
     opf_status st = k->delayed_update(states[0]->ctx, a, count);
     for (int i = 0; !st && i < count; i++)
@@ -308,17 +307,20 @@ opf_status opf_delayed_state_update(opf_ctx *ctx, opf_delayed_state *s,
     const char *fn = "opf_delayed_state_update";
     OPF_CHECK_NULL(ctx, fn, s);
     if (!ctx) ctx = s->ctx;
-    if (!opf_backend_kernels(ctx, fn, s->device, OPF_KERNELS_SCALE)) return OPF_ERR_UNSUPPORTED;
+    const opf_scale_kernels *k = opf_backend_kernels(ctx, fn, s->device, OPF_KERNELS_SCALE);
+    if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = reduce ? reduce_row0(ctx, s, reduce, reduce_user) : OPF_OK;
     if (st) return st;
     opf_delayed_arrays a = arrays_of(s, reduce != NULL);
-    return update_batch(ctx, fn, &s, &a, 1);
+    return update_batch(ctx, k, &s, &a, 1);
 }
 
 opf_status opf_delayed_states_update(opf_ctx *ctx, opf_delayed_state *const *states, int count)
 {
     const char *fn = "opf_delayed_states_update";
-    enum { CHUNK = 64 };  /* states a device call */
+    /* states a kernel call: a whole seq's in one (the device splits them
+     * into its launches) */
+    enum { CHUNK = 256 };
     opf_delayed_state *group[CHUNK];
     opf_delayed_arrays a[CHUNK];
     int n = 0;
@@ -328,7 +330,10 @@ opf_status opf_delayed_states_update(opf_ctx *ctx, opf_delayed_state *const *sta
         if (i < count && !s) continue;
         /* a group ends at the end, when full, or where the device or context changes */
         if (n && (!s || n == CHUNK || s->device != group[0]->device || s->ctx != group[0]->ctx)) {
-            opf_status st = update_batch(ctx ? ctx : group[0]->ctx, fn, group, a, n);
+            opf_ctx *c = ctx ? ctx : group[0]->ctx;
+            const opf_scale_kernels *k =
+                opf_backend_kernels(c, fn, group[0]->device, OPF_KERNELS_SCALE);
+            opf_status st = k ? update_batch(c, k, group, a, n) : OPF_ERR_UNSUPPORTED;
             if (!first) first = st;
             n = 0;
         }

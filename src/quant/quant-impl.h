@@ -10,11 +10,13 @@
  * and is then refused forgets what it recorded (all-or-nothing). Neither
  * allocates nor waits for the device. */
 void opf_delayed_state_keep_row0(opf_delayed_state *s);
-/* opf_delayed_state_update without a reduction for each non-NULL state,
- * states of one device and context batched into one kernel call. The first
- * error, if any (the other states still update). */
-opf_status opf_delayed_states_update(opf_ctx *ctx, opf_delayed_state *const *states, int count);
 void opf_delayed_state_rollback_row0(opf_delayed_state *s);
+
+/* opf_delayed_state_update without a reduction for each non-NULL state of
+ * states[0..count), those of one device and context batched into one
+ * kernel call; ctx NULL: each state's own. Returns the first error (the
+ * other states still update). */
+opf_status opf_delayed_states_update(opf_ctx *ctx, opf_delayed_state *const *states, int count);
 
 /* Sets qs's delayed-scaling pointers to q's slot of its delayed state (the
  * scale, and the slot's entry of amax-history row 0); leaves qs untouched
