@@ -36,7 +36,9 @@
 #                           from bandwidth- or compute-bound (several replays
 #                           a kernel: one step, a few minutes; give it a call
 #                           of its own). OPF_GPU_NCU_TIMEOUT: its limit in s
-#                           (default 300)
+#                           (default 300). OPF_GPU_NCU_LAYERS: the model's
+#                           layers (default 12; 2 gives every kernel of a layer
+#                           at a sixth of the time, the per-step ones once)
 #
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
@@ -180,7 +182,7 @@ if [ "${OPF_GPU_NCU:-0}" != 0 ]; then
   # OPF_GPU_GPT=0 OPF_GPU_NCU=2): after the tests and benchmarks it ran past
   # a 10-minute call and came back empty
   nsteps=2; [ "$OPF_GPU_NCU" = 2 ] && nsteps=1
-  step "kernel profile: ncu over $nsteps eager GPT-2 124M step(s), recipe ${OPF_GPU_NCU_RECIPE:-bf16}"
+  step "kernel profile: ncu over $nsteps eager GPT-2 124M step(s) (${OPF_GPU_NCU_LAYERS:-12} layers), recipe ${OPF_GPU_NCU_RECIPE:-bf16}"
   if command -v ncu >/dev/null; then
     # cut off at OPF_GPU_NCU_TIMEOUT s, default 300 (ncu writes its CSV only
     # at the end, so then there is no table)
@@ -188,8 +190,8 @@ if [ "${OPF_GPU_NCU:-0}" != 0 ]; then
     [ "$OPF_GPU_NCU" = 2 ] && metrics=$metrics,dram__bytes_read.sum,dram__bytes_write.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
     timeout "${OPF_GPU_NCU_TIMEOUT:-300}" ncu --clock-control none --metrics "$metrics" --csv \
       --print-units base \
-      "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 --context 1024 \
-      --random-vocab 50304 --batch 16 --steps $nsteps --eval-every 100 --quiet \
+      "$build/opfuse" train --device cuda --layers "${OPF_GPU_NCU_LAYERS:-12}" --width 768 \
+      --heads 12 --context 1024 --random-vocab 50304 --batch 16 --steps $nsteps --eval-every 100 --quiet \
       --recipe "${OPF_GPU_NCU_RECIPE:-bf16}" >"$logs/ncu.csv" 2>"$logs/ncu.err" ||
       { echo "ncu failed (rc $?):"; tail -5 "$logs/ncu.err"; bench_rc=1; }
     python3 scripts/ncu_summary.py "$logs/ncu.csv" --steps $nsteps --top 40 | tee "$logs/ncu.log"
