@@ -20,8 +20,10 @@
  * `--out FILE` also writes "name value" lines (the PyTorch peer script reads
  * them and prints the comparison table).
  *
+ *   - softmax cross-entropy over GPT-2 small's logits (16 x 1024 rows, V
+ *     50304, bf16), forward and forward + backward, in ms.
  * `--only LIST` runs only the sections named in LIST (any of quantize,
- * gemm, norm, elem, attn; the copy always runs).
+ * gemm, norm, elem, attn, xent; the copy always runs).
  *
  *     opfuse bench cuda [--out FILE] [--only LIST] [M K [S]]   default 8192 8192 8192 */
 #include <stdio.h>
@@ -562,6 +564,64 @@ static int bench_attn(opf_ctx *ctx)
     return rc;
 }
 
+/* ---- softmax cross-entropy at GPT-2 small's logits: 16 x 1024 rows of
+ * its padded vocabulary (50304), bf16 logits and dx, the forward (lse and
+ * the loss) and the forward + backward, in ms. ------------------------------ */
+enum { XE_ROWS = 16 * 1024, XE_V = 50304 };
+
+typedef struct xent_arg {
+    bool           bwd;
+    const void    *x;
+    const int32_t *tgt;
+    float         *lse, *loss;
+    const float   *dloss;
+    void          *dx;
+} xent_arg;
+static opf_status run_xent(opf_ctx *ctx, void *p)
+{
+    xent_arg *a = p;
+    const opf_nn_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->nn;
+    opf_status st = K->xent_fwd(ctx, a->x, OPF_BF16, a->tgt, a->lse, a->loss, XE_ROWS, XE_V);
+    if (st || !a->bwd) return st;
+    return K->xent_bwd(ctx, a->x, OPF_BF16, a->tgt, a->lse, a->dloss, a->dx, OPF_BF16, XE_ROWS,
+                       XE_V);
+}
+
+static int bench_xent(opf_ctx *ctx)
+{
+    opf_tensor x, dx;
+    opf_spec sd = opf_spec_make(2, (int64_t[]){XE_ROWS, XE_V}, OPF_BF16);
+    if (random_tensor(ctx, XE_ROWS, XE_V, OPF_BF16, &x) || device_tensor(ctx, &sd, &dx)) return 1;
+    int32_t *tgt = malloc(sizeof(int32_t) * XE_ROWS);
+    uint32_t r = 12345u;
+    for (int i = 0; i < XE_ROWS; i++) r = r * 1664525u + 1013904223u, tgt[i] = (int32_t)(r % XE_V);
+    const float one = 1.0f;
+    void *gt = NULL, *gf = NULL;  /* targets; lse, loss and dloss */
+    int rc = opf_cuda_alloc(ctx, sizeof(int32_t) * XE_ROWS, &gt) ||
+             opf_cuda_alloc(ctx, sizeof(float) * (XE_ROWS + 2), &gf) ||
+             opf_cuda_copy(ctx, gt, tgt, sizeof(int32_t) * XE_ROWS, OPF_CUDA_H2D) ||
+             opf_cuda_copy(ctx, (float *)gf + XE_ROWS + 1, &one, sizeof one, OPF_CUDA_H2D);
+    free(tgt);
+    printf("softmax cross-entropy, %d rows x V %d, bf16 logits and dx (ms a call)\n", XE_ROWS,
+           XE_V);
+    const double gb = (double)XE_ROWS * XE_V * 2 * 1e-9;  /* the logits' GB */
+    for (int b = 0; b < 2 && !rc; b++) {
+        xent_arg a = {b, x.data[0], gt, gf, (float *)gf + XE_ROWS, (float *)gf + XE_ROWS + 1,
+                      dx.data[0]};
+        double ms;
+        rc = time_ms(ctx, run_xent, &a, &ms);
+        char note[64];
+        snprintf(note, sizeof note, "%.0f GB/s of logits read and dx written", (b ? 3 : 1) * gb / ms * 1e3);
+        if (!rc) record(b ? "xent_fwdbwd_bf16_ms" : "xent_fwd_bf16_ms", "ms", ms, note);
+    }
+    opf_cuda_sync(ctx);
+    opf_cuda_free(ctx, gt);
+    opf_cuda_free(ctx, gf);
+    opf_tensor_release(&x);
+    opf_tensor_release(&dx);
+    return rc;
+}
+
 int opf_bench_cuda(int argc, char **argv)
 {
     const char *out_path;
@@ -573,7 +633,8 @@ int opf_bench_cuda(int argc, char **argv)
     results = out_path ? fopen(out_path, "w") : NULL;
     rc = bench_quantize(ctx, M, K) || (wanted("gemm") && bench_gemm(ctx, S)) ||
          (wanted("norm") && (bench_norm_act(ctx) || bench_fused(ctx))) ||
-         (wanted("elem") && bench_elem(ctx, M, K)) || (wanted("attn") && bench_attn(ctx));
+         (wanted("elem") && bench_elem(ctx, M, K)) || (wanted("attn") && bench_attn(ctx)) ||
+         (wanted("xent") && bench_xent(ctx));
     if (rc) fprintf(stderr, "bench cuda: %s\n", opf_last_error(ctx));
     if (results) fclose(results);
     results = NULL;

@@ -10,7 +10,8 @@ the transposed copy x.t().contiguous() of a bf16 tensor, a fused AdamW step
 (torch.optim.AdamW(fused=True)) over 100 tensors of 1M fp32 parameters;
 causal F.scaled_dot_product_attention at GPT-2 small's shape (fp32 with TF32
 allowed, and bf16), forward and forward + backward, against opfuse's gemm
-and flash attention paths.
+and flash attention paths; F.cross_entropy over GPT-2 small's bf16 logits
+(16 x 1024 x 50304), forward and forward + backward.
 CUDA-event medians after warm-up, random data. Block-scaled, MXFP8 and NVFP4 GEMMs
 have no PyTorch peer on Hopper: the table compares them with opfuse's
 per-tensor FP8 GEMM and with torch.mm.
@@ -230,7 +231,8 @@ def elem_peers(peer, M, K, dev):
 
 AT_B, AT_T, AT_H, AT_D = 16, 1024, 12, 64
 # (opfuse's row, the peer's, what the peer is); ms, ratio = peer / opfuse
-ATTN_ROWS = (("attn_fwd_gemm_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
+# (attention, and the cross-entropy below)
+MS_ROWS = (("attn_fwd_gemm_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwd_flash_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwd_flash_bf16_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwd_flash2_bf16_ms", "attn_fwd_bf16_ms", "SDPA causal bf16"),
@@ -241,7 +243,9 @@ ATTN_ROWS = (("attn_fwd_gemm_ms", "attn_fwd_ms", "SDPA causal fp32 (TF32)"),
              ("attn_fwdbwd_flash_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwdbwd_flash2_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"),
              ("attn_fwdbwd_cudnn_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"),
-             ("attn_fwdbwd_cudnn_atomic_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"))
+             ("attn_fwdbwd_cudnn_atomic_bf16_ms", "attn_fwdbwd_bf16_ms", "SDPA causal bf16"),
+             ("xent_fwd_bf16_ms", "xent_fwd_bf16_ms", "F.cross_entropy bf16"),
+             ("xent_fwdbwd_bf16_ms", "xent_fwdbwd_bf16_ms", "F.cross_entropy bf16"))
 
 
 def attn_peer(dev):
@@ -264,6 +268,22 @@ def attn_peer(dev):
             lambda: torch.autograd.grad(fwd(), (q, k, v), do))
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     return out
+
+
+XE_ROWS, XE_V = 16 * 1024, 50304
+
+
+def xent_peer(dev):
+    """F.cross_entropy on bf16 logits [16 x 1024, 50304] (GPT-2 small's), the
+    forward and the forward with the logits' gradient, in ms."""
+    x = torch.randn(XE_ROWS, XE_V, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, XE_V, (XE_ROWS,), device=dev)
+
+    def fwd():
+        return torch.nn.functional.cross_entropy(x, t)
+
+    return {"xent_fwd_bf16_ms": median_ms(fwd),
+            "xent_fwdbwd_bf16_ms": median_ms(lambda: torch.autograd.grad(fwd(), x))}
 
 
 def main():
@@ -301,6 +321,7 @@ def main():
     peer.update(norm_act_peer(dev))
     elem_peers(peer, M, K, dev)
     peer.update(attn_peer(dev))
+    peer.update(xent_peer(dev))
 
     ours = {}
     with open(path) as f:
@@ -337,8 +358,8 @@ def main():
         o = ours.get(k)
         r = f"{o / base:6.2f}" if o and base else "     -"
         print(f"{k + ' (TF/s)':34s} {o or 0:9.1f} {base or 0:9.1f} {r}  {what}")
-    # Attention in ms: the ratio is peer / opfuse (above 1: opfuse faster).
-    for k, pk, what in ATTN_ROWS:
+    # Attention and cross-entropy in ms: the ratio is peer / opfuse (above 1: opfuse faster).
+    for k, pk, what in MS_ROWS:
         o, p = ours.get(k), peer.get(pk)
         r = f"{p / o:6.2f}" if o and p else "     -"
         print(f"{k + ' (ms)':34s} {o or 0:9.3f} {p or 0:9.3f} {r}  {what}")

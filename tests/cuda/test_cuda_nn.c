@@ -9,7 +9,8 @@
  * or 128, heads 1..12, D = 1, 64, 128 and past one pass of 256; f32 qkv,
  * and bf16 and f16 for the 16-bit kernels, stored as f32 and as themselves
  * (the same bits); an unknown path is an error),
- * cross-entropy with ignored targets and a vocabulary of 50257, sumsq per
+ * cross-entropy with ignored targets, vocabularies of 50257 and 50304 (rows
+ * of any alignment; whole 16-byte vectors) and shorter rows, sumsq per
  * dtype, clipping's sumsq_acc and clip_scale; and the device expf/logf
  * against the host's libm. */
 #ifndef OPF_HAVE_CUDA
@@ -620,6 +621,13 @@ static void test_xent(opf_ctx *ctx)
     xent_case(ctx, 37, 50257, 4, 8.0f, false, B, B);  /* a bf16 model's logits and dx */
     xent_case(ctx, 64, 777, 5, 4.0f, true, B, F);
     xent_case(ctx, 300, 1000, 3, 3.0f, false, H, H);
+    /* rows of whole 16-byte vectors (the vector backward; the forward's
+     * chunks without a head), with special values, dx wider and narrower,
+     * and rows shorter than a vector */
+    xent_case(ctx, 64, 50304, 4, 8.0f, false, B, B);  /* GPT-2's padded vocabulary */
+    xent_case(ctx, 48, 776, 5, 4.0f, true, B, F);
+    xent_case(ctx, 70, 100, 3, 5.0f, true, F, B);
+    xent_case(ctx, 40, 3, 2, 2.0f, false, B, B);
 }
 
 /* ---- sumsq ---------------------------------------------------------------------- */

@@ -19,8 +19,11 @@
  *    warp per key row (queries i = j..T-1 in order), both from the same
  *    recomputed p and ds.
  *  - cross-entropy: a warp per row, each lane summing its own exponentials,
- *    then the fold (lanesum.h). The loss: one block adds the rows in order
- *    in double.
+ *    then the fold (lanesum.h); the row is read in 16-byte vectors whose
+ *    exps the lanes compute in parallel and hand, through shared memory, to
+ *    the lane that adds them. The loss: one block computes the rows' terms,
+ *    one thread adds them in order in double. The backward: a block a row,
+ *    16-byte vectors where every row is whole ones.
  *  - sumsq: a warp per 4096-value chunk of the CPU, each lane its own
  *    squares, then the fold (lanesum.h); one warp folds the chunk sums.
  *    Clipping's sumsq_acc and clip_scale take every gradient of a model in
@@ -636,56 +639,129 @@ template <opf_dtype D> __device__ __forceinline__ float nn_ld(const void *x, int
     return opf_dev_to_f32<D>(__ldg((const typename opf_dev_plain<D>::store *)x + i));
 }
 
+/* A row of logits as the vector kernels walk it: h head elements up to the
+ * first 16-byte boundary, nv whole 16-byte vectors of E elements, then the
+ * tail. Rows of any length and alignment take it (the bases of a dtype's
+ * array are aligned to its element). */
+template <opf_dtype D> struct xent_row {
+    typedef typename opf_dev_plain<D>::store T;
+    enum { E = 16 / (int)sizeof(T) };
+    const T *p;
+    int64_t  h, nv, tail;  /* tail: the first element after the vectors */
+    __device__ xent_row(const void *x, int64_t r, int64_t V)
+    {
+        p = (const T *)x + r * V;
+        h = (int64_t)((16 - ((uintptr_t)p & 15)) & 15) / (int64_t)sizeof(T);
+        if (h > V) h = V;
+        nv = (V - h) / E;
+        tail = h + nv * E;
+    }
+    __device__ __forceinline__ float at(int64_t j) const { return opf_dev_to_f32<D>(__ldg(p + j)); }
+    __device__ __forceinline__ uint4 vec(int64_t i) const { return __ldg((const uint4 *)(p + h) + i); }
+    __device__ __forceinline__ static void widen(uint4 u, float (&v)[E])
+    {
+        const T *e = (const T *)&u;
+#pragma unroll
+        for (int k = 0; k < E; k++) v[k] = opf_dev_to_f32<D>(e[k]);
+    }
+};
+
 /* lse of row r: m = the CPU's max (x_0 when it is NaN, else the max of the
- * numbers), e = S(expf(x_j - m)): each lane its own terms, then the fold. */
+ * numbers, in any order), e = S(expf(x_j - m)) in lanesum.h's order: lane c
+ * adds the terms j = c mod 32 in j order, then the fold. The row is read in
+ * 16-byte vectors: a chunk of 32 of them (32 E elements) goes through the
+ * warp's piece of shared memory, each lane computing the E exps of its
+ * vector (fp64: the exps in flight), then lane c adding the chunk's terms
+ * of its class in order; the next chunk's vector is loaded ahead. */
 template <opf_dtype D>
-static __global__ void xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows,
-                                       int64_t V)
+static __global__ void __launch_bounds__(32 * WARPS)
+xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows, int64_t V)
 {
+    typedef xent_row<D> R;
+    enum { E = R::E, CH = 32 * E };
+    __shared__ float buf[WARPS][CH];
     int64_t r = nn_warp_id();
     if (r >= rows) return;
     int lane = nn_lane();
+    float *b = buf[threadIdx.x >> 5];
     if (tgt[r] < 0) {
         if (lane == 0) lse[r] = 0.0f;
         return;
     }
-    int64_t base = r * V;
-    float m = -INFINITY;
-#pragma unroll 8
-    for (int64_t j = lane; j < V; j += 32) m = fmaxf(m, nn_ld<D>(x, base + j));  /* fmaxf skips NaN */
+    const R row(x, r, V);
+    float m = -INFINITY, v[E];
+    if (lane < row.h) m = row.at(lane);
+#pragma unroll 4
+    for (int64_t i = lane; i < row.nv; i += 32) {
+        R::widen(row.vec(i), v);
+#pragma unroll
+        for (int k = 0; k < E; k++) m = fmaxf(m, v[k]);  /* fmaxf skips NaN */
+    }
+    if (row.tail + lane < V) m = fmaxf(m, row.at(row.tail + lane));
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
-    float x0 = nn_ld<D>(x, base);
+    float x0 = row.at(0);
     if (isnan(x0)) m = x0;
     float e = 0.0f;
-    /* unrolled: several exps (fp64, about 100 cycles each) in flight while
-     * the adds keep their order */
-#pragma unroll 4
-    for (int64_t j = lane; j < V; j += 32) e = __fadd_rn(e, nn_expf(__fsub_rn(nn_ld<D>(x, base + j), m)));
+    if (lane < row.h) e = nn_expf(__fsub_rn(row.at(lane), m));
+    /* chunk q holds elements h + q CH ...; lane c's first of its class at
+     * position (c - h) mod 32, as CH is a multiple of 32 */
+    const int first = (int)((lane - row.h) & 31);
+    uint4 next = lane < row.nv ? row.vec(lane) : make_uint4(0, 0, 0, 0);
+    for (int64_t q0 = 0; q0 < row.nv; q0 += 32) {
+        uint4 now = next;
+        if (q0 + 32 + lane < row.nv) next = row.vec(q0 + 32 + lane);
+        int64_t live = (row.nv - q0 < 32 ? row.nv - q0 : 32) * E;  /* the chunk's elements */
+        R::widen(now, v);
+#pragma unroll
+        for (int k = 0; k < E; k++) b[lane * E + k] = nn_expf(__fsub_rn(v[k], m));
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < E; k++)
+            if (first + 32 * k < live) e = __fadd_rn(e, b[first + 32 * k]);
+        __syncwarp();
+    }
+    int64_t j = row.tail + ((lane - row.tail) & 31);
+    if (j < V) e = __fadd_rn(e, nn_expf(__fsub_rn(row.at(j), m)));
     for (int o = 16; o; o >>= 1) e = __fadd_rn(e, __shfl_down_sync(FULL, e, o));
     if (lane == 0) lse[r] = __fadd_rn(m, nn_logf(e));
 }
 
-/* One block: the rows' lse_r - x_{r, tgt_r} in double, added in r order. */
+/* One block: the rows' lse_r - x_{r, tgt_r} in double, added in r order.
+ * The block computes a chunk's terms at once (the x_{r, tgt_r} gathers all
+ * in flight), then thread 0 adds them in order. An ignored row's term is
+ * -0.0, which added to any sum gives that sum's bits (x + -0 = x under
+ * round-to-nearest, +0 + -0 = +0): the same sum as skipping the row, with
+ * no test in the chain of adds. */
+enum { LOSS_THREADS = 1024, LOSS_CHUNK = 4096 };
 template <opf_dtype D>
-static __global__ void xent_loss_kernel(const void *x, const int32_t *tgt, const float *lse,
-                                        float *loss, int64_t rows, int64_t V)
+static __global__ void __launch_bounds__(LOSS_THREADS)
+xent_loss_kernel(const void *x, const int32_t *tgt, const float *lse, float *loss, int64_t rows,
+                 int64_t V)
 {
-    __shared__ double term[256];
-    __shared__ bool counted[256];
+    __shared__ double term[LOSS_CHUNK];
+    __shared__ unsigned long long count;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
     double sum = 0.0;
-    int64_t n = 0;
-    for (int64_t r0 = 0; r0 < rows; r0 += 256) {
-        int64_t r = r0 + threadIdx.x;
-        bool c = r < rows && tgt[r] >= 0;
-        counted[threadIdx.x] = c;
-        term[threadIdx.x] = c ? (double)__fsub_rn(lse[r], nn_ld<D>(x, r * V + tgt[r])) : 0.0;
+    unsigned long long mine = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += LOSS_CHUNK) {
+        int len = (int)(rows - r0 < LOSS_CHUNK ? rows - r0 : LOSS_CHUNK);
+        for (int i = (int)threadIdx.x; i < len; i += LOSS_THREADS) {
+            int64_t r = r0 + i;
+            bool c = tgt[r] >= 0;
+            mine += c;
+            term[i] = c ? (double)__fsub_rn(lse[r], nn_ld<D>(x, r * V + tgt[r])) : -0.0;
+        }
         __syncthreads();
-        if (threadIdx.x == 0)
-            for (int k = 0; k < 256; k++)
-                if (counted[k]) sum = __dadd_rn(sum, term[k]), n++;
+        if (threadIdx.x == 0) {
+#pragma unroll 8
+            for (int k = 0; k < len; k++) sum = __dadd_rn(sum, term[k]);
+        }
         __syncthreads();
     }
-    if (threadIdx.x == 0) loss[0] = n ? __double2float_rn(__ddiv_rn(sum, (double)n)) : 0.0f;
+    atomicAdd(&count, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) loss[0] = count ? __double2float_rn(__ddiv_rn(sum, (double)count)) : 0.0f;
 }
 
 static opf_status xent_dtype(opf_ctx *ctx, const char *fn, const char *what, opf_dtype dt)
@@ -709,7 +785,7 @@ static opf_status xent_fwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int3
             xent_lse_kernel<D><<<warp_grid(rows), 32 * WARPS, 0, s->stream>>>(x, tgt, lse, rows, V);
             OPF_CUDA_LAUNCHED(ctx, fn);
         }
-        xent_loss_kernel<D><<<1, 256, 0, s->stream>>>(x, tgt, lse, loss, rows, V);
+        xent_loss_kernel<D><<<1, LOSS_THREADS, 0, s->stream>>>(x, tgt, lse, loss, rows, V);
         OPF_CUDA_LAUNCHED(ctx, fn);
         return OPF_OK;
     });
@@ -730,6 +806,7 @@ static __global__ void xent_grad_scale_kernel(const int32_t *tgt, const float *d
         *g = count ? __fdiv_rn(dloss[0], __ull2float_rn(count)) : 0.0f;
 }
 
+/* dx = (expf(x - lse) - [j = t]) g, a block a row (0 on ignored rows). */
 template <opf_dtype D, opf_dtype DO>
 static __global__ void xent_bwd_kernel(const void *x, const int32_t *tgt, const float *lse,
                                        const float *g, void *dx, int64_t rows, int64_t V)
@@ -744,6 +821,45 @@ static __global__ void xent_bwd_kernel(const void *x, const int32_t *tgt, const 
             float e = nn_expf(__fsub_rn(nn_ld<D>(x, r * V + j), l));
             float d = t < 0 ? 0.0f : __fmul_rn(__fsub_rn(e, j == t ? 1.0f : 0.0f), gg);
             out[r * V + j] = opf_dev_from_f32<DO>(d);
+        }
+    }
+}
+
+/* The same where every row of x and dx is whole 16-byte vectors: a thread
+ * E elements a step, one 16-byte load and E exps in flight. */
+template <opf_dtype D, opf_dtype DO>
+static __global__ void xent_bwd_vec_kernel(const void *x, const int32_t *tgt, const float *lse,
+                                           const float *g, void *dx, int64_t rows, int64_t V)
+{
+    typedef typename opf_dev_plain<D>::store T;
+    typedef typename opf_dev_plain<DO>::store OT;
+    enum { E = 16 / (int)sizeof(T) };
+    struct __align__(sizeof(OT) * E < 16 ? sizeof(OT) * E : 16) ovec { OT v[E]; };
+    const float gg = *g;
+    const int64_t nv = V / E;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t t = tgt[r];
+        const float l = lse[r];
+        const uint4 *xv = (const uint4 *)((const T *)x + r * V);
+        ovec *ov = (ovec *)((OT *)dx + r * V);
+        if (t < 0) {
+            ovec z;
+#pragma unroll
+            for (int k = 0; k < E; k++) z.v[k] = opf_dev_from_f32<DO>(0.0f);
+            for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) ov[i] = z;
+            continue;
+        }
+#pragma unroll 2
+        for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+            uint4 u = __ldg(xv + i);
+            const T *e = (const T *)&u;
+            ovec o;
+#pragma unroll
+            for (int k = 0; k < E; k++) {
+                float ex = nn_expf(__fsub_rn(opf_dev_to_f32<D>(e[k]), l));
+                o.v[k] = opf_dev_from_f32<DO>(__fmul_rn(__fsub_rn(ex, i * E + k == t ? 1.0f : 0.0f), gg));
+            }
+            ov[i] = o;
         }
     }
 }
@@ -763,10 +879,18 @@ static opf_status xent_bwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int3
     xent_grad_scale_kernel<<<1, 1024, 0, s->stream>>>(tgt, dloss, rows, (float *)ws);
     OPF_CUDA_LAUNCHED(ctx, fn);
     unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
+    bool vec = V * (int64_t)opf_dtype_nbytes(xt, 1) % 16 == 0 &&
+               V * (int64_t)opf_dtype_nbytes(dxt, 1) % 16 == 0 && opf_cuda_aligned16(x) &&
+               opf_cuda_aligned16(dx);
     return opf_dev_with_dtype(xt, [&](auto d) {
         return opf_dev_with_dtype(dxt, [&](auto o) {
-            xent_bwd_kernel<decltype(d)::value, decltype(o)::value>
-                <<<grid, 256, 0, s->stream>>>(x, tgt, lse, (const float *)ws, dx, rows, V);
+            constexpr opf_dtype D = decltype(d)::value, DO = decltype(o)::value;
+            if (vec)
+                xent_bwd_vec_kernel<D, DO>
+                    <<<grid, 256, 0, s->stream>>>(x, tgt, lse, (const float *)ws, dx, rows, V);
+            else
+                xent_bwd_kernel<D, DO>
+                    <<<grid, 256, 0, s->stream>>>(x, tgt, lse, (const float *)ws, dx, rows, V);
             OPF_CUDA_LAUNCHED(ctx, fn);
             return OPF_OK;
         });
