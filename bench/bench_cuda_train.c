@@ -8,6 +8,8 @@
  *     hidden H (ffn 4H) per recipe, eager;
  *   - the same step at 256 x 1024, eager and compiled (replayed as CUDA
  *     graphs), bf16 and FP8 current scaling;
+ *   - printed, not recorded: the compiled step's profile (device time per
+ *     node group) at T x H in FP8 current scaling and at 256 x 1024 in bf16;
  *   - host time: the CPU wall time of the calls alone (the stream is idle
  *     before each timed call and the GPU work it queues runs after it), per
  *     eager op call (a step's calls over its plan entries) and per compiled
@@ -274,22 +276,23 @@ static void bench_lnmlp(opf_ctx *ctx, int64_t T, int64_t H)
     }
 }
 
-/* Where the big step's time goes: the step compiled (walked with a
- * synchronization around each node) for FP8 current scaling, the node
- * groups' device time. Printed, not recorded: a profile, not a number. */
-static void profile_lnmlp(opf_ctx *ctx, int64_t T, int64_t H)
+/* Where a step's time goes: the step compiled (walked with a
+ * synchronization around each node) in recipe kind, the node groups'
+ * device time. Printed, not recorded: a profile, not a number. */
+static void profile_lnmlp(opf_ctx *ctx, opf_recipe_kind kind, const char *recipe, int64_t T,
+                          int64_t H)
 {
     enum { STEPS = 5 };
     opf_seq *seq = NULL;
     train t = {0};
     opf_status st = ln_mlp(ctx, H, &seq);
-    if (!st) st = train_open(ctx, seq, OPF_RECIPE_CURRENT, T, H, &t);
+    if (!st) st = train_open(ctx, seq, kind, T, H, &t);
     if (!st) st = opf_compile(seq, &t.x.spec, &t.call, NULL, &t.g);
     for (int i = 0; i < 2 && !st; i++) st = train_step(&t);
     if (!st) opf_graph_set_profile(t.g, true);
     for (int i = 0; i < STEPS && !st; i++) st = train_step(&t);
-    printf("LayerNorm-MLP step, %lld tokens x hidden %lld, FP8 current, compiled: profile\n",
-           (long long)T, (long long)H);
+    printf("LayerNorm-MLP step, %lld tokens x hidden %lld, %s, compiled: profile\n",
+           (long long)T, (long long)H, recipe);
     if (!st) st = opf_graph_dump_profile(t.g, STEPS, stdout);
     if (st) failed(ctx, "lnmlp profile");
     train_close(&t);
@@ -375,6 +378,7 @@ static void bench_small(opf_ctx *ctx)
     static const rcase cases[] = {{OPF_RECIPE_NONE, "bf16"}, {OPF_RECIPE_CURRENT, "fp8_current"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (small_case(ctx, &cases[i], T, H)) failed(ctx, cases[i].name);
+    profile_lnmlp(ctx, OPF_RECIPE_NONE, "bf16", T, H);
 }
 
 int opf_bench_cuda_train(int argc, char **argv)
@@ -388,7 +392,7 @@ int opf_bench_cuda_train(int argc, char **argv)
     results = out_path ? fopen(out_path, "w") : NULL;
     bench_linear(ctx, S);
     bench_lnmlp(ctx, T, H);
-    profile_lnmlp(ctx, T, H);
+    profile_lnmlp(ctx, OPF_RECIPE_CURRENT, "FP8 current", T, H);
     bench_small(ctx);
     bench_op_host(ctx);
     if (results) fclose(results);
