@@ -29,7 +29,11 @@ static void linear(builder *b, int64_t in, int64_t out, bool bias, opf_dtype dt,
 }
 
 /* make_extra_output("<p>.<ch>") ... add_extra_input("<p>.<ch>") around what
- * the caller appends between the two calls. */
+ * the caller appends between the two calls. The add is in place, as the
+ * anchor's residual adds are: so the fuser folds it and the linear before
+ * it into one GEMM that accumulates onto the residual
+ * (forward_linear_bias_add), and the add is no pass of its own (opfuse has
+ * no views: the output is still a new tensor). */
 static void residual_open(builder *b, const char *prefix, const char *ch)
 {
     char name[64], chan[64];
@@ -44,7 +48,8 @@ static void residual_close(builder *b, const char *prefix, const char *ch)
     char name[64], chan[64];
     snprintf(name, sizeof name, "%s.%s.in", prefix, ch);
     snprintf(chan, sizeof chan, "%s.%s", prefix, ch);
-    opf_op *op = add(b, "add_extra_input", NULL, name);
+    static const opf_inplace_config in_place = {.in_place = true};
+    opf_op *op = add(b, "add_extra_input", &in_place, name);
     if (op) b->st = opf_op_set_extra_input(op, 0, chan);
 }
 
