@@ -286,7 +286,8 @@ static opf_status run_norm(opf_ctx *ctx, void *p)
     norm_arg *a = p;
     const opf_norm_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->norm;
     if (a->bwd == 1)
-        return K->layernorm_bwd(ctx, a->dz, a->x, a->mu, a->rs, a->g, false, a->dx, a->dg, a->db);
+        return K->layernorm_bwd(ctx, a->dz, a->x, a->mu, a->rs, a->g, false, NULL, a->dx, a->dg,
+                                a->db);
     if (a->bwd == 2) return K->rmsnorm_fwd(ctx, a->x, a->g, 1e-5f, false, a->z, a->rs);
     return K->layernorm_fwd(ctx, a->x, a->g, a->b, 1e-5f, false, a->z, a->mu, a->rs);
 }

@@ -1,6 +1,7 @@
 /* norm.h: the kernel-table entries for LayerNorm, RMSNorm and L2
- * normalization, forward and backward, and the add + RMSNorm backward
- * (nvte_layernorm_fwd, nvte_rmsnorm_bwd, nvte_rmsnorm_bwd_add in TE's C API).
+ * normalization, forward and backward, and the add + RMSNorm / LayerNorm
+ * backward (nvte_layernorm_fwd, nvte_rmsnorm_bwd, nvte_rmsnorm_bwd_add in
+ * TE's C API; the LayerNorm one is opfuse's).
  * Each entry takes the context (later: its stream) and plain tensors; its
  * scratch comes from the context's workspace (pushed and popped inside). None
  * allocates, none sees an op, a seq, a quantizer or a recipe object.
@@ -37,6 +38,7 @@
  *     backward  y_j = fl(rs * d_j), e_j = fl(g_j * dz_j)
  *               a = S(e_j) * rn,  c = S(fl(e_j * y_j)) * rn
  *               dx_j = rs * fl(e_j - fl(fl(c * y_j) + a))
+ *               (+ dadd_j in fp32 before the rounding of dx, when given)
  *               dgamma_j = S_rows(fl(dz_j * y_j)),  dbeta_j = S_rows(dz_j)
  *   RMSNorm     mu, m2 as LayerNorm (TE's shared statistics: the mean square
  *               rebuilt from the mean and the centred sum)
@@ -77,11 +79,13 @@ typedef struct opf_norm_kernels {
     opf_status (*layernorm_fwd)(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
                                 const opf_tensor *beta, float eps, bool zero_centered,
                                 opf_tensor *z, opf_tensor *mu, opf_tensor *rsigma);
-    /* dx, dgamma, dbeta ([H], gamma's dtype) from dz and the forward's x, mu, rsigma. */
+    /* dx, dgamma, dbeta ([H], gamma's dtype) from dz and the forward's x, mu,
+     * rsigma; dadd as rmsnorm_bwd's (the add + LayerNorm backward). */
     opf_status (*layernorm_bwd)(opf_ctx *ctx, const opf_tensor *dz, const opf_tensor *x,
                                 const opf_tensor *mu, const opf_tensor *rsigma,
-                                const opf_tensor *gamma, bool zero_centered, opf_tensor *dx,
-                                opf_tensor *dgamma, opf_tensor *dbeta);
+                                const opf_tensor *gamma, bool zero_centered,
+                                const opf_tensor *dadd, opf_tensor *dx, opf_tensor *dgamma,
+                                opf_tensor *dbeta);
     /* z = RMSNorm(x); rsigma [rows] out. */
     opf_status (*rmsnorm_fwd)(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
                               float eps, bool zero_centered, opf_tensor *z, opf_tensor *rsigma);

@@ -56,6 +56,21 @@ opf_status opf_op_class_register_builtin(const opf_op_class *cls);
 #define OPF_SHARED_SCHEMA(var, st, fields) \
     const opf_schema var = {#st, sizeof(st), (int)(sizeof(fields) / sizeof(fields[0])), fields}
 
+/* ---- what the fusion functions ask of an op ---------------------------------- */
+
+/* Is op of the class named `name`? (fused ops never match a basic name) */
+static inline bool opf_op_is_class(const opf_op *op, const char *name)
+{
+    return !opf_op_is_fused(op) && !strcmp(opf_op_class_of(op)->name, name);
+}
+
+/* The in_place flag of add_extra_input / make_extra_output (their config
+ * always exists: NULL at creation copies the default). */
+static inline bool opf_op_in_place(const opf_op *op)
+{
+    return ((const opf_inplace_config *)opf_op_config_const(op))->in_place;
+}
+
 /* ---- what several basic ops share (basic_common.c) ------------------------------ */
 
 /* The args of a direction that reads one tensor and nothing else: x forward,
@@ -115,7 +130,8 @@ static inline opf_quantizer opf_q_or_none(const opf_quantizer *q)
     X(forward_linear_bias_activation) X(forward_linear_bias_add)               \
     X(forward_linear_bias) X(forward_linear_add)                               \
     X(forward_linear_scale_add) X(backward_linear_add) X(backward_linear_scale) \
-    X(backward_activation_bias) X(backward_add_rmsnorm) X(grouped_mlp)
+    X(backward_activation_bias) X(backward_add_rmsnorm) X(backward_add_layernorm) \
+    X(grouped_mlp)
 
 #define OPF_DECLARE_CLASS(n) extern const opf_op_class opf_op_class_##n;
 OPF_BUILTIN_OPS(OPF_DECLARE_CLASS)
@@ -137,7 +153,8 @@ extern const int opf_scaled_act_in_mlp;
     X(FORWARD, forward_linear_bias_add) X(FORWARD, forward_linear_bias_activation) \
     X(FORWARD, forward_linear_scale_add)                                       \
     X(BACKWARD, backward_linear_add) X(BACKWARD, backward_linear_scale)        \
-    X(BACKWARD, backward_activation_bias) X(BACKWARD, backward_add_rmsnorm)
+    X(BACKWARD, backward_activation_bias) X(BACKWARD, backward_add_rmsnorm) \
+    X(BACKWARD, backward_add_layernorm)
 #define OPF_DECLARE_FUSION(w, n)                                               \
     opf_status opf_fuse_##n(opf_ctx *ctx, opf_op *const *ops_in, int n, const opf_recipe *recipe, \
                             void *user, opf_op **ops_out, int *n_out);

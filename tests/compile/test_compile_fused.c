@@ -50,7 +50,7 @@ typedef struct scen {
     const char *name;
     const char *ops;       /* L basic_linear, B bias, G gelu, R relu, S constant_scale,
                               A / a add_extra_input (in place / not), M / m make_extra_output
-                              (in place / not), Q quantize (backward only), N rmsnorm,
+                              (in place / not), Q quantize (backward only), N rmsnorm, E layernorm,
                               X grouped_linear K -> 2H, W scaled_swiglu, Y grouped_linear H -> H */
     double      scale;
     unsigned    flags;
@@ -79,6 +79,7 @@ static const scen scens[] = {
     {"quantize+bias+gelu", "QBG", 0, 0, {{"backward_activation_bias", BWD, QUANT}}, "quantize,bias,gelu"},
     {"quantize+bias+relu", "QBR", 0, 0, {{"backward_activation_bias", BWD, QUANT}}, "quantize,bias,relu"},
     {"make+rmsnorm", "mN", 0, 0, {{"backward_add_rmsnorm", BWD, ALLR}}, "make_extra_output,rmsnorm"},
+    {"make+layernorm", "mE", 0, 0, {{"backward_add_layernorm", BWD, ALLR}}, "make_extra_output,layernorm"},
     {"grouped mlp", "XWY", 0, 0, {{"grouped_mlp", JOINT, ALLR}}, NULL},
 };
 enum { NSCEN = sizeof scens / sizeof scens[0] };
@@ -99,11 +100,11 @@ static opf_op *mk(opf_ctx *ctx, char c, const scen *sc, opf_dtype dt, int i)
     static const char *const cls[128] = {
         ['L'] = "basic_linear", ['B'] = "bias", ['G'] = "gelu", ['R'] = "relu", ['S'] = "constant_scale",
         ['A'] = "add_extra_input", ['a'] = "add_extra_input", ['M'] = "make_extra_output",
-        ['m'] = "make_extra_output", ['Q'] = "quantize", ['N'] = "rmsnorm", ['X'] = "grouped_linear",
-        ['W'] = "scaled_swiglu", ['Y'] = "grouped_linear"};
+        ['m'] = "make_extra_output", ['Q'] = "quantize", ['N'] = "rmsnorm", ['E'] = "layernorm",
+        ['X'] = "grouped_linear", ['W'] = "scaled_swiglu", ['Y'] = "grouped_linear"};
     const void *cfg[128] = {['L'] = &lin, ['B'] = &bias, ['S'] = &scale, ['A'] = &in_place,
                             ['a'] = &not_in_place, ['M'] = &in_place, ['m'] = &not_in_place,
-                            ['Q'] = &qbwd, ['N'] = &norm, ['X'] = &fc1, ['Y'] = &fc2};
+                            ['Q'] = &qbwd, ['N'] = &norm, ['E'] = &norm, ['X'] = &fc1, ['Y'] = &fc2};
     char name[16];
     snprintf(name, sizeof name, "%c%d", c, i);
     opf_op *op = NULL;

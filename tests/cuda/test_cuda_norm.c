@@ -124,7 +124,7 @@ typedef struct ncase {
     int       kind;
     int       nd;
     int64_t   shape[3];
-    opf_dtype xt, gt, zt, dzt, dxt, addt;  /* addt: the dadd dtype (RMSNorm), F32 */
+    opf_dtype xt, gt, zt, dzt, dxt, addt;  /* addt: the dadd dtype (LayerNorm, RMSNorm) */
     bool      zc, dadd, special;
 } ncase;
 
@@ -165,9 +165,11 @@ static void backward(opf_ctx *ctx, const ncase *c, nbufs *t, int64_t H, const ch
         CHECK_OK(ctx, opf_cuda_copy(ctx, t->mu.d.data[0], t->mu.h.data[0], rows_bytes,
                                     OPF_CUDA_H2D));
         CHECK_OK(ctx, cpu()->layernorm_bwd(ctx, &t->dz.h, &t->x.h, &t->mu.h, &t->rs.h, &t->g.h,
-                                           c->zc, &t->dx.h, &t->dg.h, &t->db.h));
+                                           c->zc, c->dadd ? &t->add.h : NULL, &t->dx.h, &t->dg.h,
+                                           &t->db.h));
         CHECK_OK(ctx, gpu()->layernorm_bwd(ctx, &t->dz.d, &t->x.d, &t->mu.d, &t->rs.d, &t->g.d,
-                                           c->zc, &t->dx.d, &t->dg.d, &t->db.d));
+                                           c->zc, c->dadd ? &t->add.d : NULL, &t->dx.d, &t->dg.d,
+                                           &t->db.d));
         compare(ctx, w, "dbeta", &t->db.h, &t->db.d, H);
     } else if (c->kind == K_RMS) {
         CHECK_OK(ctx, cpu()->rmsnorm_bwd(ctx, &t->dz.h, &t->x.h, &t->rs.h, &t->g.h, c->zc,

@@ -347,6 +347,8 @@ typedef enum seq_shape {
     SQ_LINEAR_SCALE,       /* linear, constant_scale */
     SQ_RESIDUAL_LINEAR,    /* make_extra_output(in place), linear */
     SQ_RESIDUAL_RMSNORM,   /* make_extra_output, rmsnorm, linear */
+    SQ_RESIDUAL_LAYERNORM, /* make_extra_output, layernorm (no GEMM: the same bits on
+                              every OpenBLAS core) */
     SQ_GROUPED_MLP,        /* grouped_linear, scaled_swiglu, grouped_linear */
     SQ_LN_MLP,             /* layernorm, linear, bias, gelu, linear, bias */
 } seq_shape;
@@ -367,6 +369,7 @@ static const seq_def seq_defs[] = {
     {"linear_scale", SQ_LINEAR_SCALE, {EX_NONE}},
     {"residual_linear", SQ_RESIDUAL_LINEAR, {EX_NONE}},
     {"residual_rmsnorm", SQ_RESIDUAL_RMSNORM, {EX_NONE}},
+    {"residual_layernorm", SQ_RESIDUAL_LAYERNORM, {EX_NONE}},
     {"grouped_mlp", SQ_GROUPED_MLP, {EX_SPLITS, EX_SCALES, EX_SPLITS}},
     {"ln_mlp", SQ_LN_MLP, {EX_NONE}},
 };
@@ -377,11 +380,16 @@ static void build_body(opf_ctx *ctx, opf_seq *seq, seq_shape shape, opf_dtype dt
     opf_norm_config norm = {COLS, 1e-5, false, dt};
     opf_constant_scale_config scale = {0.75};
     opf_grouped_linear_config fc1 = {2, COLS, 2 * HID, true, dt, false}, fc2 = {2, HID, COLS, true, dt, false};
-    bool resid = shape == SQ_RESIDUAL_LINEAR || shape == SQ_RESIDUAL_RMSNORM;
+    bool resid = shape == SQ_RESIDUAL_LINEAR || shape == SQ_RESIDUAL_RMSNORM ||
+                 shape == SQ_RESIDUAL_LAYERNORM;
     if (shape == SQ_LN_MLP) add_op(ctx, seq, "layernorm", &norm, "ln", st);
     if (resid)
         add_op(ctx, seq, "make_extra_output", shape == SQ_RESIDUAL_LINEAR ? &in_place_cfg : NULL, "resid", st);
     if (shape == SQ_RESIDUAL_RMSNORM) add_op(ctx, seq, "rmsnorm", &norm, "rms", st);
+    if (shape == SQ_RESIDUAL_LAYERNORM) {
+        add_op(ctx, seq, "layernorm", &norm, "ln", st);
+        return;
+    }
     if (shape == SQ_GROUPED_MLP) {
         add_op(ctx, seq, "grouped_linear", &fc1, "fc1", st);
         add_op(ctx, seq, "scaled_swiglu", NULL, "glu", st);

@@ -1,5 +1,6 @@
 /* test_fused_misc.c: the basic op scaled_swiglu and the fused ops
- * backward_activation_bias, backward_add_rmsnorm and grouped_mlp.
+ * backward_activation_bias, backward_add_rmsnorm, backward_add_layernorm and
+ * grouped_mlp.
  *
  * scaled_swiglu: forward, dx and d(scales) against an FP64 reference (with
  * finite differences of that reference), quantized outputs bit-exact to
@@ -678,20 +679,25 @@ static void test_bab_mlp(opf_ctx *ctx)
     }
 }
 
-/* ==== backward_add_rmsnorm ================================================================ */
+/* ==== backward_add_rmsnorm, backward_add_layernorm ========================================= */
 
-/* make_extra_output (public extra output) + rmsnorm, optionally + an
- * internal residual back into the main path. */
-static opf_seq *add_rms_seq(opf_ctx *ctx, int64_t H, opf_dtype dt, bool in_place, bool residual,
-                            const double *gamma)
+/* make_extra_output (public extra output) + norm (rmsnorm or layernorm, its
+ * bias 0.1), optionally + an internal residual back into the main path. */
+static opf_seq *add_norm_seq(opf_ctx *ctx, const char *norm, int64_t H, opf_dtype dt,
+                             bool in_place, bool residual, const double *gamma)
 {
     opf_seq *seq;
     opf_seq_create(ctx, &seq);
     opf_inplace_config ip = {.in_place = in_place};
     opf_op *m = mk(ctx, "make_extra_output", &ip, "save");
     opf_norm_config nc = {.hidden = H, .eps = 0.3, .dtype = dt};
-    opf_op *n = mk(ctx, "rmsnorm", &nc, "rms");
+    opf_op *n = mk(ctx, norm, &nc, "norm");
     set_param(ctx, n, 0, gamma);
+    if (!strcmp(norm, "layernorm")) {
+        double beta[H];
+        for (int64_t j = 0; j < H; j++) beta[j] = 0.1;
+        set_param(ctx, n, 1, beta);
+    }
     if (residual) CHECK_OK(NULL, opf_op_set_extra_output(m, 0, "res", false));
     opf_seq_append(seq, m);
     opf_seq_append(seq, n);
@@ -703,11 +709,11 @@ static opf_seq *add_rms_seq(opf_ctx *ctx, int64_t H, opf_dtype dt, bool in_place
     return seq;
 }
 
-/* The unrounded RMSNorm dx: the same op in f32 on the same values. */
-static void rms_dx_f32(opf_ctx *ctx, const double *xr, const double *dyr, const double *gr, int64_t rows,
-                       int64_t H, float *dx)
+/* The unrounded norm dx: the same op in f32 on the same values. */
+static void norm_dx_f32(opf_ctx *ctx, const char *norm, const double *xr, const double *dyr,
+                        const double *gr, int64_t rows, int64_t H, float *dx)
 {
-    opf_seq *seq = add_rms_seq(ctx, H, OPF_F32, false, false, gr);
+    opf_seq *seq = add_norm_seq(ctx, norm, H, OPF_F32, false, false, gr);
     opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){rows, H}, OPF_F32, xr, NULL);
     opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){rows, H}, OPF_F32, dyr, NULL);
     opf_seq_set_fusions(seq, false);
@@ -721,12 +727,13 @@ static void rms_dx_f32(opf_ctx *ctx, const double *xr, const double *dyr, const 
     opf_seq_destroy(seq);
 }
 
-static void bar_case(opf_ctx *ctx, opf_dtype dt, bool with_dextra, const opf_recipe *r,
-                     unsigned long long *seed)
+static void bar_case(opf_ctx *ctx, const char *norm, opf_dtype dt, bool with_dextra,
+                     const opf_recipe *r, unsigned long long *seed)
 {
     enum { ROWS = 24, H = 96 };
-    char what[96];
-    snprintf(what, sizeof what, "backward_add_rmsnorm %s %s%s", opf_dtype_name(dt),
+    char what[96], cls[32];
+    snprintf(cls, sizeof cls, "backward_add_%s", norm);
+    snprintf(what, sizeof what, "%s %s %s%s", cls, opf_dtype_name(dt),
              with_dextra ? "with extra grad" : "without extra grad", r ? " (recipe)" : "");
     static double xv[ROWS * H], xr[ROWS * H], dyv[ROWS * H], dyr[ROWS * H], ev[ROWS * H], er[ROWS * H];
     double gv[H], gr[H];
@@ -739,20 +746,24 @@ static void bar_case(opf_ctx *ctx, opf_dtype dt, bool with_dextra, const opf_rec
     opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, xv, xr);
     opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, dyv, dyr);
     opf_tensor de = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, dt, ev, er);
-    opf_seq *s[2] = {add_rms_seq(ctx, H, dt, false, false, gr), add_rms_seq(ctx, H, dt, false, false, gr)};
+    opf_seq *s[2] = {add_norm_seq(ctx, norm, H, dt, false, false, gr),
+                     add_norm_seq(ctx, norm, H, dt, false, false, gr)};
     opf_seq_set_fusions(s[1], false);
     run_out o[2];
     memset(o, 0, sizeof o);
     opf_tensor eo[2];
     for (int i = 0; i < 2; i++)
         CHECK_OK(ctx, run_seq(ctx, s[i], &x, &dy, r, 0, NULL, with_dextra ? &de : NULL, &eo[i], NULL, &o[i]));
-    CHECK(plan_has(s[0], true, "backward_add_rmsnorm", 0, 2, NULL) && plan_len(s[0], false) == 2 &&
-              plan_len(s[1], true) == 2 && !class_in_plan(s[1], true, "backward_add_rmsnorm"),
+    CHECK(plan_has(s[0], true, cls, 0, 2, NULL) && plan_len(s[0], false) == 2 &&
+              plan_len(s[1], true) == 2 && !class_in_plan(s[1], true, cls),
           "%s: plans", what);
     CHECK(opf_test_same_bytes(&o[0].y, &o[1].y) && opf_test_same_bytes(&eo[0], &eo[1]), "%s: forward differs", what);
-    const opf_param *ga = opf_op_param_const(opf_seq_at(s[0], 1), 0);
-    const opf_param *gb = opf_op_param_const(opf_seq_at(s[1], 1), 0);
-    CHECK(opf_test_same_bytes(&ga->grad, &gb->grad), "%s: dgamma differs from the unfused plan", what);
+    for (int p = 0; p < opf_op_num_params(opf_seq_at(s[0], 1)); p++) {
+        const opf_param *ga = opf_op_param_const(opf_seq_at(s[0], 1), p);
+        const opf_param *gb = opf_op_param_const(opf_seq_at(s[1], 1), p);
+        CHECK(opf_test_same_bytes(&ga->grad, &gb->grad), "%s: %s's gradient differs from the unfused plan",
+              what, p ? "beta" : "gamma");
+    }
     CHECK(o[0].dx.spec.scaling == OPF_SCALING_NONE && o[0].dx.spec.dtype == dt, "%s: dx is %s %s", what,
           opf_scaling_name(o[0].dx.spec.scaling), opf_dtype_name(o[0].dx.spec.dtype));
     if (!with_dextra || dt == OPF_F32) {
@@ -762,27 +773,29 @@ static void bar_case(opf_ctx *ctx, opf_dtype dt, bool with_dextra, const opf_rec
         T.atol = 2 * T.rtol;  /* |dx| ~ 1: the unfused plan rounds twice */
         check_tensors_close(ctx, &o[0].dx, &o[1].dx, T, what, "dx");
     }
-    /* one rounding: dx = round(dx_rms (fp32) + d(extra)) */
+    /* one rounding: dx = round(dx_norm (fp32) + d(extra)) */
     float *f = malloc(sizeof(float) * ROWS * H);
-    rms_dx_f32(ctx, xr, dyr, gr, ROWS, H, f);
+    norm_dx_f32(ctx, norm, xr, dyr, gr, ROWS, H, f);
     for (int i = 0; i < ROWS * H; i++) f[i] = f[i] + (with_dextra ? (float)er[i] : 0.0f);
     opf_tensor want;
     CHECK_OK(ctx, opf_tensor_alloc(ctx, &o[0].dx.spec, &want));
     CHECK_OK(ctx, opf_convert(f, OPF_F32, want.data[0], dt, ROWS * H));
-    CHECK(opf_test_same_bytes(&o[0].dx, &want), "%s: dx is not round(fp32 dx_rms + extra grad)", what);
+    CHECK(opf_test_same_bytes(&o[0].dx, &want), "%s: dx is not round(fp32 dx_norm + extra grad)", what);
     opf_tensor_release(&want);
     free(f);
     for (int i = 0; i < 2; i++) release_out(&o[i]), opf_tensor_release(&eo[i]), opf_seq_destroy(s[i]);
     opf_tensor_release(&x), opf_tensor_release(&dy), opf_tensor_release(&de);
 }
 
-static void test_bar(opf_ctx *ctx)
+static void test_bar_norm(opf_ctx *ctx, const char *norm)
 {
     unsigned long long seed = 1234;
+    char cls[32];
+    snprintf(cls, sizeof cls, "backward_add_%s", norm);
     const opf_dtype dts[] = {OPF_F32, OPF_BF16, OPF_F16};
     opf_recipe cur = opf_recipe_default(OPF_RECIPE_CURRENT);
     for (int d = 0; d < 3; d++)
-        for (int w = 0; w < 2; w++) bar_case(ctx, dts[d], w, d == 1 ? &cur : NULL, &seed);
+        for (int w = 0; w < 2; w++) bar_case(ctx, norm, dts[d], w, d == 1 ? &cur : NULL, &seed);
 
     /* an internal residual: its channel gradient reaches the fused op */
     enum { ROWS = 8, H = 64 };
@@ -792,51 +805,60 @@ static void test_bar(opf_ctx *ctx)
     for (int j = 0; j < H; j++) gv[j] = 1.0 + 0.1 * j / H;
     opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, OPF_F32, xv, NULL);
     opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, H}, OPF_F32, dyv, NULL);
-    opf_seq *s[2] = {add_rms_seq(ctx, H, OPF_F32, false, true, gv), add_rms_seq(ctx, H, OPF_F32, false, true, gv)};
+    opf_seq *s[2] = {add_norm_seq(ctx, norm, H, OPF_F32, false, true, gv),
+                     add_norm_seq(ctx, norm, H, OPF_F32, false, true, gv)};
     opf_seq_set_fusions(s[1], false);
     run_out o[2];
     memset(o, 0, sizeof o);
     for (int i = 0; i < 2; i++) CHECK_OK(ctx, run_seq(ctx, s[i], &x, &dy, NULL, 0, NULL, NULL, NULL, NULL, &o[i]));
-    CHECK(plan_has(s[0], true, "backward_add_rmsnorm", 0, 2, NULL) && plan_len(s[0], true) == 2,
-          "residual: the backward plan lacks the fused op");
+    CHECK(plan_has(s[0], true, cls, 0, 2, NULL) && plan_len(s[0], true) == 2,
+          "%s residual: the backward plan lacks the fused op", norm);
     CHECK(opf_test_same_bytes(&o[0].y, &o[1].y) && opf_test_same_bytes(&o[0].dx, &o[1].dx),
           "residual: results differ from the unfused plan");
     for (int i = 0; i < 2; i++) release_out(&o[i]), opf_seq_destroy(s[i]);
 
     /* an extra gradient of the wrong shape: MakeExtraOutput's check names it */
-    opf_seq *bad = add_rms_seq(ctx, H, OPF_F32, false, false, gv);
+    opf_seq *bad = add_norm_seq(ctx, norm, H, OPF_F32, false, false, gv);
     opf_tensor dew = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS / 2, H}, OPF_F32, xv, NULL), eo, y, dxb;
     opf_seq_call call = opf_seq_call_default();
     CHECK_OK(ctx, opf_seq_forward(bad, &x, &call, &y, &eo));
-    CHECK(class_in_plan(bad, true, "backward_add_rmsnorm"), "bad-gradient seq not fused");
+    CHECK(class_in_plan(bad, true, cls), "%s: bad-gradient seq not fused", norm);
     CHECK_FAILS(ctx, opf_seq_backward(bad, &dy, &dew, &dxb, NULL), OPF_ERR_SHAPE, "make_extra_output",
                 "\"save\"", "[4,64]", "[8,64]");
     opf_tensor_release(&y), opf_tensor_release(&eo), opf_tensor_release(&dew);
     opf_seq_destroy(bad);
 
-    /* declines: in place, another norm, the other order */
-    opf_seq *ip = add_rms_seq(ctx, H, OPF_F32, true, false, gv);
-    opf_seq *ln, *rev;
+    /* declines: in place, a norm with no add fusion, the other order */
+    opf_seq *ip = add_norm_seq(ctx, norm, H, OPF_F32, true, false, gv);
+    opf_seq *l2, *rev;
     opf_norm_config nc = {.hidden = H, .eps = 1e-5, .dtype = OPF_F32};
-    opf_seq_create(ctx, &ln);
-    opf_seq_append(ln, mk(ctx, "make_extra_output", NULL, "m"));
-    opf_seq_append(ln, mk(ctx, "layernorm", &nc, "ln"));
+    opf_l2norm_config l2c = {.eps = 1e-6};
+    opf_seq_create(ctx, &l2);
+    opf_seq_append(l2, mk(ctx, "make_extra_output", NULL, "m"));
+    opf_seq_append(l2, mk(ctx, "l2normalization", &l2c, "l2"));
     opf_seq_create(ctx, &rev);
-    opf_seq_append(rev, mk(ctx, "rmsnorm", &nc, "rms"));
+    opf_seq_append(rev, mk(ctx, norm, &nc, "norm"));
     opf_seq_append(rev, mk(ctx, "make_extra_output", NULL, "m"));
-    opf_seq *dec[] = {ip, ln, rev};
-    const char *why[] = {"in place", "layernorm", "rmsnorm first"};
+    opf_seq *dec[] = {ip, l2, rev};
+    const char *why[] = {"in place", "l2normalization", "the norm first"};
     for (int i = 0; i < 3; i++) {
         run_out oo = {0};
         opf_tensor e;
         CHECK_OK(ctx, run_seq(ctx, dec[i], &x, &dy, NULL, 0, NULL, NULL, &e, NULL, &oo));
-        CHECK(!class_in_plan(dec[i], true, "backward_add_rmsnorm") && plan_len(dec[i], true) == 2,
-              "fused although %s", why[i]);
+        CHECK(!class_in_plan(dec[i], true, "backward_add_rmsnorm") &&
+                  !class_in_plan(dec[i], true, "backward_add_layernorm") && plan_len(dec[i], true) == 2,
+              "%s: fused although %s", norm, why[i]);
         release_out(&oo);
         opf_tensor_release(&e);
         opf_seq_destroy(dec[i]);
     }
     opf_tensor_release(&x), opf_tensor_release(&dy);
+}
+
+static void test_bar(opf_ctx *ctx)
+{
+    test_bar_norm(ctx, "rmsnorm");
+    test_bar_norm(ctx, "layernorm");
 }
 
 /* ==== grouped_mlp ========================================================================== */

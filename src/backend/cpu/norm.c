@@ -283,25 +283,34 @@ static opf_status cpu_layernorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf
     return OPF_OK;
 }
 
+/* dx_j += dadd_j (fp32, dadd read unrounded) before dx's one rounding. */
+static void add_row(float *dx, const opf_tensor *dadd, int64_t r, int64_t H, float *buf)
+{
+    const float *a = row_in(dadd, r, H, OPF_F32, buf);
+    for (int64_t j = 0; j < H; j++) dx[j] = dx[j] + a[j];
+}
+
 static opf_status cpu_layernorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf_tensor *x,
                                     const opf_tensor *mu_t, const opf_tensor *rs_t,
-                                    const opf_tensor *gamma, bool zero_centered, opf_tensor *dx,
-                                    opf_tensor *dgamma, opf_tensor *dbeta)
+                                    const opf_tensor *gamma, bool zero_centered,
+                                    const opf_tensor *dadd, opf_tensor *dx, opf_tensor *dgamma,
+                                    opf_tensor *dbeta)
 {
     row_ws w;
-    opf_status st = ws_begin(ctx, "layernorm_bwd", x, gamma, zero_centered, dz, 3, 2, &w);
+    opf_status st = ws_begin(ctx, "layernorm_bwd", x, gamma, zero_centered, dz, 3, 3, &w);
     if (st) return st;
     int64_t H = w.H;
     const float *mu = mu_t->data[0], *rs = rs_t->data[0];
 #pragma omp parallel num_threads(w.nt)
     {
-        float *xb = thread_rows(w.bufs, 2, H), *dxb = xb + H;
+        float *xb = thread_rows(w.bufs, 3, H), *dxb = xb + H, *ab = dxb + H;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < w.rows; r++) {
             const float *dzr = row_in(dz, r, H, w.act, w.dzs ? w.dzs + r * H : NULL);
             float *dxr = row_out(dx, r, H, dxb);
             ln_row_bwd(row_in(x, r, H, w.act, xb), dzr, H, w.rn, mu[r], rs[r], w.g, w.y + r * H,
                        dxr);
+            if (dadd) add_row(dxr, dadd, r, H, ab);
             store(dxr, dx, r * H, H);
         }
     }
@@ -359,13 +368,6 @@ static opf_status cpu_rmsnorm_fwd(opf_ctx *ctx, const opf_tensor *x, const opf_t
     }
     opf_ctx_scratch_pop(ctx, w.mark);
     return OPF_OK;
-}
-
-/* dx_j += dadd_j (fp32, dadd read unrounded) before dx's one rounding. */
-static void add_row(float *dx, const opf_tensor *dadd, int64_t r, int64_t H, float *buf)
-{
-    const float *a = row_in(dadd, r, H, OPF_F32, buf);
-    for (int64_t j = 0; j < H; j++) dx[j] = dx[j] + a[j];
 }
 
 static opf_status cpu_rmsnorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf_tensor *x,

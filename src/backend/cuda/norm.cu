@@ -280,7 +280,7 @@ __device__ __forceinline__ unsigned row_out(const norm_args &a, const row_view &
                                             const row_view &dv, int64_t r, int lane, F f)
 {
     unsigned key = 0;
-    const bool B = M == LN_FWD, ADD = M == RMS_BWD && a.dadd;
+    const bool B = M == LN_FWD, ADD = (M == LN_BWD || M == RMS_BWD) && a.dadd;
     int64_t H = a.H, o = r * H;
     if (a.vec) {
         for (int64_t c = lane; c < H / VEC; c += LANES) {
@@ -370,12 +370,14 @@ __device__ __forceinline__ void ln_bwd_row(const norm_args &a, const row_view &x
         return make_float2(e, e * y);
     });
     float av = s.x * rn, c = s.y * rn;
-    row_out<LN_BWD>(a, xv, dv, r, lane, [&](float x, float dz, float g, float, float) {
+    bool add = a.dadd != NULL;
+    row_out<LN_BWD>(a, xv, dv, r, lane, [&](float x, float dz, float g, float, float ad) {
         float y = rs * (x - mu);
         float e = g * dz;
         float cy = c * y;
         float t = cy + av;
-        return rs * (e - t);
+        float dx = rs * (e - t);
+        return add ? dx + ad : dx;
     });
 }
 
@@ -841,14 +843,16 @@ static norm_args bwd_args(const opf_tensor *dz, const opf_tensor *x, const opf_t
 
 static opf_status cuda_layernorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf_tensor *x,
                                      const opf_tensor *mu, const opf_tensor *rsigma,
-                                     const opf_tensor *gamma, bool zero_centered, opf_tensor *dx,
-                                     opf_tensor *dgamma, opf_tensor *dbeta)
+                                     const opf_tensor *gamma, bool zero_centered,
+                                     const opf_tensor *dadd, opf_tensor *dx, opf_tensor *dgamma,
+                                     opf_tensor *dbeta)
 {
     const char *fn = "layernorm_bwd (cuda)";
     opf_status st;
-    opf_cuda_state *s = begin(ctx, fn, &st, x, dz, gamma, NULL, dx);
+    opf_cuda_state *s = begin(ctx, fn, &st, x, dz, gamma, dadd, dx);
     if (!s) return st;
     norm_args a = bwd_args(dz, x, mu, rsigma, gamma, zero_centered, dx);
+    a.dadd = data_of(dadd), a.addt = dtype_of(dadd);
     if ((st = launch_rows<LN_BWD>(ctx, s, a, fn))) return st;
     return launch_cols<true>(ctx, s, a, dgamma, dbeta, fn);
 }

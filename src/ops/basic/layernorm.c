@@ -27,20 +27,12 @@ static const opf_field ln_fwd_fields[] = {
     OPF_F_QUANT(ln_fwd, next_q),   OPF_F_FLOAT(ln_fwd, eps),      OPF_F_BOOL(ln_fwd, zero_centered)};
 OPF_SCHEMA(ln_fwd_schema, ln_fwd, ln_fwd_fields);
 
-typedef struct ln_bwd {
-    opf_tensor    dy;      /* [..., H] */
-    opf_tensor    x;       /* the forward input */
-    opf_tensor    mu;      /* [rows] fp32 */
-    opf_tensor    rsigma;  /* [rows] fp32 */
-    opf_tensor    weight, bias;
-    opf_quantizer dx_q;    /* the previous op's grad-output quantizer, or none */
-    bool          zero_centered;
-} ln_bwd;
+typedef opf_layernorm_bwd ln_bwd;
 static const opf_field ln_bwd_fields[] = {
     OPF_F_TENSOR_Q(ln_bwd, dy),   OPF_F_TENSOR_Q(ln_bwd, x),    OPF_F_TENSOR(ln_bwd, mu),
     OPF_F_TENSOR(ln_bwd, rsigma), OPF_F_TENSOR(ln_bwd, weight), OPF_F_TENSOR(ln_bwd, bias),
     OPF_F_QUANT(ln_bwd, dx_q),    OPF_F_BOOL(ln_bwd, zero_centered)};
-OPF_SCHEMA(ln_bwd_schema, ln_bwd, ln_bwd_fields);
+OPF_SHARED_SCHEMA(opf_layernorm_bwd_schema, opf_layernorm_bwd, ln_bwd_fields);
 
 /* ---- the class -------------------------------------------------------------- */
 
@@ -127,20 +119,27 @@ static opf_status backward_fake(const void *args, opf_spec *grads)
     return opf_op_out_spec(&plain, &a->dx_q, &grads[0]);
 }
 
-static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+opf_status opf_layernorm_backward(opf_ctx *ctx, const opf_layernorm_bwd *a,
+                                  const opf_tensor *dadd, opf_tensor *dx, opf_tensor *dgamma,
+                                  opf_tensor *dbeta)
 {
-    const ln_bwd *a = args;
     const opf_norm_kernels *k =
         opf_backend_kernels(ctx, "layernorm", a->x.spec.device, OPF_KERNELS_NORM);
-    opf_tensor dz, x, dx;
+    opf_tensor dz, x, da, dxp;
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = opf_op_plain_view(ctx, &a->dy, &dz);
     if (!st) st = opf_op_plain_view(ctx, &a->x, &x);
-    if (!st) st = opf_op_kernel_out(ctx, &grads[0], &dx);
+    if (!st && dadd) st = opf_op_plain_view(ctx, dadd, &da);
+    if (!st) st = opf_op_kernel_out(ctx, dx, &dxp);
     if (!st)
-        st = k->layernorm_bwd(ctx, &dz, &x, &a->mu, &a->rsigma, &a->weight, a->zero_centered, &dx,
-                              &grads[1], &grads[2]);
-    return st ? st : opf_op_finish_out(ctx, &dx, a->weight.spec.dtype, &a->dx_q, &grads[0]);
+        st = k->layernorm_bwd(ctx, &dz, &x, &a->mu, &a->rsigma, &a->weight, a->zero_centered,
+                              dadd ? &da : NULL, &dxp, dgamma, dbeta);
+    return st ? st : opf_op_finish_out(ctx, &dxp, a->weight.spec.dtype, &a->dx_q, dx);
 }
 
-OPF_NORM_CLASS(layernorm, opf_norm_config, &ln_fwd_schema, &ln_bwd_schema);
+static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grads)
+{
+    return opf_layernorm_backward(ctx, args, NULL, &grads[0], &grads[1], &grads[2]);
+}
+
+OPF_NORM_CLASS(layernorm, opf_norm_config, &ln_fwd_schema, &opf_layernorm_bwd_schema);

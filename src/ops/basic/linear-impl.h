@@ -244,17 +244,5 @@ static inline opf_status opf_fused_linear_add_fprop(opf_ctx *ctx, const opf_line
     return opf_linear_fprop(ctx, lin, aux, o, extra, &plain, out);
 }
 
-/* Is op of the class named `name`? (fused ops never match a basic name) */
-static inline bool opf_op_is_class(const opf_op *op, const char *name)
-{
-    return !opf_op_is_fused(op) && !strcmp(opf_op_class_of(op)->name, name);
-}
-
-/* The in_place flag of add_extra_input / make_extra_output (their config
- * always exists: NULL at creation copies the default). */
-static inline bool opf_op_in_place(const opf_op *op)
-{
-    return ((const opf_inplace_config *)opf_op_config_const(op))->in_place;
-}
 
 #endif

@@ -5,9 +5,10 @@
  *    dispatch to the backend's norm kernels (backend/norm.h, where the math
  *    and its order are) through opf_backend_kernels, with the plain views of
  *    ops-impl.h.
- *  - The RMSNorm backward args and its dispatch (rmsnorm.c), so
- *    BackwardAddRMSNorm (ops/fused/backward_add_rmsnorm.c) runs the same
- *    kernel and adds the residual gradient before the one rounding of dx.
+ *  - The RMSNorm and LayerNorm backward args and their dispatch (rmsnorm.c,
+ *    layernorm.c), so the add + norm backward fusions
+ *    (ops/fused/backward_add_norm.c) run the same kernels and add the
+ *    residual gradient before the one rounding of dx.
  * Every message names the op's class and the op: layernorm "ln": ... */
 #ifndef OPFUSE_NORM_IMPL_H
 #define OPFUSE_NORM_IMPL_H
@@ -32,6 +33,23 @@ extern const opf_schema opf_rmsnorm_bwd_schema;
  * rounded. */
 opf_status opf_rmsnorm_backward(opf_ctx *ctx, const opf_rmsnorm_bwd *a, const opf_tensor *dadd,
                                 opf_tensor *dx, opf_tensor *dgamma);
+
+/* Backward args of "layernorm". */
+typedef struct opf_layernorm_bwd {
+    opf_tensor    dy;      /* [..., H] */
+    opf_tensor    x;       /* the forward input */
+    opf_tensor    mu;      /* [rows] fp32 */
+    opf_tensor    rsigma;  /* [rows] fp32 */
+    opf_tensor    weight, bias;
+    opf_quantizer dx_q;    /* the previous op's grad-output quantizer, or none */
+    bool          zero_centered;
+} opf_layernorm_bwd;
+extern const opf_schema opf_layernorm_bwd_schema;
+
+/* The LayerNorm backward as opf_rmsnorm_backward, with dbeta. */
+opf_status opf_layernorm_backward(opf_ctx *ctx, const opf_layernorm_bwd *a,
+                                  const opf_tensor *dadd, opf_tensor *dx, opf_tensor *dgamma,
+                                  opf_tensor *dbeta);
 
 /* ---- the class hooks' checks ----------------------------------------------------- */
 
