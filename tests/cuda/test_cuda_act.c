@@ -7,7 +7,12 @@
  * decades with zeros, -0, subnormals, huge values and, in half of the
  * cases, inf and NaN. NaN compares equal to NaN (each device's NaN bits
  * are its own); every other value must have the CPU's bits. Every mismatch
- * is printed (the first few of each array). */
+ * is printed (the first few of each array). dact + dbias runs again at each
+ * spread of colsum.cuh's staged kernel (OPF_CUDA_COLSUM_SPREAD=1, 2, 4),
+ * through the fp32 entry and dact_dbias_q (f32 / bf16 in, FP8 current
+ * scaling out: the amax taken in the kernel), on shapes that end in a
+ * partial stage, have fewer rows than 32, or dead columns in the last
+ * strip. */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -16,6 +21,9 @@ int main(void)
     return 77;
 }
 #else
+#define _POSIX_C_SOURCE 200809L  /* setenv */
+#include <stdlib.h>
+
 #include "cuda_test.h"
 
 static const char *const KIND_NAMES[OPF_ACT_COUNT] = {
@@ -116,6 +124,16 @@ static void free_case(opf_ctx *ctx, abufs *b)
     free(b->work);
 }
 
+static void run_dbias(opf_ctx *ctx, const acase *c, abufs *b, const char *w)
+{
+    opf_act_params p = params_of(c->kind);
+    int64_t R = c->rows, C = c->cols;
+    CHECK_OK(ctx, cpu()->dact_dbias(ctx, c->kind, p, b->x, b->dy, b->dx, b->db, R, C));
+    CHECK_OK(ctx, gpu()->dact_dbias(ctx, c->kind, p, b->dX, b->dDY, b->dDX, b->dDB, R, C));
+    compare(ctx, w, "dact_dbias dx", b->dx, b->dDX, R * C, C);
+    compare(ctx, w, "dbias", b->db, b->dDB, C, C);
+}
+
 /* Plain kinds: forward (out of place, then in place over a copy of x),
  * backward (in place over dy) and dact + dbias. */
 static void run_plain(opf_ctx *ctx, const acase *c, abufs *b, const char *w)
@@ -134,10 +152,7 @@ static void run_plain(opf_ctx *ctx, const acase *c, abufs *b, const char *w)
     if (n) CHECK_OK(ctx, opf_cuda_copy(ctx, b->dDX, b->dDY, bytes, OPF_CUDA_D2D));
     CHECK_OK(ctx, gpu()->bwd(ctx, k, p, b->dX, b->dDX, b->dDX, R, C));
     compare(ctx, w, "dx (in place over dy)", b->dx, b->dDX, n, C);
-    CHECK_OK(ctx, cpu()->dact_dbias(ctx, k, p, b->x, b->dy, b->dx, b->db, R, C));
-    CHECK_OK(ctx, gpu()->dact_dbias(ctx, k, p, b->dX, b->dDY, b->dDX, b->dDB, R, C));
-    compare(ctx, w, "dact_dbias dx", b->dx, b->dDX, n, C);
-    compare(ctx, w, "dbias", b->db, b->dDB, C, C);
+    run_dbias(ctx, c, b, w);
 }
 
 /* GLU kinds: forward, backward and, but for ClampedSwiGLU, the scaled pair. */
@@ -163,18 +178,61 @@ static void run_glu(opf_ctx *ctx, const acase *c, abufs *b, const char *w)
     compare(ctx, w, "ds", b->ds, b->dDS, R, 1);
 }
 
-static void run_case(opf_ctx *ctx, const acase *c)
+/* Every pass of a case, or (dbias_only) dact + dbias alone. */
+static void run_case(opf_ctx *ctx, const acase *c, bool dbias_only)
 {
-    char w[160];
-    snprintf(w, sizeof w, "%s [%lld, %lld] shift %d scale %g%s", KIND_NAMES[c->kind],
+    char w[200];
+    const char *spread = getenv("OPF_CUDA_COLSUM_SPREAD");
+    snprintf(w, sizeof w, "%s [%lld, %lld] shift %d scale %g%s%s%s", KIND_NAMES[c->kind],
              (long long)c->rows, (long long)c->cols, c->shift, (double)c->scale,
-             c->special ? " (inf/nan)" : "");
+             c->special ? " (inf/nan)" : "", spread ? " spread " : "", spread ? spread : "");
     abufs b;
     memset(&b, 0, sizeof b);
     alloc_case(ctx, c, &b);
-    if (opf_act_is_glu(c->kind)) run_glu(ctx, c, &b, w);
+    if (dbias_only) run_dbias(ctx, c, &b, w);
+    else if (opf_act_is_glu(c->kind)) run_glu(ctx, c, &b, w);
     else run_plain(ctx, c, &b, w);
     free_case(ctx, &b);
+}
+
+/* dact_dbias_q of x, dy of dtype dt [rows, cols] into FP8 e4m3 current
+ * scaling (hp dt): data, scale_inv and amax, and dbias, against the CPU's
+ * bytes. Finite data (the amax of a NaN is each device's own). */
+static void run_dbias_q(opf_ctx *ctx, opf_act_kind k, opf_dtype dt, int64_t rows, int64_t cols)
+{
+    char w[200];
+    snprintf(w, sizeof w, "dact_dbias_q %s %s [%lld, %lld] spread %s", KIND_NAMES[k],
+             opf_dtype_name(dt), (long long)rows, (long long)cols,
+             getenv("OPF_CUDA_COLSUM_SPREAD"));
+    opf_spec xs = opf_spec_make(2, (int64_t[]){rows, cols}, dt), os;
+    opf_spec bs = opf_spec_make(1, &cols, OPF_F32);
+    opf_quantizer q = opf_quantizer_default();
+    q.scaling = OPF_SCALING_TENSOR;
+    q.qdtype = OPF_E4M3;
+    q.usage = OPF_USAGE_ROWWISE;
+    CHECK_OK(ctx, opf_quantizer_spec(&q, &xs, &os));
+    int64_t n = rows * cols;
+    float *v = host_random(2 * n, 3.0f, 0, false);
+    opf_tensor hx, hdy, dx, ddy, hout, dout, got, hdb, ddb, gdb;
+    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v, &hx));
+    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v + n, &hdy));
+    CHECK_OK(ctx, cuda_test_upload(ctx, &hx, &dx));
+    CHECK_OK(ctx, cuda_test_upload(ctx, &hdy, &ddy));
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &os, &hout));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &os, &dout));
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &bs, &hdb));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &bs, &ddb));
+    opf_qout oh = {&hout, &q, NULL, dt}, od = {&dout, &q, NULL, dt};
+    opf_act_params p = params_of(k);
+    CHECK_OK(ctx, cpu()->dact_dbias_q(ctx, k, p, &hx, &hdy, &oh, hdb.data[0]));
+    CHECK_OK(ctx, gpu()->dact_dbias_q(ctx, k, p, &dx, &ddy, &od, ddb.data[0]));
+    CHECK_OK(ctx, cuda_test_download(ctx, &dout, &got));
+    CHECK_OK(ctx, cuda_test_download(ctx, &ddb, &gdb));
+    CHECK(cuda_test_same_bytes(&hout, &got, "dx"), "%s: dx differs from the CPU", w);
+    CHECK(cuda_test_same_bytes(&hdb, &gdb, "dbias"), "%s: dbias differs from the CPU", w);
+    opf_tensor *ts[] = {&hx, &hdy, &dx, &ddy, &hout, &dout, &got, &hdb, &ddb, &gdb};
+    for (int i = 0; i < 10; i++) opf_tensor_release(ts[i]);
+    free(v);
 }
 
 /* [rows, cols], cols even for the GLUs: h = cols / 2 below, at and past the
@@ -188,6 +246,38 @@ static const int64_t shapes[][2] = {
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 
+/* dact + dbias at each spread. colsum.cuh's strips are 32 f32 / 64 bf16
+ * columns, its stages 32 K rows (K 16 / 32 at spread 1, half that above):
+ * partial last stages (3001; 517 and 287, some classes a row more than
+ * others), rows below 32 (17, 1), dead columns in the last strip of the
+ * staged kernel (136, 72, 1032, 200, 8; 100 in f32) and rows it cannot
+ * stage (34; 100 in bf16: opf_colsum_kernel at every spread), all columns
+ * live over whole stages (1024 x 3072). */
+static const int64_t spread_shapes[][2] = {
+    {3001, 136}, {517, 72}, {287, 1032}, {17, 200}, {1, 8}, {4099, 34}, {33, 100}, {1024, 3072},
+};
+static const opf_act_kind spread_kinds[] = {OPF_ACT_GELU, OPF_ACT_SILU, OPF_ACT_RELU};
+
+static int run_spreads(opf_ctx *ctx)
+{
+    static const char *const spreads[] = {"1", "2", "4"};
+    int count = 0;
+    for (int sp = 0; sp < 3; sp++) {
+        setenv("OPF_CUDA_COLSUM_SPREAD", spreads[sp], 1);
+        for (int ki = 0; ki < 3; ki++)
+            for (size_t si = 0; si < sizeof spread_shapes / sizeof spread_shapes[0]; si++) {
+                int64_t r = spread_shapes[si][0], c = spread_shapes[si][1];
+                acase a = {spread_kinds[ki], r, c, 0, si % 2 == 0, 1.0f};
+                run_case(ctx, &a, true);
+                run_dbias_q(ctx, spread_kinds[ki], OPF_F32, r, c);
+                run_dbias_q(ctx, spread_kinds[ki], OPF_BF16, r, c);
+                count += 3;
+            }
+    }
+    unsetenv("OPF_CUDA_COLSUM_SPREAD");
+    return count;
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -199,9 +289,10 @@ int main(void)
                 bool special = (count / 2 + si) % 2 == 0;
                 acase c = {(opf_act_kind)k, shapes[si][0], shapes[si][1], shift, special,
                            si % 3 == 1 ? 10.0f : 1.0f};
-                run_case(ctx, &c);
+                run_case(ctx, &c, false);
             }
-    printf("  %d cases\n", count);
+    int spread = run_spreads(ctx);
+    printf("  %d cases, %d of dact + dbias at spreads 1, 2, 4\n", count, spread);
     cuda_test_done(ctx);
     TEST_DONE();
 }

@@ -12,7 +12,9 @@
  * are grid-stride loops over 4 floats a thread (16-byte accesses when the
  * shapes and bases allow). The two entries with ordered sums are one kernel
  * each: dact + dbias is colsum.cuh's column sum (lanesum.h's order) of terms
- * that write dx as they go; the scaled GLU backward's row sums (left to
+ * that write dx as they go, its staged kernel at spread 2 (two threads
+ * compute the terms of each ordered sum: the derivative is ~110
+ * instructions a term); the scaled GLU backward's row sums (left to
  * right) take 32 sums a block, eight warps computing a tile of the terms
  * into shared memory while warp 0 adds up the previous tile, one thread per
  * sum in order.
@@ -22,7 +24,13 @@
  * hp for the quantizer, one pass, taking the amax of the stored values on
  * the way for current-scaling FP8, whose cast pass follows; dact + dbias
  * does so inside its ordered-sum kernel. The GLU kinds, f16 tensors and
- * OPF_CUDA_UNFUSED=1 take the composition of the fp32 entries. */
+ * OPF_CUDA_UNFUSED=1 take the composition of the fp32 entries.
+ *
+ * For measurement, OPF_CUDA_COLSUM_SPREAD=1, 2 or 4 sets dact + dbias's
+ * spread (both entries; 1: the one-thread-a-sum kernel of the cheap
+ * terms), read at each launch; the bits are the same at every spread. */
+#include <stdlib.h>
+
 #include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
 extern "C" {
@@ -277,7 +285,7 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
 
 /* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
 template <opf_act_fn FN> struct dbias_term {
-    enum { BATCH = ACT_BATCH, STREAMS = 2 };
+    enum { BATCH = ACT_BATCH, STREAMS = 2, SPREAD = 2 };
     typedef float store;
     struct in { float x, dy; };
     const float *x, *dy;
@@ -305,7 +313,7 @@ template <opf_act_fn FN> struct dbias_term {
 
 /* The typed form: x, dy of DI; dx stored in DO, its amax key kept. */
 template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
-    enum { BATCH = ACT_BATCH, STREAMS = 2 };
+    enum { BATCH = ACT_BATCH, STREAMS = 2, SPREAD = 2 };
     typedef typename opf_dev_plain<DI>::store store;
     struct in { float x, dy; };
     const void *x, *dy;
@@ -420,6 +428,28 @@ static opf_status launch_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, c
     return OPF_OK;
 }
 
+/* The staged kernel's spread for dact + dbias: OPF_CUDA_COLSUM_SPREAD
+ * where it is 1, 2 or 4, else def (a getenv a launch, so a test can
+ * change it between calls). */
+static int dbias_spread(int def)
+{
+    const char *v = getenv("OPF_CUDA_COLSUM_SPREAD");
+    int n = v ? atoi(v) : 0;
+    return n == 1 || n == 2 || n == 4 ? n : def;
+}
+
+/* dbias (and dx through t) at that spread. */
+template <typename Term>
+static opf_status dbias_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
+                             int64_t rows, int64_t cols, float *dbias, unsigned *amax)
+{
+    switch (dbias_spread(Term::SPREAD)) {
+    case 1: return opf_cuda_colsum<Term, OPF_F32, 1>(ctx, s, fn, t, rows, cols, dbias, amax);
+    case 2: return opf_cuda_colsum<Term, OPF_F32, 2>(ctx, s, fn, t, rows, cols, dbias, amax);
+    default: return opf_cuda_colsum<Term, OPF_F32, 4>(ctx, s, fn, t, rows, cols, dbias, amax);
+    }
+}
+
 struct dbias_launch {
     template <opf_act_fn FN>
     static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
@@ -427,7 +457,7 @@ struct dbias_launch {
                           int64_t cols)
     {
         dbias_term<FN> t = {x, dy, dx, cols, alpha};
-        return opf_cuda_colsum(ctx, s, fn, t, rows, cols, dbias);
+        return dbias_sums(ctx, s, fn, t, rows, cols, dbias, NULL);
     }
 };
 
@@ -468,7 +498,7 @@ static opf_status typed_go(opf_ctx *ctx, opf_cuda_state *s, const char *fn, opf_
 {
     if (pass == OPF_ACT_PASS_DACT_DBIAS) {
         dbias_t_term<FN, DI, DO> t = {a.x, a.dy, a.y, a.cols, a.alpha};
-        return opf_cuda_colsum(ctx, s, fn, t, a.rows, a.cols, a.dbias, a.amax);
+        return dbias_sums(ctx, s, fn, t, a.rows, a.cols, a.dbias, a.amax);
     }
     int64_t n = a.rows * a.cols;
     if (n == 0) return OPF_OK;

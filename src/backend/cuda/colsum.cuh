@@ -46,7 +46,13 @@
  * trip: a stage's 32 terms on 32 of them in turn, ten times the time of
  * the stage's copies):
  *   enum { ROWS };  const float *row(int i);
- *   void unpack(const store (&e)[STREAMS], const float (&rv)[ROWS], in &v); */
+ *   void unpack(const store (&e)[STREAMS], const float (&rv)[ROWS], in &v);
+ * A term of many instructions names its spread (colsum_staging): SP
+ * threads compute each chain's terms, its owner adding them in order (same
+ * bits); without one, one thread a chain:
+ *   enum { SPREAD };                              1, 2 or 4
+ * A caller may pick another (opf_cuda_colsum's SP): act.cu's dact + dbias
+ * takes OPF_CUDA_COLSUM_SPREAD=1|2|4 from the environment, for measurement. */
 #ifndef OPFUSE_CUDA_COLSUM_CUH
 #define OPFUSE_CUDA_COLSUM_CUH
 
@@ -90,6 +96,13 @@ template <typename T, typename = void> struct opf_colsum_rows_of {
 };
 template <typename T> struct opf_colsum_rows_of<T, std::void_t<decltype(T::ROWS)>> {
     static constexpr int value = (int)T::ROWS;
+};
+/* A term's spread (colsum_staging): Term::SPREAD where it names one, else 1. */
+template <typename T, typename = void> struct opf_colsum_spread_of {
+    static constexpr int value = 1;
+};
+template <typename T> struct opf_colsum_spread_of<T, std::void_t<decltype(T::SPREAD)>> {
+    static constexpr int value = (int)T::SPREAD;
 };
 template <typename Term> constexpr int opf_colsum_sums()
 {
@@ -157,37 +170,71 @@ __global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *ou
     ((typename opf_dev_plain<OD>::store *)out)[c] = opf_dev_from_f32<OD>(v[0]);
 }
 
-/* The staged kernel's shape for Term: a block of 128 threads, a strip of SC
- * columns (128 bytes of a row) x G classes, each thread one chain; a stage
- * is K row groups of 32 (its G rows of each, 64 rows, 8 KB a stream); NST
- * stages in shared memory (48 KB at most). */
-template <typename Term> struct colsum_staging {
+/* The staged kernel's shape for Term at spread SP: 128 chains a block, a
+ * strip of SC columns (128 bytes of a row) x G classes; a stage is K row
+ * groups of 32 (its G rows of each); NST stages in shared memory.
+ *
+ * SP 1: a block of 128 threads, each its chain's terms and sum; a stage is
+ * 64 rows, 8 KB a stream (48 KB for two streams, the static limit).
+ *
+ * SP > 1 (a term of ~100 instructions: act.cu's dact + dbias): 128 SP
+ * threads; thread t computes the terms k = t / 128, t / 128 + SP, ... of
+ * chain t % 128 into a tile d[K][G][SC] of sums, then thread t < 128 adds
+ * its chain's K in k order (the SP 1 kernel's bits). At SP 1 the 32 x cols
+ * chains are all the threads there are, 3072 warps at 3072 columns, and at
+ * 91 registers 4 blocks (16 warps) an SM: half the SM's issue rate. The
+ * stage halves (32 rows) so the stages and the tile fit 48 KB (bf16, two
+ * streams: 3 x 2 x 4 KB + 8 KB = 32 KB; f32: 24 + 4 = 28 KB); 2 stages
+ * ahead of 4 KB a stream is still 16 KB in flight a block, over 6 MB on an
+ * H200. MIN_BLOCKS bounds the registers (ptxas -v, dbias_t_term<GELU, bf16,
+ * bf16>; sm_90, 64K registers and 228 KB an SM; 768 blocks at 3072 columns):
+ *   SP 1: 91 registers, 48 KB: 4 blocks of 4 warps (16 warps an SM), 528
+ *         a wave, 768 in 528 + 240;
+ *   SP 2: 3 blocks of 8 warps, <= 80 registers (80, no spill), 32 KB: 24
+ *         warps an SM, 396 a wave, 768 in two of 396 + 372;
+ *   SP 4: 2 blocks of 16 warps, <= 64 registers (64; one spilled, loaded
+ *         once a stage), 32 KB: 32 warps, 264 a wave, 768 in three of
+ *         264 + 264 + 240.
+ * 4 blocks at SP 2 would hold 32 warps at <= 64 registers but 528 a wave,
+ * 768 in 528 + 240, the second wave half empty; 6 (one wave) leave 40
+ * registers for a term of ~110 instructions. */
+template <typename Term, int SP = 1> struct colsum_staging {
     typedef typename Term::store T;
     enum {
-        THREADS = 128,
+        CHAINS = 128,
+        THREADS = CHAINS * SP,
         SC = 128 / (int)sizeof(T),
-        G = THREADS / SC,
-        K = 64 / G,
+        G = CHAINS / SC,
+        K = 64 / G / (SP > 1 ? 2 : 1),
         NST = Term::STREAMS == 1 ? 4 : 3,
         CHUNKS = K * G * 128 / 16,  /* 16-byte copies a stage, a stream */
         PER_CHUNK = 16 / (int)sizeof(T),
         ROWS = opf_colsum_rows_of<Term>::value,
+        MIN_BLOCKS = SP == 1 ? 0 : SP == 2 ? 3 : 2,  /* 0: no bound */
     };
+    static_assert(SP == 1 || SP == 2 || SP == 4, "a spread of 1, 2 or 4");
     static_assert(OPF_SUM_LANES % G == 0, "a block's classes divide the 32");
     static_assert(SC % 32 == 0 && K <= 32, "a warp is one class; a stage's rows are lanes");
+    static_assert(K % SP == 0, "each thread of a chain the same number of a stage's terms");
 };
 
-/* part[l * cols + c] as opf_colsum_kernel's, the inputs staged. */
-template <typename Term>
-__global__ void __launch_bounds__(colsum_staging<Term>::THREADS)
+/* part[l * cols + c] as opf_colsum_kernel's, the inputs staged; SP as
+ * colsum_staging's. */
+template <typename Term, int SP>
+__global__ void __launch_bounds__(colsum_staging<Term, SP>::THREADS,
+                                  colsum_staging<Term, SP>::MIN_BLOCKS)
 opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
 {
     OPF_COLSUM_CHECK_TERM(Term, term);
-    typedef colsum_staging<Term> P;
+    typedef colsum_staging<Term, SP> P;
     typedef typename Term::store T;
+    typedef opf_colsum_acc<Term> A;
     enum { S = Term::STREAMS };
     __shared__ __align__(16) T buf[P::NST][S][P::K][P::G][P::SC];
-    const int t = (int)threadIdx.x, gl = t / P::SC, cl = t % P::SC;
+    __shared__ A d[SP > 1 ? P::K : 1][P::G][P::SC];  /* SP > 1: a stage's terms */
+    /* thread t: chain o, its terms ph, ph + SP, ... of a stage */
+    const int t = (int)threadIdx.x, o = SP > 1 ? t % P::CHAINS : t, ph = SP > 1 ? t / P::CHAINS : 0;
+    const int gl = o / P::SC, cl = o % P::SC;
     const int64_t c0 = (int64_t)blockIdx.x * P::SC, l0 = (int64_t)blockIdx.y * P::G;
     const int64_t stages = (rows + OPF_SUM_LANES * P::K - 1) / (OPF_SUM_LANES * P::K);
     /* stage s: rows 32 (s K + k) + l0 + g, k < K, g < G; consecutive threads
@@ -212,7 +259,8 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
     const bool live = c < cols;
     const bool warp_live = __all_sync(0xFFFFFFFFu, live);
     const int lane = t & 31;
-    /* the per-row values of stage s (lane k: row k of the stage's class l) */
+    /* the per-row values of stage s (lane k: row k of the stage's class l;
+     * a warp is one class, so each warp loads its own) */
     float rv_now[P::ROWS > 0 ? P::ROWS : 1], rv_next[P::ROWS > 0 ? P::ROWS : 1];
     auto rows_of = [&](int64_t s, float (&rv)[P::ROWS > 0 ? P::ROWS : 1]) {
         if constexpr (P::ROWS > 0) {
@@ -224,21 +272,24 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
     };
     rows_of(0, rv_next);
     unsigned key = 0;
-    opf_colsum_acc<Term> acc{};
+    A acc{};
     for (int64_t s = 0; s < stages; s++) {
 #pragma unroll
         for (int i = 0; i < P::ROWS; i++) rv_now[i] = rv_next[i];
         if (P::ROWS && s + 1 < stages) rows_of(s + 1, rv_next);  /* in flight over this stage */
         opf_dev_copies_wait<P::NST - 2>();  /* this thread's copies of stage s */
-        __syncthreads();  /* everyone's; and everyone is done with stage s - 1's buffer */
+        /* everyone's; everyone is done with stage s - 1's buffer, and the
+         * chains' owners with its terms in d */
+        __syncthreads();
         issue(s + P::NST - 1);  /* into stage s - 1's buffer */
         opf_dev_copies_commit();
         const int b = (int)(s % P::NST);
-        /* a warp's lanes all run the adds (the shuffles); the dead ones'
+        /* a warp's lanes all run the terms (the shuffles); the dead ones'
          * terms are not computed. A warp of live lanes (all but the last
          * strip's) takes a copy without that test, so a whole stage is one
-         * block of straight-line code the compiler schedules as a whole */
-        auto add = [&](int k, auto checked) {
+         * block of straight-line code the compiler schedules as a whole.
+         * The ks of a warp are the same on all its lanes. */
+        auto term_k = [&](int k, auto checked) {
             float rv[P::ROWS > 0 ? P::ROWS : 1];
 #pragma unroll
             for (int i = 0; i < P::ROWS; i++) rv[i] = __shfl_sync(0xFFFFFFFFu, rv_now[i], k);
@@ -249,21 +300,35 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
             typename Term::in v;
             if constexpr (P::ROWS > 0) term.unpack(e, rv, v);
             else term.unpack(e, v);
-            opf_colsum_add(acc, term.finish(OPF_SUM_LANES * (s * P::K + k) + l, c, v, key));
+            A x = term.finish(OPF_SUM_LANES * (s * P::K + k) + l, c, v, key);
+            if constexpr (SP > 1) d[k][gl][cl] = x;
+            else opf_colsum_add(acc, x);
         };
         int64_t r0 = OPF_SUM_LANES * s * P::K + l;
         bool whole = r0 + OPF_SUM_LANES * (P::K - 1) < rows;  /* every row of the stage */
         if (whole && warp_live) {
 #pragma unroll
-            for (int k = 0; k < P::K; k++) add(k, std::false_type());
+            for (int j = 0; j < P::K / SP; j++) term_k(ph + j * SP, std::false_type());
         } else if (whole) {
 #pragma unroll
-            for (int k = 0; k < P::K; k++) add(k, std::true_type());
+            for (int j = 0; j < P::K / SP; j++) term_k(ph + j * SP, std::true_type());
         } else {
-            for (int k = 0; r0 + OPF_SUM_LANES * k < rows; k++) add(k, std::true_type());
+            for (int k = ph; r0 + OPF_SUM_LANES * k < rows; k += SP) term_k(k, std::true_type());
+        }
+        if constexpr (SP > 1) {
+            __syncthreads();  /* the stage's terms in d */
+            if (ph == 0 && live) {
+                if (whole) {
+#pragma unroll
+                    for (int k = 0; k < P::K; k++) opf_colsum_add(acc, d[k][gl][cl]);
+                } else {
+                    for (int k = 0; r0 + OPF_SUM_LANES * k < rows; k++)
+                        opf_colsum_add(acc, d[k][gl][cl]);
+                }
+            }
         }
     }
-    if (live) opf_colsum_put(part, l * cols + c, OPF_SUM_LANES * cols, acc);
+    if (live && ph == 0) opf_colsum_put(part, l * cols + c, OPF_SUM_LANES * cols, acc);
     if (amax) opf_dev_warp_amax(key, amax);
 }
 
@@ -278,8 +343,9 @@ template <typename Term> static bool opf_colsum_stageable(const Term &t, int64_t
 }
 
 /* The launches on s's stream (no columns: nothing to launch); a term of
- * two sums folds its second into out2. */
-template <typename Term, opf_dtype OD = OPF_F32>
+ * two sums folds its second into out2. SP: the staged kernel's spread
+ * (colsum_staging), Term::SPREAD where the term names one, else 1. */
+template <typename Term, opf_dtype OD = OPF_F32, int SP = opf_colsum_spread_of<Term>::value>
 static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
                                   int64_t rows, int64_t cols, void *out, unsigned *amax = NULL,
                                   void *out2 = NULL)
@@ -294,12 +360,12 @@ static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *f
                          fn, sums, (long long)cols);
     bool staged = false;
     if constexpr (Term::STREAMS > 0) {
-        typedef colsum_staging<Term> P;
+        typedef colsum_staging<Term, SP> P;
         staged = opf_colsum_stageable(t, cols);
         dim3 grid((unsigned)((cols + P::SC - 1) / P::SC), OPF_SUM_LANES / P::G);
         if (staged)
-            opf_colsum_staged_kernel<Term><<<grid, P::THREADS, 0, s->stream>>>(t, rows, cols,
-                                                                                part, amax);
+            opf_colsum_staged_kernel<Term, SP><<<grid, P::THREADS, 0, s->stream>>>(t, rows, cols,
+                                                                                    part, amax);
     }
     if (!staged) {
         dim3 grid((unsigned)((cols + 31) / 32), OPF_SUM_LANES / COLSUM_WARPS);
