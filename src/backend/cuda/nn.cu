@@ -679,7 +679,7 @@ xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows, int
 {
     typedef xent_row<D> R;
     enum { E = R::E, CH = 32 * E };
-    __shared__ float buf[WARPS][CH];
+    __shared__ __align__(16) float buf[WARPS][CH];
     int64_t r = nn_warp_id();
     if (r >= rows) return;
     int lane = nn_lane();
@@ -713,7 +713,10 @@ xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows, int
         int64_t live = (row.nv - q0 < 32 ? row.nv - q0 : 32) * E;  /* the chunk's elements */
         R::widen(now, v);
 #pragma unroll
-        for (int k = 0; k < E; k++) b[lane * E + k] = nn_expf(__fsub_rn(v[k], m));
+        for (int k = 0; k < E; k++) v[k] = nn_expf(__fsub_rn(v[k], m));
+#pragma unroll
+        for (int k = 0; k < E; k += 4)  /* 16-byte stores: no bank conflicts */
+            *(float4 *)&b[lane * E + k] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
         __syncwarp();
 #pragma unroll
         for (int k = 0; k < E; k++)
