@@ -88,12 +88,15 @@ static void test_bias_add(opf_ctx *ctx)
 
 /* dbias on its own shapes: long columns (many rows a lane), one column, a
  * single row, rows of whole 16-byte chunks over several stages of
- * colsum.cuh's staged kernel (3001 x 136); finite values and the quiet NaN. */
+ * colsum.cuh's staged kernel (3001 x 136), and rows too wide for the sum
+ * kernel to fold itself (more strips than the state's tickets: the fold
+ * kernel runs; staged and not); every other shape folds in its last block,
+ * the tickets reused call after call. Finite values and the quiet NaN. */
 static void test_dbias(opf_ctx *ctx)
 {
     static const int64_t dims[][2] = {{1, 1},   {300, 1},  {513, 33}, {1000, 1024},
                                       {4096, 72}, {7, 4097}, {1, 100}, {0, 5},
-                                      {3001, 136}};
+                                      {3001, 136}, {3, 600000}, {2, 300001}};
     for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++)
         for (int e = EDGES_FINITE; e <= EDGES_NAN; e++) {
             float *v = values(dims[k][0] * dims[k][1], 3.0f, (cmp_edges)e);
