@@ -88,10 +88,8 @@ static void test_bias_add(opf_ctx *ctx)
 
 /* dbias on its own shapes: long columns (many rows a lane), one column, a
  * single row, rows of whole 16-byte chunks over several stages of
- * colsum.cuh's staged kernel (3001 x 136), and rows too wide for the sum
- * kernel to fold itself (more strips than the state's tickets: the fold
- * kernel runs; staged and not); every other shape folds in its last block,
- * the tickets reused call after call. Finite values and the quiet NaN. */
+ * colsum.cuh's staged kernel (3001 x 136), and very wide rows of few
+ * (staged and not). Finite values and the quiet NaN. */
 static void test_dbias(opf_ctx *ctx)
 {
     static const int64_t dims[][2] = {{1, 1},   {300, 1},  {513, 33}, {1000, 1024},

@@ -9,9 +9,7 @@
  * consecutive columns of one class and a block COLSUM_WARPS classes, so the
  * 32 x cols chains spread over every SM (a block of all 32 classes held
  * the grid to cols / 32 blocks). The class sums go through device scratch
- * ([32][cols]); the last block of each column strip to finish folds the
- * strip's columns (colsum_fin: one launch a sum), or, past the state's
- * tickets, a fold kernel after, a thread a column. The adds are
+ * ([32][cols]) to a fold kernel, a thread a column. The adds are
  * opf_dev_add's (x86's NaN bits, as the CPU's sums give them).
  *
  * That kernel keeps Term::BATCH rows in flight a thread, and 32 x cols
@@ -106,7 +104,7 @@ template <typename T, typename = void> struct opf_colsum_spread_of {
 template <typename T> struct opf_colsum_spread_of<T, std::void_t<decltype(T::SPREAD)>> {
     static constexpr int value = (int)T::SPREAD;
 };
-template <typename Term> __host__ __device__ constexpr int opf_colsum_sums()
+template <typename Term> constexpr int opf_colsum_sums()
 {
     return std::is_same<opf_colsum_acc<Term>, float2>::value ? 2 : 1;
 }
@@ -121,74 +119,11 @@ template <typename Term> __host__ __device__ constexpr int opf_colsum_sums()
 #define OPF_COLSUM_CHECK_TERM(Term, term)
 #endif
 
-/* Column c's 32 class sums of plane p (part as the sum kernels write it)
- * folded in halves, stored in dtype OD at out[c]. Read through L2 (__ldcg):
- * the last block of a strip reads what the strip's other blocks wrote. */
-template <opf_dtype OD>
-__device__ __forceinline__ void opf_colsum_fold(const float *part, int64_t cols, int64_t c,
-                                                void *out)
-{
-    float v[OPF_SUM_LANES];
-#pragma unroll
-    for (int i = 0; i < OPF_SUM_LANES; i++) v[i] = __ldcg(part + i * cols + c);
-#pragma unroll
-    for (int off = OPF_SUM_LANES / 2; off; off >>= 1)
-#pragma unroll
-        for (int i = 0; i < OPF_SUM_LANES / 2; i++)
-            if (i < off) v[i] = opf_dev_add(v[i], v[i + off]);
-    ((typename opf_dev_plain<OD>::store *)out)[c] = opf_dev_from_f32<OD>(v[0]);
-}
-
-/* out[c] = the fold of column c; the second sum's into out2 from the next
- * plane (blockIdx.y 1). Where the sum kernel does not fold (colsum_fin). */
-template <opf_dtype OD>
-__global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *out, void *out2)
-{
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
-    if (blockIdx.y) opf_colsum_fold<OD>(part + OPF_SUM_LANES * cols, cols, c, out2);
-    else opf_colsum_fold<OD>(part, cols, c, out);
-}
-
-/* The fold done by the sum kernel itself: the blocks of a column strip
- * (blockIdx.x) each take a ticket after writing their partial sums, and the
- * last of them (ticket gridDim.y - 1) folds the strip's columns and puts
- * the ticket back to 0 for the next launch. ticket NULL: the fold kernel
- * runs after. One launch a column sum instead of two (a few microseconds
- * each: what a small step's graph is made of). */
-typedef struct colsum_fin {
-    unsigned *ticket;  /* [gridDim.x] zeros (opf_cuda_state's colsum_tickets), or NULL */
-    void     *out, *out2;
-} colsum_fin;
-
-/* The strip of `width` columns from c0: folded by the strip's last block. */
-template <opf_dtype OD, int SUMS>
-__device__ __forceinline__ void opf_colsum_finish(const colsum_fin &f, const float *part,
-                                                  int64_t cols, int64_t c0, int width)
-{
-    __threadfence();  /* this block's partial sums, before its ticket */
-    bool mine = false;
-    __syncthreads();  /* every thread's partials fenced */
-    if (threadIdx.x == 0) mine = atomicAdd(&f.ticket[blockIdx.x], 1u) == gridDim.y - 1;
-    /* broadcast without shared memory (the staged kernel's stages fill the
-     * static 48 KB) */
-    if (!__syncthreads_or(mine)) return;
-    __threadfence();
-    for (int i = (int)threadIdx.x; i < width * SUMS; i += (int)blockDim.x) {
-        int64_t c = c0 + i % width;
-        if (c >= cols) continue;
-        if (i < width) opf_colsum_fold<OD>(part, cols, c, f.out);
-        else opf_colsum_fold<OD>(part + OPF_SUM_LANES * cols, cols, c, f.out2);
-    }
-    if (threadIdx.x == 0) f.ticket[blockIdx.x] = 0;
-}
-
 /* part[l * cols + c] = class l's sum of column c (and the second sum's at
  * 32 cols further); amax (or NULL) merges the keys of what the terms stored. */
-template <typename Term, opf_dtype OD>
+template <typename Term>
 __global__ void __launch_bounds__(COLSUM_WARPS * 32)
-opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax,
-                  colsum_fin fin)
+opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
 {
     OPF_COLSUM_CHECK_TERM(Term, term);
     int lane = threadIdx.x & 31, l = (int)blockIdx.y * COLSUM_WARPS + (int)(threadIdx.x >> 5);
@@ -211,9 +146,28 @@ opf_colsum_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *
     }
     if (live) opf_colsum_put(part, (int64_t)l * cols + c, OPF_SUM_LANES * cols, acc);
     if (amax) opf_dev_warp_amax(key, amax);
-    if (fin.ticket)
-        opf_colsum_finish<OD, opf_colsum_sums<Term>()>(fin, part, cols, (int64_t)blockIdx.x * 32,
-                                                       32);
+}
+
+/* out[c] (dtype OD) = column c's 32 class sums folded in halves; the
+ * second sum's into out2 (when not NULL) from the next plane. */
+template <opf_dtype OD>
+__global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *out, void *out2)
+{
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    if (blockIdx.y) {
+        part += OPF_SUM_LANES * cols;
+        out = out2;
+    }
+    float v[OPF_SUM_LANES];
+#pragma unroll
+    for (int i = 0; i < OPF_SUM_LANES; i++) v[i] = part[i * cols + c];
+#pragma unroll
+    for (int off = OPF_SUM_LANES / 2; off; off >>= 1)
+#pragma unroll
+        for (int i = 0; i < OPF_SUM_LANES / 2; i++)
+            if (i < off) v[i] = opf_dev_add(v[i], v[i + off]);
+    ((typename opf_dev_plain<OD>::store *)out)[c] = opf_dev_from_f32<OD>(v[0]);
 }
 
 /* The staged kernel's shape for Term at spread SP: 128 chains a block, a
@@ -266,11 +220,10 @@ template <typename Term, int SP = 1> struct colsum_staging {
 
 /* part[l * cols + c] as opf_colsum_kernel's, the inputs staged; SP as
  * colsum_staging's. */
-template <typename Term, int SP, opf_dtype OD>
+template <typename Term, int SP>
 __global__ void __launch_bounds__(colsum_staging<Term, SP>::THREADS,
                                   colsum_staging<Term, SP>::MIN_BLOCKS)
-opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax,
-                         colsum_fin fin)
+opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, unsigned *amax)
 {
     OPF_COLSUM_CHECK_TERM(Term, term);
     typedef colsum_staging<Term, SP> P;
@@ -377,7 +330,6 @@ opf_colsum_staged_kernel(Term term, int64_t rows, int64_t cols, float *part, uns
     }
     if (live && ph == 0) opf_colsum_put(part, l * cols + c, OPF_SUM_LANES * cols, acc);
     if (amax) opf_dev_warp_amax(key, amax);
-    if (fin.ticket) opf_colsum_finish<OD, opf_colsum_sums<Term>()>(fin, part, cols, c0, P::SC);
 }
 
 /* Whether t's inputs can be staged: rows of whole 16-byte chunks from
@@ -406,35 +358,22 @@ static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *f
     if (!part)
         return opf_error(ctx, OPF_ERR_NO_MEMORY, "%s: no scratch for %d x 32 x %lld partial sums",
                          fn, sums, (long long)cols);
-    /* the sum kernel folds where the state has a ticket for each of its strips */
-    auto fin_of = [&](int64_t strips) {
-        colsum_fin f = {strips <= OPF_COLSUM_TICKETS ? s->colsum_tickets : NULL, out, out2};
-        return f;
-    };
-    colsum_fin fin = {NULL, out, out2};
     bool staged = false;
     if constexpr (Term::STREAMS > 0) {
         typedef colsum_staging<Term, SP> P;
         staged = opf_colsum_stageable(t, cols);
-        int64_t strips = (cols + P::SC - 1) / P::SC;
-        dim3 grid((unsigned)strips, OPF_SUM_LANES / P::G);
-        if (staged) {
-            fin = fin_of(strips);
-            opf_colsum_staged_kernel<Term, SP, OD>
-                <<<grid, P::THREADS, 0, s->stream>>>(t, rows, cols, part, amax, fin);
-        }
+        dim3 grid((unsigned)((cols + P::SC - 1) / P::SC), OPF_SUM_LANES / P::G);
+        if (staged)
+            opf_colsum_staged_kernel<Term, SP><<<grid, P::THREADS, 0, s->stream>>>(t, rows, cols,
+                                                                                    part, amax);
     }
     if (!staged) {
-        int64_t strips = (cols + 31) / 32;
-        dim3 grid((unsigned)strips, OPF_SUM_LANES / COLSUM_WARPS);
-        fin = fin_of(strips);
-        opf_colsum_kernel<Term, OD>
-            <<<grid, COLSUM_WARPS * 32, 0, s->stream>>>(t, rows, cols, part, amax, fin);
+        dim3 grid((unsigned)((cols + 31) / 32), OPF_SUM_LANES / COLSUM_WARPS);
+        opf_colsum_kernel<Term><<<grid, COLSUM_WARPS * 32, 0, s->stream>>>(t, rows, cols, part,
+                                                                         amax);
     }
-    if (!fin.ticket) {
-        dim3 fold((unsigned)((cols + 255) / 256), sums);
-        opf_colsum_fold_kernel<OD><<<fold, 256, 0, s->stream>>>(part, cols, out, out2);
-    }
+    dim3 fold((unsigned)((cols + 255) / 256), sums);
+    opf_colsum_fold_kernel<OD><<<fold, 256, 0, s->stream>>>(part, cols, out, out2);
     opf_ctx_scratch_pop(ctx, mark);  /* stream-ordered: later work reuses it after these */
     OPF_CUDA_LAUNCHED(ctx, fn);
     return OPF_OK;

@@ -31,8 +31,6 @@ typedef struct opf_cuda_algo_entry opf_cuda_algo_entry;
 /* cuDNN's handle and attention plans (cudnn_attn.cu); NULL until first used. */
 struct opf_cudnn_state;
 
-enum { OPF_COLSUM_TICKETS = 8192 };  /* column strips a column sum folds itself */
-
 typedef struct opf_cuda_state {
     int              device;
     int              sm_count;
@@ -65,9 +63,6 @@ typedef struct opf_cuda_state {
      * at the next host wait: the first bad (row << 32 | id), ~0 when none */
     unsigned long long *deferred_bad;
     bool             deferred_armed;  /* a captured check exists: read it */
-    /* colsum.cuh's tickets: OPF_COLSUM_TICKETS zeros, each put back to 0 by
-     * the kernel that used it (work on one stream never overlaps) */
-    unsigned        *colsum_tickets;
     /* GEMM algorithm cache (gemm.cu) */
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;

@@ -114,9 +114,6 @@ static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
         OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->staged[i], cudaEventDisableTiming));
     OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->deferred_bad, sizeof *s->deferred_bad));
     OPF_CUDA_TRY(ctx, fn, cudaMemset(s->deferred_bad, 0xFF, sizeof *s->deferred_bad));
-    size_t tickets = OPF_COLSUM_TICKETS * sizeof *s->colsum_tickets;
-    OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->colsum_tickets, tickets));
-    OPF_CUDA_TRY(ctx, fn, cudaMemset(s->colsum_tickets, 0, tickets));
     return OPF_OK;
 }
 
@@ -158,7 +155,6 @@ static void state_destroy(opf_cuda_state *s)
     cudaFree(s->ws);
     for (int i = 0; i < s->n_retired; i++) cudaFree(s->ws_retired[i]);
     cudaFree(s->deferred_bad);
-    cudaFree(s->colsum_tickets);
     free(s->ws_retired);
     cudaFree(s->lt_ws);
     cudaFreeHost(s->pinned);
