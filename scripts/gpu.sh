@@ -119,6 +119,18 @@ grep -E "cuDNN:" "$logs/cmake.log"
 ninja -C "$build" -j16 >"$logs/build.log" 2>&1 || { grep -E "error|Error" -A5 "$logs/build.log" | head -60; exit 1; }
 grep -E "warning" "$logs/build.log" | head -20
 
+# OPF_GPU_DIGEST_CORE=CORE: the digest test's golden file for OpenBLAS core
+# CORE (SkylakeX, the base file's), written on this machine's CPU where it
+# runs that core's kernels (AVX-512), into LOGDIR/golden.txt: how a change
+# of numerics renews the lines that fp32 GEMMs feed, from a machine whose
+# own core is another (tests/digest/test_digest.c)
+if [ -n "${OPF_GPU_DIGEST_CORE:-}" ]; then
+  step "digest golden file for OpenBLAS core $OPF_GPU_DIGEST_CORE"
+  grep -qw avx512f /proc/cpuinfo || echo "this CPU has no AVX-512: SkylakeX kernels cannot run"
+  OPENBLAS_CORETYPE=$OPF_GPU_DIGEST_CORE OPF_DIGEST_WRITE=1 "$build/test_digest" 2>&1 | tail -2
+  cp tests/digest/golden.txt "$logs/golden.txt"
+fi
+
 ctest_rc=0
 if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
   step "ctest -L cuda (and cudnn)"

@@ -441,11 +441,13 @@ static void test_ssg_bad(opf_ctx *ctx)
 
 /* ==== backward_activation_bias ========================================================== */
 
-/* act.c's f' in fp32, the same expressions (numerics.md 6.3) and tanh (6.3.1). */
+/* act.c's f' in fp32, the same expressions (numerics.md 6.3.1: GELU's
+ * sigmoid form) and exp. */
 static float gelu_df32(float x)
 {
-    const float t = opf_tanhf_impl(0.79788456f * x * (1.0f + 0.044715f * x * x));
-    return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) + 0.5f * (1.0f + t);
+    const float x2 = x * x;
+    const float s = 1.0f / (1.0f + opf_expf_impl(-2.0f * (x * (0.79788456f + 0.03567741f * x2))));
+    return s + ((2.0f * x) * (0.79788456f + 0.1070322243f * x2)) * (s * (1.0f - s));
 }
 static float relu_df32(float x) { return x > 0.0f ? 1.0f : 0.0f; }
 

@@ -98,8 +98,8 @@ static void ref_act(const act_case *c, const ref_p *p, const double *x, const do
         }
 }
 
-/* ---- the fp32 formulas, transcribed from numerics.md 6.3 ----------------------
- * With exp and tanh from act-math.h (6.3.1, no C library), an f32 op must
+/* ---- the fp32 formulas, transcribed from numerics.md 6.3 and 6.3.1 -----------
+ * (GELU in its sigmoid form). With exp from act-math.h (6.3.1, no C library), an f32 op must
  * reproduce these bits: this pins the constants and their grouping, which
  * tolerances alone cannot see. */
 
@@ -107,7 +107,7 @@ static float s32(float z) { return 1.0f / (1.0f + opf_expf_impl(-z)); }
 static float f32_f(int ci, float x, float alpha)
 {
     switch (ci) {
-    case 0: case 6: return x * (0.5f + 0.5f * opf_tanhf_impl(x * (0.79788456f + 0.03567741f * x * x)));
+    case 0: case 6: return x / (1.0f + opf_expf_impl(-2.0f * (x * (0.79788456f + 0.03567741f * x * x))));
     case 2: case 8: return fmaxf(x, 0.0f);
     case 3: case 9: return x > 0.0f ? x * x : 0.0f;
     case 5: return s32(x);
@@ -118,8 +118,8 @@ static float f32_df(int ci, float x, float alpha)
 {
     switch (ci) {
     case 0: case 6: {
-        float t = opf_tanhf_impl(0.79788456f * x * (1.0f + 0.044715f * x * x));
-        return 0.5f * x * ((1.0f - t * t) * (0.79788456f + 0.1070322243f * x * x)) + 0.5f * (1.0f + t);
+        float s = s32(2.0f * (x * (0.79788456f + 0.03567741f * (x * x))));
+        return s + ((2.0f * x) * (0.79788456f + 0.1070322243f * (x * x))) * (s * (1.0f - s));
     }
     case 2: case 8: return x > 0.0f ? 1.0f : 0.0f;
     case 3: case 9: return fmaxf(2.0f * x, 0.0f);
