@@ -22,7 +22,9 @@
 # it in two: OPF_GPU_GPT=0 first, then OPF_GPU_SKIP_TESTS=1 OPF_GPU_KERNELS=0
 # for the GPT benchmarks alone.
 #     OPF_GPU_KERNELS=0     skip the kernel and training-step benchmarks, their
-#                           peers and the profile
+#                           peers and (unless OPF_GPU_PROFILE=1) the profile
+#     OPF_GPU_PROFILE=0|1   the GPT-2 124M step profile on its own switch;
+#                           OPF_GPU_PROFILE_RECIPES (default "bf16 fp8-current")
 #     OPF_GPU_ONLY=LIST     bench cuda's sections (its --only: quantize, gemm,
 #                           norm, elem, attn)
 #     OPF_GPU_RECIPES=LIST  the recipes of the GPT benchmarks (bench train
@@ -176,9 +178,12 @@ if [ "${OPF_GPU_KERNELS:-1}" != 0 ]; then
   PYTHONUNBUFFERED=1 bench "$logs/bench_peer.log" python3 bench/peer/torch_cuda.py "$logs/bench_opfuse.txt"
   PYTHONUNBUFFERED=1 bench "$logs/bench_peer_train.log" python3 bench/peer/torch_cuda_train.py \
     "$logs/bench_train.txt"
-  step "profile: GPT-2 124M steps, compiled, bf16 and FP8 current (device time per phase and op class)"
+fi
+if [ "${OPF_GPU_PROFILE:-${OPF_GPU_KERNELS:-1}}" != 0 ]; then
+  prof_recipes=${OPF_GPU_PROFILE_RECIPES:-bf16 fp8-current}
+  step "profile: GPT-2 124M steps, compiled, $prof_recipes (device time per phase and op class)"
   : >"$logs/profile.log"
-  for r in bf16 fp8-current; do
+  for r in $prof_recipes; do
     bench "$logs/profile.log" "$build/opfuse" train --device cuda --layers 12 --width 768 --heads 12 \
       --context 1024 --random-vocab 50304 --batch 16 --steps 4 --eval-every 100 --compile --profile \
       --quiet --recipe $r

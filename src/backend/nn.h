@@ -34,9 +34,14 @@
  *    g = fl(dloss / count); ignored rows get 0.
  *  - sumsq: the sum of x_i^2 in double, in lanesum.h's order twice: a lane
  *    sum over each 4096-value chunk, then a lane sum of the chunk sums.
- * expf and logf are the C library's (glibc on the reference machines); the
- * CUDA kernels (cuda/nn.cu) carry ports of glibc's and match every bit, but
- * NaN outputs are NaN without the CPU's NaN payload bits.
+ * Cross-entropy's expf is act-math.h's opf_expf_impl (numerics.md 6.3.1:
+ * fp32 operations only, 0.976 ulp), the activations' own, which every
+ * device computes alike at a fraction of the cost of a libm port on a GPU
+ * (no float <-> double conversions, which Hopper runs at an eighth of the
+ * fp32 rate). Attention's expf and every logf are the C library's (glibc on
+ * the reference machines); the CUDA kernels (cuda/nn.cu) carry ports of
+ * glibc's and match every bit. NaN outputs are NaN everywhere, without the
+ * CPU's NaN payload bits on the GPU.
  *
  * Usage (attention forward over a bf16 qkv [B, T, 3C]):
  *   be->nn->attn_fwd(ctx, qkv, OPF_BF16, o, lse, B, T, H, C / H, OPF_BF16);

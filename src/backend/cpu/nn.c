@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/act-math.h"
 #include "backend/cpu/cpu-impl.h"
 #include "backend/elem.h"
 #include "backend/lanesum.h"
@@ -347,7 +348,8 @@ static opf_status attn_bwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, co
  * the stack: a multiple of 32, so value j is in lane j mod 32 of its block. */
 enum { XENT_BLOCK = 1024 };
 
-/* lse of row r: m + logf(S(expf(x_j - m))), m the max (x_0 when it is NaN). */
+/* lse of row r: m + logf(S(expf(x_j - m))), m the max (x_0 when it is NaN),
+ * expf act-math.h's (nn.h). */
 static float row_lse(const void *x, opf_dtype xt, int64_t r, int64_t V)
 {
     float v[XENT_BLOCK], m = 0.0f, p[OPF_SUM_LANES] = {0};
@@ -360,7 +362,7 @@ static float row_lse(const void *x, opf_dtype xt, int64_t r, int64_t V)
     for (int64_t j0 = 0; j0 < V; j0 += XENT_BLOCK) {
         int64_t w = V - j0 < XENT_BLOCK ? V - j0 : XENT_BLOCK;
         opf_cpu_load_f32(x, xt, r * V + j0, w, v);
-        for (int64_t j = 0; j < w; j++) p[j % OPF_SUM_LANES] += expf(v[j] - m);
+        for (int64_t j = 0; j < w; j++) p[j % OPF_SUM_LANES] += opf_expf_impl(v[j] - m);
     }
     return m + logf(opf_lane_fold(p));
 }
@@ -402,7 +404,7 @@ static opf_status xent_bwd(opf_ctx *ctx, const void *x, opf_dtype xt, const int3
             int64_t w = V - j0 < XENT_BLOCK ? V - j0 : XENT_BLOCK;
             opf_cpu_load_f32(x, xt, r * V + j0, w, v);
             for (int64_t j = 0; j < w; j++)
-                v[j] = tgt[r] < 0 ? 0.0f : (expf(v[j] - lse[r]) - (j0 + j == tgt[r])) * g;
+                v[j] = tgt[r] < 0 ? 0.0f : (opf_expf_impl(v[j] - lse[r]) - (j0 + j == tgt[r])) * g;
             opf_cpu_store_f32(v, dxt, dx, r * V + j0, w);
         }
     }

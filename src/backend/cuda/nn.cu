@@ -29,7 +29,9 @@
  *    Clipping's sumsq_acc and clip_scale take every gradient of a model in
  *    a few launches (up to SPANS arrays each), with the same sums.
  *
- * expf and logf are ports of the glibc functions the CPU reference calls
+ * Cross-entropy's exp is act-math.h's opf_expf_impl, compiled for the
+ * device (nn.h: fp32 operations only, the CPU's bits under -fmad=false).
+ * Attention's expf and logf are ports of the glibc functions the CPU reference calls
  * (glibc 2.28 and later, the same algorithms as ARM's optimized-routines:
  * a 32-entry 2^(i/32) table and a cubic in double for expf; a 16-entry
  * table and a cubic for logf), with the fused multiply-adds of glibc's
@@ -48,6 +50,9 @@
 #include <cub/cub.cuh>
 
 #include "backend/cuda/cuda-impl.h"
+extern "C" {
+#include "backend/cpu/act-math.h"
+}
 
 enum {
     SUMSQ_CHUNK = 4096,     /* the CPU's chunk (nn.c) */
@@ -671,7 +676,7 @@ template <opf_dtype D> struct xent_row {
  * adds the terms j = c mod 32 in j order, then the fold. The row is read in
  * 16-byte vectors: a chunk of 32 of them (32 E elements) goes through the
  * warp's piece of shared memory, each lane computing the E exps of its
- * vector (fp64: the exps in flight), then lane c adding the chunk's terms
+ * vector (the exps in flight), then lane c adding the chunk's terms
  * of its class in order; the next chunk's vector is loaded ahead. */
 template <opf_dtype D>
 static __global__ void __launch_bounds__(32 * WARPS)
@@ -702,7 +707,7 @@ xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows, int
     float x0 = row.at(0);
     if (isnan(x0)) m = x0;
     float e = 0.0f;
-    if (lane < row.h) e = nn_expf(__fsub_rn(row.at(lane), m));
+    if (lane < row.h) e = opf_expf_impl(__fsub_rn(row.at(lane), m));
     /* chunk q holds elements h + q CH ...; lane c's first of its class at
      * position (c - h) mod 32, as CH is a multiple of 32 */
     const int first = (int)((lane - row.h) & 31);
@@ -713,7 +718,7 @@ xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows, int
         int64_t live = (row.nv - q0 < 32 ? row.nv - q0 : 32) * E;  /* the chunk's elements */
         R::widen(now, v);
 #pragma unroll
-        for (int k = 0; k < E; k++) v[k] = nn_expf(__fsub_rn(v[k], m));
+        for (int k = 0; k < E; k++) v[k] = opf_expf_impl(__fsub_rn(v[k], m));
 #pragma unroll
         for (int k = 0; k < E; k += 4)  /* 16-byte stores: no bank conflicts */
             *(float4 *)&b[lane * E + k] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
@@ -724,7 +729,7 @@ xent_lse_kernel(const void *x, const int32_t *tgt, float *lse, int64_t rows, int
         __syncwarp();
     }
     int64_t j = row.tail + ((lane - row.tail) & 31);
-    if (j < V) e = __fadd_rn(e, nn_expf(__fsub_rn(row.at(j), m)));
+    if (j < V) e = __fadd_rn(e, opf_expf_impl(__fsub_rn(row.at(j), m)));
     for (int o = 16; o; o >>= 1) e = __fadd_rn(e, __shfl_down_sync(FULL, e, o));
     if (lane == 0) lse[r] = __fadd_rn(m, nn_logf(e));
 }
@@ -821,7 +826,7 @@ static __global__ void xent_bwd_kernel(const void *x, const int32_t *tgt, const 
         float l = lse[r];
 #pragma unroll 4
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-            float e = nn_expf(__fsub_rn(nn_ld<D>(x, r * V + j), l));
+            float e = opf_expf_impl(__fsub_rn(nn_ld<D>(x, r * V + j), l));
             float d = t < 0 ? 0.0f : __fmul_rn(__fsub_rn(e, j == t ? 1.0f : 0.0f), gg);
             out[r * V + j] = opf_dev_from_f32<DO>(d);
         }
@@ -859,7 +864,7 @@ static __global__ void xent_bwd_vec_kernel(const void *x, const int32_t *tgt, co
             ovec o;
 #pragma unroll
             for (int k = 0; k < E; k++) {
-                float ex = nn_expf(__fsub_rn(opf_dev_to_f32<D>(e[k]), l));
+                float ex = opf_expf_impl(__fsub_rn(opf_dev_to_f32<D>(e[k]), l));
                 o.v[k] = opf_dev_from_f32<DO>(__fmul_rn(__fsub_rn(ex, i * E + k == t ? 1.0f : 0.0f), gg));
             }
             ov[i] = o;
