@@ -480,7 +480,7 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
 
 /* ---- causal attention: qkv [B, T, 3C] at GPT-2 small's shape, fp32 per
  * path of OPF_CUDA_ATTENTION, and flash, flash2, flash1p, cudnn and cudnn-atomic with
- * qkv, do and dqkv stored in bf16, its logical dtype (their 16-bit kernels,
+ * qkv, o, do and dqkv stored in bf16, its logical dtype (their 16-bit kernels,
  * as a bf16 model calls them); the FLOP counts are the causal half's (the
  * backward's five products 2.5 times the forward's two). ------------------ */
 enum { AT_B = 16, AT_T = 1024, AT_H = 12, AT_D = 64 };
@@ -489,17 +489,19 @@ typedef struct attn_arg {
     bool        bwd;
     opf_dtype   dt;  /* the logical and storage dtype of qkv, do and dqkv */
     const void *qkv, *dout;
-    float      *o, *lse;
+    void       *o;  /* stored as dt, as the attention op saves it */
+    float      *lse;
     void       *dqkv;
 } attn_arg;
 static opf_status run_attn(opf_ctx *ctx, void *p)
 {
     attn_arg *a = p;
     const opf_nn_kernels *K = opf_backend_get(OPF_DEVICE_CUDA)->nn;
-    opf_status st = K->attn_fwd(ctx, a->qkv, a->dt, a->o, a->lse, AT_B, AT_T, AT_H, AT_D, a->dt);
+    opf_status st = K->attn_fwd(ctx, a->qkv, a->dt, a->o, a->dt, a->lse, AT_B, AT_T, AT_H, AT_D,
+                                a->dt);
     if (st || !a->bwd) return st;
-    return K->attn_bwd(ctx, a->qkv, a->dt, a->o, a->lse, a->dout, a->dt, a->dqkv, a->dt, AT_B,
-                       AT_T, AT_H, AT_D, a->dt);
+    return K->attn_bwd(ctx, a->qkv, a->dt, a->o, a->dt, a->lse, a->dout, a->dt, a->dqkv, a->dt,
+                       AT_B, AT_T, AT_H, AT_D, a->dt);
 }
 
 /* qkv, do and dqkv of dtype dt into t[0], t[1], t[2]. */
@@ -526,7 +528,7 @@ static bool cudnn_here(void)
 static int bench_attn(opf_ctx *ctx)
 {
     const int64_t rows = AT_B * AT_T, C = AT_H * AT_D;
-    opf_tensor t[8];  /* f32 qkv, do, dqkv; bf16 qkv, do, dqkv; o, lse */
+    opf_tensor t[8];  /* f32 qkv, do, dqkv; bf16 qkv, do, dqkv; o (f32: room for either), lse */
     memset(t, 0, sizeof t);
     opf_spec so = opf_spec_make(2, (int64_t[]){rows, C}, OPF_F32);
     opf_spec sl = opf_spec_make(1, (int64_t[]){AT_B * AT_H * AT_T}, OPF_F32);

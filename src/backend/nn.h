@@ -4,7 +4,7 @@
  * clipping.
  *
  * Every entry works on arrays in the device's memory, row-major, with int32
- * token ids: fp32, but for the typed ones (attention's qkv, do and dqkv,
+ * token ids: fp32, but for the typed ones (attention's qkv, o, do and dqkv,
  * cross-entropy's logits and dx, sumsq's and clipping's x), which are plain
  * f32, bf16 or f16 of a dtype passed beside them, read as fp32 and written
  * by rounding each fp32 result once (RNE). The caller decodes quantized
@@ -22,8 +22,10 @@
  *    s_ij = fl(dot(q_i, k_j) * scale), the dot summed over d in order; for
  *    j = 0..i in order (online softmax, one key at a time) m' = max(m, s),
  *    c = expf(m - m'), p = expf(s - m'), l = fl(l c) + p,
- *    acc_d = fl(acc_d c) + fl(p v_jd); o_id = acc_d / l, lse_i = m + logf(l).
- *    backward: D_i = dot(do_i, o_i); for i in order, j = 0..i in order:
+ *    acc_d = fl(acc_d c) + fl(p v_jd); o_id = acc_d / l (then rounded to
+ *    o_t), lse_i = m + logf(l).
+ *    backward: D_i = dot(do_i, o_i), o as stored (widened); for i in order,
+ *    j = 0..i in order:
  *    p = expf(s_ij - lse_i), dv_j += p do_i, dp = dot(do_i, v_j),
  *    ds = fl(fl(p fl(dp - D_i)) * scale), dq_i += ds k_j, dk_j += ds q_i.
  *  - cross-entropy, per row r: m = max_j x_j, e = S(expf(x_j - m)) in
@@ -44,7 +46,7 @@
  * CPU's NaN payload bits on the GPU.
  *
  * Usage (attention forward over a bf16 qkv [B, T, 3C]):
- *   be->nn->attn_fwd(ctx, qkv, OPF_BF16, o, lse, B, T, H, C / H, OPF_BF16);
+ *   be->nn->attn_fwd(ctx, qkv, OPF_BF16, o, OPF_BF16, lse, B, T, H, C / H, OPF_BF16);
  */
 #ifndef OPFUSE_BACKEND_NN_H
 #define OPFUSE_BACKEND_NN_H
@@ -74,22 +76,32 @@ typedef struct opf_nn_kernels {
                             float *dwpe, int64_t rows, int64_t T, int64_t C, int64_t V, int64_t P);
     /* Causal attention over qkv [B, T, 3C] (q, k, v side by side; head h in
      * columns h*D .. h*D + D - 1 of each, C = H*D), stored as qkv_t (f32,
-     * bf16 or f16): o [B, T, C] (fp32) and the logsumexp of each softmax
-     * row, lse [B, H, T]. No [T, T] matrix. in_dt is qkv's logical dtype
-     * (its values, and do's, are exact in it): bf16/f16 let a backend
-     * multiply in that precision on tensor cores; the CPU computes fp32
-     * regardless. A storage dtype other than the kernels' own costs a
-     * converted copy in context scratch (OPF_ERR_NO_MEMORY without it). */
-    opf_status (*attn_fwd)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o, float *lse,
-                           int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
+     * bf16 or f16): o [B, T, C], stored as o_t (f32, bf16 or f16: each value
+     * computed in fp32 and rounded once, RNE), and the logsumexp of each
+     * softmax row, lse [B, H, T] (fp32). No [T, T] matrix. in_dt is qkv's
+     * logical dtype (its values, and do's, are exact in it): bf16/f16 let a
+     * backend multiply in that precision on tensor cores; the CPU computes
+     * fp32 regardless. A storage dtype other than the kernels' own costs a
+     * converted copy in context scratch (OPF_ERR_NO_MEMORY without it).
+     * o_t 16-bit is what the attention op passes (its output's dtype): o is
+     * then that output's bits, saved for the backward at half the bytes,
+     * as cuDNN and the anchor (Transformer Engine) keep O; cuDNN's path
+     * writes it in place (cuda/cudnn_attn.cu), the others round their fp32
+     * o once. */
+    opf_status (*attn_fwd)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, void *o,
+                           opf_dtype o_t, float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                           opf_dtype in_dt);
     /* dqkv [B, T, 3C] (overwritten; stored as dqkv_t, each value computed
      * in fp32 and rounded once) from do [B, T, C] (stored as dout_t) and the
-     * forward's qkv, o and lse (fp32); scores recomputed, never stored.
-     * in_dt: as attn_fwd's. */
-    opf_status (*attn_bwd)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
-                           const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
-                           opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
-                           opf_dtype in_dt);
+     * forward's qkv, o (stored as o_t) and lse (fp32); scores recomputed,
+     * never stored. o is read as stored, widened exactly: the row term
+     * D_i = dot(do_i, o_i) takes the o the forward rounded to o_t, not its
+     * fp32 value (with o_t 16-bit, D_i moves by the rounding of o, as in
+     * cuDNN's backward, which reads the O it wrote). in_dt: as attn_fwd's. */
+    opf_status (*attn_bwd)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const void *o,
+                           opf_dtype o_t, const float *lse, const void *dout, opf_dtype dout_t,
+                           void *dqkv, opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                           int64_t D, opf_dtype in_dt);
     /* Mean softmax cross-entropy of logits x [rows, V] (plain f32, bf16 or
      * f16 of dtype xt, read as fp32) against tgt [rows] (negative: ignored)
      * into loss[0] (0 when no row counts); lse [rows] out (0 for ignored

@@ -383,14 +383,16 @@ static void attn_typed_case(opf_ctx *ctx, const char *shape, opf_dtype dt, const
     float *tdq32 = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
     char at[160];
     snprintf(at, sizeof at, "%s, %s storage", shape, opf_dtype_name(dt));
-    CHECK_OK(ctx, K->attn_fwd(ctx, tq, dt, to, tl, B, T, H, D, dt));
+    CHECK_OK(ctx, K->attn_fwd(ctx, tq, dt, to, OPF_F32, tl, B, T, H, D, dt));
     expect_attn(ctx, "attn_fwd o", at, fo, to, no, 0, T, H, D, H * D);
     expect_attn(ctx, "attn_fwd lse", at, flse, tl, nl, 0, T, H, D, 0);
     float *want = host_rounded(ctx, g->dqkv, nq, dt), *f32 = host_rounded(ctx, g->dqkv, nq, OPF_F32);
-    CHECK_OK(ctx, K->attn_bwd(ctx, tq, dt, g->o, g->lse, td, dt, tdq, dt, B, T, H, D, dt));
+    CHECK_OK(ctx, K->attn_bwd(ctx, tq, dt, g->o, OPF_F32, g->lse, td, dt, tdq, dt, B, T, H, D,
+                              dt));
     if (twice) expect_attn_dt(ctx, "attn_bwd dqkv", at, want, tdq, dt, nq, 0, T, H, D, 3 * H * D);
     expect_attn_dt(ctx, "attn_bwd dqkv vs cpu", at, cpu_dq, tdq, dt, nq, tol, T, H, D, 3 * H * D);
-    CHECK_OK(ctx, K->attn_bwd(ctx, tq, dt, g->o, g->lse, td, dt, tdq32, OPF_F32, B, T, H, D, dt));
+    CHECK_OK(ctx, K->attn_bwd(ctx, tq, dt, g->o, OPF_F32, g->lse, td, dt, tdq32, OPF_F32, B, T, H,
+                              D, dt));
     expect_attn(ctx, twice ? "attn_bwd dqkv f32" : "attn_bwd dqkv f32 vs cpu", at,
                 twice ? f32 : cpu_dq, tdq32, nq, twice ? 0 : tol, T, H, D, 3 * H * D);
     void *gs[] = {tq, td, tdq, to, tl, tdq32};
@@ -407,10 +409,62 @@ static void attn_bwd_again(opf_ctx *ctx, const char *shape, const attn_bufs *g, 
     char name[160];
     snprintf(name, sizeof name, "attn_bwd dqkv run twice [%s]", shape);
     host_from(ctx, first, g->dqkv, sizeof(float) * (size_t)g->nq);
-    CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, g->qkv, F, g->o, g->lse, g->dout, F, g->dqkv, F, g->B,
-                                       g->T, g->H, g->D, dt));
+    CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, g->qkv, F, g->o, F, g->lse, g->dout, F, g->dqkv, F,
+                                       g->B, g->T, g->H, g->D, dt));
     expect_same(ctx, name, first, g->dqkv, g->nq);
     free(first);
+}
+
+/* The CPU's run with o stored as ot (16-bit: the fp32 o rounded once, the
+ * backward reading that rounded o), the references of attn_o_case. */
+typedef struct attn_o_ref {
+    opf_dtype ot;
+    void     *o;          /* host, ot's bits */
+    float    *ow, *dqkv;  /* o widened; dqkv (f32) from o and the CPU's lse */
+} attn_o_ref;
+
+static attn_o_ref attn_o_ref_of(opf_ctx *ctx, const attn_bufs *g, const float *qkv,
+                                const float *dout, opf_dtype ot, opf_dtype dt)
+{
+    const opf_dtype F = OPF_F32;
+    attn_o_ref r = {ot, malloc(opf_dtype_nbytes(ot, (size_t)g->no) + 1), fvec(g->no), fvec(g->nq)};
+    float *lse = fvec(g->nl);
+    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, F, r.o, ot, lse, g->B, g->T, g->H, g->D, dt));
+    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, F, r.o, ot, lse, dout, F, r.dqkv, F, g->B, g->T,
+                                      g->H, g->D, dt));
+    CHECK_OK(ctx, opf_convert(r.o, ot, r.ow, F, (size_t)g->no));
+    free(lse);
+    return r;
+}
+
+/* On the path now set (pc, its bounds for dt), o stored as r->ot and the
+ * other arrays f32 (g's): the forward's o against the CPU's within tol_o
+ * plus one unit of ot's rounding (a value the two round from either side of
+ * a midpoint; tol 0 stays 0: exact's bits), lse as in f32; then the
+ * backward from the CPU's rounded o and lse against the CPU's dqkv from
+ * them, within tol_dqkv. */
+static void attn_o_case(opf_ctx *ctx, const char *shape, const attn_path_case *pc, opf_dtype dt,
+                        const attn_bufs *g, const attn_o_ref *r, const float *lse)
+{
+    const opf_dtype F = OPF_F32;
+    int64_t B = g->B, T = g->T, H = g->H, D = g->D, C = H * D;
+    int slot = dtype_slot(dt);
+    size_t nb = opf_dtype_nbytes(r->ot, (size_t)g->no);
+    void *go = dev_from(ctx, NULL, nb);
+    char at[160];
+    snprintf(at, sizeof at, "%s, o stored as %s", shape, opf_dtype_name(r->ot));
+    double unit = r->ot == OPF_BF16 ? 0x1p-7 : 0x1p-10, tol = pc->tol_o[slot];
+    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, g->qkv, F, go, r->ot, g->lse, B, T, H, D, dt));
+    expect_attn_dt(ctx, "attn_fwd o", at, r->ow, go, r->ot, g->no, tol > 0 ? tol + unit : 0, T, H,
+                   D, C);
+    expect_attn(ctx, "attn_fwd lse", at, lse, g->lse, g->nl, tol, T, H, D, 0);
+    CHECK_OK(ctx, opf_cuda_copy(ctx, go, r->o, nb, OPF_CUDA_H2D));
+    CHECK_OK(ctx, opf_cuda_copy(ctx, g->lse, lse, sizeof(float) * (size_t)g->nl, OPF_CUDA_H2D));
+    CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, g->qkv, F, go, r->ot, g->lse, g->dout, F, g->dqkv, F, B,
+                                       T, H, D, dt));
+    expect_attn(ctx, "attn_bwd dqkv", at, r->dqkv, g->dqkv, g->nq, pc->tol_dqkv[slot], T, H, D,
+                3 * C);
+    opf_cuda_free(ctx, go);
 }
 
 /* One shape on every path (exact only when `exact`: slow at long T; f32
@@ -418,7 +472,9 @@ static void attn_bwd_again(opf_ctx *ctx, const char *shape, const attn_bufs *g, 
  * exact in dt and dt passed as qkv's logical dtype: the forward against
  * the CPU's o and lse, then the backward from the CPU's o and lse against
  * its dqkv, all on f32 storage; for bf16 and f16 then the same calls on dt
- * storage against these (attn_typed_case). */
+ * storage against these (attn_typed_case); then with o stored in 16 bits,
+ * as dt (bf16 for f32: cuDNN's path writes and reads it in place where o is
+ * dt) against the CPU's run with that o (attn_o_case). */
 static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
                          bool exact, opf_dtype dt)
 {
@@ -434,8 +490,9 @@ static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t 
     printf("  attention %s B %lld T %lld H %lld D %lld (scale %g)\n", opf_dtype_name(dt),
            (long long)B, (long long)T, (long long)H, (long long)D, (double)scale);
     const opf_dtype F = OPF_F32;
-    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, F, o, lse, B, T, H, D, dt));
-    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, F, o, lse, dout, F, dqkv, F, B, T, H, D, dt));
+    CHECK_OK(ctx, opf_cpu_nn.attn_fwd(ctx, qkv, F, o, F, lse, B, T, H, D, dt));
+    CHECK_OK(ctx, opf_cpu_nn.attn_bwd(ctx, qkv, F, o, F, lse, dout, F, dqkv, F, B, T, H, D, dt));
+    attn_o_ref r16 = attn_o_ref_of(ctx, &g, qkv, dout, dt == F ? OPF_BF16 : dt, dt);
     int first = dt != OPF_F32 ? 2 : exact ? 0 : 1, slot = dtype_slot(dt);
     for (int p = first; p < (int)(sizeof attn_paths / sizeof attn_paths[0]); p++) {
         const attn_path_case *pc = &attn_paths[p];
@@ -446,7 +503,7 @@ static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t 
         snprintf(shape, sizeof shape, "%s B %lld T %lld H %lld D %lld scale %g, %s",
                  opf_dtype_name(dt), (long long)B, (long long)T, (long long)H, (long long)D,
                  (double)scale, pc->env ? pc->env : "default");
-        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, g.qkv, F, g.o, g.lse, B, T, H, D, dt));
+        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, g.qkv, F, g.o, F, g.lse, B, T, H, D, dt));
         expect_attn(ctx, "attn_fwd o", shape, o, g.o, no, pc->tol_o[slot], T, H, D, C);
         expect_attn(ctx, "attn_fwd lse", shape, lse, g.lse, nl, pc->tol_o[slot], T, H, D, 0);
         host_from(ctx, fo, g.o, sizeof(float) * (size_t)no);
@@ -454,20 +511,21 @@ static void attn_case_dt(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t 
         /* the backward from the CPU's o and lse on both sides */
         CHECK_OK(ctx, opf_cuda_copy(ctx, g.o, o, sizeof(float) * (size_t)no, OPF_CUDA_H2D));
         CHECK_OK(ctx, opf_cuda_copy(ctx, g.lse, lse, sizeof(float) * (size_t)nl, OPF_CUDA_H2D));
-        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, g.qkv, F, g.o, g.lse, g.dout, F, g.dqkv, F, B, T,
-                                           H, D, dt));
+        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, g.qkv, F, g.o, F, g.lse, g.dout, F, g.dqkv, F, B,
+                                           T, H, D, dt));
         expect_attn(ctx, "attn_bwd dqkv", shape, dqkv, g.dqkv, nq, pc->tol_dqkv[slot], T, H, D,
                     3 * C);
         if (pc->twice) attn_bwd_again(ctx, shape, &g, dt);
         if (dt != OPF_F32)
             attn_typed_case(ctx, shape, dt, &g, fo, flse, dqkv, qkv, dout, pc->tol_dqkv[slot],
                             pc->twice);
+        attn_o_case(ctx, shape, pc, dt, &g, &r16, lse);
     }
     unsetenv("OPF_CUDA_ATTENTION");
     void *gs[] = {g.qkv, g.dout, g.o, g.lse, g.dqkv};
     for (int i = 0; i < 5; i++) opf_cuda_free(ctx, gs[i]);
-    void *hs[] = {qkv, dout, o, lse, dqkv, fo, flse};
-    for (int i = 0; i < 7; i++) free(hs[i]);
+    void *hs[] = {qkv, dout, o, lse, dqkv, fo, flse, r16.o, r16.ow, r16.dqkv};
+    for (int i = 0; i < 10; i++) free(hs[i]);
 }
 
 static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, float scale,
@@ -482,6 +540,7 @@ static void attn_case(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64_t D, 
  * the default runs flash2 there. */
 static void attn_path_error(opf_ctx *ctx)
 {
+    const opf_dtype F = OPF_F32;
     int64_t B = 1, T = 5, H = 2, D = 64, nq = B * T * 3 * H * D, no = B * T * H * D;
     float *qkv = frand(nq, 1.0f, 0, false), *dout = frand(no, 1.0f, 0, false);
     float *gqkv = dev_from(ctx, qkv, sizeof(float) * (size_t)nq);
@@ -491,25 +550,25 @@ static void attn_path_error(opf_ctx *ctx)
     float *gdqkv = dev_from(ctx, NULL, sizeof(float) * (size_t)nq);
     printf("  attention: OPF_CUDA_ATTENTION=flash3 is an error\n");
     setenv("OPF_CUDA_ATTENTION", "flash3", 1);
-    CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_F32),
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, F, go, F, glse, B, T, H, D, F),
                 OPF_ERR_INVALID_ARG, "attention forward", "OPF_CUDA_ATTENTION", "flash3",
                 "flash1p, cudnn, cudnn-atomic or exact");
-    CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, OPF_F32, go, glse, gdout, OPF_F32, gdqkv,
-                                          OPF_F32, B, T, H, D, OPF_BF16),
+    CHECK_FAILS(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, F, go, F, glse, gdout, F, gdqkv, F, B, T, H,
+                                          D, OPF_BF16),
                 OPF_ERR_INVALID_ARG, "attention backward", "OPF_CUDA_ATTENTION", "flash3");
     setenv("OPF_CUDA_ATTENTION", "gemm", 1);
-    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_BF16));
+    CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, F, go, F, glse, B, T, H, D, OPF_BF16));
     if (!cudnn_usable()) {  /* cudnn where cuDNN is missing: refused, naming why */
         printf("  attention: OPF_CUDA_ATTENTION=cudnn without cuDNN is OPF_ERR_UNSUPPORTED\n");
         setenv("OPF_CUDA_ATTENTION", "cudnn", 1);
-        CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_BF16),
+        CHECK_FAILS(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, F, go, F, glse, B, T, H, D, OPF_BF16),
                     OPF_ERR_UNSUPPORTED, "attention forward (cuda cudnn)", "cuDNN");
-        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_F32));
+        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, F, go, F, glse, B, T, H, D, F));
         printf("  attention: unset without cuDNN runs flash2\n");
         unsetenv("OPF_CUDA_ATTENTION");
-        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, OPF_F32, go, glse, B, T, H, D, OPF_BF16));
-        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, OPF_F32, go, glse, gdout, OPF_F32, gdqkv,
-                                           OPF_F32, B, T, H, D, OPF_BF16));
+        CHECK_OK(ctx, opf_cuda_nn.attn_fwd(ctx, gqkv, F, go, F, glse, B, T, H, D, OPF_BF16));
+        CHECK_OK(ctx, opf_cuda_nn.attn_bwd(ctx, gqkv, F, go, F, glse, gdout, F, gdqkv, F, B, T, H,
+                                           D, OPF_BF16));
     }
     unsetenv("OPF_CUDA_ATTENTION");
     void *gs[] = {gqkv, gdout, go, glse, gdqkv};

@@ -1,8 +1,10 @@
 /* test_nn.c: the language-model ops (opfuse/nn.h) against FP64 references:
  * embedding, causal attention and cross-entropy forward against a direct
  * double computation, their gradients against central finite differences of
- * that double forward, the fakes against the real outputs, bf16 inputs,
- * attention's kernels on bf16 / f16 storage (the bits of f32 storage),
+ * that double forward, the fakes against the real outputs, bf16 inputs
+ * (attention's bf16 gradient against an analytic FP64 one that takes the
+ * saved bf16 o), attention's kernels on bf16 / f16 storage (the bits of f32
+ * storage; a 16-bit o the f32 o rounded once, read back as stored),
  * thread-count independence, bad input, and global gradient-norm clipping. */
 #include <omp.h>
 
@@ -42,27 +44,65 @@ static void check_fakes(const opf_op *op, const opf_tensor *out, const opf_tenso
 
 /* ---- FP64 references ------------------------------------------------------------- */
 
+/* The softmax row of query i of head h in batch b: p[j] for j = 0..i. */
+static void ref_softmax(const double *qkv, int b, int h, int i, double *p)
+{
+    const double *q = qkv + (b * T + i) * 3 * C + h * D;
+    double m = -INFINITY, z = 0;
+    for (int j = 0; j <= i; j++) {
+        const double *k = qkv + (b * T + j) * 3 * C + C + h * D;
+        p[j] = 0;
+        for (int d = 0; d < D; d++) p[j] += q[d] * k[d];
+        p[j] /= sqrt((double)D);
+        m = fmax(m, p[j]);
+    }
+    for (int j = 0; j <= i; j++) z += exp(p[j] - m);
+    for (int j = 0; j <= i; j++) p[j] = exp(p[j] - m) / z;
+}
+
 static void ref_attention(const double *qkv, double *o)
 {
-    double s[T];
+    double p[T];
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < T; i++) {
-                const double *q = qkv + (b * T + i) * 3 * C + h * D;
-                double m = -INFINITY, z = 0;
-                for (int j = 0; j <= i; j++) {
-                    const double *k = qkv + (b * T + j) * 3 * C + C + h * D;
-                    s[j] = 0;
-                    for (int d = 0; d < D; d++) s[j] += q[d] * k[d];
-                    s[j] /= sqrt((double)D);
-                    m = fmax(m, s[j]);
-                }
-                for (int j = 0; j <= i; j++) z += exp(s[j] - m);
+                ref_softmax(qkv, b, h, i, p);
                 for (int d = 0; d < D; d++) {
                     double acc = 0;
                     for (int j = 0; j <= i; j++)
-                        acc += exp(s[j] - m) / z * qkv[(b * T + j) * 3 * C + 2 * C + h * D + d];
+                        acc += p[j] * qkv[(b * T + j) * 3 * C + 2 * C + h * D + d];
                     o[(b * T + i) * C + h * D + d] = acc;
+                }
+            }
+}
+
+/* The gradient of sum(o * dy) through ref_attention, analytically, with the
+ * row terms D_i = dot(dy_i, ou_i) taken from ou: the exact gradient when ou
+ * is ref_attention's o; with a rounded o, the gradient the kernels compute
+ * from that saved o (nn.h: the backward reads o as stored). */
+static void ref_attention_bwd(const double *qkv, const double *dy, const double *ou, double *dq)
+{
+    double p[T];
+    memset(dq, 0, sizeof(double) * B * T * 3 * C);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                int64_t r = (b * T + i) * C + h * D;
+                const double *q = qkv + (b * T + i) * 3 * C + h * D, *g = dy + r;
+                double di = 0;
+                for (int d = 0; d < D; d++) di += g[d] * ou[r + d];
+                ref_softmax(qkv, b, h, i, p);
+                for (int j = 0; j <= i; j++) {
+                    const double *k = qkv + (b * T + j) * 3 * C + C + h * D, *v = k + C;
+                    double *dqi = dq + (b * T + i) * 3 * C + h * D;
+                    double *dk = dq + (b * T + j) * 3 * C + C + h * D, *dv = dk + C, dp = 0;
+                    for (int d = 0; d < D; d++) dp += g[d] * v[d];
+                    double ds = p[j] * (dp - di) / sqrt((double)D);
+                    for (int d = 0; d < D; d++) {
+                        dqi[d] += ds * k[d];
+                        dk[d] += ds * q[d];
+                        dv[d] += p[j] * g[d];
+                    }
                 }
             }
 }
@@ -96,9 +136,10 @@ static void test_attention(opf_ctx *ctx)
 {
     enum { NX = B * T * 3 * C, NY = B * T * C };
     static float qkv[NX], dyv[NY];
-    static double qd[NX], ref[NY];
+    static double qd[NX], ref[NY], dyd[NY], gref[NX];
     fill(qkv, NX, 1.0f), fill(dyv, NY, 1.0f);
     for (int i = 0; i < NX; i++) qd[i] = qkv[i];
+    for (int i = 0; i < NY; i++) dyd[i] = dyv[i];
     ref_attention(qd, ref);
     opf_attention_config ac = {H};
     opf_op *op;
@@ -127,6 +168,11 @@ static void test_attention(opf_ctx *ctx)
         worst = fmax(worst, fabs(fd - g) / (1 + fabs(fd)));
     }
     CHECK(worst < 1e-5, "attention dqkv vs FP64 finite differences: worst relative error %g", worst);
+    ref_attention_bwd(qd, dyd, ref, gref);  /* the analytic reference the bf16 case takes */
+    worst = 0;
+    for (int i = 0; i < NX; i++)
+        worst = fmax(worst, fabs(((float *)dx.data[0])[i] - gref[i]) / (1 + fabs(gref[i])));
+    CHECK(worst < 1e-5, "attention dqkv vs the analytic FP64 gradient: worst relative error %g", worst);
 
     /* the same bits on one thread */
     opf_tensor out1[1 + OPF_OP_MAX_EXTRA];
@@ -138,19 +184,45 @@ static void test_attention(opf_ctx *ctx)
     CHECK(opf_test_same_bytes(&out[0], &out1[0]), "attention: bits depend on the thread count");
     opf_tensor_release(&out1[0]), opf_tensor_release(&out[0]), opf_tensor_release(&dx);
 
-    /* bf16 qkv: a bf16 output close to the reference */
-    static uint16_t qb[NX];
-    opf_convert(qkv, OPF_F32, qb, OPF_BF16, NX);
+    /* bf16 qkv and dy, fresh values: a bf16 output close to the reference,
+     * saved as the bf16 o the fake declares (y its copy), and dqkv within
+     * bf16's rounding of the FP64 gradient whose row terms take that saved,
+     * rounded o (as the kernels' do) */
+    static uint16_t qb[NX], db[NY];
+    static double ob[NY];
+    fill(qkv, NX, 1.0f), fill(dyv, NY, 1.0f);
+    opf_convert(qkv, OPF_F32, qb, OPF_BF16, NX), opf_convert(qb, OPF_BF16, qkv, OPF_F32, NX);
+    opf_convert(dyv, OPF_F32, db, OPF_BF16, NY), opf_convert(db, OPF_BF16, dyv, OPF_F32, NY);
+    for (int i = 0; i < NX; i++) qd[i] = qkv[i];
+    for (int i = 0; i < NY; i++) dyd[i] = dyv[i];
+    ref_attention(qd, ref);
     opf_tensor xb = wrap(3, (int64_t[]){B, T, 3 * C}, OPF_BF16, qb);
-    env.x = &xb;
-    CHECK_OK(ctx, opf_op_forward(op, &env, NULL, out));
+    opf_tensor dyb = wrap(3, (int64_t[]){B, T, C}, OPF_BF16, db);
+    env.x = &xb, env.requires_grad = true;
+    CHECK_OK(ctx, opf_op_forward(op, &env, &octx, out));
     CHECK(out[0].spec.dtype == OPF_BF16, "attention: bf16 in, %s out", opf_dtype_name(out[0].spec.dtype));
+    opf_spec fo[1 + OPF_OP_MAX_EXTRA], faux[OPF_OP_MAX_AUX];
+    CHECK_OK(ctx, op->cls->forward_fake(op->fwd_args, fo, faux));
+    CHECK(octx.saved[1].spec.dtype == OPF_BF16 && opf_spec_equal(&faux[1], &octx.saved[1].spec),
+          "attention: saved o is %s, the fake's %s", opf_dtype_name(octx.saved[1].spec.dtype),
+          opf_dtype_name(faux[1].dtype));
+    CHECK(opf_test_same_bytes(&out[0], &octx.saved[1]), "attention: y is not a copy of the saved o");
     float yb[NY];
     opf_convert(out[0].data[0], OPF_BF16, yb, OPF_F32, NY);
     err = 0;
-    for (int i = 0; i < NY; i++) err = fmax(err, fabs(yb[i] - ref[i]));
+    for (int i = 0; i < NY; i++) err = fmax(err, fabs(yb[i] - ref[i])), ob[i] = yb[i];
     CHECK(err < 0.05, "attention bf16 vs FP64: max error %g", err);
-    opf_tensor_release(&out[0]);
+    benv.dy = &dyb;
+    CHECK_OK(ctx, opf_op_backward(op, &octx, &benv, &dx, dxe));
+    CHECK(dx.spec.dtype == OPF_BF16, "attention: bf16 in, %s dx", opf_dtype_name(dx.spec.dtype));
+    static float gb[NX];
+    opf_convert(dx.data[0], OPF_BF16, gb, OPF_F32, NX);
+    ref_attention_bwd(qd, dyd, ob, gref);
+    worst = 0;
+    for (int i = 0; i < NX; i++)  /* bf16's rounding (half an ulp, 2^-8 relative) and fp32's */
+        worst = fmax(worst, fabs(gb[i] - gref[i]) / (0x1p-8 * fabs(gref[i]) + 2e-5));
+    CHECK(worst <= 1, "attention bf16 dqkv vs FP64 from the saved o: %g of the bound", worst);
+    opf_tensor_release(&out[0]), opf_tensor_release(&dx);
 
     /* width not divisible by the heads */
     opf_attention_config bad = {3};
@@ -163,30 +235,46 @@ static void test_attention(opf_ctx *ctx)
 
 /* The kernels with qkv, do and dqkv stored as dt (values exact in dt) give
  * the bits of the fp32 storage, dqkv being the fp32 result rounded once;
- * likewise with one of them 16-bit and the others fp32. */
+ * likewise with one of them 16-bit and the others fp32. o stored as dt is
+ * the fp32 o rounded once, and the backward from it gives the bits of the
+ * fp32 backward from that rounded o (which differ from the unrounded o's). */
 static void attention_storage_case(opf_ctx *ctx, opf_dtype dt)
 {
     enum { NX = B * T * 3 * C, NY = B * T * C, NL = B * H * T };
-    static float qkv[NX], dout[NY], o[NY], lse[NL], o2[NY], lse2[NL], dq[NX], dq2[NX];
-    static uint16_t q16[NX], d16[NY], dq16[NX], want16[NX];
+    static float qkv[NX], dout[NY], o[NY], lse[NL], o2[NY], lse2[NL], dq[NX], dq2[NX], orw[NY];
+    static uint16_t q16[NX], d16[NY], dq16[NX], want16[NX], o16[NY], owant16[NY];
+    const opf_dtype F = OPF_F32;
     fill(qkv, NX, 1.0f), fill(dout, NY, 1.0f);
     opf_convert(qkv, OPF_F32, q16, dt, NX), opf_convert(q16, dt, qkv, OPF_F32, NX);
     opf_convert(dout, OPF_F32, d16, dt, NY), opf_convert(d16, dt, dout, OPF_F32, NY);
     const opf_nn_kernels *k = &opf_cpu_nn;
-    CHECK_OK(ctx, k->attn_fwd(ctx, qkv, OPF_F32, o, lse, B, T, H, D, dt));
-    CHECK_OK(ctx, k->attn_bwd(ctx, qkv, OPF_F32, o, lse, dout, OPF_F32, dq, OPF_F32, B, T, H, D, dt));
+    CHECK_OK(ctx, k->attn_fwd(ctx, qkv, F, o, F, lse, B, T, H, D, dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, qkv, F, o, F, lse, dout, F, dq, F, B, T, H, D, dt));
     opf_convert(dq, OPF_F32, want16, dt, NX);
 
-    CHECK_OK(ctx, k->attn_fwd(ctx, q16, dt, o2, lse2, B, T, H, D, dt));
+    CHECK_OK(ctx, k->attn_fwd(ctx, q16, dt, o2, F, lse2, B, T, H, D, dt));
     CHECK(!memcmp(o, o2, sizeof o) && !memcmp(lse, lse2, sizeof lse),
           "attention forward: %s qkv gives other bits than f32", opf_dtype_name(dt));
-    CHECK_OK(ctx, k->attn_bwd(ctx, q16, dt, o, lse, d16, dt, dq16, dt, B, T, H, D, dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, q16, dt, o, F, lse, d16, dt, dq16, dt, B, T, H, D, dt));
     CHECK(!memcmp(dq16, want16, sizeof dq16), "attention backward: %s storage, other bits than "
           "the f32 run rounded", opf_dtype_name(dt));
-    CHECK_OK(ctx, k->attn_bwd(ctx, q16, dt, o, lse, dout, OPF_F32, dq2, OPF_F32, B, T, H, D, dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, q16, dt, o, F, lse, dout, F, dq2, F, B, T, H, D, dt));
     CHECK(!memcmp(dq, dq2, sizeof dq), "attention backward: %s qkv alone", opf_dtype_name(dt));
-    CHECK_OK(ctx, k->attn_bwd(ctx, qkv, OPF_F32, o, lse, d16, dt, dq2, OPF_F32, B, T, H, D, dt));
+    CHECK_OK(ctx, k->attn_bwd(ctx, qkv, F, o, F, lse, d16, dt, dq2, F, B, T, H, D, dt));
     CHECK(!memcmp(dq, dq2, sizeof dq), "attention backward: %s do alone", opf_dtype_name(dt));
+
+    CHECK_OK(ctx, k->attn_fwd(ctx, q16, dt, o16, dt, lse2, B, T, H, D, dt));
+    opf_convert(o, OPF_F32, owant16, dt, NY);
+    CHECK(!memcmp(o16, owant16, sizeof o16) && !memcmp(lse, lse2, sizeof lse),
+          "attention forward: o stored as %s is not the f32 o rounded once", opf_dtype_name(dt));
+    opf_convert(o16, dt, orw, OPF_F32, NY);
+    CHECK_OK(ctx, k->attn_bwd(ctx, qkv, F, orw, F, lse, dout, F, dq2, F, B, T, H, D, dt));
+    CHECK(memcmp(dq, dq2, sizeof dq), "attention backward: o's rounding to %s left dqkv alone",
+          opf_dtype_name(dt));
+    opf_convert(dq2, OPF_F32, want16, dt, NX);
+    CHECK_OK(ctx, k->attn_bwd(ctx, q16, dt, o16, dt, lse, d16, dt, dq16, dt, B, T, H, D, dt));
+    CHECK(!memcmp(dq16, want16, sizeof dq16), "attention backward: o stored as %s, other bits "
+          "than the f32 run from the rounded o", opf_dtype_name(dt));
 }
 
 static void test_attention_storage(opf_ctx *ctx)
@@ -196,7 +284,8 @@ static void test_attention_storage(opf_ctx *ctx)
     /* a copy past what scratch can hold: refused before any value is read */
     float o[1], lse[1];
     uint16_t q[1];
-    CHECK_FAILS(ctx, opf_cpu_nn.attn_fwd(ctx, q, OPF_BF16, o, lse, 1, 1 << 20, 1, 1 << 12, OPF_BF16),
+    CHECK_FAILS(ctx, opf_cpu_nn.attn_fwd(ctx, q, OPF_BF16, o, OPF_F32, lse, 1, 1 << 20, 1, 1 << 12,
+                                         OPF_BF16),
                 OPF_ERR_NO_MEMORY, "attention", "qkv", "bytes");
 }
 

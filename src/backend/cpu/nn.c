@@ -245,9 +245,9 @@ static void attn_bwd_head(const float *qkv, const float *o, const float *lse, co
 }
 
 /* ---- attention's storage dtypes ---------------------------------------------------
- * The heads run on fp32; a 16-bit qkv, do or dqkv goes through an fp32 copy
- * in the context's scratch (widening is exact, and dqkv rounds once at the
- * end: the bits of an fp32 run). */
+ * The heads run on fp32; a 16-bit qkv, o, do or dqkv goes through an fp32
+ * copy in the context's scratch (widening is exact, and o and dqkv round
+ * once at the end: the bits of an fp32 run, rounded). */
 
 /* n fp32 values of scratch for `what`, or NULL with the error set. */
 static float *attn_scratch(opf_ctx *ctx, const char *what, int64_t n, opf_status *st)
@@ -283,16 +283,18 @@ static float *attn_ws_alloc(opf_ctx *ctx, int64_t B, int64_t T, int64_t H, int64
     return attn_scratch(ctx, "the heads' work arrays", (int64_t)*nt * attn_ws_floats(T, D), st);
 }
 
-static opf_status attn_fwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, float *o,
-                           float *lse, int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+static opf_status attn_fwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, void *o_out,
+                           opf_dtype o_t, float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                           opf_dtype in_dt)
 {
-    int64_t C = H * D;
+    int64_t C = H * D, no = B * T * C;
     float scale = 1.0f / sqrtf((float)D);
     size_t mark = opf_ctx_scratch_mark(ctx);
     const float *qkv;
+    float *o = o_out, *ws = NULL;
     int nt;
-    float *ws = NULL;
     opf_status st = attn_widen(ctx, "the fp32 copy of qkv", qkv_in, qkv_t, B * T * 3 * C, &qkv);
+    if (!st && o_t != OPF_F32) o = attn_scratch(ctx, "the fp32 o", no, &st);
     if (!st) ws = attn_ws_alloc(ctx, B, T, H, D, &nt, &st);
     if (!st) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic)
@@ -302,6 +304,7 @@ static opf_status attn_fwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, fl
             attn_fwd_head(qkv + b * T * 3 * C + h * D, o + b * T * C + h * D, lse + bh * T, T,
                           C, D, scale, w);
         }
+        if (o != o_out) opf_cpu_store_f32(o, o_t, o_out, 0, no);
     }
     opf_ctx_scratch_pop(ctx, mark);
     return st;
@@ -322,17 +325,18 @@ static void attn_bwd_heads(const float *qkv, const float *o, const float *lse, c
     }
 }
 
-static opf_status attn_bwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, const float *o,
-                           const float *lse, const void *dout_in, opf_dtype dout_t, void *dqkv_out,
-                           opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
-                           opf_dtype in_dt)
+static opf_status attn_bwd(opf_ctx *ctx, const void *qkv_in, opf_dtype qkv_t, const void *o_in,
+                           opf_dtype o_t, const float *lse, const void *dout_in, opf_dtype dout_t,
+                           void *dqkv_out, opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                           int64_t D, opf_dtype in_dt)
 {
-    int64_t nq = B * T * 3 * H * D;
+    int64_t nq = B * T * 3 * H * D, no = B * T * H * D;
     size_t mark = opf_ctx_scratch_mark(ctx);
-    const float *qkv, *dout;
+    const float *qkv, *o, *dout;
     float *dqkv = dqkv_out;
     opf_status st = attn_widen(ctx, "the fp32 copy of qkv", qkv_in, qkv_t, nq, &qkv);
-    if (!st) st = attn_widen(ctx, "the fp32 copy of do", dout_in, dout_t, B * T * H * D, &dout);
+    if (!st) st = attn_widen(ctx, "the fp32 copy of o", o_in, o_t, no, &o);
+    if (!st) st = attn_widen(ctx, "the fp32 copy of do", dout_in, dout_t, no, &dout);
     if (!st && dqkv_t != OPF_F32) dqkv = attn_scratch(ctx, "the fp32 copy of dqkv", nq, &st);
     int nt;
     float *ws = st ? NULL : attn_ws_alloc(ctx, B, T, H, D, &nt, &st);

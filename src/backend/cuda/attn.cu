@@ -295,16 +295,56 @@ opf_status opf_cuda_attn_bwd_f32(opf_ctx *ctx, opf_cuda_attn_bwd_fn body, const 
 }
 
 opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
-                                  float *lse, int64_t B, int64_t T, int64_t H, int64_t D)
+                                  float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  opf_dtype in_dt)
 {
+    (void)in_dt;  /* fp32 GEMMs whatever the logical dtype */
     return opf_cuda_attn_fwd_f32(ctx, fwd_gemm, qkv, qkv_t, o, lse, B, T, H, D,
                                  "attention forward (cuda)");
 }
 
 opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
                                   const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
-                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D)
+                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  opf_dtype in_dt)
 {
+    (void)in_dt;
     return opf_cuda_attn_bwd_f32(ctx, bwd_gemm, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B,
                                  T, H, D, "attention backward (cuda)");
+}
+
+/* ---- o's storage dtype -----------------------------------------------------
+ * The paths other than cuDNN's compute o in fp32; nn.h's o_t is met here
+ * once for all of them (and for cuDNN's fallback to flash2). The scratch is
+ * the context's stack, not opf_cuda_scratch: f takes that one itself. */
+
+opf_status opf_cuda_attn_fwd_typed_o(opf_ctx *ctx, const char *fn, opf_cuda_attn_fwd_o32_fn f,
+                                     const void *qkv, opf_dtype qkv_t, void *o, opf_dtype o_t,
+                                     float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                     opf_dtype in_dt)
+{
+    int64_t n = B * T * H * D;
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    const void *o32;
+    opf_status st = attn_as(ctx, fn, "o", o, o_t, OPF_F32, n, false, &o32);
+    if (!st) st = f(ctx, qkv, qkv_t, (float *)o32, lse, B, T, H, D, in_dt);
+    if (!st && o32 != o) st = opf_cuda_attn_cast(ctx, o32, OPF_F32, o, o_t, n);
+    opf_ctx_scratch_pop(ctx, mark);  /* stream-ordered, as io_close's */
+    return st;
+}
+
+opf_status opf_cuda_attn_bwd_typed_o(opf_ctx *ctx, const char *fn, opf_cuda_attn_bwd_o32_fn f,
+                                     const void *qkv, opf_dtype qkv_t, const void *o,
+                                     opf_dtype o_t, const float *lse, const void *dout,
+                                     opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
+                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+{
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    const void *o32;
+    opf_status st = attn_as(ctx, fn, "o", o, o_t, OPF_F32, B * T * H * D, true, &o32);
+    if (!st)
+        st = f(ctx, qkv, qkv_t, (const float *)o32, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D,
+               in_dt);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
 }

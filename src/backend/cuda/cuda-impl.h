@@ -99,17 +99,20 @@ opf_status opf_cuda_deferred_check(opf_ctx *ctx, opf_cuda_state *s);
  * arrays, else the GEMMs; for in_dt bf16 or f16 16-bit products on
  * mma.sync, S and P in registers, reading and writing that dtype's storage;
  * TF32 for the rest); flash the same with WMMA for 16-bit too; gemm batched
- * fp32 GEMMs (attn.cu); exact nn.cu's own, the CPU's bits; cudnn and
- * cudnn-atomic cuDNN's fused flash attention (cudnn_attn.cu: in_dt bf16 or
- * f16, D a multiple of 8 up to 128, T >= 2, 16-byte aligned arrays, else
- * flash2's entries; OPF_ERR_UNSUPPORTED naming why where cuDNN is not
- * built in or does not load). qkv_t, dout_t and dqkv_t: the arrays'
- * storage dtypes (nn.h). */
+ * fp32 GEMMs (attn.cu; in_dt unused); exact nn.cu's own, the CPU's bits;
+ * cudnn and cudnn-atomic cuDNN's fused flash attention (cudnn_attn.cu:
+ * in_dt bf16 or f16, D a multiple of 8 up to 128, T >= 2, 16-byte aligned
+ * arrays, else flash2's entries; OPF_ERR_UNSUPPORTED naming why where cuDNN
+ * is not built in or does not load). qkv_t, dout_t and dqkv_t: the arrays'
+ * storage dtypes (nn.h). o: fp32 here, nn.h's o_t around these through
+ * opf_cuda_attn_fwd_typed_o (cuDNN's entries take o_t themselves). */
 opf_status opf_cuda_attn_fwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
-                                  float *lse, int64_t B, int64_t T, int64_t H, int64_t D);
+                                  float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  opf_dtype in_dt);
 opf_status opf_cuda_attn_bwd_gemm(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
                                   const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
-                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D);
+                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  opf_dtype in_dt);
 opf_status opf_cuda_attn_fwd_flash(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
                                    float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
                                    opf_dtype in_dt);
@@ -140,14 +143,39 @@ opf_status opf_cuda_attn_bwd_flash1p(opf_ctx *ctx, const void *qkv, opf_dtype qk
  * deterministic) instead of its deterministic kernel. Calls cuDNN does not
  * take (cudnn_attn.cu: cudnn_fits) go to flash2 in every mode. */
 typedef enum opf_cudnn_use { OPF_CUDNN_AUTO, OPF_CUDNN_ON, OPF_CUDNN_ATOMIC } opf_cudnn_use;
-opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
-                                   float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                   opf_dtype in_dt, opf_cudnn_use mode);
+opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, void *o,
+                                   opf_dtype o_t, float *lse, int64_t B, int64_t T, int64_t H,
+                                   int64_t D, opf_dtype in_dt, opf_cudnn_use mode);
 opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
-                                   const float *o, const float *lse, const void *dout,
-                                   opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt,
-                                   opf_cudnn_use mode);
+                                   const void *o, opf_dtype o_t, const float *lse,
+                                   const void *dout, opf_dtype dout_t, void *dqkv,
+                                   opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                   opf_dtype in_dt, opf_cudnn_use mode);
+/* The entries above with an fp32 o (all but cuDNN's), as one type. */
+typedef opf_status (*opf_cuda_attn_fwd_o32_fn)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                               float *o, float *lse, int64_t B, int64_t T,
+                                               int64_t H, int64_t D, opf_dtype in_dt);
+typedef opf_status (*opf_cuda_attn_bwd_o32_fn)(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
+                                               const float *o, const float *lse,
+                                               const void *dout, opf_dtype dout_t, void *dqkv,
+                                               opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                                               int64_t D, opf_dtype in_dt);
+/* nn.h's attention entries (o stored as o_t) over an entry f with an fp32
+ * o (attn.cu), the one place such paths convert o: the forward runs f into
+ * o itself when o_t is f32, else into fp32 device scratch that one cast
+ * then rounds into o (RNE, each value once: the CPU's bits where f gives
+ * its fp32 o); the backward hands f o itself when f32, else o widened into
+ * device scratch (exact). A missing scratch is OPF_ERR_NO_MEMORY naming fn
+ * and the bytes. */
+opf_status opf_cuda_attn_fwd_typed_o(opf_ctx *ctx, const char *fn, opf_cuda_attn_fwd_o32_fn f,
+                                     const void *qkv, opf_dtype qkv_t, void *o, opf_dtype o_t,
+                                     float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                     opf_dtype in_dt);
+opf_status opf_cuda_attn_bwd_typed_o(opf_ctx *ctx, const char *fn, opf_cuda_attn_bwd_o32_fn f,
+                                     const void *qkv, opf_dtype qkv_t, const void *o,
+                                     opf_dtype o_t, const float *lse, const void *dout,
+                                     opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
+                                     int64_t T, int64_t H, int64_t D, opf_dtype in_dt);
 /* Frees cuDNN's handle and plans of a CUDA state (runtime.cu's destroy,
  * after the stream is idle). NULL: no-op. */
 void opf_cudnn_state_free(struct opf_cudnn_state *c);

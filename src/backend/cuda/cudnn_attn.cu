@@ -19,8 +19,11 @@
  * dQ, dK, dV the same views of dqkv; O and dO [B, H, T, D] with strides
  * [TC, D, C, 1]; Stats is nn.h's lse [B, H, T] (both the natural
  * max + log(sum exp(s - max)) of the scaled scores of a row). cuDNN wants O
- * and dO of Q's dtype: the forward writes O into 16-bit scratch and widens
- * it into nn.h's fp32 o; the backward narrows o into that scratch.
+ * and dO of Q's dtype: nn.h's o stored so (o_t = in_dt, what the attention
+ * op passes) is O itself, written by the forward and read by the backward
+ * in place; an o of another dtype goes through 16-bit scratch, cast after
+ * the forward (each value then rounded twice unless o_t is f32) and before
+ * the backward.
  *
  * Plans are built once per (B, T, H, D, dtype, direction) and kept in the
  * CUDA state (freed with it). A compiled graph's warm-up call, outside any
@@ -102,14 +105,14 @@ static opf_status cudnn_usable(opf_ctx *ctx, const char *fn, int64_t T, bool bwd
 }
 
 /* Never reached (cudnn_usable refuses first). */
-static opf_status fwd_typed(opf_ctx *ctx, const void *, opf_dtype, float *, float *, int64_t,
-                            int64_t, int64_t, int64_t, opf_dtype)
+static opf_status fwd_typed(opf_ctx *ctx, const void *, opf_dtype, void *, opf_dtype, float *,
+                            int64_t, int64_t, int64_t, int64_t, opf_dtype)
 {
     return no_cudnn(ctx, FWD_FN);
 }
-static opf_status bwd_typed(opf_ctx *ctx, const void *, opf_dtype, const float *, const float *,
-                            const void *, opf_dtype, void *, opf_dtype, int64_t, int64_t, int64_t,
-                            int64_t, opf_dtype, bool)
+static opf_status bwd_typed(opf_ctx *ctx, const void *, opf_dtype, const void *, opf_dtype,
+                            const float *, const void *, opf_dtype, void *, opf_dtype, int64_t,
+                            int64_t, int64_t, int64_t, opf_dtype, bool)
 {
     return no_cudnn(ctx, BWD_FN);
 }
@@ -944,9 +947,10 @@ static scalars scalars_of(int64_t D)
     return {1.0f / sqrtf((float)D), lib.version < 91000 ? -3.402823466e38f : -INFINITY, 1.0f};
 }
 
-/* The forward on qkv of in_dt (io's). */
-static opf_status fwd_run(opf_ctx *ctx, const void *qkv, float *o, float *lse, int64_t B,
-                          int64_t T, int64_t H, int64_t D, opf_dtype dt)
+/* The forward on qkv of in_dt (io's): O into o when o_t is that dtype, else
+ * into scratch cast into o. */
+static opf_status fwd_run(opf_ctx *ctx, const void *qkv, void *o, opf_dtype o_t, float *lse,
+                          int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype dt)
 {
     const char *fn = FWD_FN;
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
@@ -955,22 +959,25 @@ static opf_status fwd_run(opf_ctx *ctx, const void *qkv, float *o, float *lse, i
     opf_status st = plan_get(ctx, s, {B, T, H, D, dt, false, false}, fn, &p);
     if (st) return st;
     int64_t C = H * D, n_o = B * T * C;
-    size_t es = opf_dtype_nbytes(dt, 1), o_bytes = opf_cuda_pad256(es * (size_t)n_o);
+    bool in_place = o_t == dt;
+    size_t es = opf_dtype_nbytes(dt, 1);
+    size_t o_bytes = in_place ? 0 : opf_cuda_pad256(es * (size_t)n_o);
     void *ws;
     if ((st = opf_cuda_scratch(ctx, s, o_bytes + (size_t)p->ws_bytes, &ws))) return st;
-    char *o16 = (char *)ws, *base = (char *)qkv;
+    char *o16 = in_place ? (char *)o : (char *)ws, *base = (char *)qkv;
     scalars v = scalars_of(D);
     const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF};
     void *const ptrs[] = {base, base + es * C, base + es * 2 * C, o16, lse, &v.scale, &v.neg_inf};
-    if ((st = plan_run(ctx, s, p, uids, ptrs, 7, o16 + o_bytes, fn))) return st;
-    return opf_cuda_attn_cast(ctx, o16, dt, o, OPF_F32, n_o);
+    if ((st = plan_run(ctx, s, p, uids, ptrs, 7, (char *)ws + o_bytes, fn))) return st;
+    return in_place ? OPF_OK : opf_cuda_attn_cast(ctx, o16, dt, o, o_t, n_o);
 }
 
-/* The backward on qkv, do and dqkv of in_dt (io's); atomic: dQ through the
- * fp32 accumulator (in our scratch). */
-static opf_status bwd_run(opf_ctx *ctx, const void *qkv, const float *o, const float *lse,
-                          const void *dout, void *dqkv, int64_t B, int64_t T, int64_t H,
-                          int64_t D, opf_dtype dt, bool atomic)
+/* The backward on qkv, do and dqkv of in_dt (io's), O being o when o_t is
+ * that dtype, else o cast into scratch; atomic: dQ through the fp32
+ * accumulator (in our scratch). */
+static opf_status bwd_run(opf_ctx *ctx, const void *qkv, const void *o, opf_dtype o_t,
+                          const float *lse, const void *dout, void *dqkv, int64_t B, int64_t T,
+                          int64_t H, int64_t D, opf_dtype dt, bool atomic)
 {
     const char *fn = BWD_FN;
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
@@ -979,14 +986,17 @@ static opf_status bwd_run(opf_ctx *ctx, const void *qkv, const float *o, const f
     opf_status st = plan_get(ctx, s, {B, T, H, D, dt, true, atomic}, fn, &p);
     if (st) return st;
     int64_t C = H * D, n_o = B * T * C, rows = B * H * T;
-    size_t es = opf_dtype_nbytes(dt, 1), o_bytes = opf_cuda_pad256(es * (size_t)n_o);
+    bool in_place = o_t == dt;
+    size_t es = opf_dtype_nbytes(dt, 1);
+    size_t o_bytes = in_place ? 0 : opf_cuda_pad256(es * (size_t)n_o);
     size_t sum_bytes = opf_cuda_pad256(sizeof(float) * (size_t)rows);
     size_t acc_bytes = atomic ? opf_cuda_pad256(sizeof(float) * (size_t)(rows * D)) : 0;
     void *ws;
     if ((st = opf_cuda_scratch(ctx, s, o_bytes + sum_bytes + acc_bytes + (size_t)p->ws_bytes, &ws)))
         return st;
-    char *o16 = (char *)ws, *ssum = o16 + o_bytes, *acc = ssum + sum_bytes;
-    if ((st = opf_cuda_attn_cast(ctx, o, OPF_F32, o16, dt, n_o))) return st;
+    char *o16 = in_place ? (char *)o : (char *)ws;
+    char *ssum = (char *)ws + o_bytes, *acc = ssum + sum_bytes;
+    if (!in_place && (st = opf_cuda_attn_cast(ctx, o, o_t, o16, dt, n_o))) return st;
     if (atomic && lib.version < 90600)  /* the frontend zeroes dQ_accum itself before 9.6 */
         OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(acc, 0, sizeof(float) * (size_t)(rows * D),
                                               s->stream));
@@ -1047,29 +1057,30 @@ static opf_status cudnn_usable(opf_ctx *ctx, const char *fn, int64_t T, bool bwd
 }
 
 /* The forward with qkv cast to in_dt where stored otherwise (attn.cu's io). */
-static opf_status fwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o, float *lse,
-                            int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+static opf_status fwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, void *o,
+                            opf_dtype o_t, float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                            opf_dtype in_dt)
 {
     opf_cuda_attn_io io;
     opf_status st = opf_cuda_attn_io_open(ctx, FWD_FN, &io, qkv, qkv_t, NULL, in_dt, NULL, in_dt,
                                           in_dt, in_dt, B * T * 3 * H * D);
     if (st) return st;
-    st = fwd_run(ctx, io.qkv, o, lse, B, T, H, D, in_dt);
+    st = fwd_run(ctx, io.qkv, o, o_t, lse, B, T, H, D, in_dt);
     return opf_cuda_attn_io_close(ctx, &io, st);
 }
 
 /* The backward with qkv and do cast to in_dt where stored otherwise, dqkv
  * written as in_dt and cast into the caller's dtype after. */
-static opf_status bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
-                            const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
-                            opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
-                            opf_dtype in_dt, bool atomic)
+static opf_status bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const void *o,
+                            opf_dtype o_t, const float *lse, const void *dout, opf_dtype dout_t,
+                            void *dqkv, opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                            int64_t D, opf_dtype in_dt, bool atomic)
 {
     opf_cuda_attn_io io;
     opf_status st = opf_cuda_attn_io_open(ctx, BWD_FN, &io, qkv, qkv_t, dout, dout_t, dqkv,
                                           dqkv_t, in_dt, in_dt, B * T * 3 * H * D);
     if (st) return st;
-    st = bwd_run(ctx, io.qkv, o, lse, io.dout, io.dqkv, B, T, H, D, in_dt, atomic);
+    st = bwd_run(ctx, io.qkv, o, o_t, lse, io.dout, io.dqkv, B, T, H, D, in_dt, atomic);
     return opf_cuda_attn_io_close(ctx, &io, st);
 }
 
@@ -1094,27 +1105,30 @@ static bool auto_falls_back(opf_ctx *ctx, opf_cudnn_use mode, opf_status st)
     return true;
 }
 
-opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
-                                   float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                                   opf_dtype in_dt, opf_cudnn_use mode)
+/* cuDNN reads and writes o itself only when it is stored as in_dt (then
+ * it must be aligned as the others); any other o is scratch's. */
+opf_status opf_cuda_attn_fwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, void *o,
+                                   opf_dtype o_t, float *lse, int64_t B, int64_t T, int64_t H,
+                                   int64_t D, opf_dtype in_dt, opf_cudnn_use mode)
 {
-    const void *p[] = {qkv, lse};
-    bool use = cudnn_fits(B, T, H, D, in_dt, p, 2);
+    const void *p[] = {qkv, lse, o_t == in_dt ? o : NULL};
+    bool use = cudnn_fits(B, T, H, D, in_dt, p, 3);
     opf_status st = use ? cudnn_usable(ctx, FWD_FN, T, false, mode, &use) : OPF_OK;
     if (st) return st;
-    if (use) st = fwd_typed(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    if (use) st = fwd_typed(ctx, qkv, qkv_t, o, o_t, lse, B, T, H, D, in_dt);
     if (use && !auto_falls_back(ctx, mode, st)) return st;
-    return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
+    return opf_cuda_attn_fwd_typed_o(ctx, FWD_FN, opf_cuda_attn_fwd_flash2, qkv, qkv_t, o, o_t,
+                                     lse, B, T, H, D, in_dt);
 }
 
 opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
-                                   const float *o, const float *lse, const void *dout,
-                                   opf_dtype dout_t, void *dqkv, opf_dtype dqkv_t, int64_t B,
-                                   int64_t T, int64_t H, int64_t D, opf_dtype in_dt,
-                                   opf_cudnn_use mode)
+                                   const void *o, opf_dtype o_t, const float *lse,
+                                   const void *dout, opf_dtype dout_t, void *dqkv,
+                                   opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                   opf_dtype in_dt, opf_cudnn_use mode)
 {
-    const void *p[] = {qkv, lse, dout, dqkv};
-    bool use = cudnn_fits(B, T, H, D, in_dt, p, 4);
+    const void *p[] = {qkv, lse, dout, dqkv, o_t == in_dt ? o : NULL};
+    bool use = cudnn_fits(B, T, H, D, in_dt, p, 5);
     /* the default keeps the deterministic backward's dP workspace (B H T T
      * 16-bit values, held by the scratch once grown) within AUTO_DP_MAX:
      * longer contexts take flash2, whose memory grows with T, not T^2 */
@@ -1123,9 +1137,9 @@ opf_status opf_cuda_attn_bwd_cudnn(opf_ctx *ctx, const void *qkv, opf_dtype qkv_
     opf_status st = use ? cudnn_usable(ctx, BWD_FN, T, true, mode, &use) : OPF_OK;
     if (st) return st;
     if (use)
-        st = bwd_typed(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
+        st = bwd_typed(ctx, qkv, qkv_t, o, o_t, lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt,
                        mode == OPF_CUDNN_ATOMIC);
     if (use && !auto_falls_back(ctx, mode, st)) return st;
-    return opf_cuda_attn_bwd_flash2(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H,
-                                    D, in_dt);
+    return opf_cuda_attn_bwd_typed_o(ctx, BWD_FN, opf_cuda_attn_bwd_flash2, qkv, qkv_t, o, o_t,
+                                     lse, dout, dout_t, dqkv, dqkv_t, B, T, H, D, in_dt);
 }

@@ -14,7 +14,8 @@
  * The TF32 products are WMMA m16n16k8 with fp32 accumulation: q,
  * k, v, do, p and ds are rounded to TF32 (10 mantissa bits) as they enter
  * shared memory; everything else (the softmax, its running max and sum, lse,
- * D_i, the accumulators) is fp32, so the interface stays nn.h's fp32 one.
+ * D_i, the accumulators) is fp32, and so is o (attn.cu's
+ * opf_cuda_attn_fwd_typed_o stores it as nn.h's o_t).
  * The results differ from the CPU's by about TF32's rounding (test_cuda_nn
  * bounds them). A block is 4 warps over a 64-row tile of one (batch, head),
  * each warp 16 rows of it:
@@ -1772,7 +1773,7 @@ static opf_status attn_fwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
 {
     const void *p[] = {qkv, o};
     if (!flash_fits(B, T, H, D, p, 2))
-        return opf_cuda_attn_fwd_gemm(ctx, qkv, qkv_t, o, lse, B, T, H, D);
+        return opf_cuda_attn_fwd_gemm(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
     opf_dtype kt = kernel_dtype(in_dt);
     opf_cuda_attn_io io;
     opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, NULL, kt, NULL, kt, kt, kt,
@@ -1841,7 +1842,7 @@ static opf_status attn_bwd_typed(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t,
     const void *p[] = {qkv, o, dout, dqkv};
     if (!flash_fits(B, T, H, D, p, 4))
         return opf_cuda_attn_bwd_gemm(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T, H,
-                                      D);
+                                      D, in_dt);
     opf_dtype kt = kernel_dtype(in_dt), ot = dqkv_t == kt ? kt : OPF_F32;
     opf_cuda_attn_io io;
     opf_status st = opf_cuda_attn_io_open(ctx, fn, &io, qkv, qkv_t, dout, dout_t, dqkv, dqkv_t, kt,

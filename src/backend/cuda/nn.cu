@@ -462,22 +462,35 @@ static opf_status fwd_exact(opf_ctx *ctx, const float *qkv, float *o, float *lse
     return OPF_OK;
 }
 
-static opf_status attn_fwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o, float *lse,
-                           int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
+/* The exact forward on typed qkv (an fp32-o entry, as the other paths'). */
+static opf_status fwd_exact_entry(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, float *o,
+                                  float *lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  opf_dtype in_dt)
+{
+    (void)in_dt;  /* fp32 whatever the logical dtype: the CPU's bits */
+    return opf_cuda_attn_fwd_f32(ctx, fwd_exact, qkv, qkv_t, o, lse, B, T, H, D,
+                                 "attention forward (cuda)");
+}
+
+/* Each path's forward with an fp32 o, in attn_path's order; NULL for
+ * cuDNN's, which store nn.h's o_t themselves. */
+static const opf_cuda_attn_fwd_o32_fn fwd_o32[] = {
+    opf_cuda_attn_fwd_gemm,   opf_cuda_attn_fwd_flash, fwd_exact_entry, opf_cuda_attn_fwd_flash2,
+    opf_cuda_attn_fwd_flash2, NULL,                    NULL,            NULL};
+static_assert(sizeof fwd_o32 / sizeof fwd_o32[0] == ATTN_PATH_COUNT, "a forward per path");
+
+static opf_status attn_fwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, void *o, opf_dtype o_t,
+                           float *lse, int64_t B, int64_t T, int64_t H, int64_t D, opf_dtype in_dt)
 {
     const char *fn = "attention forward (cuda)";
     attn_path path;
     opf_status st = attention_path(ctx, fn, &path);
     if (st) return st;
-    if (path == ATTN_GEMM) return opf_cuda_attn_fwd_gemm(ctx, qkv, qkv_t, o, lse, B, T, H, D);
-    if (path == ATTN_FLASH)
-        return opf_cuda_attn_fwd_flash(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
-    if (path == ATTN_FLASH2 || path == ATTN_FLASH1P)
-        return opf_cuda_attn_fwd_flash2(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt);
     if (is_cudnn(path))
-        return opf_cuda_attn_fwd_cudnn(ctx, qkv, qkv_t, o, lse, B, T, H, D, in_dt,
+        return opf_cuda_attn_fwd_cudnn(ctx, qkv, qkv_t, o, o_t, lse, B, T, H, D, in_dt,
                                        cudnn_mode(path));
-    return opf_cuda_attn_fwd_f32(ctx, fwd_exact, qkv, qkv_t, o, lse, B, T, H, D, fn);
+    return opf_cuda_attn_fwd_typed_o(ctx, fn, fwd_o32[path], qkv, qkv_t, o, o_t, lse, B, T, H, D,
+                                     in_dt);
 }
 
 /* D_i = dot(do_i, o_i) of every (batch, head, row), into Dv [B*H*T]. */
@@ -608,32 +621,37 @@ static opf_status bwd_exact(opf_ctx *ctx, const float *qkv, const float *o, cons
     return OPF_OK;
 }
 
-static opf_status attn_bwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
-                           const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
-                           opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
-                           opf_dtype in_dt)
+/* The exact backward on typed qkv, do and dqkv (an fp32-o entry). */
+static opf_status bwd_exact_entry(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const float *o,
+                                  const float *lse, const void *dout, opf_dtype dout_t, void *dqkv,
+                                  opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H, int64_t D,
+                                  opf_dtype in_dt)
+{
+    (void)in_dt;
+    return opf_cuda_attn_bwd_f32(ctx, bwd_exact, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t,
+                                 B, T, H, D, "attention backward (cuda)");
+}
+
+/* Each path's backward with an fp32 o, in attn_path's order (as fwd_o32). */
+static const opf_cuda_attn_bwd_o32_fn bwd_o32[] = {
+    opf_cuda_attn_bwd_gemm,    opf_cuda_attn_bwd_flash, bwd_exact_entry, opf_cuda_attn_bwd_flash2,
+    opf_cuda_attn_bwd_flash1p, NULL,                    NULL,            NULL};
+static_assert(sizeof bwd_o32 / sizeof bwd_o32[0] == ATTN_PATH_COUNT, "a backward per path");
+
+static opf_status attn_bwd(opf_ctx *ctx, const void *qkv, opf_dtype qkv_t, const void *o,
+                           opf_dtype o_t, const float *lse, const void *dout, opf_dtype dout_t,
+                           void *dqkv, opf_dtype dqkv_t, int64_t B, int64_t T, int64_t H,
+                           int64_t D, opf_dtype in_dt)
 {
     const char *fn = "attention backward (cuda)";
     attn_path path;
     opf_status st = attention_path(ctx, fn, &path);
     if (st) return st;
-    if (path == ATTN_GEMM)
-        return opf_cuda_attn_bwd_gemm(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
-                                      H, D);
-    if (path == ATTN_FLASH)
-        return opf_cuda_attn_bwd_flash(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
-                                       H, D, in_dt);
-    if (path == ATTN_FLASH2)
-        return opf_cuda_attn_bwd_flash2(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
-                                        H, D, in_dt);
-    if (path == ATTN_FLASH1P)
-        return opf_cuda_attn_bwd_flash1p(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B,
-                                         T, H, D, in_dt);
     if (is_cudnn(path))
-        return opf_cuda_attn_bwd_cudnn(ctx, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t, B, T,
-                                       H, D, in_dt, cudnn_mode(path));
-    return opf_cuda_attn_bwd_f32(ctx, bwd_exact, qkv, qkv_t, o, lse, dout, dout_t, dqkv, dqkv_t,
-                                 B, T, H, D, fn);
+        return opf_cuda_attn_bwd_cudnn(ctx, qkv, qkv_t, o, o_t, lse, dout, dout_t, dqkv, dqkv_t,
+                                       B, T, H, D, in_dt, cudnn_mode(path));
+    return opf_cuda_attn_bwd_typed_o(ctx, fn, bwd_o32[path], qkv, qkv_t, o, o_t, lse, dout,
+                                     dout_t, dqkv, dqkv_t, B, T, H, D, in_dt);
 }
 
 /* ---- cross-entropy -------------------------------------------------------- */

@@ -4,10 +4,12 @@
  * quantized qkv is decoded, the math is fp32 (backend/nn.h: online softmax
  * one key at a time, so no [T, T] matrix), and the next op quantizes y
  * itself. A plain qkv, dy or dqkv goes to the kernels in its own dtype (no
- * fp32 copy). Saved for backward: qkv, the fp32 output and the logsumexp per
- * softmax row ([B, H, T]); the backward recomputes the scores. dqkv is
- * rounded to x's dtype or quantized with the previous op's grad-output
- * quantizer. */
+ * fp32 copy). Saved for backward: qkv, the output o in y's dtype (the
+ * kernels round each fp32 value once; y is a copy of it, as the anchor
+ * saves O in the activation dtype) and the logsumexp per softmax row
+ * ([B, H, T], fp32); the backward recomputes the scores from them, its row
+ * term from o as saved. dqkv is rounded to x's dtype or quantized with the
+ * previous op's grad-output quantizer. */
 #include "ops/basic/nn-impl.h"
 
 typedef struct attn_fwd {
@@ -20,7 +22,7 @@ OPF_SCHEMA(attention_fwd_schema, attn_fwd, attn_fwd_fields);
 typedef struct attn_bwd {
     opf_tensor    dy;    /* [B, T, C] */
     opf_tensor    x;     /* the forward's qkv */
-    opf_tensor    o;     /* f32 [B, T, C]: the forward's output before rounding */
+    opf_tensor    o;     /* [B, T, C] in x's logical dtype: the forward's output */
     opf_tensor    lse;   /* f32 [B, H, T] */
     opf_quantizer dx_q;  /* the previous op's grad-output quantizer, or none */
     int64_t       heads;
@@ -71,7 +73,7 @@ static opf_status forward_fake(const void *args, opf_spec *outs, opf_spec *aux)
     int64_t y[3] = {s[0], s[1], s[2] / 3}, lse[3] = {s[0], a->heads, s[1]};
     outs[0] = opf_spec_make(3, y, a->x.spec.dtype);
     aux[0] = opf_spec_make(3, lse, OPF_F32);
-    aux[1] = opf_spec_make(3, y, OPF_F32);
+    aux[1] = opf_spec_make(3, y, a->x.spec.dtype);
     return OPF_OK;
 }
 
@@ -84,9 +86,10 @@ static opf_status forward_impl(opf_ctx *ctx, const void *args, opf_tensor *outs,
     opf_dtype qt;
     if (!k) return OPF_ERR_UNSUPPORTED;
     opf_status st = opf_nn_in_typed(ctx, &a->x, &qkv, &qt);
-    if (!st) st = k->attn_fwd(ctx, qkv, qt, aux[1].data[0], aux[0].data[0], s[0], s[1], a->heads,
-                              s[2] / 3 / a->heads, a->x.spec.dtype);
-    return st ? st : opf_nn_finish(ctx, aux[1].data[0], outs[0].spec.dtype, NULL, &outs[0]);
+    if (!st)
+        st = k->attn_fwd(ctx, qkv, qt, aux[1].data[0], aux[1].spec.dtype, aux[0].data[0], s[0],
+                         s[1], a->heads, s[2] / 3 / a->heads, a->x.spec.dtype);
+    return st ? st : opf_op_copy_tensor(ctx, "attention", &aux[1], &outs[0]);
 }
 
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
@@ -136,8 +139,8 @@ static opf_status backward_impl(opf_ctx *ctx, const void *args, opf_tensor *grad
     if (!st) st = opf_nn_in_typed(ctx, &a->dy, &dy, &dyt);
     if (!st) st = opf_nn_out_typed(ctx, &grads[0], &dx, &dxt);
     if (!st)
-        st = k->attn_bwd(ctx, qkv, qt, a->o.data[0], a->lse.data[0], dy, dyt, dx, dxt, s[0], s[1],
-                         a->heads, s[2] / 3 / a->heads, a->x.spec.dtype);
+        st = k->attn_bwd(ctx, qkv, qt, a->o.data[0], a->o.spec.dtype, a->lse.data[0], dy, dyt, dx,
+                         dxt, s[0], s[1], a->heads, s[2] / 3 / a->heads, a->x.spec.dtype);
     return st ? st : opf_nn_finish(ctx, dx, a->x.spec.dtype, &a->dx_q, &grads[0]);
 }
 
