@@ -8,16 +8,18 @@
  * data component, dtype f32, bf16 or f16 unless an entry says otherwise,
  * shapes read as 2D views (opf_shape_2d) where rows matter. Values are read
  * exactly into fp32, computed in fp32 and rounded (RNE) once into the output's
- * dtype (numerics.md 1.1). Quantized tensors never reach these entries: the
- * op decodes them first. The caller validated every argument (dtypes, equal
- * element counts, allocated outputs); an entry only fails for what the device
- * itself reports. None allocates, and none sees an op, a seq or a recipe.
+ * dtype (numerics.md 1.1). Quantized tensors never reach these entries as
+ * inputs: the op decodes them first (dbias_q writes one, through qout.h).
+ * The caller validated every argument (dtypes, equal element counts,
+ * allocated outputs); an entry only fails for what the device itself
+ * reports. None allocates, and none sees an op, a seq or a recipe.
  *
  * Aliasing: an element-wise output may be exactly one of its inputs (same
  * pointer and dtype: out = a + b into a), never a partial overlap. */
 #ifndef OPFUSE_BACKEND_ELEM_H
 #define OPFUSE_BACKEND_ELEM_H
 
+#include "backend/qout.h"
 #include "opfuse/context.h"
 #include "opfuse/tensor.h"
 
@@ -28,6 +30,15 @@ typedef struct opf_elem_kernels {
     /* db[j] = sum over r of dy[r, j] for dy [rows, n]: an fp32 column sum in
      * lanesum.h's order, rounded once into db [n] (numerics.md 5.5, 6.4). */
     opf_status (*dbias)(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db);
+    /* The bias's backward handing the previous op its gradient in that op's
+     * format: db as dbias's (same bits), and dx = dy's values into *dx by
+     * opf_qout_from_plain's rule: plain, dy cast (nothing when dx->out is
+     * dy); quantized, exactly what the device's quantize kernel makes of dy
+     * itself when dy's dtype is dx->hp (or hp is f32 and the scaling
+     * per-tensor), else of dy rounded to hp. dx->out never overlaps dy
+     * unless it is dy (plain). A device may take the amax while it sums
+     * (current-scaling FP8: one read of dy, then the cast pass). */
+    opf_status (*dbias_q)(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db, const opf_qout *dx);
     /* A bias scaled per row (a grouped linear's scale_bias): y[r, j] =
      * acc[r, j] + fl(s[r] * bias[j]) in fp32, rounded once into y; acc, y
      * [rows, n], s [rows], bias [n]. */
@@ -76,5 +87,12 @@ typedef struct opf_elem_kernels {
 } opf_elem_kernels;
 
 extern const opf_elem_kernels opf_cpu_elem;
+
+struct opf_backend_i;
+/* dbias_q composed on be's kernels: be's dbias, then opf_qout_from_plain
+ * of dy into dx (scratch popped). The CPU's dbias_q, and another device's
+ * fallback. */
+opf_status opf_dbias_q_composed(opf_ctx *ctx, const struct opf_backend_i *be, const opf_tensor *dy,
+                                opf_tensor *db, const opf_qout *dx);
 
 #endif

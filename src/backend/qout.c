@@ -25,6 +25,20 @@ opf_status opf_qout_begin(opf_ctx *ctx, const opf_qout *o, opf_tensor *t)
     return scratch_like(ctx, &o->out->spec, o->hp, t);
 }
 
+/* be's quantize kernel of a quantized o from in, read in its own dtype. */
+static opf_status quantize_in(opf_ctx *ctx, const opf_backend_i *be, const opf_qout *o,
+                              const opf_tensor *in)
+{
+    opf_quantize_kernel k = be->quantize[o->q->scaling];
+    if (!k)
+        return opf_error(ctx, OPF_ERR_UNSUPPORTED, "fused output: no %s kernel on %s",
+                         opf_scaling_name(o->q->scaling), be->name);
+    opf_tensor view = *o->out;
+    view.spec.dtype = in->spec.dtype;  /* a quantized layout does not depend on it */
+    opf_quantize_state none = {0};
+    return k(ctx, o->q, in, &view, o->state ? o->state : &none);
+}
+
 opf_status opf_qout_end(opf_ctx *ctx, const opf_backend_i *be, const opf_qout *o,
                         const opf_tensor *t)
 {
@@ -36,14 +50,19 @@ opf_status opf_qout_end(opf_ctx *ctx, const opf_backend_i *be, const opf_qout *o
         st = scratch_like(ctx, &t->spec, OPF_F32, &in);
         if (!st) st = be->elem->cast(ctx, t, &in);
     }
-    opf_quantize_kernel k = be->quantize[o->q->scaling];
-    if (!st && !k)
-        st = opf_error(ctx, OPF_ERR_UNSUPPORTED, "fused output: no %s kernel on %s",
-                       opf_scaling_name(o->q->scaling), be->name);
-    opf_tensor view = *o->out;
-    view.spec.dtype = in.spec.dtype;  /* a quantized layout does not depend on it */
-    opf_quantize_state none = {0};
-    return st ? st : k(ctx, o->q, &in, &view, o->state ? o->state : &none);
+    return st ? st : quantize_in(ctx, be, o, &in);
+}
+
+opf_status opf_qout_from_plain(opf_ctx *ctx, const opf_backend_i *be, const opf_qout *o,
+                               const opf_tensor *x)
+{
+    if (!opf_qout_quantized(o))
+        return x->data[0] == o->out->data[0] ? OPF_OK : be->elem->cast(ctx, x, o->out);
+    if (opf_qout_reads_as_is(o, x->spec.dtype)) return quantize_in(ctx, be, o, x);
+    opf_tensor t;
+    opf_status st = scratch_like(ctx, &x->spec, o->hp, &t);
+    if (!st) st = be->elem->cast(ctx, x, &t);
+    return st ? st : quantize_in(ctx, be, o, &t);
 }
 
 opf_status opf_qout_store_f32(opf_ctx *ctx, const opf_backend_i *be, const opf_qout *o,

@@ -64,6 +64,16 @@ static inline bool opf_qout_current_fp8(const opf_qout *o)
            !o->q->amax_reduce;
 }
 
+/* Whether a quantized o takes plain values of dtype dt as they are: dt is
+ * hp, or hp is F32 (dt's values widen exactly) and the scaling per-tensor,
+ * whose kernels compute from the widened value alone. The other formats
+ * take dt only when it is hp (FP8 block scaling reads the input dtype
+ * itself: its value for an infinite scale, numerics.md 2.1). */
+static inline bool opf_qout_reads_as_is(const opf_qout *o, opf_dtype dt)
+{
+    return dt == o->hp || (o->hp == OPF_F32 && o->q->scaling == OPF_SCALING_TENSOR);
+}
+
 /* Where a composed entry writes its values: out itself when plain, else an
  * hp tensor of out's shape in scratch on out's device (pushed on the
  * context's scratch stack: the caller pops it). */
@@ -74,6 +84,16 @@ opf_status opf_qout_begin(opf_ctx *ctx, const opf_qout *o, opf_tensor *t);
  * from t widened to fp32, scratch pushed likewise). */
 opf_status opf_qout_end(opf_ctx *ctx, const struct opf_backend_i *be, const opf_qout *o,
                         const opf_tensor *t);
+
+/* Plain values x (f32/bf16/f16, out's shape and device) into o by be's
+ * kernels, without opf_qout_end's widening: plain out gets x cast (nothing
+ * when x is out); quantized out gets be's quantize kernel from x itself when
+ * opf_qout_reads_as_is (opf_quantize's bits from x: what a consumer that
+ * quantized x itself would get), else from x rounded into an hp tensor in
+ * scratch (pushed; the caller pops it). The quantizer's delayed amax slot
+ * is updated once, as by opf_quantize. */
+opf_status opf_qout_from_plain(opf_ctx *ctx, const struct opf_backend_i *be, const opf_qout *o,
+                               const opf_tensor *x);
 
 /* fp32 values r (out's shape, out's device) into o by be's kernels: cast
  * into a plain out (unless r is out), else rounded to hp by the cast

@@ -1,5 +1,6 @@
 /* test_cuda_elem.c: the GPU element-wise kernels (backend/elem.h) against
- * the CPU reference, byte for byte: bias_add, dbias, scale, add (every dtype
+ * the CPU reference, byte for byte: bias_add, dbias, dbias_q (FP8 current
+ * and delayed), scale, add (every dtype
  * mix, out aliasing a), dropout forward and backward, cast (NaN payloads),
  * cast+transpose, fill, fill_uniform and copy, on odd shapes, with edge
  * values, and on views that are not 16-byte aligned (the element path). */
@@ -11,6 +12,9 @@ int main(void)
     return 77;
 }
 #else
+#define _POSIX_C_SOURCE 200809L  /* setenv */
+#include <stdlib.h>
+
 #include "cuda_cmp.h"
 
 static const opf_dtype D[] = {OPF_F32, OPF_BF16, OPF_F16};
@@ -112,6 +116,84 @@ static void test_dbias(opf_ctx *ctx)
                 }
             free(v);
         }
+}
+
+/* dbias_q of dy [rows, cols] into FP8 per-tensor e4m3 (rowwise and
+ * columnwise, as a BasicLinear's grad-output quantizer makes it), current
+ * scaling (hp = dy's dtype: the fused column sum + amax, then the cast) or
+ * delayed (hp f32: the composition, the state on each device updating its
+ * own history), against the CPU's entry byte for byte: every component of
+ * dx, db, and the delayed history after the update. Finite values (a NaN's
+ * amax is each device's own). */
+static void dbias_q_case(opf_ctx *ctx, opf_ctx *cpu_ctx, const int64_t dims[2], opf_dtype dt,
+                         bool delayed, bool unfused)
+{
+    char what[160];
+    snprintf(what, sizeof what, "dbias_q %s %lld x %lld %s%s", delayed ? "delayed" : "current",
+             (long long)dims[0], (long long)dims[1], dn(dt), unfused ? " (OPF_CUDA_UNFUSED=1)" : "");
+    opf_delayed_state *sc = NULL, *sg = NULL;
+    opf_quantizer qc = opf_quantizer_default();
+    qc.scaling = OPF_SCALING_TENSOR, qc.qdtype = OPF_E4M3;
+    qc.usage = OPF_USAGE_ROWWISE | OPF_USAGE_COLUMNWISE;
+    opf_quantizer qg = qc;
+    if (delayed) {
+        CHECK_OK(cpu_ctx, opf_delayed_state_create(cpu_ctx, OPF_FORMAT_HYBRID, 0.0f, 4, OPF_AMAX_MAX,
+                                                   true, 1, &sc));
+        CHECK_OK(ctx, opf_delayed_state_create(ctx, OPF_FORMAT_HYBRID, 0.0f, 4, OPF_AMAX_MAX, true,
+                                               1, &sg));
+        qc.delayed = sc, qg.delayed = sg;
+        qc.qdtype = qg.qdtype = opf_delayed_state_dtype(sc);  /* hybrid: gradients in e5m2 */
+    }
+    int64_t n = dims[0] * dims[1];
+    float *v = values(n, 3.0f, EDGES_FINITE);
+    opf_spec ys = opf_spec_make(2, dims, dt), qs_spec;
+    CHECK_OK(ctx, opf_quantizer_spec(&qc, &ys, &qs_spec));
+    cmp_pair dy = cmp_pair_of(ctx, 2, dims, dt, v), db = cmp_pair_of(ctx, 1, &dims[1], OPF_F32, NULL);
+    opf_tensor hq, dq, got;
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &qs_spec, &hq));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &qs_spec, &dq));
+    opf_quantize_state sth = {0}, std_ = {0};
+    opf_quantize_state_delayed(&qc, &sth);
+    opf_quantize_state_delayed(&qg, &std_);
+    opf_dtype hp = delayed ? OPF_F32 : dt;
+    opf_qout oh = {&hq, &qc, &sth, hp}, od = {&dq, &qg, &std_, hp};
+    if (unfused) setenv("OPF_CUDA_UNFUSED", "1", 1);
+    CHECK_OK(ctx, cpu()->dbias_q(ctx, &dy.h, &db.h, &oh));
+    CHECK_OK(ctx, gpu()->dbias_q(ctx, &dy.d, &db.d, &od));
+    if (unfused) unsetenv("OPF_CUDA_UNFUSED");
+    CHECK_OK(ctx, cuda_test_download(ctx, &dq, &got));
+    CHECK(cuda_test_same_bytes(&hq, &got, what), "%s: dx differs from the CPU's", what);
+    cmp_tensor(ctx, &db.h, &db.d, what);
+    if (delayed) {
+        float scale, hist[4];
+        CHECK_OK(cpu_ctx, opf_delayed_state_update(cpu_ctx, sc, NULL, NULL));
+        CHECK_OK(ctx, opf_delayed_state_update(ctx, sg, NULL, NULL));
+        CHECK_OK(ctx, opf_delayed_state_read(ctx, sg, &scale, hist));
+        CHECK(!memcmp(opf_delayed_state_history(sc), hist, sizeof hist) &&
+                  !memcmp(opf_delayed_state_scale(sc), &scale, sizeof scale),
+              "%s: the delayed state differs from the CPU's", what);
+    }
+    cmp_pair_release(&dy), cmp_pair_release(&db);
+    opf_tensor_release(&hq), opf_tensor_release(&dq), opf_tensor_release(&got);
+    opf_delayed_state_destroy(sc), opf_delayed_state_destroy(sg);
+    free(v);
+}
+
+/* Rows not a multiple of 32, one column, the staged kernel's rows of whole
+ * 16-byte chunks (3001 x 136, 1000 x 1024), wide rows of few (staged and
+ * not), no rows; f32 and bf16 dy (and f16 once). */
+static void test_dbias_q(opf_ctx *ctx)
+{
+    static const int64_t dims[][2] = {{1, 1},     {300, 1},  {513, 33},    {1000, 1024}, {7, 4097},
+                                      {3001, 136}, {0, 5},    {3, 600000}, {2, 300001},  {77, 768}};
+    opf_ctx *cpu_ctx = NULL;
+    CHECK_OK(NULL, opf_ctx_create(NULL, &cpu_ctx));
+    for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++)
+        for (int a = 0; a < 2; a++)
+            for (int d = 0; d < 2; d++) dbias_q_case(ctx, cpu_ctx, dims[k], D[a], d == 1, false);
+    dbias_q_case(ctx, cpu_ctx, dims[2], OPF_F16, false, false);
+    dbias_q_case(ctx, cpu_ctx, dims[3], OPF_BF16, false, true);
+    opf_ctx_destroy(cpu_ctx);
 }
 
 /* ---- scale, add ------------------------------------------------------------------ */
@@ -356,6 +438,7 @@ int main(void)
     opf_ctx *ctx = cuda_test_ctx();
     test_bias_add(ctx);
     test_dbias(ctx);
+    test_dbias_q(ctx);
     test_scale(ctx);
     test_add(ctx);
     test_dropout(ctx);

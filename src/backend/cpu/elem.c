@@ -1,6 +1,7 @@
 /* elem.c: the CPU reference kernels of the element-wise family (elem.h):
- * bias and dbias (plain and scaled per row), constant scale, add, dropout, cast and cast+transpose,
- * fill and copy.
+ * bias and dbias (plain, scaled per row, and with dx quantized: dbias_q's
+ * composition, every device's fallback), constant scale, add, dropout, cast
+ * and cast+transpose, fill and copy.
  *
  * Element-wise kernels walk their tensors in blocks of ELEM_BLOCK elements:
  * each block is read into fp32 on the stack (opf_cpu_load_f32), computed, and
@@ -11,7 +12,7 @@
  * lane r mod 32), items of columns on the threads, so its split is exact too. */
 #include <string.h>
 
-#include "backend/elem.h"
+#include "backend/backend-impl.h"
 #include "backend/lanesum.h"
 #include "backend/cpu/cpu-impl.h"
 #include "core/core-impl.h"
@@ -99,6 +100,21 @@ static opf_status dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
     int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
     opf_cpu_colsum(cdata(dy), dy->spec.dtype, NULL, OPF_F32, rows, n, data(db), db->spec.dtype);
     return OPF_OK;
+}
+
+opf_status opf_dbias_q_composed(opf_ctx *ctx, const opf_backend_i *be, const opf_tensor *dy,
+                                opf_tensor *db, const opf_qout *dx)
+{
+    size_t mark = opf_ctx_scratch_mark(ctx);
+    opf_status st = be->elem->dbias(ctx, dy, db);
+    if (!st) st = opf_qout_from_plain(ctx, be, dx, dy);
+    opf_ctx_scratch_pop(ctx, mark);
+    return st;
+}
+
+static opf_status dbias_q(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db, const opf_qout *dx)
+{
+    return opf_dbias_q_composed(ctx, opf_backend_get(OPF_DEVICE_CPU), dy, db, dx);
 }
 
 /* Rows wider than ELEM_BLOCK go block by block; s[r] is read once per row. */
@@ -323,6 +339,7 @@ static opf_status fill_uniform(opf_ctx *ctx, uint64_t seed, uint64_t offset, uin
 const opf_elem_kernels opf_cpu_elem = {
     .bias_add = bias_add,
     .dbias = dbias,
+    .dbias_q = dbias_q,
     .scaled_bias_add = scaled_bias_add,
     .scaled_dbias = scaled_dbias,
     .scale = scale,

@@ -33,6 +33,7 @@
 
 #include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
+#include "backend/cuda/qout.cuh"
 extern "C" {
 #include "backend/cpu/act-math.h"
 }
@@ -541,24 +542,21 @@ static opf_status act_q(opf_ctx *ctx, opf_act_pass pass, opf_act_kind k, opf_act
                                       "dact_dbias_q (cuda)"};
     const char *fn = fns[pass];
     const opf_backend_i *be = opf_backend_get(OPF_DEVICE_CUDA);
-    bool fp8 = opf_qout_current_fp8(o);
     opf_dtype target = opf_qout_quantized(o) ? o->hp : o->out->spec.dtype;
     if (!opf_cuda_fused() || opf_act_is_glu(k) || !typed_ok(x, dy, target))
         return opf_act_q_composed(ctx, be, pass, k, p, x, dy, o, dbias);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    unsigned *amax = fp8 ? (unsigned *)o->out->data[OPF_COMP_AMAX] : NULL;
-    if (amax) OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(amax, 0, sizeof *amax, s->stream));
     size_t mark = opf_ctx_scratch_mark(ctx);
     opf_tensor t;
     opf_status st = opf_qout_begin(ctx, o, &t);
     int64_t cols = x->spec.ndim ? x->spec.shape[x->spec.ndim - 1] : 1;
-    typed_args a = {x->data[0], dy ? dy->data[0] : NULL, st ? NULL : t.data[0], dbias,
-                    cols ? opf_spec_numel(&x->spec) / cols : 0, cols, p.alpha, amax};
-    if (!st) st = dispatch<typed_launch>(k, ctx, s, fn, pass, x->spec.dtype, target, a);
     if (!st)
-        st = fp8 ? opf_cuda_quantize_tensor_fp8_cast(ctx, o->q, &t, o->out)
-                 : opf_qout_end(ctx, be, o, &t);
+        st = opf_cuda_qout_run(ctx, s, fn, o, &t, [&](unsigned *amax) {
+            typed_args a = {x->data[0], dy ? dy->data[0] : NULL, t.data[0], dbias,
+                            cols ? opf_spec_numel(&x->spec) / cols : 0, cols, p.alpha, amax};
+            return dispatch<typed_launch>(k, ctx, s, fn, pass, x->spec.dtype, target, a);
+        });
     opf_ctx_scratch_pop(ctx, mark);
     return st;
 }

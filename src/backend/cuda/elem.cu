@@ -8,9 +8,13 @@
  * at a time with its NaN bits (opf_dev_add and friends, cuda-impl.h); the
  * conversions are its codecs' (opf_dev_to_f32 / opf_dev_from_f32).
  *
- * dbias keeps the CPU's order (lanesum.h's column sums) through colsum.cuh. */
+ * dbias keeps the CPU's order (lanesum.h's column sums) through colsum.cuh;
+ * dbias_q, for current-scaling FP8, takes dy's amax in the same column-sum
+ * pass and then runs the cast pass from it (qout.cuh), so dy is read twice,
+ * not three times. */
 #include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
+#include "backend/cuda/qout.cuh"
 
 enum {
     THREADS = 256,
@@ -107,7 +111,7 @@ __global__ void cast_kernel(const void *x, int64_t n, bool vec, void *y)
 
 /* ---- dbias -----------------------------------------------------------------
  * colsum.cuh's column sums of dy [rows, n]. */
-template <opf_dtype D> struct db_term {
+template <opf_dtype D, bool AMAX = false> struct db_term {
     enum { BATCH = 16, STREAMS = 1 };
     typedef typename opf_dev_plain<D>::store store;
     struct in { float v; };
@@ -122,8 +126,11 @@ template <opf_dtype D> struct db_term {
     {
         v.v = opf_dev_to_f32<D>(((const typename opf_dev_plain<D>::store *)dy)[r * n + c]);
     }
-    __device__ __forceinline__ float finish(int64_t, int64_t, const in &v, unsigned &) const
+    /* AMAX: dbias_q's term, keeping the amax key of dy's value (dy is the
+     * tensor its cast pass reads: nothing stored) */
+    __device__ __forceinline__ float finish(int64_t, int64_t, const in &v, unsigned &key) const
     {
+        if (AMAX) key = max(key, opf_dev_amax_key(v.v));
         return v.v;
     }
 };
@@ -456,18 +463,44 @@ static opf_status cuda_bias_add(opf_ctx *ctx, const opf_tensor *x, const opf_ten
     });
 }
 
+/* db = the column sums of dy; with amax (not NULL) the amax keys of dy's
+ * values merged into it in the same pass. */
+static opf_status dbias_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const opf_tensor *dy,
+                             opf_tensor *db, unsigned *amax)
+{
+    int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
+    return opf_dev_with_dtype(dy->spec.dtype, [&](auto d) {
+        return opf_dev_with_dtype(db->spec.dtype, [&](auto dout) {
+            constexpr opf_dtype DI = decltype(d)::value, DO = decltype(dout)::value;
+            if (amax) {
+                db_term<DI, true> t = {cdata(dy), n};
+                return opf_cuda_colsum<decltype(t), DO>(ctx, s, fn, t, rows, n, data(db), amax);
+            }
+            db_term<DI> t = {cdata(dy), n};
+            return opf_cuda_colsum<decltype(t), DO>(ctx, s, fn, t, rows, n, data(db));
+        });
+    });
+}
+
 static opf_status cuda_dbias(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db)
 {
     const char *fn = "dbias";
     STATE_OR_FAIL(s, ctx, fn);
-    int64_t n = numel(db), rows = n ? numel(dy) / n : 0;
-    return opf_dev_with_dtype(dy->spec.dtype, [&](auto d) {
-        return opf_dev_with_dtype(db->spec.dtype, [&](auto dout) {
-            db_term<decltype(d)::value> t = {cdata(dy), n};
-            return opf_cuda_colsum<decltype(t), decltype(dout)::value>(ctx, s, fn, t, rows, n,
-                                                                      data(db));
-        });
-    });
+    return dbias_sums(ctx, s, fn, dy, db, NULL);
+}
+
+/* Current-scaling FP8 that takes dy as it is: one column-sum pass for db
+ * and dy's amax, then the cast pass reading dy (qout.cuh); anything else,
+ * or OPF_CUDA_UNFUSED=1, the composition. */
+static opf_status cuda_dbias_q(opf_ctx *ctx, const opf_tensor *dy, opf_tensor *db,
+                               const opf_qout *dx)
+{
+    const char *fn = "dbias_q (cuda)";
+    if (!opf_cuda_fused() || !opf_qout_current_fp8(dx) || !opf_qout_reads_as_is(dx, dy->spec.dtype))
+        return opf_dbias_q_composed(ctx, opf_backend_get(OPF_DEVICE_CUDA), dy, db, dx);
+    STATE_OR_FAIL(s, ctx, fn);
+    return opf_cuda_qout_run(ctx, s, fn, dx, dy,
+                             [&](unsigned *amax) { return dbias_sums(ctx, s, fn, dy, db, amax); });
 }
 
 static opf_status cuda_scaled_bias_add(opf_ctx *ctx, const opf_tensor *acc, const opf_tensor *sc,
@@ -693,6 +726,7 @@ static opf_status cuda_fill_uniform(opf_ctx *ctx, uint64_t seed, uint64_t offset
 extern "C" const opf_elem_kernels opf_cuda_elem = {
     .bias_add = cuda_bias_add,
     .dbias = cuda_dbias,
+    .dbias_q = cuda_dbias_q,
     .scaled_bias_add = cuda_scaled_bias_add,
     .scaled_dbias = cuda_scaled_dbias,
     .scale = cuda_scale,

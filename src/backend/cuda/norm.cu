@@ -32,6 +32,7 @@
  * own (the tests compare NaN with NaN). */
 #include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
+#include "backend/cuda/qout.cuh"
 
 enum {
     LANES = OPF_NORM_LANES,
@@ -804,15 +805,16 @@ static opf_status norm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor
     if (!opf_cuda_fused() || !opf_qout_current_fp8(z))
         return opf_norm_fwd_q_composed(ctx, opf_backend_get(OPF_DEVICE_CUDA), x, gamma, beta, eps,
                                        zero_centered, z, mu, rsigma);
-    opf_cuda_state *s = opf_cuda_state_of(ctx, "norm_fwd_q (cuda)");
+    const char *fn = "norm_fwd_q (cuda)";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    unsigned *amax = (unsigned *)z->out->data[OPF_COMP_AMAX];
-    OPF_CUDA_TRY(ctx, "norm_fwd_q (cuda)", cudaMemsetAsync(amax, 0, sizeof *amax, s->stream));
     size_t mark = opf_ctx_scratch_mark(ctx);
     opf_tensor t;
     opf_status st = opf_qout_begin(ctx, z, &t);
-    if (!st) st = norm_fwd(ctx, x, gamma, beta, eps, zero_centered, &t, mu, rsigma, amax);
-    if (!st) st = opf_cuda_quantize_tensor_fp8_cast(ctx, z->q, &t, z->out);
+    if (!st)
+        st = opf_cuda_qout_run(ctx, s, fn, z, &t, [&](unsigned *amax) {
+            return norm_fwd(ctx, x, gamma, beta, eps, zero_centered, &t, mu, rsigma, amax);
+        });
     opf_ctx_scratch_pop(ctx, mark);
     return st;
 }
