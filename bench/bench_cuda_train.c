@@ -17,8 +17,11 @@
  *     op class (a seq of 32 on a tiny tensor, as `bench ops` on the CPU).
  * `--out FILE` also writes "name value" lines for
  * bench/peer/torch_cuda_train.py, which prints the comparison table.
+ * `--only LIST` runs only the sections named in LIST (any of linear, lnmlp,
+ * small, host). OPF_CUDA_SIDE=0 keeps the Linears' wgrad off the side queue
+ * (cuda.h), for the before / after of it.
  *
- *     opfuse bench cuda-train [--out FILE] [S [T H]]   default 8192 8192 4096 */
+ *     opfuse bench cuda-train [--out FILE] [--only LIST] [S [T H]]   default 8192 8192 4096 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -386,15 +389,18 @@ int opf_bench_cuda_train(int argc, char **argv)
     const char *out_path;
     opf_ctx *ctx;
     int64_t d[3] = {8192, 8192, 4096};  /* the Linear's S, the LayerNorm-MLP's tokens and hidden */
-    int rc = opf_bench_cuda_open("cuda-train", argc, argv, &out_path, NULL, d, 3, &ctx);
+    const char *only;
+    int rc = opf_bench_cuda_open("cuda-train", argc, argv, &out_path, &only, d, 3, &ctx);
     if (!ctx) return rc;
     int64_t S = d[0], T = d[1], H = d[2];
     results = out_path ? fopen(out_path, "w") : NULL;
-    bench_linear(ctx, S);
-    bench_lnmlp(ctx, T, H);
-    profile_lnmlp(ctx, OPF_RECIPE_CURRENT, "FP8 current", T, H);
-    bench_small(ctx);
-    bench_op_host(ctx);
+    if (!only || strstr(only, "linear")) bench_linear(ctx, S);
+    if (!only || strstr(only, "lnmlp")) {
+        bench_lnmlp(ctx, T, H);
+        profile_lnmlp(ctx, OPF_RECIPE_CURRENT, "FP8 current", T, H);
+    }
+    if (!only || strstr(only, "small")) bench_small(ctx);
+    if (!only || strstr(only, "host")) bench_op_host(ctx);
     if (results) fclose(results);
     results = NULL;
     opf_ctx_destroy(ctx);

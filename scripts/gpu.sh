@@ -13,6 +13,7 @@
 #     OPF_GPU_GPT=0         skip the GPT training benchmarks (the longest part,
 #                           each size with torch.compile's warm-up); 1 (default):
 #                           GPT-2 124M; 2: also 24 layers x 2048
+#     OPF_GPU_RUN='CMD'     also CMD after the tests (below, before the benchmarks)
 #     OPF_GPU_SKIP_TESTS=1  build, then go straight to the benchmarks (a second
 #                           call on a still-warm machine: the build is reused)
 # The order keeps the cheap, complete results first (a run cut short by a
@@ -160,6 +161,16 @@ if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
       grep -E "passed|failed|Error|error" "$logs/pytest.log" | tail -15
     fi
   fi
+fi
+
+# OPF_GPU_RUN='CMD': CMD (bash -c) after the tests, in this script's
+# environment (the library paths; $build exported as OPF_BUILD), its output
+# into LOGDIR/run.log and printed: a before / after of one switch, say
+#     OPF_GPU_RUN='for m in 0 2; do OPF_CUDA_SIDE=$m $OPF_BUILD/opfuse bench cuda-train --only small; done'
+if [ -n "${OPF_GPU_RUN:-}" ]; then
+  step "OPF_GPU_RUN"
+  OPF_BUILD=$build bash -c "$OPF_GPU_RUN" >"$logs/run.log" 2>&1 || echo "OPF_GPU_RUN: rc $?"
+  cat "$logs/run.log"
 fi
 
 [ "${OPF_GPU_BENCH:-1}" = 0 ] && exit "$ctest_rc"

@@ -96,6 +96,9 @@ static const opf_device_runtime cuda_runtime = {
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
     .scratch_reserve = opf_cuda_scratch_reserve,
+    .side_begin = opf_cuda_side_begin,
+    .side_end = opf_cuda_side_end,
+    .side_join = opf_cuda_side_join,
 };
 #endif
 

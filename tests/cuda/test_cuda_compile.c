@@ -10,12 +10,16 @@
  * leading sizes (two size buckets) alternate. Each bucket's first call walks
  * the nodes, its second captures, the rest replay: on those the graph makes
  * one launch per segment, walks no node, and the device allocator counts no
- * allocation over the forward and backward. The Linear stack also runs the
+ * allocation over the forward and backward. The eager context queues every
+ * GEMM on its stream (OPF_CUDA_SIDE=0); the compiled one runs the Linears'
+ * wgrad on the side queue beside dgrad (the default for GEMMs this small), so
+ * the comparison also holds the side queue, in a capture, to the same bits. The Linear stack also runs the
  * is_first_microbatch schedule (cache the quantized weights, then reuse them
  * while the gradients accumulate): other variants of the same graph.
  *
  * Every mismatch is printed (the first differing byte of each component)
  * and the run goes on, so one GPU run shows every failing case. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -315,7 +319,12 @@ static void run_case(const char *model, build_fn build, opf_recipe_kind kind, bo
     snprintf(what, sizeof what, "%s %s%s", model, opf_recipe_name(kind), microbatch ? " microbatches" : "");
     side a, b;
     opf_graph *g = NULL;
-    if (!side_open(&a, build) || !side_open(&b, build)) goto out;
+    /* the eager context keeps wgrad on its own stream; the compiled one
+     * (these small GEMMs) runs it on the side queue, captured as a branch */
+    setenv("OPF_CUDA_SIDE", "0", 1);
+    bool opened = side_open(&a, build);
+    unsetenv("OPF_CUDA_SIDE");
+    if (!opened || !side_open(&b, build)) goto out;
     opf_recipe r = opf_recipe_default(kind);
     if (kind == OPF_RECIPE_DELAYED) r.amax_history_len = 4;  /* the scales move within the run */
     opf_seq_call call = opf_seq_call_default();

@@ -7,7 +7,8 @@
  * reused safely; the legacy default stream (a framework's default, (void *)1)
  * is taken; a switch makes the host wait for nothing; a switch to or away
  * from a stream that is capturing a graph is refused and leaves the capture
- * intact. A CPU context refuses the entry with a message (this part runs
+ * intact; the side queue of device-impl.h switches and joins without a host
+ * wait and refuses a misplaced end. A CPU context refuses the entry with a message (this part runs
  * without a GPU too). Exits 77 (skipped) without a GPU. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "test.h"
@@ -16,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #include <time.h>
 
+#include "core/device-impl.h"
 #include "cuda_test.h"
 #endif
 
@@ -145,6 +147,33 @@ static void test_user_stream(void)
     CHECK(cudaStreamDestroy(us) == cudaSuccess, "stream destroy");
 }
 
+/* The side queue (device-impl.h): auto takes small work only; while on it
+ * the context queues on another stream; end and join bring it back; a
+ * misplaced end is refused; the host never waits. */
+static void test_side_queue(void)
+{
+    bool on = true;
+    uint64_t s0 = n_sync();
+    void *main_stream = opf_ctx_stream(gpu);
+    CHECK_OK(gpu, opf_device_side_begin(gpu, (int64_t)1 << 40, &on));
+    CHECK(!on, "auto took work of 2^40 outputs to the side queue");
+    CHECK_FAILS(gpu, opf_device_side_end(gpu), OPF_ERR_STATE, "opf_cuda_side_end",
+                "not on the side queue");
+    CHECK_OK(gpu, opf_device_side_begin(gpu, 4096, &on));
+    CHECK(on, "auto left work of 4096 outputs on the context's stream");
+    if (!on) return;
+    CHECK(opf_ctx_stream(gpu) != main_stream, "on the side queue, work still goes to %p",
+          main_stream);
+    bool again = false;
+    CHECK_FAILS(gpu, opf_device_side_begin(gpu, 4096, &again), OPF_ERR_STATE,
+                "opf_cuda_side_begin", "already on the side queue");
+    CHECK_OK(gpu, opf_device_side_end(gpu));
+    CHECK(opf_ctx_stream(gpu) == main_stream, "side_end did not come back to the stream");
+    CHECK_OK(gpu, opf_device_side_join(gpu));
+    CHECK(n_sync() == s0, "the side queue made the host wait");
+    CHECK_OK(gpu, opf_ctx_sync(gpu));
+}
+
 /* Ends the capture on st, which must still be valid after `after`. */
 static void end_capture(cudaStream_t st, const char *after)
 {
@@ -185,6 +214,7 @@ int main(void)
     test_cpu_refuses();
     opf_ctx_options o = opf_ctx_options_default();
     o.device = OPF_DEVICE_CUDA;
+    unsetenv("OPF_CUDA_SIDE");  /* the side queue's default, auto */
     opf_status st = opf_ctx_create(&o, &gpu);
     if (st == OPF_ERR_UNSUPPORTED) {
         printf("SKIP: %s (the CPU context's refusal passed: %d checks)\n", opf_last_error(NULL),
@@ -197,6 +227,7 @@ int main(void)
     if (!st) {
         test_user_stream();
         test_capture_refused();
+        test_side_queue();
     }
 #endif
     opf_ctx_destroy(gpu);

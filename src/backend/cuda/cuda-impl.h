@@ -31,6 +31,17 @@ typedef struct opf_cuda_algo_entry opf_cuda_algo_entry;
 /* cuDNN's handle and attention plans (cudnn_attn.cu); NULL until first used. */
 struct opf_cudnn_state;
 
+/* Where the kernels queue work and what they may scribble on: the context's
+ * stream with its cuBLASLt workspace and scratch, or the side queue's own
+ * (device-impl.h's side_begin). Kernels read them from the state, which
+ * holds the lane in use; the other waits in opf_cuda_state.other. */
+typedef struct opf_cuda_lane {
+    cudaStream_t stream;
+    void        *lt_ws;
+    void        *ws;
+    size_t       ws_bytes;
+} opf_cuda_lane;
+
 typedef struct opf_cuda_state {
     int              device;
     int              sm_count;
@@ -67,6 +78,13 @@ typedef struct opf_cuda_state {
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;
     struct opf_cudnn_state *cudnn;  /* OPF_CUDA_ATTENTION=cudnn's (cudnn_attn.cu) */
+    /* the side queue (runtime.cu's opf_cuda_side_*): while on_side, stream,
+     * lt_ws, ws and ws_bytes above are the side's and `other` holds the
+     * context's; otherwise `other` holds the side's */
+    opf_cuda_lane    other;
+    bool             on_side;
+    cudaEvent_t      side_fork, side_done;
+    int              side_mode;     /* OPF_CUDA_SIDE: 0 never, 1 always, 2 auto (by size) */
 } opf_cuda_state;
 
 #ifdef __cplusplus

@@ -114,6 +114,14 @@ static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
         OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->staged[i], cudaEventDisableTiming));
     OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->deferred_bad, sizeof *s->deferred_bad));
     OPF_CUDA_TRY(ctx, fn, cudaMemset(s->deferred_bad, 0xFF, sizeof *s->deferred_bad));
+    /* the side queue: its stream, workspace and events; its scratch grows
+     * on first use, as the context's does */
+    OPF_CUDA_TRY(ctx, fn, cudaStreamCreateWithFlags(&s->other.stream, cudaStreamNonBlocking));
+    OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->other.lt_ws, s->lt_ws_bytes));
+    OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->side_fork, cudaEventDisableTiming));
+    OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->side_done, cudaEventDisableTiming));
+    const char *v = getenv("OPF_CUDA_SIDE");
+    s->side_mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : 2;
     return OPF_OK;
 }
 
@@ -157,6 +165,12 @@ static void state_destroy(opf_cuda_state *s)
     cudaFree(s->deferred_bad);
     free(s->ws_retired);
     cudaFree(s->lt_ws);
+    if (s->other.stream) cudaStreamSynchronize(s->other.stream);
+    cudaFree(s->other.ws);
+    cudaFree(s->other.lt_ws);
+    if (s->other.stream) cudaStreamDestroy(s->other.stream);
+    if (s->side_fork) cudaEventDestroy(s->side_fork);
+    if (s->side_done) cudaEventDestroy(s->side_done);
     cudaFreeHost(s->pinned);
     for (int i = 0; i < 2; i++)
         if (s->staged[i]) cudaEventDestroy(s->staged[i]);
@@ -262,6 +276,57 @@ opf_status opf_cuda_set_stream(opf_ctx *ctx, void *stream)
     OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->switched, s->stream));
     OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(next, s->switched, 0));
     s->stream = next;
+    return OPF_OK;
+}
+
+/* ---- the side queue -------------------------------------------------------
+ * The lane in use lives in the state's stream, lt_ws, ws and ws_bytes, which
+ * every kernel reads; switching swaps them with `other`. */
+
+static void swap_lanes(opf_cuda_state *s)
+{
+    opf_cuda_lane cur = {s->stream, s->lt_ws, s->ws, s->ws_bytes};
+    s->stream = s->other.stream, s->lt_ws = s->other.lt_ws;
+    s->ws = s->other.ws, s->ws_bytes = s->other.ws_bytes;
+    s->other = cur;
+    s->on_side = !s->on_side;
+}
+
+opf_status opf_cuda_side_begin(opf_ctx *ctx, int64_t out_elems, bool *on_side)
+{
+    const char *fn = "opf_cuda_side_begin";
+    *on_side = false;
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (s->on_side) return opf_error(ctx, OPF_ERR_STATE, "%s: already on the side queue", fn);
+    const int64_t tile = 128 * 128;
+    bool worth = s->side_mode == 1 || (s->side_mode == 2 && out_elems < 4 * tile * s->sm_count);
+    if (!worth) return OPF_OK;
+    OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->side_fork, s->stream));
+    OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(s->other.stream, s->side_fork, 0));
+    swap_lanes(s);
+    *on_side = true;
+    return OPF_OK;
+}
+
+opf_status opf_cuda_side_end(opf_ctx *ctx)
+{
+    const char *fn = "opf_cuda_side_end";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (!s->on_side) return opf_error(ctx, OPF_ERR_STATE, "%s: not on the side queue", fn);
+    cudaError_t e = cudaEventRecord(s->side_done, s->stream);
+    swap_lanes(s);  /* back on the context's queue whatever the record gave */
+    if (e != cudaSuccess) return opf_cuda_fail(ctx, e, fn, "cudaEventRecord");
+    return OPF_OK;
+}
+
+opf_status opf_cuda_side_join(opf_ctx *ctx)
+{
+    const char *fn = "opf_cuda_side_join";
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(s->stream, s->side_done, 0));
     return OPF_OK;
 }
 

@@ -70,6 +70,7 @@
 #include <math.h>
 
 #include "backend/elem.h"
+#include "core/device-impl.h"
 #include "ops/basic/linear-impl.h"
 
 #define LINW_TAG 0x4C494E57u  /* Philox counter word 2 of weight init */
@@ -604,6 +605,18 @@ static opf_status saved_operand(opf_ctx *ctx, const opf_linear_bwd *b, const opf
     return st;
 }
 
+static opf_status wgrad_gemm(opf_ctx *ctx, const opf_linear_bwd *b, const opf_tensor *x,
+                             const opf_tensor *dy, opf_gemm_options o, opf_tensor *grads)
+{
+    if (!b->to_main_grad) return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &grads[1]);
+    o.accumulate = b->is_first_microbatch != 1;
+    opf_tensor mg = b->main_grad;  /* written in place: the fp32 accumulator */
+    return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &mg);
+}
+
+/* dgrad, then wgrad. wgrad needs nothing dgrad makes: where the device has
+ * a side queue and finds dW too small to fill it alone, wgrad is queued
+ * there first and dgrad runs beside it (the same bits either way). */
 opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alpha,
                                const opf_tensor *c, opf_tensor *grads)
 {
@@ -614,14 +627,21 @@ opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alph
     opf_status st = dy_operand(ctx, b, &dyq, &dy);
     if (!st) st = saved_operand(ctx, b, &b->w, &wt, &w);
     if (!st && b->wgrad) st = saved_operand(ctx, b, &b->x, &xt, &x);
-    if (st || (st = gemm_out(ctx, w, dy, OPF_GEMM_NN, &o, c, &b->dx_q, (opf_dtype)b->act_dtype,
-                             &grads[0])))
-        return st;
-    if (!b->wgrad) return OPF_OK;
-    if (!b->to_main_grad) return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &grads[1]);
-    o.accumulate = b->is_first_microbatch != 1;
-    opf_tensor mg = b->main_grad;  /* written in place: the fp32 accumulator */
-    return opf_gemm(ctx, x, dy, OPF_GEMM_NT, &o, &mg);
+    bool side = false;
+    if (!st && b->wgrad) st = opf_device_side_begin(ctx, opf_spec_numel(&b->weight.spec), &side);
+    if (st) return st;
+    if (side) {
+        st = wgrad_gemm(ctx, b, x, dy, o, grads);
+        opf_status se = opf_device_side_end(ctx);
+        if (!st) st = se;
+    }
+    if (!st) st = gemm_out(ctx, w, dy, OPF_GEMM_NN, &o, c, &b->dx_q, (opf_dtype)b->act_dtype,
+                           &grads[0]);
+    if (side) {
+        opf_status sj = opf_device_side_join(ctx);
+        return st ? st : sj;
+    }
+    return st || !b->wgrad ? st : wgrad_gemm(ctx, b, x, dy, o, grads);
 }
 
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
