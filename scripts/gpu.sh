@@ -166,7 +166,7 @@ fi
 # OPF_GPU_RUN='CMD': CMD (bash -c) after the tests, in this script's
 # environment (the library paths; $build exported as OPF_BUILD), its output
 # into LOGDIR/run.log and printed: a before / after of one switch, say
-#     OPF_GPU_RUN='for m in 0 2; do OPF_CUDA_SIDE=$m $OPF_BUILD/opfuse bench cuda-train --only small; done'
+#     OPF_GPU_RUN='for m in 0 auto; do OPF_CUDA_SIDE=$m $OPF_BUILD/opfuse bench cuda-train --only small; done'
 if [ -n "${OPF_GPU_RUN:-}" ]; then
   step "OPF_GPU_RUN"
   OPF_BUILD=$build bash -c "$OPF_GPU_RUN" >"$logs/run.log" 2>&1 || echo "OPF_GPU_RUN: rc $?"

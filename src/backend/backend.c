@@ -96,8 +96,8 @@ static const opf_device_runtime cuda_runtime = {
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
     .scratch_reserve = opf_cuda_scratch_reserve,
-    .side_begin = opf_cuda_side_begin,
-    .side_end = opf_cuda_side_end,
+    .side_fork = opf_cuda_side_fork,
+    .side_enter = opf_cuda_side_enter,
     .side_join = opf_cuda_side_join,
 };
 #endif

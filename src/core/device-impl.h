@@ -63,17 +63,19 @@ typedef struct opf_device_runtime {
     opf_status (*graph_launch)(opf_ctx *ctx, void *graph);
     void (*graph_free)(opf_ctx *ctx, void *graph);
     opf_status (*scratch_reserve)(opf_ctx *ctx, size_t bytes);
-    /* A second queue beside the context's, for work of one op that needs
-     * nothing the op queues after it (NULL where the device has one queue).
-     * side_begin decides whether work writing out_elems outputs is worth it
-     * (work too small to fill the device alone); if so (*on_side), the side
-     * queue waits for everything queued so far and what is queued next goes
-     * there. side_end queues on the context's queue again, unordered with
-     * the side's work; side_join orders the context's queue after it. An op
-     * joins before it returns, and work on the side frees no device memory
-     * (the caching allocator's reuse is ordered by the context's queue). */
-    opf_status (*side_begin)(opf_ctx *ctx, int64_t out_elems, bool *on_side);
-    opf_status (*side_end)(opf_ctx *ctx);
+    /* A second queue beside the context's, for work of one op that does not
+     * need the work the op queues before it on the context's queue (NULL
+     * where the device has one queue). side_fork decides whether work
+     * writing out_elems outputs is worth it (too small to fill the device
+     * alone) and, if so (*forked), marks the point of the context's queue
+     * the side work will follow; the op then queues its other work, calls
+     * side_enter (what is queued next goes to the side, after the mark) and
+     * queues the side work; side_join queues on the context's queue again,
+     * ordered after the side work. An op joins before it returns, and side
+     * work frees no device memory (the caching allocator's reuse is ordered
+     * by the context's queue). */
+    opf_status (*side_fork)(opf_ctx *ctx, int64_t out_elems, bool *forked);
+    opf_status (*side_enter)(opf_ctx *ctx);
     opf_status (*side_join)(opf_ctx *ctx);
 } opf_device_runtime;
 
@@ -108,11 +110,11 @@ opf_status opf_device_capture_end(opf_ctx *ctx, void **graph);
 opf_status opf_device_graph_launch(opf_ctx *ctx, void *graph);
 void opf_device_graph_free(opf_ctx *ctx, void *graph);
 opf_status opf_device_scratch_reserve(opf_ctx *ctx, size_t bytes);
-/* The side queue of ctx's runtime (side_begin above); *on_side false, and
- * nothing done, where it has none. side_end and side_join only after a
- * side_begin that gave true. */
-opf_status opf_device_side_begin(opf_ctx *ctx, int64_t out_elems, bool *on_side);
-opf_status opf_device_side_end(opf_ctx *ctx);
+/* The side queue of ctx's runtime (side_fork above); *forked false, and
+ * nothing done, where it has none. side_enter and side_join only after a
+ * side_fork that gave true; side_join also after a failed side_enter. */
+opf_status opf_device_side_fork(opf_ctx *ctx, int64_t out_elems, bool *forked);
+opf_status opf_device_side_enter(opf_ctx *ctx);
 opf_status opf_device_side_join(opf_ctx *ctx);
 
 #endif

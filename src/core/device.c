@@ -124,13 +124,13 @@ opf_status opf_device_scratch_reserve(opf_ctx *ctx, size_t bytes)
     return ctx->rt && ctx->rt->scratch_reserve ? ctx->rt->scratch_reserve(ctx, bytes) : OPF_OK;
 }
 
-opf_status opf_device_side_begin(opf_ctx *ctx, int64_t out_elems, bool *on_side)
+opf_status opf_device_side_fork(opf_ctx *ctx, int64_t out_elems, bool *forked)
 {
-    *on_side = false;
-    return ctx->rt && ctx->rt->side_begin ? ctx->rt->side_begin(ctx, out_elems, on_side) : OPF_OK;
+    *forked = false;
+    return ctx->rt && ctx->rt->side_fork ? ctx->rt->side_fork(ctx, out_elems, forked) : OPF_OK;
 }
 
-opf_status opf_device_side_end(opf_ctx *ctx) { return ctx->rt->side_end(ctx); }
+opf_status opf_device_side_enter(opf_ctx *ctx) { return ctx->rt->side_enter(ctx); }
 opf_status opf_device_side_join(opf_ctx *ctx) { return ctx->rt->side_join(ctx); }
 
 /* ---- copies ---------------------------------------------------------------- */

@@ -321,10 +321,15 @@ static void run_case(const char *model, build_fn build, opf_recipe_kind kind, bo
     opf_graph *g = NULL;
     /* the eager context keeps wgrad on its own stream; the compiled one
      * (these small GEMMs) runs it on the side queue, captured as a branch */
+    const char *user = getenv("OPF_CUDA_SIDE");
+    char *saved = user ? strdup(user) : NULL;
     setenv("OPF_CUDA_SIDE", "0", 1);
     bool opened = side_open(&a, build);
     unsetenv("OPF_CUDA_SIDE");
-    if (!opened || !side_open(&b, build)) goto out;
+    opened = opened && side_open(&b, build);
+    if (saved) setenv("OPF_CUDA_SIDE", saved, 1);
+    free(saved);
+    if (!opened) goto out;
     opf_recipe r = opf_recipe_default(kind);
     if (kind == OPF_RECIPE_DELAYED) r.amax_history_len = 4;  /* the scales move within the run */
     opf_seq_call call = opf_seq_call_default();

@@ -147,31 +147,72 @@ static void test_user_stream(void)
     CHECK(cudaStreamDestroy(us) == cudaSuccess, "stream destroy");
 }
 
-/* The side queue (device-impl.h): auto takes small work only; while on it
- * the context queues on another stream; end and join bring it back; a
- * misplaced end is refused; the host never waits. */
+/* y = x w^T (bf16, TN) on the side queue: x and w written late on the
+ * context's stream before the fork, so a side that did not wait for the
+ * fork would read them unwritten. Eager, then captured and replayed; the
+ * product against the CPU's, the host never waiting. */
+static void side_gemm(cudaStream_t main_st, bool capture, const char *where)
+{
+    opf_tensor x = host_bf16(M, K), w = host_bf16(N, K);
+    void *px, *pw;
+    opf_tensor gx = late_device_copy(main_st, &x, &px), gw = late_device_copy(main_st, &w, &pw);
+    opf_spec ds = opf_spec_make(2, (int64_t[]){M, N}, OPF_BF16);
+    opf_tensor hd, gd, back;
+    CHECK_OK(cpu, opf_tensor_alloc(cpu, &ds, &hd));
+    ds.device = OPF_DEVICE_CUDA;
+    CHECK_OK(gpu, opf_tensor_alloc(gpu, &ds, &gd));
+    CHECK_OK(cpu, opf_gemm(cpu, &w, &x, OPF_GEMM_TN, NULL, &hd));
+    uint64_t s0 = n_sync();
+    opf_cuda_graph *g = NULL;
+    if (capture) CHECK_OK(gpu, opf_cuda_capture_begin(gpu));
+    bool forked = false;
+    CHECK_OK(gpu, opf_device_side_fork(gpu, 4096, &forked));
+    CHECK(forked, "%s: auto kept work of 4096 outputs off the side queue", where);
+    CHECK(opf_ctx_stream(gpu) == (void *)main_st, "%s: the fork switched streams", where);
+    if (forked) {
+        CHECK_OK(gpu, opf_device_side_enter(gpu));
+        CHECK(opf_ctx_stream(gpu) != (void *)main_st, "%s: on the side queue, work still goes "
+              "to the context's stream", where);
+        CHECK_FAILS(gpu, opf_ctx_set_stream(gpu, NULL), OPF_ERR_STATE, "opf_ctx_set_stream",
+                    "side-queue work");
+        CHECK_OK(gpu, opf_gemm(gpu, &gw, &gx, OPF_GEMM_TN, NULL, &gd));
+        CHECK_OK(gpu, opf_device_side_join(gpu));
+        CHECK(opf_ctx_stream(gpu) == (void *)main_st, "%s: the join left the side queue", where);
+    }
+    if (capture) {
+        CHECK_OK(gpu, opf_cuda_capture_end(gpu, &g));
+        CHECK_OK(gpu, opf_cuda_graph_launch(gpu, g));
+    }
+    CHECK(n_sync() == s0, "%s: the side queue made the host wait", where);
+    CHECK_OK(gpu, cuda_test_download(gpu, &gd, &back));
+    static float ref[M * N], got[M * N];
+    opf_convert(hd.data[0], OPF_BF16, ref, OPF_F32, M * N);
+    opf_convert(back.data[0], OPF_BF16, got, OPF_F32, M * N);
+    double e = cuda_test_rel_err(got, ref, M * N);
+    printf("%s: bf16 gemm TN rel err %.2e\n", where, e);
+    CHECK(e <= 8e-3, "%s: bf16 gemm rel err %.3e (read x and w before they were written?)", where, e);
+    CHECK_OK(gpu, opf_ctx_sync(gpu));
+    opf_cuda_graph_free(gpu, g);
+    cudaFreeHost(px);
+    cudaFreeHost(pw);
+    opf_tensor *ts[] = {&x, &w, &gx, &gw, &hd, &gd, &back};
+    for (int i = 0; i < 7; i++) opf_tensor_release(ts[i]);
+}
+
+/* The side queue (device-impl.h): auto takes small work only; a GEMM there
+ * waits for the work before the fork and the context's stream waits for it
+ * at the join, eager and in a capture; misplaced calls are refused. */
 static void test_side_queue(void)
 {
-    bool on = true;
-    uint64_t s0 = n_sync();
-    void *main_stream = opf_ctx_stream(gpu);
-    CHECK_OK(gpu, opf_device_side_begin(gpu, (int64_t)1 << 40, &on));
-    CHECK(!on, "auto took work of 2^40 outputs to the side queue");
-    CHECK_FAILS(gpu, opf_device_side_end(gpu), OPF_ERR_STATE, "opf_cuda_side_end",
-                "not on the side queue");
-    CHECK_OK(gpu, opf_device_side_begin(gpu, 4096, &on));
-    CHECK(on, "auto left work of 4096 outputs on the context's stream");
-    if (!on) return;
-    CHECK(opf_ctx_stream(gpu) != main_stream, "on the side queue, work still goes to %p",
-          main_stream);
-    bool again = false;
-    CHECK_FAILS(gpu, opf_device_side_begin(gpu, 4096, &again), OPF_ERR_STATE,
-                "opf_cuda_side_begin", "already on the side queue");
-    CHECK_OK(gpu, opf_device_side_end(gpu));
-    CHECK(opf_ctx_stream(gpu) == main_stream, "side_end did not come back to the stream");
-    CHECK_OK(gpu, opf_device_side_join(gpu));
-    CHECK(n_sync() == s0, "the side queue made the host wait");
-    CHECK_OK(gpu, opf_ctx_sync(gpu));
+    CHECK_FAILS(gpu, opf_device_side_enter(gpu), OPF_ERR_STATE, "opf_cuda_side_enter",
+                "no fork before it");
+    bool forked = true;
+    CHECK_OK(gpu, opf_device_side_fork(gpu, (int64_t)1 << 40, &forked));
+    CHECK(!forked, "auto took work of 2^40 outputs to the side queue");
+    CHECK_OK(gpu, opf_device_side_join(gpu));  /* nothing entered: nothing to join */
+    cudaStream_t main_st = (cudaStream_t)opf_ctx_stream(gpu);
+    side_gemm(main_st, false, "side queue, eager");
+    side_gemm(main_st, true, "side queue, captured");
 }
 
 /* Ends the capture on st, which must still be valid after `after`. */

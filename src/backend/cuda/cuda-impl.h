@@ -78,13 +78,14 @@ typedef struct opf_cuda_state {
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;
     struct opf_cudnn_state *cudnn;  /* OPF_CUDA_ATTENTION=cudnn's (cudnn_attn.cu) */
-    /* the side queue (runtime.cu's opf_cuda_side_*): while on_side, stream,
-     * lt_ws, ws and ws_bytes above are the side's and `other` holds the
-     * context's; otherwise `other` holds the side's */
+    /* the side queue (runtime.cu's opf_cuda_side_*), other.stream NULL until
+     * the first fork: while on_side, stream, lt_ws, ws and ws_bytes above
+     * are the side's and `other` holds the context's; otherwise `other`
+     * holds the side's */
     opf_cuda_lane    other;
     bool             on_side;
     cudaEvent_t      side_fork, side_done;
-    int              side_mode;     /* OPF_CUDA_SIDE: 0 never, 1 always, 2 auto (by size) */
+    int              side_mode;     /* OPF_CUDA_SIDE: 0 never, 1 always, else auto (by size) */
 } opf_cuda_state;
 
 #ifdef __cplusplus
@@ -100,6 +101,10 @@ opf_status opf_cuda_stream_sync(opf_ctx *ctx, opf_cuda_state *s, const char *fn)
  * for more (stream-ordered: earlier kernels may still read the old one, so
  * growing syncs first). */
 opf_status opf_cuda_scratch(opf_ctx *ctx, opf_cuda_state *s, size_t bytes, void **out);
+/* Puts the other lane (the side queue's or the context's) in the state's
+ * stream, lt_ws, ws and ws_bytes, which every kernel reads, and the one in
+ * use in s->other (runtime.cu). */
+void opf_cuda_swap_lanes(opf_cuda_state *s);
 /* D = alpha op(A) op(B) in fp32 (no TF32), cuBLASLt's column-major terms:
  * D m x n (ld m), op(A) m x k, op(B) k x n; batch matrices, each operand
  * sa / sb / sd elements after the one before (gemm.cu). */

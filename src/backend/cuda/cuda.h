@@ -160,13 +160,15 @@ void opf_cuda_graph_free(opf_ctx *ctx, opf_cuda_graph *g);
 size_t opf_cuda_graph_num_nodes(const opf_cuda_graph *g);
 opf_status opf_cuda_scratch_reserve(opf_ctx *ctx, size_t bytes);
 
-/* ---- the side queue (runtime.cu): device-impl.h's side_begin, side_end and
- * side_join. A second stream with its own cuBLASLt workspace and kernel
- * scratch; the fork and the join are events, so a capture records them as
- * a graph's branches. OPF_CUDA_SIDE=0 never uses it, 1 always, auto (the
- * default) for work of fewer than four waves of 128 x 128 output tiles. */
-opf_status opf_cuda_side_begin(opf_ctx *ctx, int64_t out_elems, bool *on_side);
-opf_status opf_cuda_side_end(opf_ctx *ctx);
+/* ---- the side queue (runtime.cu): device-impl.h's side_fork, side_enter
+ * and side_join. A second stream with its own cuBLASLt workspace and kernel
+ * scratch, made at the first fork outside a capture (none is made inside
+ * one: the work then stays on the context's stream); the fork and the join
+ * are events, so a capture records them as a graph's branches.
+ * OPF_CUDA_SIDE=0 never uses it, 1 always, auto (the default) for work of
+ * fewer than four waves of 128 x 128 output tiles. */
+opf_status opf_cuda_side_fork(opf_ctx *ctx, int64_t out_elems, bool *forked);
+opf_status opf_cuda_side_enter(opf_ctx *ctx);
 opf_status opf_cuda_side_join(opf_ctx *ctx);
 
 /* ---- norm and activation families (norm.cu, act.cu) ---------------------

@@ -87,5 +87,11 @@ opf_status opf_cuda_scratch_reserve(opf_ctx *ctx, size_t bytes)
     opf_cuda_state *s = opf_cuda_state_of(ctx, "opf_cuda_scratch_reserve");
     if (!s) return OPF_ERR_STATE;
     void *p;
-    return bytes ? opf_cuda_scratch(ctx, s, bytes, &p) : OPF_OK;
+    if (!bytes) return OPF_OK;
+    opf_status st = opf_cuda_scratch(ctx, s, bytes, &p);
+    if (st || !s->other.stream || s->on_side) return st;
+    opf_cuda_swap_lanes(s);  /* the side queue's scratch too (opf_cuda_side_fork) */
+    st = opf_cuda_scratch(ctx, s, bytes, &p);
+    opf_cuda_swap_lanes(s);
+    return st;
 }

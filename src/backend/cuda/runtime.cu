@@ -114,12 +114,7 @@ static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
         OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->staged[i], cudaEventDisableTiming));
     OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->deferred_bad, sizeof *s->deferred_bad));
     OPF_CUDA_TRY(ctx, fn, cudaMemset(s->deferred_bad, 0xFF, sizeof *s->deferred_bad));
-    /* the side queue: its stream, workspace and events; its scratch grows
-     * on first use, as the context's does */
-    OPF_CUDA_TRY(ctx, fn, cudaStreamCreateWithFlags(&s->other.stream, cudaStreamNonBlocking));
-    OPF_CUDA_TRY(ctx, fn, cudaMalloc(&s->other.lt_ws, s->lt_ws_bytes));
-    OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->side_fork, cudaEventDisableTiming));
-    OPF_CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&s->side_done, cudaEventDisableTiming));
+    /* the side queue's resources are made at its first fork (side_fork) */
     const char *v = getenv("OPF_CUDA_SIDE");
     s->side_mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : 2;
     return OPF_OK;
@@ -152,6 +147,7 @@ static void drop_blocks(opf_cuda_block *b, int n)
 
 static void state_destroy(opf_cuda_state *s)
 {
+    if (s->other.stream) cudaStreamSynchronize(s->other.stream);  /* the side queue's work first */
     if (s->stream) cudaStreamSynchronize(s->stream);  /* the caller's, when one is set */
     if (s->own_stream) cudaStreamSynchronize(s->own_stream);
     drop_blocks(s->free_list, s->n_free);
@@ -165,7 +161,6 @@ static void state_destroy(opf_cuda_state *s)
     cudaFree(s->deferred_bad);
     free(s->ws_retired);
     cudaFree(s->lt_ws);
-    if (s->other.stream) cudaStreamSynchronize(s->other.stream);
     cudaFree(s->other.ws);
     cudaFree(s->other.lt_ws);
     if (s->other.stream) cudaStreamDestroy(s->other.stream);
@@ -266,6 +261,8 @@ opf_status opf_cuda_set_stream(opf_ctx *ctx, void *stream)
     const char *fn = "opf_ctx_set_stream";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
+    if (s->on_side)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: called inside an op's side-queue work", fn);
     cudaStream_t next = stream ? (cudaStream_t)stream : s->own_stream;
     if (next == s->stream) return OPF_OK;
     /* capture first: the device query below would break a capture in progress */
@@ -279,11 +276,9 @@ opf_status opf_cuda_set_stream(opf_ctx *ctx, void *stream)
     return OPF_OK;
 }
 
-/* ---- the side queue -------------------------------------------------------
- * The lane in use lives in the state's stream, lt_ws, ws and ws_bytes, which
- * every kernel reads; switching swaps them with `other`. */
+/* ---- the side queue ------------------------------------------------------- */
 
-static void swap_lanes(opf_cuda_state *s)
+void opf_cuda_swap_lanes(opf_cuda_state *s)
 {
     opf_cuda_lane cur = {s->stream, s->lt_ws, s->ws, s->ws_bytes};
     s->stream = s->other.stream, s->lt_ws = s->other.lt_ws;
@@ -292,42 +287,88 @@ static void swap_lanes(opf_cuda_state *s)
     s->on_side = !s->on_side;
 }
 
-opf_status opf_cuda_side_begin(opf_ctx *ctx, int64_t out_elems, bool *on_side)
+static bool capturing(cudaStream_t st)
 {
-    const char *fn = "opf_cuda_side_begin";
-    *on_side = false;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(st, &cs);
+    if (e != cudaSuccess) cudaGetLastError();
+    return e != cudaSuccess || cs != cudaStreamCaptureStatusNone;
+}
+
+/* The side queue's stream, workspace and events, made once (outside a
+ * capture: cudaMalloc would break one). */
+static opf_status side_make(opf_ctx *ctx, opf_cuda_state *s, const char *fn)
+{
+    if (s->other.stream) return OPF_OK;
+    cudaStream_t st = NULL;
+    void *ws = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc(&ws, s->lt_ws_bytes);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        for (int i = 0; i < 2; i++)
+            if (ev[i]) cudaEventDestroy(ev[i]);
+        cudaFree(ws);
+        if (st) cudaStreamDestroy(st);
+        return opf_cuda_fail(ctx, e, fn, "the side queue's stream, workspace or events");
+    }
+    s->other.stream = st, s->other.lt_ws = ws;
+    s->side_fork = ev[0], s->side_done = ev[1];
+    return OPF_OK;
+}
+
+opf_status opf_cuda_side_fork(opf_ctx *ctx, int64_t out_elems, bool *forked)
+{
+    const char *fn = "opf_cuda_side_fork";
+    *forked = false;
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (s->on_side) return opf_error(ctx, OPF_ERR_STATE, "%s: already on the side queue", fn);
     const int64_t tile = 128 * 128;
     bool worth = s->side_mode == 1 || (s->side_mode == 2 && out_elems < 4 * tile * s->sm_count);
-    if (!worth) return OPF_OK;
+    if (!worth || (!s->other.stream && capturing(s->stream))) return OPF_OK;
+    opf_status st = side_make(ctx, s, fn);
+    if (st) return st;
     OPF_CUDA_TRY(ctx, fn, cudaEventRecord(s->side_fork, s->stream));
-    OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(s->other.stream, s->side_fork, 0));
-    swap_lanes(s);
-    *on_side = true;
+    *forked = true;
     return OPF_OK;
 }
 
-opf_status opf_cuda_side_end(opf_ctx *ctx)
+opf_status opf_cuda_side_enter(opf_ctx *ctx)
 {
-    const char *fn = "opf_cuda_side_end";
+    const char *fn = "opf_cuda_side_enter";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (!s->on_side) return opf_error(ctx, OPF_ERR_STATE, "%s: not on the side queue", fn);
-    cudaError_t e = cudaEventRecord(s->side_done, s->stream);
-    swap_lanes(s);  /* back on the context's queue whatever the record gave */
-    if (e != cudaSuccess) return opf_cuda_fail(ctx, e, fn, "cudaEventRecord");
+    if (s->on_side || !s->other.stream)
+        return opf_error(ctx, OPF_ERR_STATE, "%s: %s", fn,
+                         s->on_side ? "already on the side queue" : "no fork before it");
+    OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(s->other.stream, s->side_fork, 0));
+    opf_cuda_swap_lanes(s);
     return OPF_OK;
 }
 
+/* Back on the context's queue, after the side's work. Should the record or
+ * the wait fail outside a capture, the host waits for the side instead, so
+ * nothing the op frees next is still read there (inside a capture the
+ * failure ends the capture, which capture_end reports). */
 opf_status opf_cuda_side_join(opf_ctx *ctx)
 {
     const char *fn = "opf_cuda_side_join";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    OPF_CUDA_TRY(ctx, fn, cudaStreamWaitEvent(s->stream, s->side_done, 0));
-    return OPF_OK;
+    if (!s->on_side) return OPF_OK;  /* side_enter failed: nothing was queued there */
+    cudaError_t e = cudaEventRecord(s->side_done, s->stream);
+    opf_cuda_swap_lanes(s);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s->stream, s->side_done, 0);
+    if (e == cudaSuccess) return OPF_OK;
+    cudaGetLastError();
+    if (!capturing(s->stream)) {
+        opf_ctx_count_sync(ctx);
+        cudaStreamSynchronize(s->other.stream);
+    }
+    return opf_cuda_fail(ctx, e, fn, "the join's event");
 }
 
 void *opf_cuda_stream(const opf_ctx *ctx)

@@ -616,7 +616,8 @@ static opf_status wgrad_gemm(opf_ctx *ctx, const opf_linear_bwd *b, const opf_te
 
 /* dgrad, then wgrad. wgrad needs nothing dgrad makes: where the device has
  * a side queue and finds dW too small to fill it alone, wgrad is queued
- * there first and dgrad runs beside it (the same bits either way). */
+ * there after dgrad and runs beside it (the same bits either way; dgrad
+ * still goes first, so a dgrad that fails leaves main_grad untouched). */
 opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alpha,
                                const opf_tensor *c, opf_tensor *grads)
 {
@@ -628,20 +629,15 @@ opf_status opf_linear_backward(opf_ctx *ctx, const opf_linear_bwd *b, float alph
     if (!st) st = saved_operand(ctx, b, &b->w, &wt, &w);
     if (!st && b->wgrad) st = saved_operand(ctx, b, &b->x, &xt, &x);
     bool side = false;
-    if (!st && b->wgrad) st = opf_device_side_begin(ctx, opf_spec_numel(&b->weight.spec), &side);
-    if (st) return st;
-    if (side) {
-        st = wgrad_gemm(ctx, b, x, dy, o, grads);
-        opf_status se = opf_device_side_end(ctx);
-        if (!st) st = se;
-    }
+    if (!st && b->wgrad) st = opf_device_side_fork(ctx, opf_spec_numel(&b->weight.spec), &side);
     if (!st) st = gemm_out(ctx, w, dy, OPF_GEMM_NN, &o, c, &b->dx_q, (opf_dtype)b->act_dtype,
                            &grads[0]);
-    if (side) {
-        opf_status sj = opf_device_side_join(ctx);
-        return st ? st : sj;
-    }
-    return st || !b->wgrad ? st : wgrad_gemm(ctx, b, x, dy, o, grads);
+    if (st || !b->wgrad) return st;
+    if (!side) return wgrad_gemm(ctx, b, x, dy, o, grads);
+    st = opf_device_side_enter(ctx);
+    if (!st) st = wgrad_gemm(ctx, b, x, dy, o, grads);
+    opf_status sj = opf_device_side_join(ctx);
+    return st ? st : sj;
 }
 
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
