@@ -18,8 +18,8 @@
  * `--out FILE` also writes "name value" lines for
  * bench/peer/torch_cuda_train.py, which prints the comparison table.
  * `--only LIST` runs only the sections named in LIST (any of linear, lnmlp,
- * small, host). OPF_CUDA_SIDE=0 keeps the Linears' wgrad off the side queue
- * (cuda.h), for the before / after of it.
+ * small, host). OPF_CUDA_SIDE=auto (or 1) puts the Linears' wgrad on the side
+ * queue (cuda.h; off by default), for the before / after of it.
  *
  *     opfuse bench cuda-train [--out FILE] [--only LIST] [S [T H]]   default 8192 8192 4096 */
 #include <stdio.h>

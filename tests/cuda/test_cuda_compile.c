@@ -12,7 +12,7 @@
  * one launch per segment, walks no node, and the device allocator counts no
  * allocation over the forward and backward. The eager context queues every
  * GEMM on its stream (OPF_CUDA_SIDE=0); the compiled one runs the Linears'
- * wgrad on the side queue beside dgrad (the default for GEMMs this small), so
+ * wgrad on the side queue beside dgrad (OPF_CUDA_SIDE=auto: GEMMs this small), so
  * the comparison also holds the side queue, in a capture, to the same bits. The Linear stack also runs the
  * is_first_microbatch schedule (cache the quantized weights, then reuse them
  * while the gradients accumulate): other variants of the same graph.
@@ -325,7 +325,7 @@ static void run_case(const char *model, build_fn build, opf_recipe_kind kind, bo
     char *saved = user ? strdup(user) : NULL;
     setenv("OPF_CUDA_SIDE", "0", 1);
     bool opened = side_open(&a, build);
-    unsetenv("OPF_CUDA_SIDE");
+    setenv("OPF_CUDA_SIDE", "auto", 1);
     opened = opened && side_open(&b, build);
     if (saved) setenv("OPF_CUDA_SIDE", saved, 1);
     free(saved);

@@ -255,7 +255,7 @@ int main(void)
     test_cpu_refuses();
     opf_ctx_options o = opf_ctx_options_default();
     o.device = OPF_DEVICE_CUDA;
-    unsetenv("OPF_CUDA_SIDE");  /* the side queue's default, auto */
+    setenv("OPF_CUDA_SIDE", "auto", 1);  /* the side queue by size (off by default) */
     opf_status st = opf_ctx_create(&o, &gpu);
     if (st == OPF_ERR_UNSUPPORTED) {
         printf("SKIP: %s (the CPU context's refusal passed: %d checks)\n", opf_last_error(NULL),

@@ -85,7 +85,7 @@ typedef struct opf_cuda_state {
     opf_cuda_lane    other;
     bool             on_side;
     cudaEvent_t      side_fork, side_done;
-    int              side_mode;     /* OPF_CUDA_SIDE: 0 never, 1 always, else auto (by size) */
+    int              side_mode;     /* OPF_CUDA_SIDE: 0 never (default), 1 always, 2 auto (by size) */
 } opf_cuda_state;
 
 #ifdef __cplusplus

@@ -116,7 +116,7 @@ static opf_status state_create(opf_ctx *ctx, int dev, opf_cuda_state *s)
     OPF_CUDA_TRY(ctx, fn, cudaMemset(s->deferred_bad, 0xFF, sizeof *s->deferred_bad));
     /* the side queue's resources are made at its first fork (side_fork) */
     const char *v = getenv("OPF_CUDA_SIDE");
-    s->side_mode = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : 2;
+    s->side_mode = !v ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "auto") ? 2 : 0;
     return OPF_OK;
 }
 
@@ -519,7 +519,9 @@ opf_status opf_cuda_scratch(opf_ctx *ctx, opf_cuda_state *s, size_t bytes, void 
 {
     const char *fn = "cuda scratch";
     if (bytes > s->ws_bytes) {
-        opf_status st = opf_cuda_stream_sync(ctx, s, fn);
+        /* the old scratch may still be read by queued work: wait for it
+         * (none yet, as on a side queue's first use: nothing to wait for) */
+        opf_status st = s->ws ? opf_cuda_stream_sync(ctx, s, fn) : OPF_OK;
         if (st) return st;
         if (s->ws && s->captured) {  /* a captured graph may read it: keep it */
             void **r = (void **)realloc(s->ws_retired, (size_t)(s->n_retired + 1) * sizeof *r);
