@@ -589,15 +589,6 @@ struct recompute_launch {
     }
 };
 
-/* The forward of a current-scaling FP8 output recomputes (above) unless
- * OPF_CUDA_FP8_RECOMPUTE=0 (the hp copy and its cast, for measurement;
- * the same bits), read at each call. */
-static bool fp8_recompute(void)
-{
-    const char *v = getenv("OPF_CUDA_FP8_RECOMPUTE");
-    return !(v && v[0] == '0');
-}
-
 /* One pass into the output or its hp tensor (with the amax for
  * current-scaling FP8, then its cast pass; other formats then their
  * quantize kernel), or the composition (qout.h) where the typed kernels do
@@ -615,7 +606,7 @@ static opf_status act_q(opf_ctx *ctx, opf_act_pass pass, opf_act_kind k, opf_act
         return opf_act_q_composed(ctx, be, pass, k, p, x, dy, o, dbias);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (pass == OPF_ACT_PASS_FWD && opf_qout_current_fp8(o) && fp8_recompute())
+    if (pass == OPF_ACT_PASS_FWD && opf_qout_current_fp8(o) && opf_cuda_fp8_recompute())
         return dispatch<recompute_launch>(k, ctx, s, fn, p.alpha, x, o);
     size_t mark = opf_ctx_scratch_mark(ctx);
     opf_tensor t;

@@ -794,6 +794,12 @@ extern "C" bool opf_cuda_fused(void)
     return !(v && v[0] == '1');
 }
 
+extern "C" bool opf_cuda_fp8_recompute(void)
+{
+    const char *v = getenv("OPF_CUDA_FP8_RECOMPUTE");
+    return !(v && v[0] == '0');
+}
+
 /* Current-scaling FP8 with its columnwise copy, without the hp copy of z
  * (fp8-cast.cuh): the row kernel takes mu, rsigma and the amax of z as it
  * would store it, storing nothing; then the tiled cast pass reads x and
@@ -817,12 +823,6 @@ struct norm_map {
         }
     }
 };
-
-static bool fp8_recompute(void)
-{
-    const char *v = getenv("OPF_CUDA_FP8_RECOMPUTE");
-    return !(v && v[0] == '0');
-}
 
 static opf_status norm_fwd_recompute(opf_ctx *ctx, opf_cuda_state *s, const char *fn,
                                      const opf_tensor *x, const opf_tensor *gamma,
@@ -867,7 +867,7 @@ static opf_status norm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor
     const char *fn = "norm_fwd_q (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (opf_f8c_takes<norm_map>(z->out) && fp8_recompute())
+    if (opf_f8c_takes<norm_map>(z->out) && opf_cuda_fp8_recompute())
         return norm_fwd_recompute(ctx, s, fn, x, gamma, beta, eps, zero_centered, z, mu, rsigma);
     size_t mark = opf_ctx_scratch_mark(ctx);
     opf_tensor t;
