@@ -23,9 +23,7 @@
  * dtype (f32 or bf16) and write the output rounded into its dtype or into
  * hp for the quantizer, one pass, taking the amax of the stored values on
  * the way for current-scaling FP8, whose cast pass follows; dact + dbias
- * does so inside its ordered-sum kernel. The forward under current scaling
- * stores no hp copy: its first pass takes the amax alone and the cast pass
- * (fp8-cast.cuh) computes y again from x (recompute_launch). The GLU kinds, f16 tensors and
+ * does so inside its ordered-sum kernel. The GLU kinds, f16 tensors and
  * OPF_CUDA_UNFUSED=1 take the composition of the fp32 entries.
  *
  * For measurement, OPF_CUDA_COLSUM_SPREAD=1, 2 or 4 sets dact + dbias's
@@ -35,7 +33,6 @@
 
 #include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
-#include "backend/cuda/fp8-cast.cuh"
 #include "backend/cuda/qout.cuh"
 extern "C" {
 #include "backend/cpu/act-math.h"
@@ -136,9 +133,8 @@ __global__ void plain_kernel(float alpha, const float *x, const float *dy, float
 
 /* The typed form: x, dy of dtype DI, y of DO (may alias x), with the amax
  * of y as stored when amax is not NULL; 8 elements a thread with 16-byte
- * accesses when vec (all three arrays 16-byte aligned). STORE false: the
- * amax alone, y not written (the first pass of act_fwd_recompute). */
-template <opf_act_fn FN, bool BWD, opf_dtype DI, opf_dtype DO, bool STORE = true>
+ * accesses when vec (all three arrays 16-byte aligned). */
+template <opf_act_fn FN, bool BWD, opf_dtype DI, opf_dtype DO>
 __global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void *y, int64_t n,
                                bool vec, unsigned *amax)
 {
@@ -157,12 +153,12 @@ __global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void 
             v[k] = opf_dev_to_f32<DO>(opf_dev_from_f32<DO>(r));  /* as stored (rounds again to itself) */
             if (amax) key = max(key, opf_dev_amax_key(v[k]));
         }
-        if (STORE) opf_dev_store8_as<DO>((SO *)y + c * 8, true, 8, v);
+        opf_dev_store8_as<DO>((SO *)y + c * 8, true, 8, v);
     }
     for (int64_t i = nv * 8 + t; i < n; i += stride) {
         float v = ld_t<DI>(x, i);
         float r = BWD ? act_df<FN>(v, alpha) * ld_t<DI>(dy, i) : act_f<FN>(v, alpha);
-        float w = STORE ? st_t<DO>(y, i, r) : opf_dev_to_f32<DO>(opf_dev_from_f32<DO>(r));
+        float w = st_t<DO>(y, i, r);
         if (amax) key = max(key, opf_dev_amax_key(w));
     }
     if (amax) opf_dev_warp_amax(key, amax);
@@ -534,61 +530,6 @@ struct typed_launch {
     }
 };
 
-/* ---- current-scaling FP8 forward without the hp copy ----------------------
- * fp8-cast.cuh: the amax of y as stored (plain_t_kernel, STORE false),
- * then the cast pass reading x and computing y again (act_map): the same
- * operations, so the bits of casting the stored y, with x read twice
- * instead of y written and read. */
-template <opf_act_fn FN, opf_dtype DO> struct act_map {
-    enum { POSITIONAL = 0 };
-    float alpha;
-    __device__ __forceinline__ void operator()(int64_t, int64_t, float (&v)[8]) const
-    {
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            v[k] = opf_dev_to_f32<DO>(opf_dev_from_f32<DO>(act_f<FN>(v[k], alpha)));
-    }
-};
-
-struct recompute_launch {
-    template <opf_act_fn FN>
-    static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
-                          const opf_tensor *x, const opf_qout *o)
-    {
-        return opf_dev_with_dtype(x->spec.dtype, [&](auto di) {
-            return opf_dev_with_dtype(o->hp, [&](auto dout) {
-                constexpr opf_dtype DI = decltype(di)::value, DO = decltype(dout)::value;
-                if constexpr ((DI == OPF_F32 || DI == OPF_BF16) && (DO == OPF_F32 || DO == OPF_BF16))
-                    return go<FN, DI, DO>(ctx, s, fn, alpha, x, o);
-                return opf_error(ctx, OPF_ERR_DTYPE, "%s: dtypes %s -> %s", fn,
-                                 opf_dtype_name(DI), opf_dtype_name(DO));
-            });
-        });
-    }
-    template <opf_act_fn FN, opf_dtype DI, opf_dtype DO>
-    static opf_status go(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
-                         const opf_tensor *x, const opf_qout *o)
-    {
-        opf_tensor *out = o->out;
-        unsigned *amax = (unsigned *)out->data[OPF_COMP_AMAX];
-        int64_t M, K;
-        opf_shape_2d(&x->spec, &M, &K);
-        int64_t n = M * K;
-        OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(amax, 0, sizeof *amax, s->stream));
-        if (n) {
-            bool vec = opf_cuda_aligned16(x->data[0]);
-            unsigned grid = opf_cuda_grid(s, vec ? (n + 7) / 8 : n, THREADS);
-            plain_t_kernel<FN, false, DI, DO, false><<<grid, THREADS, 0, s->stream>>>(
-                alpha, x->data[0], NULL, NULL, n, vec, amax);
-            OPF_CUDA_LAUNCHED(ctx, fn);
-        }
-        act_map<FN, DO> map = {alpha};
-        return opf_f8c_cast<typename opf_dev_ctype<DI>::type>(
-            ctx, s, x->data[0], M, K, true, opf_f8c_current(o->q, out), o->q->qdtype == OPF_E4M3,
-            out, NULL, NULL, map);
-    }
-};
-
 /* One pass into the output or its hp tensor (with the amax for
  * current-scaling FP8, then its cast pass; other formats then their
  * quantize kernel), or the composition (qout.h) where the typed kernels do
@@ -606,8 +547,6 @@ static opf_status act_q(opf_ctx *ctx, opf_act_pass pass, opf_act_kind k, opf_act
         return opf_act_q_composed(ctx, be, pass, k, p, x, dy, o, dbias);
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (pass == OPF_ACT_PASS_FWD && opf_qout_current_fp8(o) && opf_cuda_fp8_recompute())
-        return dispatch<recompute_launch>(k, ctx, s, fn, p.alpha, x, o);
     size_t mark = opf_ctx_scratch_mark(ctx);
     opf_tensor t;
     opf_status st = opf_qout_begin(ctx, o, &t);

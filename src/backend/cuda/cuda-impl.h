@@ -587,11 +587,6 @@ __device__ __forceinline__ float opf_dev_sqrt(float a)
 template <opf_dtype D> struct opf_dev_plain { typedef uint16_t store; };
 template <> struct opf_dev_plain<OPF_F32> { typedef float store; };
 
-/* Its CUDA type (opf_dev_widen's, quantize-tile.h's T). */
-template <opf_dtype D> struct opf_dev_ctype { typedef __half type; };
-template <> struct opf_dev_ctype<OPF_F32> { typedef float type; };
-template <> struct opf_dev_ctype<OPF_BF16> { typedef __nv_bfloat16 type; };
-
 /* Exact widening, as opf_cpu_load_f32 (f16 NaN payloads kept unquieted). */
 template <opf_dtype D>
 __host__ __device__ __forceinline__ float opf_dev_to_f32(typename opf_dev_plain<D>::store v)

@@ -208,15 +208,10 @@ extern const struct opf_scale_kernels opf_cuda_scale;
  * max-accumulated with the amax keys of in's values), the bits
  * opf_cuda_quantize_tensor_fp8 gives from in. opf_cuda_fused() is false
  * when the environment sets OPF_CUDA_UNFUSED=1: every *_q entry then runs
- * the composition of the unfused kernels (to compare and to fall back).
- * The forwards of current-scaling FP8 keep no hp copy of their values
- * (fp8-cast.cuh) unless OPF_CUDA_FP8_RECOMPUTE=0 (opf_cuda_fp8_recompute()
- * false: the copy and its cast, for measurement; the same bits). Both are
- * read at each call. */
+ * the composition of the unfused kernels (to compare and to fall back). */
 opf_status opf_cuda_quantize_tensor_fp8_cast(opf_ctx *, const opf_quantizer *, const opf_tensor *,
                                              opf_tensor *);
 bool opf_cuda_fused(void);
-bool opf_cuda_fp8_recompute(void);
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,6 @@
  * own (the tests compare NaN with NaN). */
 #include "backend/cuda/colsum.cuh"
 #include "backend/cuda/cuda-impl.h"
-#include "backend/cuda/fp8-cast.cuh"
 #include "backend/cuda/qout.cuh"
 
 enum {
@@ -63,7 +62,7 @@ typedef struct norm_args {
     const void  *x, *dz, *gamma, *beta, *dadd;
     opf_dtype    xt, dzt, gt, bt, addt;
     opf_dtype    act, dact;  /* the dtypes x and dz are seen in */
-    void        *out;        /* z, y or dx; forward NULL: the amax alone (norm_fwd_recompute) */
+    void        *out;        /* z, y or dx */
     opf_dtype    outt;
     float       *mu, *rs;    /* [rows]: written forward, read backward */
     unsigned    *amax;       /* forward: max-accumulates the amax keys of the
@@ -299,7 +298,7 @@ __device__ __forceinline__ unsigned row_out(const norm_args &a, const row_view &
             if (ADD) ld8(a.dadd, a.addt, o + j, ad);
 #pragma unroll
             for (int k = 0; k < VEC; k++) z[k] = f(x[k], d[k], g[k], b[k], ad[k]);
-            if (a.out) st8(a.out, a.outt, o + j, z);
+            st8(a.out, a.outt, o + j, z);
             if (!is_bwd(M) && a.amax)
 #pragma unroll
                 for (int k = 0; k < VEC; k++) key = max(key, stored_key(z[k], a.outt));
@@ -310,7 +309,7 @@ __device__ __forceinline__ unsigned row_out(const norm_args &a, const row_view &
         float d = is_bwd(M) ? dv.at(j) : 0.0f, g = has_gamma(M) ? gamma_at(a, j) : 0.0f;
         float b = B ? ld1(a.beta, a.bt, j) : 0.0f, ad = ADD ? ld1(a.dadd, a.addt, o + j) : 0.0f;
         float z = f(xv.at(j), d, g, b, ad);
-        if (a.out) st1(a.out, a.outt, o + j, z);
+        st1(a.out, a.outt, o + j, z);
         if (!is_bwd(M) && a.amax) key = max(key, stored_key(z, a.outt));
     }
     return key;
@@ -794,67 +793,9 @@ extern "C" bool opf_cuda_fused(void)
     return !(v && v[0] == '1');
 }
 
-extern "C" bool opf_cuda_fp8_recompute(void)
-{
-    const char *v = getenv("OPF_CUDA_FP8_RECOMPUTE");
-    return !(v && v[0] == '0');
-}
-
-/* Current-scaling FP8 with its columnwise copy, without the hp copy of z
- * (fp8-cast.cuh): the row kernel takes mu, rsigma and the amax of z as it
- * would store it, storing nothing; then the tiled cast pass reads x and
- * computes z again from those (norm_map, fwd_row's operations in its
- * order), so the bits are those of casting the stored z. */
-struct norm_map {
-    enum { POSITIONAL = 1 };
-    norm_args a;  /* mu (LayerNorm; NULL for RMSNorm), rs, gamma, beta, the dtypes */
-    __device__ __forceinline__ void operator()(int64_t m, int64_t k, float (&v)[VEC]) const
-    {
-        if (m >= a.rows) return;  /* outside the tensor: not stored */
-        bool ln = a.mu != NULL;
-        float mu = ln ? a.mu[m] : 0.0f, rs = a.rs[m];
-#pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            int64_t j = k + i;
-            if (j >= a.H) break;
-            float x = seen_from(v[i], a.xt, a.act), g = gamma_at(a, j);
-            float z = ln ? g * (rs * (x - mu)) + ld1(a.beta, a.bt, j) : g * (rs * x);
-            v[i] = seen_as(z, a.outt);
-        }
-    }
-};
-
-static opf_status norm_fwd_recompute(opf_ctx *ctx, opf_cuda_state *s, const char *fn,
-                                     const opf_tensor *x, const opf_tensor *gamma,
-                                     const opf_tensor *beta, float eps, bool zero_centered,
-                                     const opf_qout *z, opf_tensor *mu, opf_tensor *rsigma)
-{
-    opf_tensor *out = z->out;
-    unsigned *amax = (unsigned *)out->data[OPF_COMP_AMAX];
-    opf_tensor none;  /* z's hp spec, no memory: the row kernel stores nothing */
-    memset(&none, 0, sizeof none);
-    none.spec = out->spec;
-    none.spec.dtype = z->hp;
-    OPF_CUDA_TRY(ctx, fn, cudaMemsetAsync(amax, 0, sizeof *amax, s->stream));
-    opf_status st = norm_fwd(ctx, x, gamma, beta, eps, zero_centered, &none, mu, rsigma, amax);
-    if (st) return st;
-    norm_map map;
-    map.a = gamma_args(x, gamma, zero_centered, &none);
-    map.a.rs = (float *)rsigma->data[0];
-    if (beta) map.a.beta = beta->data[0], map.a.bt = beta->spec.dtype, map.a.mu = (float *)mu->data[0];
-    int64_t M = map.a.rows, K = map.a.H;
-    return opf_dev_with_dtype(x->spec.dtype, [&](auto d) {
-        return opf_f8c_cast<typename opf_dev_ctype<decltype(d)::value>::type>(
-            ctx, s, x->data[0], M, K, true, opf_f8c_current(z->q, out), z->q->qdtype == OPF_E4M3,
-            out, NULL, NULL, map);
-    });
-}
-
 /* The *_q entries: a plain z is the plain entry's; current-scaling FP8 is
- * fused (with its columnwise copy: norm_fwd_recompute, above, unless
- * OPF_CUDA_FP8_RECOMPUTE=0; else z in hp into scratch with its amax in the
- * same kernel, then the cast pass); other formats, or OPF_CUDA_UNFUSED=1,
- * the composition. */
+ * fused (z in hp into scratch with its amax in the same kernel, then the
+ * cast pass); other formats, or OPF_CUDA_UNFUSED=1, the composition. */
 static opf_status norm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor *gamma,
                              const opf_tensor *beta, float eps, bool zero_centered,
                              const opf_qout *z, opf_tensor *mu, opf_tensor *rsigma)
@@ -867,8 +808,6 @@ static opf_status norm_fwd_q(opf_ctx *ctx, const opf_tensor *x, const opf_tensor
     const char *fn = "norm_fwd_q (cuda)";
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
-    if (opf_f8c_takes<norm_map>(z->out) && opf_cuda_fp8_recompute())
-        return norm_fwd_recompute(ctx, s, fn, x, gamma, beta, eps, zero_centered, z, mu, rsigma);
     size_t mark = opf_ctx_scratch_mark(ctx);
     opf_tensor t;
     opf_status st = opf_qout_begin(ctx, z, &t);

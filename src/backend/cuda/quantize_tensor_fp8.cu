@@ -8,20 +8,167 @@
  * pass computes the amax itself, into the tensor and max-accumulated into
  * the slot's entry of history row 0, also in device memory (no host sync).
  *
- * The passes are fp8-cast.cuh's (with its identity Map): the cast +
- * transpose tile of quantize-tile.h, and the flat passes (the amax, and the
- * rowwise cast alone).
+ * The cast + transpose pass is the tile of quantize-tile.h (128 x 64: a
+ * quad of 4 rows x 8 columns a thread): the rowwise bytes go straight out,
+ * the columnwise ones through the transposed shared tile, 16 bytes a store.
+ * The flat passes (the amax, and the rowwise cast alone) load 64 bytes (the
+ * amax) or 32 (the cast) a thread at once, with as many blocks as the
+ * device holds, which sweep the tensor together.
  *
  * Pass order: a pass that follows the tensor's producer (the amax pass, the
  * delayed cast, the cast after a fused amax) reads it from the end, where
  * the producer's last writes may still sit in L2; the cast after the amax
  * pass reads from the start, where that pass ended. */
-#include "backend/cuda/fp8-cast.cuh"
+#include <float.h>
+
+#include "backend/cuda/quantize-tile.h"
 
 enum {
+    VEC = 8,            /* elements per thread access */
+    TILE_K = 64,        /* columns of a cast + transpose tile (OPF_QT_ROWS rows) */
+    TILE_THREADS = TILE_K / VEC * OPF_QT_QUADS,  /* one quad each: 256 */
+    FLAT_THREADS = 256,
+    FLAT_BLOCKS = 8,    /* per SM, all resident: 2048 threads of <= 32 registers */
+    FLAT_BYTES = 64,    /* input bytes an amax-pass thread loads at once (a cast
+                           thread half: 32 registers hold no more beside its bytes) */
     DQ_THREADS = 256,
     DQ_TILE = 32,       /* edge of the dequantizing transpose tile */
 };
+
+/* Where the scale comes from: the amax on the device (current scaling) or
+ * the delayed state's slot in device memory (delayed scaling). */
+typedef struct scale_src {
+    const unsigned *amax_bits;  /* current: the amax as bits; NULL for delayed */
+    const float    *scale;      /* delayed: the slot's scale; NULL: 1 (the amax pass) */
+    float           fp8_max, eps;
+    bool            pow2;
+} scale_src;
+
+__device__ __forceinline__ float scale_of(const scale_src &src)
+{
+    if (!src.amax_bits) return src.scale ? *src.scale : 1.0f;
+    return opf_dev_scale_from_amax(__uint_as_float(*src.amax_bits), src.fp8_max, src.pow2,
+                                   src.eps, FLT_MAX);
+}
+
+/* 8 bytes cvt(fl(v * s)), element 0 in the low byte. */
+__device__ __forceinline__ uint2 cast8(const float v[VEC], float s, bool e4m3)
+{
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t lo = opf_dev_to_fp8x2(make_float2(v[4 * h] * s, v[4 * h + 1] * s), e4m3);
+        uint32_t hi = opf_dev_to_fp8x2(make_float2(v[4 * h + 2] * s, v[4 * h + 3] * s), e4m3);
+        w[h] = lo | hi << 16;
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+/* The block's max key into *amax and, if not NULL, *amax2 (one atomic each
+ * per block). */
+__device__ __forceinline__ void block_amax(unsigned key, unsigned *amax, unsigned *amax2)
+{
+    __shared__ unsigned warp_max[32];
+    for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    if (lane == 0) warp_max[warp] = key;
+    __syncthreads();
+    if (warp == 0) {
+        key = lane < nwarps ? warp_max[lane] : 0u;
+        for (int o = 16; o > 0; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+        if (lane == 0 && key) {
+            atomicMax(amax, key);
+            if (amax2) atomicMax(amax2, key);
+        }
+    }
+}
+
+/* ---- flat passes: the amax alone, or the rowwise cast -------------------
+ * A grid-stride loop over 8-element chunks, U at a time (16-byte loads when
+ * vec), chunk c being chunk nv - 1 - c when rev; then the tail element by
+ * element. CAST false: the amax pass (the scale arguments unused). AMAX:
+ * the amax of x into *amax (and *amax2). */
+template <typename T, bool CAST, bool AMAX>
+__global__ void __launch_bounds__(FLAT_THREADS, FLAT_BLOCKS)
+flat_kernel(const T *__restrict__ x, int64_t n, bool vec, bool rev, scale_src src, bool e4m3,
+            uint8_t *__restrict__ q, float *sinv, unsigned *amax, unsigned *amax2)
+{
+    constexpr int U = (CAST ? FLAT_BYTES / 2 : FLAT_BYTES) / (VEC * (int)sizeof(T));
+    float s = CAST ? scale_of(src) : 1.0f;
+    if (CAST && blockIdx.x == 0 && threadIdx.x == 0) *sinv = __frcp_rn(s);  /* 2.3 */
+    unsigned key = 0;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t nv = vec ? n / VEC : 0;
+    for (int64_t c0 = i0; c0 < nv; c0 += U * stride) {
+        float v[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; u++) {  /* all loads first */
+            int64_t c = c0 + u * stride;
+            if (c < nv) opf_dev_load8<T>(x + (rev ? nv - 1 - c : c) * VEC, v[u]);
+            else
+#pragma unroll
+                for (int i = 0; i < VEC; i++) v[u][i] = 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t c = c0 + u * stride;
+            if (AMAX)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[u][i]));
+            if (CAST && c < nv) *(uint2 *)(q + (rev ? nv - 1 - c : c) * VEC) = cast8(v[u], s, e4m3);
+        }
+    }
+    for (int64_t i = nv * VEC + i0; i < n; i += stride) {
+        float v = opf_dev_widen<T>(x[i]);
+        if (AMAX) key = max(key, opf_dev_amax_key(v));
+        if (CAST) q[i] = opf_dev_to_fp8(v * s, e4m3);
+    }
+    if (AMAX) block_amax(key, amax, amax2);
+}
+
+/* ---- cast + transpose -----------------------------------------------------
+ * One OPF_QT_ROWS x TILE_K tile per block, the last first when rev. VEC_IO:
+ * K % 8 == 0 and M % 16 == 0 (and aligned bases), so every 8-element row
+ * access and 16-byte columnwise store is whole or outside; otherwise
+ * element accesses with bounds checks. AMAX: as flat_kernel. */
+template <typename T, bool VEC_IO, bool AMAX>
+__global__ void __launch_bounds__(TILE_THREADS)
+cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, bool rev, scale_src src,
+                      bool e4m3, uint8_t *__restrict__ q, uint8_t *__restrict__ qt, float *sinv,
+                      float *sinv_col, unsigned *amax, unsigned *amax2)
+{
+    __shared__ __align__(16) uint32_t tile[TILE_K][OPF_QT_QUADS];
+    float s = scale_of(src);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        float r = __frcp_rn(s);
+        *sinv = r;
+        *sinv_col = r;
+    }
+    int64_t by = rev ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    int64_t bx = rev ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    int64_t m0 = by * OPF_QT_ROWS, k0 = bx * TILE_K;
+    int tc = threadIdx.x % (TILE_K / VEC), qd = threadIdx.x / (TILE_K / VEC);
+    int64_t m = m0 + 4 * qd, k = k0 + tc * VEC;
+    opf_quad<T> qv;
+    opf_qtile_load<T>(x, M, K, m, k, VEC_IO, qv);
+    unsigned key = 0;
+    uint2 b[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+        if (AMAX)
+#pragma unroll
+            for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
+        b[j] = cast8(v, s, e4m3);
+    }
+    opf_qtile_store_rows(q, b, M, K, m, k, VEC_IO);
+    opf_qtile_put<TILE_K>(tile, b, tc, qd);
+    if (AMAX) block_amax(key, amax, amax2);  /* has a barrier: the tile is complete after it */
+    else __syncthreads();
+    opf_qtile_store_t<TILE_K, TILE_THREADS>(tile, qt, m0, k0, M, K, VEC_IO);
+}
 
 /* ---- dequantize ---------------------------------------------------------- */
 
@@ -63,26 +210,85 @@ __global__ void dequant_t_kernel(const uint8_t *__restrict__ qt, int64_t M, int6
 
 /* ---- host side ----------------------------------------------------------- */
 
+/* Blocks for a flat pass over n elements: no more than the device holds
+ * at once (the sweep of flat_kernel). */
+static unsigned flat_grid(const opf_cuda_state *s, int64_t n)
+{
+    int64_t want = (n / VEC + FLAT_THREADS) / FLAT_THREADS, cap = (int64_t)s->sm_count * FLAT_BLOCKS;
+    return (unsigned)(want < cap ? want : cap);
+}
+
 template <typename T>
 static opf_status launch_amax(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t n,
                               unsigned *amax)
 {
-    opf_f8c_scale none = {NULL, NULL, 0.0f, 0.0f, false};
-    opf_f8c_flat_kernel<T, false, true, opf_f8c_same>
-        <<<opf_f8c_flat_grid(s, n), OPF_F8C_FLAT_THREADS, 0, s->stream>>>(
-            (const T *)x, n, opf_cuda_aligned16(x), true, none, true, NULL, NULL, amax, NULL,
-            opf_f8c_same());
+    scale_src none = {NULL, NULL, 0.0f, 0.0f, false};
+    flat_kernel<T, false, true><<<flat_grid(s, n), FLAT_THREADS, 0, s->stream>>>(
+        (const T *)x, n, opf_cuda_aligned16(x), true, none, true, NULL, NULL, amax, NULL);
     OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 amax)");
     return OPF_OK;
 }
 
-/* The cast pass of x itself (fp8-cast.cuh). */
+/* The rowwise cast alone; with its amax when amax is not NULL. */
 template <typename T>
-static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *x, int64_t M,
-                              int64_t K, bool rev, const opf_f8c_scale &src, bool e4m3,
+static void launch_row(cudaStream_t st, unsigned grid, const T *x, int64_t n, bool vec, bool rev,
+                       const scale_src &src, bool e4m3, uint8_t *q, float *sinv, unsigned *amax,
+                       unsigned *amax2)
+{
+    if (amax)
+        flat_kernel<T, true, true><<<grid, FLAT_THREADS, 0, st>>>(x, n, vec, rev, src, e4m3, q,
+                                                                  sinv, amax, amax2);
+    else
+        flat_kernel<T, true, false><<<grid, FLAT_THREADS, 0, st>>>(x, n, vec, rev, src, e4m3, q,
+                                                                   sinv, NULL, NULL);
+}
+
+/* Cast + transpose; with the amax when amax is not NULL. */
+template <typename T, bool VEC_IO>
+static void launch_tiles(cudaStream_t st, dim3 grid, const T *x, int64_t M, int64_t K, bool rev,
+                         const scale_src &src, bool e4m3, uint8_t *q, uint8_t *qt, float *sinv,
+                         float *sinv_col, unsigned *amax, unsigned *amax2)
+{
+    if (amax)
+        cast_transpose_kernel<T, VEC_IO, true><<<grid, TILE_THREADS, 0, st>>>(
+            x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col, amax, amax2);
+    else
+        cast_transpose_kernel<T, VEC_IO, false><<<grid, TILE_THREADS, 0, st>>>(
+            x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col, NULL, NULL);
+}
+
+/* The cast pass (rowwise, or both copies); rev: from the end (the pass
+ * order of the file's header). */
+template <typename T>
+static opf_status launch_cast(opf_ctx *ctx, opf_cuda_state *s, const void *xv, int64_t M,
+                              int64_t K, bool rev, const scale_src &src, bool e4m3,
                               opf_tensor *out, unsigned *amax, unsigned *amax2)
 {
-    return opf_f8c_cast<T>(ctx, s, x, M, K, rev, src, e4m3, out, amax, amax2, opf_f8c_same());
+    const T *x = (const T *)xv;
+    uint8_t *q = (uint8_t *)out->data[OPF_COMP_DATA];
+    float *sinv = (float *)out->data[OPF_COMP_SCALE_INV];
+    if (!(out->spec.usage & OPF_USAGE_COLUMNWISE)) {
+        bool vec = opf_cuda_aligned16(x) && opf_cuda_aligned16(q);
+        launch_row<T>(s->stream, flat_grid(s, M * K), x, M * K, vec, rev, src, e4m3, q, sinv,
+                      amax, amax2);
+        OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 cast)");
+        return OPF_OK;
+    }
+    uint8_t *qt = (uint8_t *)out->data[OPF_COMP_COL_DATA];
+    float *sinv_col = (float *)out->data[OPF_COMP_COL_SCALE_INV];
+    /* at least one block: an empty tensor still gets its scale_inv */
+    dim3 grid((unsigned)(K > 0 ? (K + TILE_K - 1) / TILE_K : 1),
+              (unsigned)(M > 0 ? (M + OPF_QT_ROWS - 1) / OPF_QT_ROWS : 1));
+    bool vec = K % VEC == 0 && M % 16 == 0 && opf_cuda_aligned16(x) && opf_cuda_aligned16(q) &&
+               opf_cuda_aligned16(qt);
+    if (vec)
+        launch_tiles<T, true>(s->stream, grid, x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col,
+                              amax, amax2);
+    else
+        launch_tiles<T, false>(s->stream, grid, x, M, K, rev, src, e4m3, q, qt, sinv, sinv_col,
+                               amax, amax2);
+    OPF_CUDA_LAUNCHED(ctx, "quantize (fp8 cast + transpose)");
+    return OPF_OK;
 }
 
 /* Current scaling with an amax reduction hook: the amax goes to the host,
@@ -111,7 +317,7 @@ static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quan
     const void *x = in->data[OPF_COMP_DATA];
     unsigned *amax = (unsigned *)out->data[OPF_COMP_AMAX];
     bool e4m3 = q->qdtype == OPF_E4M3;
-    opf_f8c_scale src = {NULL, NULL, opf_fp8_max(q->qdtype), q->amax_epsilon, q->pow2_scales};
+    scale_src src = {NULL, NULL, opf_fp8_max(q->qdtype), q->amax_epsilon, q->pow2_scales};
     OPF_CUDA_TRY(ctx, "quantize (fp8)", cudaMemsetAsync(amax, 0, sizeof(float), s->stream));
     opf_status st;
     if (q->delayed) {
@@ -152,8 +358,10 @@ static opf_status cast_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quantize
 {
     int64_t M, K;
     opf_shape_2d(&in->spec, &M, &K);
-    return launch_cast<T>(ctx, s, in->data[OPF_COMP_DATA], M, K, true, opf_f8c_current(q, out),
-                          q->qdtype == OPF_E4M3, out, NULL, NULL);
+    scale_src src = {(const unsigned *)out->data[OPF_COMP_AMAX], NULL, opf_fp8_max(q->qdtype),
+                     q->amax_epsilon, q->pow2_scales};
+    return launch_cast<T>(ctx, s, in->data[OPF_COMP_DATA], M, K, true, src, q->qdtype == OPF_E4M3,
+                          out, NULL, NULL);
 }
 
 extern "C" opf_status opf_cuda_quantize_tensor_fp8_cast(opf_ctx *ctx, const opf_quantizer *q,
