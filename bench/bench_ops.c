@@ -75,8 +75,10 @@ static double ln_mlp_ms(opf_ctx *ctx, int64_t tokens, int64_t hidden, int64_t ff
         opf_tensor y, dy, dx;
         opf_seq_zero_grad(seq);
         if (opf_seq_forward(seq, &x, &call, &y, NULL) || opf_model_mse(ctx, &y, tv, &loss, &dy) ||
-            opf_seq_backward(seq, &dy, NULL, &dx, NULL) || opf_optim_step(opt))
+            opf_seq_backward(seq, &dy, NULL, &dx, NULL) || opf_optim_step(opt)) {
+            fprintf(stderr, "bench: LayerNorm-MLP step failed: %s\n", opf_last_error(ctx));
             return -1;
+        }
         opf_tensor_release(&y), opf_tensor_release(&dy), opf_tensor_release(&dx);
         if (s >= 0) t[s] = (opf_bench_now() - t0) * 1e3;
     }

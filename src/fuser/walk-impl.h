@@ -48,10 +48,11 @@ struct opf_walker {
 void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
                                   const opf_quantizer *p[2]);
 /* The env of plan entry e except x and extra_in: neighbours' quantizers
- * (copies in qv), the seq's recipe, requires_grad (e reaches first_req) and
+ * (copies in qv), the seq's recipe, requires_grad (e reaches save_from, the
+ * first op that must save: first_req or before it, walk.c's save_first) and
  * first_requires_grad (first_req's place in e, when inside it), and
  * kwargs (kw: the covered ops' entries of `kwargs`, which may be NULL). */
-void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req,
+void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req, int save_from,
                        const void *const *kwargs, opf_quantizer qv[2], const void *kw[OPF_FUSED_MAX],
                        opf_fwd_env *env);
 

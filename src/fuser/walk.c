@@ -27,7 +27,7 @@ const void *opf_entry_kwargs(const opf_plan_entry *e, const void *const *kwargs,
     return opf_op_is_fused(e->op) ? (const void *)kw : kw[0];
 }
 
-void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req,
+void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_req, int save_from,
                        const void *const *kwargs, opf_quantizer qv[2], const void *kw[OPF_FUSED_MAX],
                        opf_fwd_env *env)
 {
@@ -39,8 +39,9 @@ void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_re
     env->prev_grad_q = qp[0];
     env->next_input_q = qp[1];
     env->recipe = seq->has_recipe ? &seq->recipe : NULL;
-    env->requires_grad = last >= first_req;
-    env->first_requires_grad = env->requires_grad && first_req > first ? first_req - first : 0;
+    env->requires_grad = last >= save_from;
+    int inside = first_req - first;  /* past the entry when it only saves for a later one */
+    env->first_requires_grad = env->requires_grad && inside > 0 ? (inside < e->count ? inside : e->count) : 0;
     env->kwargs = opf_entry_kwargs(e, kwargs, kw);
 }
 
@@ -58,6 +59,25 @@ static const opf_tensor *extra_source(const opf_walker *w, int i, int j, int fir
     return present(c) ? c : NULL;
 }
 
+/* The first basic op whose forward must save for the backward: first_req,
+ * or the first op of the backward plan entry that holds it, since a fused
+ * backward resolves every op it covers (MakeExtraOutput + a norm, when the
+ * seq's input needs no gradient and the norm is the first op with
+ * parameters). The walk's early stop still begins at that entry; a fused
+ * op that takes first_requires_grad (grouped_mlp) still gets first_req's
+ * place in it. */
+static int save_first(const opf_seq *seq, int first_req)
+{
+    for (int g = 0; g < seq->n_groups; g++) {
+        const opf_group *gr = &seq->groups[g];
+        for (int k = 0; k < gr->n_bwd; k++) {
+            const opf_plan_entry *e = &gr->bwd[k];
+            if (e->first <= first_req && first_req < e->first + e->count) return e->first;
+        }
+    }
+    return first_req;
+}
+
 static opf_status forward_entry(opf_walker *w, const opf_plan_entry *e, opf_tensor *cur)
 {
     const opf_seq *seq = w->seq;
@@ -65,7 +85,7 @@ static opf_status forward_entry(opf_walker *w, const opf_plan_entry *e, opf_tens
     opf_quantizer qv[2];
     const void *kw[OPF_FUSED_MAX];
     opf_fwd_env env;
-    opf_seq_entry_env(seq, e, w->first_req, w->kwargs, qv, kw, &env);
+    opf_seq_entry_env(seq, e, w->first_req, save_first(seq, w->first_req), w->kwargs, qv, kw, &env);
     env.x = cur;
     int slot = 0;
     for (int i = first; i <= last; i++)

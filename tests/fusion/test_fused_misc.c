@@ -819,6 +819,40 @@ static void test_bar_norm(opf_ctx *ctx, const char *norm)
           "residual: results differ from the unfused plan");
     for (int i = 0; i < 2; i++) release_out(&o[i]), opf_seq_destroy(s[i]);
 
+    /* an input that needs no gradient: the norm is the first op whose
+     * backward must run, and the fused op also covers MakeExtraOutput
+     * before it, which must have saved (it failed "backward without a
+     * forward that saved for it"); eager and compiled, as the unfused plan */
+    for (int compiled = 0; compiled < 2; compiled++) {
+        opf_seq *t[2] = {add_norm_seq(ctx, norm, H, OPF_F32, false, true, gv),
+                         add_norm_seq(ctx, norm, H, OPF_F32, false, true, gv)};
+        opf_seq_set_fusions(t[1], false);
+        opf_seq_call call = opf_seq_call_default();
+        call.input_requires_grad = false;
+        opf_tensor y[2], dx[2];
+        for (int i = 0; i < 2; i++) {
+            opf_graph *gph = NULL;
+            if (compiled) {
+                opf_compile_options co = opf_compile_options_default();
+                CHECK_OK(ctx, opf_compile(t[i], &x.spec, &call, &co, &gph));
+                CHECK_OK(ctx, opf_graph_forward(gph, &x, &call, &y[i], NULL));
+                CHECK_OK(ctx, opf_graph_backward(gph, &dy, NULL, &dx[i], NULL));
+            } else {
+                CHECK_OK(ctx, opf_seq_forward(t[i], &x, &call, &y[i], NULL));
+                CHECK_OK(ctx, opf_seq_backward(t[i], &dy, NULL, &dx[i], NULL));
+            }
+            opf_graph_destroy(gph);
+        }
+        CHECK(class_in_plan(t[0], true, cls), "%s, input without gradient: not fused", norm);
+        for (int p = 0; p < opf_op_num_params(opf_seq_at(t[0], 1)); p++)
+            CHECK(opf_test_same_bytes(&opf_op_param_const(opf_seq_at(t[0], 1), p)->grad,
+                                      &opf_op_param_const(opf_seq_at(t[1], 1), p)->grad),
+                  "%s, input without gradient (%s): parameter %d's gradient differs from the "
+                  "unfused plan", norm, compiled ? "compiled" : "eager", p);
+        CHECK(opf_test_same_bytes(&y[0], &y[1]), "%s, input without gradient: forward differs", norm);
+        for (int i = 0; i < 2; i++) opf_tensor_release(&y[i]), opf_tensor_release(&dx[i]), opf_seq_destroy(t[i]);
+    }
+
     /* an extra gradient of the wrong shape: MakeExtraOutput's check names it */
     opf_seq *bad = add_norm_seq(ctx, norm, H, OPF_F32, false, false, gv);
     opf_tensor dew = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS / 2, H}, OPF_F32, xv, NULL), eo, y, dxb;
