@@ -37,6 +37,7 @@ struct opf_walker {
     const opf_walk_i     *vt;
     void                 *user;       /* the visitor's state */
     int                   first_req;  /* the first basic op whose backward runs */
+    int                   save_from;  /* the first whose forward saves: set by the walks (walk.c) */
     const void *const    *kwargs;     /* [seq->n] per-op kwargs, or NULL */
     const opf_tensor     *extra_in;   /* [seq->n_pub_in] the public extra inputs */
     opf_tensor           *chan;       /* [seq->n][OPF_OP_MAX_EXTRA] extra outputs of the forward */

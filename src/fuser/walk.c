@@ -85,7 +85,7 @@ static opf_status forward_entry(opf_walker *w, const opf_plan_entry *e, opf_tens
     opf_quantizer qv[2];
     const void *kw[OPF_FUSED_MAX];
     opf_fwd_env env;
-    opf_seq_entry_env(seq, e, w->first_req, save_first(seq, w->first_req), w->kwargs, qv, kw, &env);
+    opf_seq_entry_env(seq, e, w->first_req, w->save_from, w->kwargs, qv, kw, &env);
     env.x = cur;
     int slot = 0;
     for (int i = first; i <= last; i++)
@@ -145,6 +145,7 @@ static opf_status rerun_group(opf_walker *w, int g)
 
 opf_status opf_walk_forward(opf_walker *w, const opf_tensor *x, opf_tensor *y)
 {
+    w->save_from = save_first(w->seq, w->first_req);
     opf_tensor cur;
     opf_tensor_retain(x, &cur);
     opf_status st = OPF_OK;
@@ -225,6 +226,7 @@ static opf_status backward_entry(opf_walker *w, const opf_plan_entry *e, const o
 opf_status opf_walk_backward(opf_walker *w, const opf_tensor *dy, const opf_tensor *dextra_out,
                              opf_tensor *dx, opf_tensor *dextra_in)
 {
+    w->save_from = save_first(w->seq, w->first_req);  /* for the recompute groups' reruns */
     const opf_seq *seq = w->seq;
     opf_tensor cur;
     opf_tensor_retain(dy, &cur);
