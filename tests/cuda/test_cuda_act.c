@@ -262,6 +262,9 @@ static int run_spreads(opf_ctx *ctx)
 {
     static const char *const spreads[] = {"1", "2", "4"};
     int count = 0;
+    /* the short shapes' staged kernel too: not the one-kernel path of
+     * columns of at most 512 rows (the default cases run that one) */
+    setenv("OPF_CUDA_COLSUM_WHOLE", "0", 1);
     for (int sp = 0; sp < 3; sp++) {
         setenv("OPF_CUDA_COLSUM_SPREAD", spreads[sp], 1);
         for (int ki = 0; ki < 3; ki++)
@@ -275,6 +278,7 @@ static int run_spreads(opf_ctx *ctx)
             }
     }
     unsetenv("OPF_CUDA_COLSUM_SPREAD");
+    unsetenv("OPF_CUDA_COLSUM_WHOLE");
     return count;
 }
 

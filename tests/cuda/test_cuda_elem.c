@@ -93,8 +93,19 @@ static void test_bias_add(opf_ctx *ctx)
 /* dbias on its own shapes: long columns (many rows a lane), one column, a
  * single row, rows of whole 16-byte chunks over several stages of
  * colsum.cuh's staged kernel (3001 x 136), and very wide rows of few
- * (staged and not). Finite values and the quiet NaN. */
+ * (staged and not). Finite values and the quiet NaN. Columns of at most
+ * 512 rows run colsum.cuh's one-kernel path, and its two-kernel path
+ * under OPF_CUDA_COLSUM_WHOLE=0 (the second pass). */
+static void test_dbias_pass(opf_ctx *ctx);
 static void test_dbias(opf_ctx *ctx)
+{
+    test_dbias_pass(ctx);
+    setenv("OPF_CUDA_COLSUM_WHOLE", "0", 1);
+    test_dbias_pass(ctx);
+    unsetenv("OPF_CUDA_COLSUM_WHOLE");
+}
+
+static void test_dbias_pass(opf_ctx *ctx)
 {
     static const int64_t dims[][2] = {{1, 1},   {300, 1},  {513, 33}, {1000, 1024},
                                       {4096, 72}, {7, 4097}, {1, 100}, {0, 5},
@@ -109,8 +120,9 @@ static void test_dbias(opf_ctx *ctx)
                     CHECK_OK(ctx, cpu()->dbias(ctx, &dy.h, &db.h));
                     CHECK_OK(ctx, gpu()->dbias(ctx, &dy.d, &db.d));
                     char what[96];
-                    snprintf(what, sizeof what, "dbias %lld x %lld %s -> %s (edges %d)",
-                             (long long)dims[k][0], (long long)dims[k][1], dn(D[a]), dn(D[b]), e);
+                    snprintf(what, sizeof what, "dbias %lld x %lld %s -> %s (edges %d%s)",
+                             (long long)dims[k][0], (long long)dims[k][1], dn(D[a]), dn(D[b]), e,
+                             getenv("OPF_CUDA_COLSUM_WHOLE") ? ", two kernels" : "");
                     cmp_tensor(ctx, &db.h, &db.d, what);
                     cmp_pair_release(&dy), cmp_pair_release(&db);
                 }

@@ -9,7 +9,9 @@
  * consecutive columns of one class and a block COLSUM_WARPS classes, so the
  * 32 x cols chains spread over every SM (a block of all 32 classes held
  * the grid to cols / 32 blocks). The class sums go through device scratch
- * ([32][cols]) to a fold kernel, a thread a column. The adds are
+ * ([32][cols]) to a fold kernel, a thread a column; short columns (a few
+ * hundred rows) take one kernel that folds in shared memory instead
+ * (opf_colsum_whole_kernel). The adds are
  * opf_dev_add's (x86's NaN bits, as the CPU's sums give them).
  *
  * That kernel keeps Term::BATCH rows in flight a thread, and 32 x cols
@@ -55,6 +57,8 @@
  * takes OPF_CUDA_COLSUM_SPREAD=1|2|4 from the environment, for measurement. */
 #ifndef OPFUSE_CUDA_COLSUM_CUH
 #define OPFUSE_CUDA_COLSUM_CUH
+
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -104,7 +108,7 @@ template <typename T, typename = void> struct opf_colsum_spread_of {
 template <typename T> struct opf_colsum_spread_of<T, std::void_t<decltype(T::SPREAD)>> {
     static constexpr int value = (int)T::SPREAD;
 };
-template <typename Term> constexpr int opf_colsum_sums()
+template <typename Term> __host__ __device__ constexpr int opf_colsum_sums()
 {
     return std::is_same<opf_colsum_acc<Term>, float2>::value ? 2 : 1;
 }
@@ -168,6 +172,90 @@ __global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *ou
         for (int i = 0; i < OPF_SUM_LANES / 2; i++)
             if (i < off) v[i] = opf_dev_add(v[i], v[i + off]);
     ((typename opf_dev_plain<OD>::store *)out)[c] = opf_dev_from_f32<OD>(v[0]);
+}
+
+/* Short columns (rows <= COLSUM_WHOLE_ROWS): one kernel, no scratch. A
+ * block owns 32 columns whole: COLSUM_WHOLE_GROUPS warps, warp g the
+ * classes g, g + GROUPS, ... (CPT of them, a sum each), its lanes the 32
+ * columns. A batch loads Term::BATCH terms (KB rows of each of the CPT
+ * chains) before it adds any, each chain in row order; the 32 class sums
+ * of a column then meet in shared memory and one thread a column (a warp
+ * a sum) folds them in halves: opf_colsum_fold_kernel's bits, one launch
+ * where the partials' kernel and the fold were two. At a few hundred rows
+ * each kernel of the pair is a launch gap and a memory round trip or two,
+ * so the pair cost twice this one (the LayerNorm-MLP step's three column
+ * sums at 256 tokens). Longer columns keep the two kernels: their chains
+ * are long, and a grid of cols / 32 blocks is too few to carry them. */
+enum { COLSUM_WHOLE_ROWS = 512, COLSUM_WHOLE_GROUPS = 16 };
+
+/* Component p of a sum (float: itself). */
+__device__ __forceinline__ float opf_colsum_comp(float v, int) { return v; }
+__device__ __forceinline__ float opf_colsum_comp(float2 v, int p) { return p ? v.y : v.x; }
+
+template <typename Term, opf_dtype OD>
+__global__ void __launch_bounds__(COLSUM_WHOLE_GROUPS * 32)
+opf_colsum_whole_kernel(Term term, int64_t rows, int64_t cols, void *out, void *out2,
+                        unsigned *amax)
+{
+    OPF_COLSUM_CHECK_TERM(Term, term);
+    typedef opf_colsum_acc<Term> A;
+    enum {
+        G = COLSUM_WHOLE_GROUPS,
+        CPT = OPF_SUM_LANES / G,                                  /* chains a thread */
+        KB = Term::BATCH / CPT > 0 ? (int)Term::BATCH / CPT : 1,  /* rows of each a batch */
+    };
+    static_assert(OPF_SUM_LANES % G == 0, "every thread the same number of classes");
+    __shared__ A sums[OPF_SUM_LANES][32];
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    const int64_t c = (int64_t)blockIdx.x * 32 + lane;
+    const bool live = c < cols;
+    unsigned key = 0;
+    A acc[CPT];
+#pragma unroll
+    for (int j = 0; j < CPT; j++) acc[j] = A{};
+    for (int64_t k0 = 0; k0 * OPF_SUM_LANES < rows; k0 += KB) {
+        typename Term::in in[KB][CPT];
+#pragma unroll
+        for (int k = 0; k < KB; k++)
+#pragma unroll
+            for (int j = 0; j < CPT; j++) {
+                int64_t r = (k0 + k) * OPF_SUM_LANES + g + j * G;
+                if (live && r < rows) term.load(r, c, in[k][j]);
+            }
+#pragma unroll
+        for (int k = 0; k < KB; k++)
+#pragma unroll
+            for (int j = 0; j < CPT; j++) {
+                int64_t r = (k0 + k) * OPF_SUM_LANES + g + j * G;
+                if (live && r < rows) opf_colsum_add(acc[j], term.finish(r, c, in[k][j], key));
+            }
+    }
+#pragma unroll
+    for (int j = 0; j < CPT; j++) sums[g + j * G][lane] = acc[j];
+    __syncthreads();
+    constexpr int NS = opf_colsum_sums<Term>();
+    if (g < NS && live) {
+        float v[OPF_SUM_LANES];
+#pragma unroll
+        for (int i = 0; i < OPF_SUM_LANES; i++) v[i] = opf_colsum_comp(sums[i][lane], g);
+#pragma unroll
+        for (int off = OPF_SUM_LANES / 2; off; off >>= 1)
+#pragma unroll
+            for (int i = 0; i < OPF_SUM_LANES / 2; i++)
+                if (i < off) v[i] = opf_dev_add(v[i], v[i + off]);
+        ((typename opf_dev_plain<OD>::store *)(g ? out2 : out))[c] = opf_dev_from_f32<OD>(v[0]);
+    }
+    if (amax) opf_dev_warp_amax(key, amax);
+}
+
+/* Whether the launch takes the one-kernel path: short columns, unless
+ * OPF_CUDA_COLSUM_WHOLE=0 (read at each launch, so a test and a benchmark
+ * can run both paths in one process; the bits are the same). */
+static inline bool opf_colsum_whole(int64_t rows)
+{
+    if (rows > COLSUM_WHOLE_ROWS) return false;
+    const char *v = getenv("OPF_CUDA_COLSUM_WHOLE");
+    return !(v && v[0] == '0');
 }
 
 /* The staged kernel's shape for Term at spread SP: 128 chains a block, a
@@ -352,6 +440,12 @@ static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *f
 {
     constexpr int sums = opf_colsum_sums<Term>();
     if (cols == 0) return OPF_OK;
+    if (opf_colsum_whole(rows)) {
+        opf_colsum_whole_kernel<Term, OD><<<(unsigned)((cols + 31) / 32), COLSUM_WHOLE_GROUPS * 32,
+                                            0, s->stream>>>(t, rows, cols, out, out2, amax);
+        OPF_CUDA_LAUNCHED(ctx, fn);
+        return OPF_OK;
+    }
     size_t mark = opf_ctx_scratch_mark(ctx);
     float *part = (float *)opf_ctx_scratch_push_on(
         ctx, OPF_DEVICE_CUDA, sizeof(float) * sums * OPF_SUM_LANES * (size_t)cols);
