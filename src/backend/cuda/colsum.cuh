@@ -175,9 +175,11 @@ __global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *ou
 }
 
 /* Short columns (rows <= COLSUM_WHOLE_ROWS): one kernel, no scratch. A
- * block owns 32 columns whole: COLSUM_WHOLE_GROUPS warps, warp g the
- * classes g, g + GROUPS, ... (CPT of them, a sum each), its lanes the 32
- * columns. A batch loads Term::BATCH terms (KB rows of each of the CPT
+ * block owns 32 columns whole: G warps, warp g the classes g, g + G, ...
+ * (CPT of them, a sum each), its lanes the 32 columns. G is 32 (a chain a
+ * thread) for a cheap term, 16 for one that names a spread (its ~100
+ * instructions a term need more than the 64 registers a thread of a
+ * 1024-thread block may have). A batch loads Term::BATCH terms (KB rows of each of the CPT
  * chains) before it adds any, each chain in row order; the 32 class sums
  * of a column then meet in shared memory and one thread a column (a warp
  * a sum) folds them in halves: opf_colsum_fold_kernel's bits, one launch
@@ -186,21 +188,24 @@ __global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *ou
  * so the pair cost twice this one (the LayerNorm-MLP step's three column
  * sums at 256 tokens). Longer columns keep the two kernels: their chains
  * are long, and a grid of cols / 32 blocks is too few to carry them. */
-enum { COLSUM_WHOLE_ROWS = 512, COLSUM_WHOLE_GROUPS = 16 };
+enum { COLSUM_WHOLE_ROWS = 512 };
+template <typename Term> __host__ __device__ constexpr int opf_colsum_whole_groups()
+{
+    return opf_colsum_spread_of<Term>::value > 1 ? 16 : 32;
+}
 
 /* Component p of a sum (float: itself). */
 __device__ __forceinline__ float opf_colsum_comp(float v, int) { return v; }
 __device__ __forceinline__ float opf_colsum_comp(float2 v, int p) { return p ? v.y : v.x; }
 
-template <typename Term, opf_dtype OD>
-__global__ void __launch_bounds__(COLSUM_WHOLE_GROUPS * 32)
+template <typename Term, opf_dtype OD, int G = opf_colsum_whole_groups<Term>()>
+__global__ void __launch_bounds__(G * 32)
 opf_colsum_whole_kernel(Term term, int64_t rows, int64_t cols, void *out, void *out2,
                         unsigned *amax)
 {
     OPF_COLSUM_CHECK_TERM(Term, term);
     typedef opf_colsum_acc<Term> A;
     enum {
-        G = COLSUM_WHOLE_GROUPS,
         CPT = OPF_SUM_LANES / G,                                  /* chains a thread */
         KB = Term::BATCH / CPT > 0 ? (int)Term::BATCH / CPT : 1,  /* rows of each a batch */
     };
@@ -441,8 +446,9 @@ static opf_status opf_cuda_colsum(opf_ctx *ctx, opf_cuda_state *s, const char *f
     constexpr int sums = opf_colsum_sums<Term>();
     if (cols == 0) return OPF_OK;
     if (opf_colsum_whole(rows)) {
-        opf_colsum_whole_kernel<Term, OD><<<(unsigned)((cols + 31) / 32), COLSUM_WHOLE_GROUPS * 32,
-                                            0, s->stream>>>(t, rows, cols, out, out2, amax);
+        opf_colsum_whole_kernel<Term, OD>
+            <<<(unsigned)((cols + 31) / 32), opf_colsum_whole_groups<Term>() * 32, 0, s->stream>>>(
+                t, rows, cols, out, out2, amax);
         OPF_CUDA_LAUNCHED(ctx, fn);
         return OPF_OK;
     }
