@@ -98,6 +98,14 @@ typedef struct opf_act_kernels {
     opf_status (*dact_dbias_q)(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
                                const opf_tensor *x, const opf_tensor *dy, const opf_qout *dx,
                                float *dbias);
+    /* dact_dbias (plain kinds) with dbias summing dx as stored: dx = f'(x)·dy
+     * rounded once into the plain tensor dx (x's shape), db [cols] (its own
+     * dtype) = the column sums of those rounded values in lanesum.h's order,
+     * rounded once. The bits of bwd_q into dx and then the bias's dbias of
+     * dx (elem.h), which a device may give in one pass. */
+    opf_status (*dact_dbias_stored)(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                    const opf_tensor *x, const opf_tensor *dy, opf_tensor *dx,
+                                    opf_tensor *db);
 } opf_act_kernels;
 
 extern const opf_act_kernels opf_cpu_act;
@@ -116,5 +124,12 @@ typedef enum opf_act_pass {
 opf_status opf_act_q_composed(opf_ctx *ctx, const struct opf_backend_i *be, opf_act_pass pass,
                               opf_act_kind k, opf_act_params p, const opf_tensor *x,
                               const opf_tensor *dy, const opf_qout *o, float *dbias);
+
+/* dact_dbias_stored composed on be's kernels: be's bwd_q into dx, then be's
+ * dbias of dx into db. The CPU's entry, and another device's fallback. */
+opf_status opf_act_dact_dbias_stored_composed(opf_ctx *ctx, const struct opf_backend_i *be,
+                                              opf_act_kind k, opf_act_params p,
+                                              const opf_tensor *x, const opf_tensor *dy,
+                                              opf_tensor *dx, opf_tensor *db);
 
 #endif

@@ -12,7 +12,8 @@
  * through the fp32 entry and dact_dbias_q (f32 / bf16 in, FP8 current
  * scaling out: the amax taken in the kernel), on shapes that end in a
  * partial stage, have fewer rows than 32, or dead columns in the last
- * strip. */
+ * strip; and dact_dbias_stored (dbias of the stored dx, the bias fusion's
+ * plain form) in every dtype combination. */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -246,6 +247,66 @@ static const int64_t shapes[][2] = {
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 
+/* dact_dbias_stored (the bias fusion's plain form): x and dy of di, dx of
+ * dx_t, db of db_t; dx and db with the CPU's bytes (its entry is the
+ * activation's backward, then the bias's dbias of the stored dx). */
+static void run_dbias_stored(opf_ctx *ctx, opf_act_kind k, opf_dtype di, opf_dtype dx_t,
+                             opf_dtype db_t, int64_t rows, int64_t cols)
+{
+    char w[200];
+    snprintf(w, sizeof w, "dact_dbias_stored %s %s -> %s, db %s [%lld, %lld]%s", KIND_NAMES[k],
+             opf_dtype_name(di), opf_dtype_name(dx_t), opf_dtype_name(db_t), (long long)rows,
+             (long long)cols, getenv("OPF_CUDA_COLSUM_WHOLE") ? " (two kernels)" : "");
+    opf_spec xs = opf_spec_make(2, (int64_t[]){rows, cols}, di);
+    opf_spec os = opf_spec_make(2, (int64_t[]){rows, cols}, dx_t);
+    opf_spec bs = opf_spec_make(1, &cols, db_t);
+    int64_t n = rows * cols;
+    float *v = host_random(2 * n, 3.0f, 11, false);
+    opf_tensor hx, hdy, dx, ddy, hout, dout, got, hdb, ddb, gdb;
+    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v, &hx));
+    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v + n, &hdy));
+    CHECK_OK(ctx, cuda_test_upload(ctx, &hx, &dx));
+    CHECK_OK(ctx, cuda_test_upload(ctx, &hdy, &ddy));
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &os, &hout));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &os, &dout));
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, &bs, &hdb));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, &bs, &ddb));
+    opf_act_params p = params_of(k);
+    CHECK_OK(ctx, cpu()->dact_dbias_stored(ctx, k, p, &hx, &hdy, &hout, &hdb));
+    CHECK_OK(ctx, gpu()->dact_dbias_stored(ctx, k, p, &dx, &ddy, &dout, &ddb));
+    CHECK_OK(ctx, cuda_test_download(ctx, &dout, &got));
+    CHECK_OK(ctx, cuda_test_download(ctx, &ddb, &gdb));
+    CHECK(cuda_test_same_bytes(&hout, &got, "dx"), "%s: dx differs from the CPU", w);
+    CHECK(cuda_test_same_bytes(&hdb, &gdb, "dbias"), "%s: dbias differs from the CPU", w);
+    opf_tensor *ts[] = {&hx, &hdy, &dx, &ddy, &hout, &dout, &got, &hdb, &ddb, &gdb};
+    for (int i = 0; i < 10; i++) opf_tensor_release(ts[i]);
+    free(v);
+}
+
+/* Every dtype combination the fused kernel takes (and f16, the
+ * composition) on short columns (one kernel) and long ones, GELU and ReLU;
+ * the short ones again through the two-kernel path. */
+static int run_stored(opf_ctx *ctx)
+{
+    static const int64_t dims[][2] = {{256, 1024}, {77, 200}, {1, 8}, {3001, 136}, {4099, 34}};
+    static const opf_dtype dts[] = {OPF_F32, OPF_BF16};
+    static const opf_act_kind kinds[] = {OPF_ACT_GELU, OPF_ACT_RELU};
+    int count = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) setenv("OPF_CUDA_COLSUM_WHOLE", "0", 1);
+        for (size_t si = 0; si < sizeof dims / sizeof dims[0]; si++)
+            for (int ki = 0; ki < 2; ki++)
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 2; b++)
+                        for (int c = 0; c < 2; c++, count++)
+                            run_dbias_stored(ctx, kinds[ki], dts[a], dts[b], dts[c], dims[si][0],
+                                             dims[si][1]);
+        run_dbias_stored(ctx, OPF_ACT_GELU, OPF_F16, OPF_F16, OPF_F16, 77, 200), count++;
+    }
+    unsetenv("OPF_CUDA_COLSUM_WHOLE");
+    return count;
+}
+
 /* dact + dbias at each spread. colsum.cuh's strips are 32 f32 / 64 bf16
  * columns, its stages 32 K rows (K 16 / 32 at spread 1, half that above):
  * partial last stages (3001; 517 and 287, some classes a row more than
@@ -296,7 +357,9 @@ int main(void)
                 run_case(ctx, &c, false);
             }
     int spread = run_spreads(ctx);
-    printf("  %d cases, %d of dact + dbias at spreads 1, 2, 4\n", count, spread);
+    int stored = run_stored(ctx);
+    printf("  %d cases, %d of dact + dbias at spreads 1, 2, 4, %d of dact_dbias_stored\n", count,
+           spread, stored);
     cuda_test_done(ctx);
     TEST_DONE();
 }

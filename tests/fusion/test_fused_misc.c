@@ -590,7 +590,59 @@ static void test_bab_matrix(opf_ctx *ctx)
             for (int r = R_DELAYED; r < R_COUNT; r++) bab_case(ctx, acts[a], dts[d], (recipe)r, &seed);
 }
 
-/* Where the conditions fail the backward plan keeps bias and activation. */
+/* With no grad-output quantizer before the bias (no recipe, an X without
+ * one) the fusion takes its plain form: dbias sums dx as stored, so dx and
+ * dbias are the unfused plan's bytes in every dtype. */
+static void bab_plain_case(opf_ctx *ctx, x_kind xk, const char *act, opf_dtype dt, bool recipe,
+                           unsigned long long *seed)
+{
+    enum { ROWS = 77, N = 48 };
+    char what[128];
+    snprintf(what, sizeof what, "backward_activation_bias (plain dx) %s %s X %d%s", act,
+             opf_dtype_name(dt), (int)xk, recipe ? ", current scaling" : "");
+    static double xv[ROWS * N], dyv[ROWS * N], bv[N], br[N];
+    fill(seed, xv, ROWS * N, 2.0f);
+    fill(seed, dyv, ROWS * N, 0.5f);
+    fill(seed, bv, N, 0.5f);
+    opf_tensor bt = opf_test_make_tensor(ctx, 1, (int64_t[]){N}, dt, bv, br);
+    opf_tensor_release(&bt);
+    opf_tensor x = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, N}, dt, xv, NULL);
+    opf_tensor dy = opf_test_make_tensor(ctx, 2, (int64_t[]){ROWS, N}, dt, dyv, NULL);
+    opf_recipe cur = opf_recipe_default(OPF_RECIPE_CURRENT);
+    opf_seq *fused = bias_act_seq(ctx, xk, act, N, dt, br);
+    opf_seq *plain = bias_act_seq(ctx, xk, act, N, dt, br);
+    opf_seq_set_fusions(plain, false);
+    run_out a = {0}, b = {0};
+    CHECK_OK(ctx, run_seq(ctx, fused, &x, &dy, recipe ? &cur : NULL, 0, NULL, NULL, NULL, NULL, &a));
+    CHECK_OK(ctx, run_seq(ctx, plain, &x, &dy, recipe ? &cur : NULL, 0, NULL, NULL, NULL, NULL, &b));
+    CHECK(plan_has(fused, true, "backward_activation_bias", 1, 2, NULL), "%s: not fused", what);
+    CHECK(a.y.data[0] && opf_test_same_bytes(&a.y, &b.y), "%s: y differs from the unfused plan", what);
+    CHECK(a.dx.spec.scaling == OPF_SCALING_NONE && opf_test_same_bytes(&a.dx, &b.dx),
+          "%s: dx differs from the unfused plan", what);
+    const opf_param *pa = opf_op_param_const(opf_seq_at(fused, 1), 0);
+    const opf_param *pb = opf_op_param_const(opf_seq_at(plain, 1), 0);
+    CHECK(pa->has_grad && pb->has_grad && opf_test_same_bytes(&pa->grad, &pb->grad),
+          "%s: dbias differs from the unfused plan", what);
+    release_out(&a), release_out(&b);
+    opf_tensor_release(&x), opf_tensor_release(&dy);
+    opf_seq_destroy(fused), opf_seq_destroy(plain);
+}
+
+static void test_bab_plain(opf_ctx *ctx)
+{
+    unsigned long long seed = 17;
+    const char *acts[] = {"gelu", "relu"};
+    const opf_dtype dts[] = {OPF_F32, OPF_BF16, OPF_F16};
+    for (int a = 0; a < 2; a++)
+        for (int d = 0; d < 3; d++) {
+            bab_plain_case(ctx, X_QUANTIZE_BWD, acts[a], dts[d], false, &seed);
+            bab_plain_case(ctx, X_IDENTITY, acts[a], dts[d], false, &seed);
+            bab_plain_case(ctx, X_QUANTIZE_FWD, acts[a], dts[d], true, &seed);
+        }
+}
+
+/* Where the conditions fail the backward plan keeps bias and activation
+ * (no recipe, or an X without a quantizer, fuse in the plain form above). */
 static void test_bab_declines(opf_ctx *ctx)
 {
     enum { N = 32 };
@@ -605,10 +657,8 @@ static void test_bab_declines(opf_ctx *ctx)
         const char *act;
         bool recipe;
         const char *why;
-    } cases[] = {{X_QUANTIZE_BWD, "gelu", false, "no recipe"},
-                 {X_QUANTIZE_FWD, "gelu", true, "X has no grad-output quantizer"},
-                 {X_IDENTITY, "relu", true, "X is an identity"},
-                 {X_NONE, "gelu", true, "no op before the bias"},
+    } cases[] = {{X_NONE, "gelu", true, "no op before the bias"},
+                 {X_NONE, "relu", false, "no op before the bias (no recipe)"},
                  {X_QUANTIZE_BWD, "silu", true, "SiLU is not fused"},
                  {X_QUANTIZE_BWD, "srelu", true, "SReLU is not fused"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -622,13 +672,16 @@ static void test_bab_declines(opf_ctx *ctx)
         release_out(&o);
         opf_seq_destroy(seq);
     }
-    /* a recipe change rebuilds the plans: the fusion comes and goes */
+    /* a recipe change rebuilds the plans: the fusion comes and goes (a
+     * backward override declines it) */
     opf_seq *seq = bias_act_seq(ctx, X_QUANTIZE_BWD, "gelu", N, OPF_F32, bv);
-    const opf_recipe *seqr[] = {NULL, &cur, NULL};
-    for (int k = 0; k < 3; k++) {
+    opf_recipe ovr = cur;
+    ovr.backward_override = OPF_BACKWARD_HIGH_PRECISION;
+    const opf_recipe *seqr[] = {NULL, &ovr, &cur, &ovr};
+    for (int k = 0; k < 4; k++) {
         run_out o = {0};
         CHECK_OK(ctx, run_seq(ctx, seq, &x, &x, seqr[k], 0, NULL, NULL, NULL, NULL, &o));
-        CHECK(class_in_plan(seq, true, "backward_activation_bias") == (seqr[k] != NULL),
+        CHECK(class_in_plan(seq, true, "backward_activation_bias") == (seqr[k] != &ovr),
               "step %d: fusion present %d", k, (int)class_in_plan(seq, true, "backward_activation_bias"));
         release_out(&o);
     }
@@ -1188,6 +1241,7 @@ int main(void)
     test_ssg_matrix(ctx);
     test_ssg_bad(ctx);
     test_bab_matrix(ctx);
+    test_bab_plain(ctx);
     test_bab_declines(ctx);
     test_bab_mlp(ctx);
     test_bar(ctx);

@@ -340,6 +340,24 @@ static opf_status act_dact_dbias_q(opf_ctx *ctx, opf_act_kind k, opf_act_params 
                               x, dy, dx, dbias);
 }
 
+opf_status opf_act_dact_dbias_stored_composed(opf_ctx *ctx, const opf_backend_i *be,
+                                              opf_act_kind k, opf_act_params p,
+                                              const opf_tensor *x, const opf_tensor *dy,
+                                              opf_tensor *dx, opf_tensor *db)
+{
+    opf_qout o = {.out = dx, .hp = OPF_F32};
+    opf_status st = be->act->bwd_q(ctx, k, p, x, dy, &o);
+    return st ? st : be->elem->dbias(ctx, dx, db);
+}
+
+static opf_status act_dact_dbias_stored(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                        const opf_tensor *x, const opf_tensor *dy,
+                                        opf_tensor *dx, opf_tensor *db)
+{
+    return opf_act_dact_dbias_stored_composed(ctx, opf_backend_get(OPF_DEVICE_CPU), k, p, x, dy,
+                                              dx, db);
+}
+
 const opf_act_kernels opf_cpu_act = {
     .fwd = act_fwd,
     .bwd = act_bwd,
@@ -349,4 +367,5 @@ const opf_act_kernels opf_cpu_act = {
     .fwd_q = act_fwd_q,
     .bwd_q = act_bwd_q,
     .dact_dbias_q = act_dact_dbias_q,
+    .dact_dbias_stored = act_dact_dbias_stored,
 };

@@ -312,8 +312,10 @@ template <opf_act_fn FN> struct dbias_term {
     }
 };
 
-/* The typed form: x, dy of DI; dx stored in DO, its amax key kept. */
-template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
+/* The typed form: x, dy of DI; dx stored in DO, its amax key kept. The
+ * sum takes the fp32 term (dact_dbias_q), or with STORED the value stored
+ * in DO (dact_dbias_stored: the activation's backward, then the bias's). */
+template <opf_act_fn FN, opf_dtype DI, opf_dtype DO, bool STORED = false> struct dbias_t_term {
     enum { BATCH = ACT_BATCH, STREAMS = 2, SPREAD = 2 };
     typedef typename opf_dev_plain<DI>::store store;
     struct in { float x, dy; };
@@ -334,9 +336,9 @@ template <opf_act_fn FN, opf_dtype DI, opf_dtype DO> struct dbias_t_term {
     }
     __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v, unsigned &key) const
     {
-        float d = act_df<FN>(v.x, alpha) * v.dy;
-        key = max(key, opf_dev_amax_key(st_t<DO>(dx, r * cols + c, d)));
-        return d;
+        float d = act_df<FN>(v.x, alpha) * v.dy, w = st_t<DO>(dx, r * cols + c, d);
+        key = max(key, opf_dev_amax_key(w));
+        return STORED ? w : d;
     }
 };
 
@@ -439,15 +441,15 @@ static int dbias_spread(int def)
     return n == 1 || n == 2 || n == 4 ? n : def;
 }
 
-/* dbias (and dx through t) at that spread. */
-template <typename Term>
+/* dbias (and dx through t) at that spread, dbias stored in OD. */
+template <typename Term, opf_dtype OD = OPF_F32>
 static opf_status dbias_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
-                             int64_t rows, int64_t cols, float *dbias, unsigned *amax)
+                             int64_t rows, int64_t cols, void *dbias, unsigned *amax)
 {
     switch (dbias_spread(Term::SPREAD)) {
-    case 1: return opf_cuda_colsum<Term, OPF_F32, 1>(ctx, s, fn, t, rows, cols, dbias, amax);
-    case 2: return opf_cuda_colsum<Term, OPF_F32, 2>(ctx, s, fn, t, rows, cols, dbias, amax);
-    default: return opf_cuda_colsum<Term, OPF_F32, 4>(ctx, s, fn, t, rows, cols, dbias, amax);
+    case 1: return opf_cuda_colsum<Term, OD, 1>(ctx, s, fn, t, rows, cols, dbias, amax);
+    case 2: return opf_cuda_colsum<Term, OD, 2>(ctx, s, fn, t, rows, cols, dbias, amax);
+    default: return opf_cuda_colsum<Term, OD, 4>(ctx, s, fn, t, rows, cols, dbias, amax);
     }
 }
 
@@ -580,6 +582,54 @@ static opf_status cuda_act_dact_dbias_q(opf_ctx *ctx, opf_act_kind k, opf_act_pa
     return act_q(ctx, OPF_ACT_PASS_DACT_DBIAS, k, p, x, dy, dx, dbias);
 }
 
+/* dact_dbias_stored for FN (GELU or ReLU, the bias fusion's): x and dy of
+ * DI, dx of DO, db f32 or bf16. */
+template <opf_act_fn FN, opf_dtype DI, opf_dtype DO>
+static opf_status stored_go(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
+                            const opf_tensor *x, const opf_tensor *dy, opf_tensor *dx,
+                            opf_tensor *db)
+{
+    int64_t cols = opf_spec_numel(&db->spec), rows = cols ? opf_spec_numel(&x->spec) / cols : 0;
+    dbias_t_term<FN, DI, DO, true> t = {x->data[0], dy->data[0], dx->data[0], cols, alpha};
+    if (db->spec.dtype == OPF_BF16)
+        return dbias_sums<decltype(t), OPF_BF16>(ctx, s, fn, t, rows, cols, db->data[0], NULL);
+    return dbias_sums<decltype(t), OPF_F32>(ctx, s, fn, t, rows, cols, db->data[0], NULL);
+}
+
+template <opf_act_fn FN>
+static opf_status stored_fn(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
+                            const opf_tensor *x, const opf_tensor *dy, opf_tensor *dx,
+                            opf_tensor *db)
+{
+    bool ib = x->spec.dtype == OPF_BF16, ob = dx->spec.dtype == OPF_BF16;
+    if (ib)
+        return ob ? stored_go<FN, OPF_BF16, OPF_BF16>(ctx, s, fn, alpha, x, dy, dx, db)
+                  : stored_go<FN, OPF_BF16, OPF_F32>(ctx, s, fn, alpha, x, dy, dx, db);
+    return ob ? stored_go<FN, OPF_F32, OPF_BF16>(ctx, s, fn, alpha, x, dy, dx, db)
+              : stored_go<FN, OPF_F32, OPF_F32>(ctx, s, fn, alpha, x, dy, dx, db);
+}
+
+/* One colsum.cuh pass whose terms store dx and sum what they stored (GELU
+ * and ReLU in f32 / bf16 with db f32 or bf16); other kinds and dtypes, or
+ * OPF_CUDA_UNFUSED=1, the composition: the activation's backward, then
+ * the bias's dbias. */
+static opf_status cuda_act_dact_dbias_stored(opf_ctx *ctx, opf_act_kind k, opf_act_params p,
+                                             const opf_tensor *x, const opf_tensor *dy,
+                                             opf_tensor *dx, opf_tensor *db)
+{
+    const char *fn = "dact_dbias_stored (cuda)";
+    opf_dtype dbt = db->spec.dtype;
+    if (!opf_cuda_fused() || (k != OPF_ACT_GELU && k != OPF_ACT_RELU) ||
+        !typed_ok(x, dy, dx->spec.dtype) || (dbt != OPF_F32 && dbt != OPF_BF16))
+        return opf_act_dact_dbias_stored_composed(ctx, opf_backend_get(OPF_DEVICE_CUDA), k, p, x,
+                                                  dy, dx, db);
+    opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
+    if (!s) return OPF_ERR_STATE;
+    if (k == OPF_ACT_GELU)
+        return stored_fn<OPF_ACT_FN_GELU>(ctx, s, fn, p.alpha, x, dy, dx, db);
+    return stored_fn<OPF_ACT_FN_RELU>(ctx, s, fn, p.alpha, x, dy, dx, db);
+}
+
 static opf_status cuda_act_fwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
                                float *y, int64_t rows, int64_t cols)
 {
@@ -639,5 +689,5 @@ static opf_status cuda_scaled_glu_bwd(opf_ctx *ctx, opf_act_kind k, opf_act_para
 
 extern "C" const opf_act_kernels opf_cuda_act = {
     cuda_act_fwd,   cuda_act_bwd,   cuda_act_dact_dbias, cuda_scaled_glu_fwd, cuda_scaled_glu_bwd,
-    cuda_act_fwd_q, cuda_act_bwd_q, cuda_act_dact_dbias_q,
+    cuda_act_fwd_q, cuda_act_bwd_q, cuda_act_dact_dbias_q, cuda_act_dact_dbias_stored,
 };

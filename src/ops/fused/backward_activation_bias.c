@@ -13,11 +13,20 @@
  * first and the bias sums the rounded values: dbias agrees within the
  * dtype's tolerance (bit for bit in f32).
  *
- * Applies only under a recipe without a backward override and when X's
- * grad-output quantizer exists, as in the anchor (an override quantizes no
- * gradient, so there is nothing to fuse the quantization into). The fused
- * op consumes what the unfused forwards saved: nothing for the bias, the
- * input for the activation (read through the activation's own
+ * Applies under a recipe without a backward override when X's grad-output
+ * quantizer exists, as in the anchor (an override quantizes no gradient,
+ * so there is nothing to fuse the quantization into).
+ *
+ * Beyond the anchor: where X has no grad-output quantizer (no recipe, bf16
+ * training; an X that is no Linear), dx is plain, and the fused op takes the backend's
+ * dact_dbias_stored, whose dbias sums dx as stored. Those are the unfused
+ * ops' bits exactly (the activation rounds dx, the bias sums the rounded
+ * values), in one pass where the device fuses it (on the GPU one kernel
+ * where the two ops launched two: the launches are what a small step's
+ * time is made of). A plain dx_q at run time takes that entry too.
+ *
+ * The fused op consumes what the unfused forwards saved: nothing for the
+ * bias, the input for the activation (read through the activation's own
  * resolve_bwd). Both ops are recognized by their class pointers. */
 #include "ops/basic/act-impl.h"
 
@@ -91,6 +100,11 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     opf_tensor xv, dyv;
     if (!db) return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
     opf_status st;
+    if (b->dx_q.scaling == OPF_SCALING_NONE) {  /* plain dx: the unfused bits */
+        st = opf_op_plain_view(ctx, &b->x, &xv);
+        if (!st) st = opf_op_plain_view(ctx, &b->dy, &dyv);
+        return st ? st : K->dact_dbias_stored(ctx, k, prm, &xv, &dyv, &grads[0], &grads[1]);
+    }
     if (opf_op_qout(&b->dx_q, b->x.spec.dtype, &grads[0], &qs, &o)) {
         st = opf_op_plain_view(ctx, &b->x, &xv);
         if (!st) st = opf_op_plain_view(ctx, &b->dy, &dyv);
@@ -112,24 +126,15 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
 const opf_op_class opf_op_class_backward_activation_bias =
     OPF_BACKWARD_FUSED_CLASS("backward_activation_bias", 2, &bab_bwd_schema);
 
-/* X's grad-output quantizer: X is ops[i - 1], or the last basic op of it
- * when an earlier fusion covered it (the fuser's neighbour is a basic op). */
-static bool has_grad_output_q(const opf_op *x)
-{
-    const opf_op *last = opf_op_basic(x, opf_op_num_basic(x) - 1);
-    const opf_op_class *c = opf_op_class_of(last);
-    return c->grad_output_quantizer && c->grad_output_quantizer(last);
-}
-
-/* ops[i], ops[i + 1] = Bias, GELU|ReLU after an X with a quantizer, with
- * no backward override. */
+/* ops[i], ops[i + 1] = Bias, GELU|ReLU after an X, with no backward
+ * override: X with a quantizer (the anchor's case), or without one, or no
+ * recipe at all (dx stays plain). */
 static bool matches_at(opf_op *const *ops, int n, int i, const opf_recipe *recipe)
 {
-    if (!recipe || recipe->backward_override != OPF_BACKWARD_NONE || i < 1 || i + 1 >= n ||
-        opf_op_is_fused(ops[i]) || opf_op_is_fused(ops[i + 1]))
+    if (i < 1 || i + 1 >= n || opf_op_is_fused(ops[i]) || opf_op_is_fused(ops[i + 1]) ||
+        opf_op_class_of(ops[i]) != &opf_op_class_bias || !is_fusable_act(ops[i + 1]))
         return false;
-    return opf_op_class_of(ops[i]) == &opf_op_class_bias && is_fusable_act(ops[i + 1]) &&
-           has_grad_output_q(ops[i - 1]);
+    return !recipe || recipe->backward_override == OPF_BACKWARD_NONE;
 }
 
 static bool in_list(opf_op *const *list, int n, const opf_op *op)
