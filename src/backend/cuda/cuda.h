@@ -127,12 +127,7 @@ opf_status opf_cuda_quantize_block(opf_ctx *, const opf_quantizer *, const opf_t
                                    opf_tensor *, const struct opf_quantize_state *);
 opf_status opf_cuda_dequantize_block(opf_ctx *, const opf_tensor *, unsigned, float *);
 
-/* The GEMM entry (gemm.cu), arguments as struct opf_gemm_args. Each shape's
- * algorithm is cuBLASLt's heuristic's first; OPF_CUDA_GEMM_TUNE=1 times its
- * first 8 candidates at the shape's first call outside a capture and keeps
- * the fastest (opt-in: the choice depends on timings, so bits may differ
- * between processes; within a context one algorithm a shape, so compiled
- * and eager still agree). */
+/* The GEMM entry (gemm.cu), arguments as struct opf_gemm_args. */
 struct opf_gemm_args;
 opf_status opf_cuda_gemm(opf_ctx *, const struct opf_gemm_args *);
 /* Drops the cached cuBLASLt algorithm choices (one per shape). */
