@@ -2,8 +2,7 @@
  * operands (plain, per-tensor FP8, FP8 block 1D x 2D and 1D x 1D, MXFP8)
  * for every layout, output dtype, alpha, accumulate and bias, within
  * tolerances of docs/numerics.md 8; and the errors: out of memory, no CUDA
- * state, operands on two devices, 2D x 2D block operands. The plain and
- * block cases run again with OPF_CUDA_GEMM_TUNE=1. */
+ * state, operands on two devices, 2D x 2D block operands. */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -12,9 +11,6 @@ int main(void)
     return 77;
 }
 #else
-#define _POSIX_C_SOURCE 200809L  /* setenv */
-#include <stdlib.h>
-
 #include "cuda_test.h"
 
 /* Default shape; block-scaled cases take multiples of 128 (BM, BN, BK). */
@@ -250,16 +246,6 @@ int main(void)
     test_block_2d_2d(ctx);
     test_errors(ctx);
     cuda_test_done(ctx);
-    /* OPF_CUDA_GEMM_TUNE=1 (a fresh context: no algorithm cached): each
-     * shape's first call times the heuristic's candidates on scratch, so
-     * the accumulate cases also show the caller's D untouched by them */
-    setenv("OPF_CUDA_GEMM_TUNE", "1", 1);
-    printf("with OPF_CUDA_GEMM_TUNE=1:\n");
-    ctx = cuda_test_ctx();
-    test_gemm(ctx);
-    test_block_mxfp8(ctx);
-    cuda_test_done(ctx);
-    unsetenv("OPF_CUDA_GEMM_TUNE");
     TEST_DONE();
 }
 #endif

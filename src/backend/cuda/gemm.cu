@@ -39,7 +39,6 @@
  *
  * The algorithm for a shape comes from cublasLtMatmulAlgoGetHeuristic once
  * and is cached in the context's CUDA state. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda-impl.h"
@@ -251,71 +250,8 @@ static opf_status descs_make(opf_ctx *ctx, const lt_call *c, cublasLtEpilogue_t 
     return OPF_OK;
 }
 
-/* ---- the algorithm: the heuristic's first, or the fastest of its first
- * TUNE_ALGOS under OPF_CUDA_GEMM_TUNE=1 -------------------------------------
- * Tuning times each candidate on the call's own operands (D into scratch:
- * the caller's D is not touched), TUNE_REPS runs after one, between events
- * with the host waiting: once per shape and context, on the first call
- * outside a CUDA graph capture (a capture takes the heuristic's first, and
- * so does every later call of that shape: one algorithm a shape, so the
- * compiled and the eager step keep giving the same bits). Off by default:
- * the choice depends on timings, so two processes may pick two algorithms
- * and get different bits (as cuDNN's benchmark mode), and the tuning call
- * waits for the GPU. What it is for: small GEMMs, where the heuristic's
- * first pick can be half again slower than another of its candidates (the
- * 256-token LayerNorm-MLP step). */
-enum { TUNE_ALGOS = 8, TUNE_REPS = 5 };
-
-static bool gemm_tune(void)
-{
-    const char *v = getenv("OPF_CUDA_GEMM_TUNE");
-    return v && v[0] == '1';
-}
-
-/* Milliseconds of TUNE_REPS runs of algo on c's operands into d. */
-static cublasStatus_t time_algo(opf_cuda_state *s, const lt_descs *x, const lt_call *c, void *d,
-                                const cublasLtMatmulAlgo_t *algo, cudaEvent_t ev[2], float *ms)
-{
-    const float *alpha = c->dev_ab ? c->dev_ab : &c->alpha;
-    const float *beta = c->dev_ab ? c->dev_ab + 1 : &c->beta;
-    cublasStatus_t e = CUBLAS_STATUS_SUCCESS;
-    for (int i = 0; i <= TUNE_REPS && e == CUBLAS_STATUS_SUCCESS; i++) {
-        if (i == 1) cudaEventRecord(ev[0], s->stream);
-        e = cublasLtMatmul(s->lt, x->op, alpha, c->a.p, x->a, c->b.p, x->b, beta, d, x->d, d,
-                           x->d, algo, s->lt_ws, s->lt_ws_bytes, s->stream);
-    }
-    cudaEventRecord(ev[1], s->stream);
-    if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(ms, ev[0], ev[1]))
-        return CUBLAS_STATUS_EXECUTION_FAILED;
-    return e;
-}
-
-/* The fastest of the n candidates r on c's operands (r[0] where none can
- * be timed: no scratch, a failed run). */
-static int fastest(opf_ctx *ctx, opf_cuda_state *s, const lt_descs *x, const lt_call *c,
-                   const cublasLtMatmulHeuristicResult_t *r, int n)
-{
-    size_t es = c->td == CUDA_R_32F ? 4 : c->td == CUDA_R_16BF || c->td == CUDA_R_16F ? 2 : 1;
-    size_t mark = opf_ctx_scratch_mark(ctx);
-    void *d = opf_ctx_scratch_push_on(ctx, OPF_DEVICE_CUDA, es * (size_t)c->m * (size_t)c->n);
-    cudaEvent_t ev[2] = {NULL, NULL};
-    int best = 0;
-    float best_ms = 0;
-    if (d && cudaEventCreate(&ev[0]) == cudaSuccess && cudaEventCreate(&ev[1]) == cudaSuccess)
-        for (int i = 0; i < n; i++) {
-            float ms = 0;
-            if (time_algo(s, x, c, d, &r[i].algo, ev, &ms) != CUBLAS_STATUS_SUCCESS) continue;
-            if (i == 0 || ms < best_ms) best = i, best_ms = ms;
-        }
-    for (int i = 0; i < 2; i++)
-        if (ev[i]) cudaEventDestroy(ev[i]);
-    cudaGetLastError();  /* a candidate that failed to run leaves nothing behind */
-    opf_ctx_scratch_pop(ctx, mark);
-    return best;
-}
-
 static opf_status pick_algo(opf_ctx *ctx, opf_cuda_state *s, const lt_descs *x, const algo_key *k,
-                            const lt_call *c, const cublasLtMatmulAlgo_t **out)
+                            const cublasLtMatmulAlgo_t **out)
 {
     if ((*out = cached_algo(s, k))) return OPF_OK;
     cublasLtMatmulPreference_t pref;
@@ -323,16 +259,11 @@ static opf_status pick_algo(opf_ctx *ctx, opf_cuda_state *s, const lt_descs *x, 
     size_t ws = s->lt_ws_bytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof ws);
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    bool tune = gemm_tune() && c->batch <= 1 &&
-                cudaStreamIsCapturing(s->stream, &cap) == cudaSuccess &&
-                cap == cudaStreamCaptureStatusNone;
-    cublasLtMatmulHeuristicResult_t rs[TUNE_ALGOS];
+    cublasLtMatmulHeuristicResult_t r;
     int found = 0;
     cublasStatus_t e = cublasLtMatmulAlgoGetHeuristic(s->lt, x->op, x->a, x->b, x->d, x->d, pref,
-                                                      tune ? TUNE_ALGOS : 1, rs, &found);
+                                                      1, &r, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    const cublasLtMatmulHeuristicResult_t &r = rs[tune && found > 1 ? fastest(ctx, s, x, c, rs, found) : 0];
     if (e != CUBLAS_STATUS_SUCCESS || found == 0)
         return opf_error(ctx, OPF_ERR_UNSUPPORTED, "gemm: cuBLASLt has no algorithm for M=%lld "
                          "N=%lld K=%lld with A type %d, B type %d, D type %d, scale modes %d x %d "
@@ -353,7 +284,7 @@ static opf_status run_lt_epi(opf_ctx *ctx, opf_cuda_state *s, const lt_call *c,
     opf_status st = descs_make(ctx, c, epi, &x);
     algo_key k = key_of(c, epi);
     const cublasLtMatmulAlgo_t *algo = NULL;
-    if (st == OPF_OK) st = pick_algo(ctx, s, &x, &k, c, &algo);
+    if (st == OPF_OK) st = pick_algo(ctx, s, &x, &k, &algo);
     if (st == OPF_OK) {
         const float *alpha = c->dev_ab ? c->dev_ab : &c->alpha;
         const float *beta = c->dev_ab ? c->dev_ab + 1 : &c->beta;
