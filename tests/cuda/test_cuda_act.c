@@ -196,6 +196,43 @@ static void run_case(opf_ctx *ctx, const acase *c, bool dbias_only)
     free_case(ctx, &b);
 }
 
+/* The tensors of a dact + dbias entry compared across the devices: x and
+ * dy [rows, cols] (finite random data) on both, dx of spec os and dbias of
+ * spec bs allocated on both. */
+typedef struct dbias_io {
+    float     *v;
+    opf_tensor hx, hdy, dx, ddy, hout, dout, hdb, ddb;
+} dbias_io;
+
+static void dbias_io_open(opf_ctx *ctx, const opf_spec *xs, const opf_spec *os,
+                          const opf_spec *bs, dbias_io *io)
+{
+    int64_t n = opf_spec_numel(xs);
+    io->v = host_random(2 * n, 3.0f, 0, false);
+    CHECK_OK(ctx, cuda_test_host_tensor(ctx, xs, io->v, &io->hx));
+    CHECK_OK(ctx, cuda_test_host_tensor(ctx, xs, io->v + n, &io->hdy));
+    CHECK_OK(ctx, cuda_test_upload(ctx, &io->hx, &io->dx));
+    CHECK_OK(ctx, cuda_test_upload(ctx, &io->hdy, &io->ddy));
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, os, &io->hout));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, os, &io->dout));
+    CHECK_OK(ctx, opf_tensor_alloc(ctx, bs, &io->hdb));
+    CHECK_OK(ctx, cuda_test_alloc(ctx, bs, &io->ddb));
+}
+
+/* dx and dbias of the GPU against the CPU's bytes; everything released. */
+static void dbias_io_check(opf_ctx *ctx, dbias_io *io, const char *w)
+{
+    opf_tensor got, gdb;
+    CHECK_OK(ctx, cuda_test_download(ctx, &io->dout, &got));
+    CHECK_OK(ctx, cuda_test_download(ctx, &io->ddb, &gdb));
+    CHECK(cuda_test_same_bytes(&io->hout, &got, "dx"), "%s: dx differs from the CPU", w);
+    CHECK(cuda_test_same_bytes(&io->hdb, &gdb, "dbias"), "%s: dbias differs from the CPU", w);
+    opf_tensor *ts[] = {&io->hx, &io->hdy, &io->dx,  &io->ddy, &io->hout,
+                        &io->dout, &io->hdb, &io->ddb, &got,     &gdb};
+    for (int i = 0; i < 10; i++) opf_tensor_release(ts[i]);
+    free(io->v);
+}
+
 /* dact_dbias_q of x, dy of dtype dt [rows, cols] into FP8 e4m3 current
  * scaling (hp dt): data, scale_inv and amax, and dbias, against the CPU's
  * bytes. Finite data (the amax of a NaN is each device's own). */
@@ -212,28 +249,13 @@ static void run_dbias_q(opf_ctx *ctx, opf_act_kind k, opf_dtype dt, int64_t rows
     q.qdtype = OPF_E4M3;
     q.usage = OPF_USAGE_ROWWISE;
     CHECK_OK(ctx, opf_quantizer_spec(&q, &xs, &os));
-    int64_t n = rows * cols;
-    float *v = host_random(2 * n, 3.0f, 0, false);
-    opf_tensor hx, hdy, dx, ddy, hout, dout, got, hdb, ddb, gdb;
-    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v, &hx));
-    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v + n, &hdy));
-    CHECK_OK(ctx, cuda_test_upload(ctx, &hx, &dx));
-    CHECK_OK(ctx, cuda_test_upload(ctx, &hdy, &ddy));
-    CHECK_OK(ctx, opf_tensor_alloc(ctx, &os, &hout));
-    CHECK_OK(ctx, cuda_test_alloc(ctx, &os, &dout));
-    CHECK_OK(ctx, opf_tensor_alloc(ctx, &bs, &hdb));
-    CHECK_OK(ctx, cuda_test_alloc(ctx, &bs, &ddb));
-    opf_qout oh = {&hout, &q, NULL, dt}, od = {&dout, &q, NULL, dt};
+    dbias_io io;
+    dbias_io_open(ctx, &xs, &os, &bs, &io);
+    opf_qout oh = {&io.hout, &q, NULL, dt}, od = {&io.dout, &q, NULL, dt};
     opf_act_params p = params_of(k);
-    CHECK_OK(ctx, cpu()->dact_dbias_q(ctx, k, p, &hx, &hdy, &oh, hdb.data[0]));
-    CHECK_OK(ctx, gpu()->dact_dbias_q(ctx, k, p, &dx, &ddy, &od, ddb.data[0]));
-    CHECK_OK(ctx, cuda_test_download(ctx, &dout, &got));
-    CHECK_OK(ctx, cuda_test_download(ctx, &ddb, &gdb));
-    CHECK(cuda_test_same_bytes(&hout, &got, "dx"), "%s: dx differs from the CPU", w);
-    CHECK(cuda_test_same_bytes(&hdb, &gdb, "dbias"), "%s: dbias differs from the CPU", w);
-    opf_tensor *ts[] = {&hx, &hdy, &dx, &ddy, &hout, &dout, &got, &hdb, &ddb, &gdb};
-    for (int i = 0; i < 10; i++) opf_tensor_release(ts[i]);
-    free(v);
+    CHECK_OK(ctx, cpu()->dact_dbias_q(ctx, k, p, &io.hx, &io.hdy, &oh, io.hdb.data[0]));
+    CHECK_OK(ctx, gpu()->dact_dbias_q(ctx, k, p, &io.dx, &io.ddy, &od, io.ddb.data[0]));
+    dbias_io_check(ctx, &io, w);
 }
 
 /* [rows, cols], cols even for the GLUs: h = cols / 2 below, at and past the
@@ -260,27 +282,12 @@ static void run_dbias_stored(opf_ctx *ctx, opf_act_kind k, opf_dtype di, opf_dty
     opf_spec xs = opf_spec_make(2, (int64_t[]){rows, cols}, di);
     opf_spec os = opf_spec_make(2, (int64_t[]){rows, cols}, dx_t);
     opf_spec bs = opf_spec_make(1, &cols, db_t);
-    int64_t n = rows * cols;
-    float *v = host_random(2 * n, 3.0f, 0, false);
-    opf_tensor hx, hdy, dx, ddy, hout, dout, got, hdb, ddb, gdb;
-    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v, &hx));
-    CHECK_OK(ctx, cuda_test_host_tensor(ctx, &xs, v + n, &hdy));
-    CHECK_OK(ctx, cuda_test_upload(ctx, &hx, &dx));
-    CHECK_OK(ctx, cuda_test_upload(ctx, &hdy, &ddy));
-    CHECK_OK(ctx, opf_tensor_alloc(ctx, &os, &hout));
-    CHECK_OK(ctx, cuda_test_alloc(ctx, &os, &dout));
-    CHECK_OK(ctx, opf_tensor_alloc(ctx, &bs, &hdb));
-    CHECK_OK(ctx, cuda_test_alloc(ctx, &bs, &ddb));
+    dbias_io io;
+    dbias_io_open(ctx, &xs, &os, &bs, &io);
     opf_act_params p = params_of(k);
-    CHECK_OK(ctx, cpu()->dact_dbias_stored(ctx, k, p, &hx, &hdy, &hout, &hdb));
-    CHECK_OK(ctx, gpu()->dact_dbias_stored(ctx, k, p, &dx, &ddy, &dout, &ddb));
-    CHECK_OK(ctx, cuda_test_download(ctx, &dout, &got));
-    CHECK_OK(ctx, cuda_test_download(ctx, &ddb, &gdb));
-    CHECK(cuda_test_same_bytes(&hout, &got, "dx"), "%s: dx differs from the CPU", w);
-    CHECK(cuda_test_same_bytes(&hdb, &gdb, "dbias"), "%s: dbias differs from the CPU", w);
-    opf_tensor *ts[] = {&hx, &hdy, &dx, &ddy, &hout, &dout, &got, &hdb, &ddb, &gdb};
-    for (int i = 0; i < 10; i++) opf_tensor_release(ts[i]);
-    free(v);
+    CHECK_OK(ctx, cpu()->dact_dbias_stored(ctx, k, p, &io.hx, &io.hdy, &io.hout, &io.hdb));
+    CHECK_OK(ctx, gpu()->dact_dbias_stored(ctx, k, p, &io.dx, &io.ddy, &io.dout, &io.ddb));
+    dbias_io_check(ctx, &io, w);
 }
 
 /* Every dtype combination the fused kernel takes (and f16, the
