@@ -672,11 +672,25 @@ static void test_bab_declines(opf_ctx *ctx)
         release_out(&o);
         opf_seq_destroy(seq);
     }
+    /* an op under a recipe of its own: X quantizing by its own recipe with
+     * no call recipe (the plain form would not be the unfused bits: X's
+     * quantizer shows at run time), or the bias under an override of its
+     * own inside a quantized call */
+    opf_recipe ovr = cur;
+    ovr.backward_override = OPF_BACKWARD_HIGH_PRECISION;
+    for (int k = 0; k < 2; k++) {
+        opf_seq *s = bias_act_seq(ctx, X_QUANTIZE_BWD, "gelu", N, OPF_F32, bv);
+        CHECK_OK(ctx, opf_op_set_recipe(opf_seq_at(s, k), k ? &ovr : &cur));
+        run_out o = {0};
+        CHECK_OK(ctx, run_seq(ctx, s, &x, &x, k ? &cur : NULL, 0, NULL, NULL, NULL, NULL, &o));
+        CHECK(!class_in_plan(s, true, "backward_activation_bias"), "fused although %s",
+              k ? "the bias has a recipe of its own" : "X quantizes by a recipe of its own");
+        release_out(&o);
+        opf_seq_destroy(s);
+    }
     /* a recipe change rebuilds the plans: the fusion comes and goes (a
      * backward override declines it) */
     opf_seq *seq = bias_act_seq(ctx, X_QUANTIZE_BWD, "gelu", N, OPF_F32, bv);
-    opf_recipe ovr = cur;
-    ovr.backward_override = OPF_BACKWARD_HIGH_PRECISION;
     const opf_recipe *seqr[] = {NULL, &ovr, &cur, &ovr};
     for (int k = 0; k < 4; k++) {
         run_out o = {0};

@@ -1,8 +1,10 @@
 /* backward_activation_bias.c: BackwardActivationBias (te-ops.md 3.6, 3.9,
- * 6), a backward-only fusion of Bias + (GELU | ReLU) that follows an op X
- * with a grad-output quantizer (a BasicLinear, usually). X stays outside the
- * fused op: it only supplies the quantizer, which the fuser hands the fused
- * op as env->prev_grad_q (X is the basic-op neighbour before the bias).
+ * 6), a backward-only fusion of Bias + (GELU | ReLU) that follows an op X,
+ * in the anchor's case one with a grad-output quantizer (a BasicLinear,
+ * usually); below, the plain form for an X without one. X stays outside
+ * the fused op: it only supplies the quantizer, which the fuser hands the
+ * fused op as env->prev_grad_q (X is the basic-op neighbour before the
+ * bias).
  *
  * One kernel, the backend's dact_dbias: p = f'(x) * dy in fp32, with x the
  * activation's saved input; dbias = the fp32 column sum of p (lanesum.h),
@@ -126,15 +128,30 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
 const opf_op_class opf_op_class_backward_activation_bias =
     OPF_BACKWARD_FUSED_CLASS("backward_activation_bias", 2, &bab_bwd_schema);
 
-/* ops[i], ops[i + 1] = Bias, GELU|ReLU after an X, with no backward
- * override: X with a quantizer (the anchor's case), or without one, or no
- * recipe at all (dx stays plain). */
+/* X's grad-output quantizer: X is ops[i - 1], or the last basic op of it
+ * when an earlier fusion covered it (the fuser's neighbour is a basic op). */
+static bool has_grad_output_q(const opf_op *x)
+{
+    const opf_op *last = opf_op_basic(x, opf_op_num_basic(x) - 1);
+    const opf_op_class *c = opf_op_class_of(last);
+    return c->grad_output_quantizer && c->grad_output_quantizer(last);
+}
+
+/* ops[i], ops[i + 1] = Bias, GELU|ReLU after an X, neither under a recipe
+ * of its own (such an op runs by itself, as opf_fusion_scan has it). Under
+ * a recipe without a backward override: X with a quantizer (the anchor's
+ * case) or without one (the plain form). With no recipe: the plain form,
+ * so X must have no quantizer and no recipe of its own that could give it
+ * one at run time. */
 static bool matches_at(opf_op *const *ops, int n, int i, const opf_recipe *recipe)
 {
     if (i < 1 || i + 1 >= n || opf_op_is_fused(ops[i]) || opf_op_is_fused(ops[i + 1]) ||
-        opf_op_class_of(ops[i]) != &opf_op_class_bias || !is_fusable_act(ops[i + 1]))
+        opf_op_class_of(ops[i]) != &opf_op_class_bias || !is_fusable_act(ops[i + 1]) ||
+        opf_op_has_recipe(ops[i], NULL) || opf_op_has_recipe(ops[i + 1], NULL))
         return false;
-    return !recipe || recipe->backward_override == OPF_BACKWARD_NONE;
+    if (!recipe)
+        return !has_grad_output_q(ops[i - 1]) && !opf_op_has_recipe(ops[i - 1], NULL);
+    return recipe->backward_override == OPF_BACKWARD_NONE;
 }
 
 static bool in_list(opf_op *const *list, int n, const opf_op *op)
