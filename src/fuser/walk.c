@@ -41,7 +41,8 @@ void opf_seq_entry_env(const opf_seq *seq, const opf_plan_entry *e, int first_re
     env->recipe = seq->has_recipe ? &seq->recipe : NULL;
     env->requires_grad = last >= save_from;
     int inside = first_req - first;  /* past the entry when it only saves for a later one */
-    env->first_requires_grad = env->requires_grad && inside > 0 ? (inside < e->count ? inside : e->count) : 0;
+    if (inside > e->count) inside = e->count;
+    env->first_requires_grad = env->requires_grad && inside > 0 ? inside : 0;
     env->kwargs = opf_entry_kwargs(e, kwargs, kw);
 }
 

@@ -179,10 +179,10 @@ __global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *ou
  * (CPT of them, a sum each), its lanes the 32 columns. G is 32 (a chain a
  * thread) for a cheap term, 16 for one that names a spread (its ~100
  * instructions a term need more than the 64 registers a thread of a
- * 1024-thread block may have). A batch loads Term::BATCH terms (KB rows of each of the CPT
- * chains) before it adds any, each chain in row order; the 32 class sums
- * of a column then meet in shared memory and one thread a column (a warp
- * a sum) folds them in halves: opf_colsum_fold_kernel's bits, one launch
+ * 1024-thread block may have). A batch loads Term::BATCH terms (KB rows of
+ * each of the CPT chains) before it adds any, each chain in row order; the
+ * 32 class sums of a column then meet in shared memory and one thread a
+ * column (a warp a sum) folds them in halves: opf_colsum_fold_kernel's bits, one launch
  * where the partials' kernel and the fold were two. At a few hundred rows
  * each kernel of the pair is a launch gap and a memory round trip or two,
  * so the pair cost twice this one (the LayerNorm-MLP step's three column

@@ -20,12 +20,12 @@
  * so there is nothing to fuse the quantization into).
  *
  * Beyond the anchor: where X has no grad-output quantizer (no recipe, bf16
- * training; an X that is no Linear), dx is plain, and the fused op takes the backend's
- * dact_dbias_stored, whose dbias sums dx as stored. Those are the unfused
- * ops' bits exactly (the activation rounds dx, the bias sums the rounded
- * values), in one pass where the device fuses it (on the GPU one kernel
- * where the two ops launched two: the launches are what a small step's
- * time is made of). A plain dx_q at run time takes that entry too.
+ * training; an X that is no Linear), dx is plain, and the fused op takes
+ * the backend's dact_dbias_stored, whose dbias sums dx as stored. Those
+ * are the unfused ops' bits exactly (the activation rounds dx, the bias
+ * sums the rounded values), in one pass where the device fuses it (on the
+ * GPU one kernel where the two ops launched two). A plain dx_q at run time
+ * takes that entry too.
  *
  * The fused op consumes what the unfused forwards saved: nothing for the
  * bias, the input for the activation (read through the activation's own
@@ -85,8 +85,17 @@ static opf_status backward_fake(const void *bargs, opf_spec *grads)
     return opf_op_out_spec(&plain, &b->dx_q, &grads[0]);
 }
 
-/* dx through dact_dbias_q (dx rounded or quantized in the same entry),
- * or, for stochastic rounding, the fp32 dact_dbias and opf_op_store_f32. */
+/* The saved x and dy as plain tensors (the tensor entries' inputs). */
+static opf_status plain_views(opf_ctx *ctx, const bab_bwd *b, opf_tensor *xv, opf_tensor *dyv)
+{
+    opf_status st = opf_op_plain_view(ctx, &b->x, xv);
+    return st ? st : opf_op_plain_view(ctx, &b->dy, dyv);
+}
+
+/* A plain dx through dact_dbias_stored (dbias of the stored dx, the
+ * unfused bits); a quantized one through dact_dbias_q (dx quantized in the
+ * same entry), or, for stochastic rounding, the fp32 dact_dbias and
+ * opf_op_store_f32. */
 static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *grads)
 {
     const bab_bwd *b = bargs;
@@ -96,20 +105,18 @@ static opf_status backward_impl(opf_ctx *ctx, const void *bargs, opf_tensor *gra
     int64_t n = b->b.spec.shape[0], numel = opf_spec_numel(&b->x.spec), rows = n ? numel / n : 0;
     opf_act_kind k = (opf_act_kind)b->act;
     opf_act_params prm = {(float)b->alpha, 0.0f};
-    float *db = opf_op_scratch(ctx, n);
     opf_quantize_state qs;
     opf_qout o;
     opf_tensor xv, dyv;
-    if (!db) return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
     opf_status st;
-    if (b->dx_q.scaling == OPF_SCALING_NONE) {  /* plain dx: the unfused bits */
-        st = opf_op_plain_view(ctx, &b->x, &xv);
-        if (!st) st = opf_op_plain_view(ctx, &b->dy, &dyv);
+    if (b->dx_q.scaling == OPF_SCALING_NONE) {
+        st = plain_views(ctx, b, &xv, &dyv);
         return st ? st : K->dact_dbias_stored(ctx, k, prm, &xv, &dyv, &grads[0], &grads[1]);
     }
+    float *db = opf_op_scratch(ctx, n);
+    if (!db) return opf_error(ctx, OPF_ERR_NO_MEMORY, "backward_activation_bias: no scratch");
     if (opf_op_qout(&b->dx_q, b->x.spec.dtype, &grads[0], &qs, &o)) {
-        st = opf_op_plain_view(ctx, &b->x, &xv);
-        if (!st) st = opf_op_plain_view(ctx, &b->dy, &dyv);
+        st = plain_views(ctx, b, &xv, &dyv);
         if (!st) st = K->dact_dbias_q(ctx, k, prm, &xv, &dyv, &o, db);
         return st ? st : opf_op_store_f32(ctx, db, grads[1].spec.dtype, NULL, &grads[1]);
     }
