@@ -15,6 +15,7 @@ int main(void)
     return 77;
 }
 #else
+#include "core/codec-impl.h"
 #include "cuda_test.h"
 
 static const opf_dtype in_dtypes[] = {OPF_F32, OPF_BF16, OPF_F16};
@@ -175,6 +176,77 @@ static void test_reduce_and_errors(opf_ctx *ctx)
 
 /* ---- GEMM ---------------------------------------------------------------- */
 
+/* The GEMM's bf16 decode of a copy (fp4 * its block scale, in the stored
+ * layout) against the host's decode of the same bytes: every code under
+ * random scale bytes, a NaN scale among them (compared as NaN), each copy,
+ * compact and swizzled scales. */
+static void test_decode_bf16(opf_ctx *ctx)
+{
+    enum { R = 64, C = 160 };
+    static float x[R * C], want[R * C], got[R * C];
+    cuda_test_fill(x, R * C, 1.0f, 0, false);
+    for (int swz = 0; swz < 2; swz++) {
+        opf_spec sp = opf_spec_make(2, (int64_t[]){R, C}, OPF_BF16);
+        opf_quantizer q = fp4_quantizer(false, false, false, swz, BOTH);
+        opf_tensor hx, hq, dq, dout, back;
+        CHECK_OK(ctx, cuda_test_host_tensor(ctx, &sp, x, &hx));
+        CHECK_OK(ctx, opf_quantize_alloc(ctx, &q, &hx, &hq));
+        opf_layout L;
+        CHECK_OK(ctx, opf_spec_layout(&hq.spec, &L));
+        for (int col = 0; col < 2; col++) {  /* random bytes in both copies */
+            opf_component dc = col ? OPF_COMP_COL_DATA : OPF_COMP_DATA;
+            opf_component sc = col ? OPF_COMP_COL_SCALE_INV : OPF_COMP_SCALE_INV;
+            uint8_t *d = hq.data[dc], *sf = hq.data[sc];
+            for (size_t i = 0; i < L.comp[dc].nbytes; i++) d[i] = (uint8_t)cuda_test_u32();
+            for (size_t i = 0; i < L.comp[sc].nbytes; i++) sf[i] = (uint8_t)cuda_test_u32();
+            sf[col ? 5 : 3] = 0x7F;  /* NaN; a swizzled layout moves it, still in use */
+        }
+        CHECK_OK(ctx, cuda_test_upload(ctx, &hq, &dq));
+        for (int col = 0; col < 2; col++) {
+            opf_component dc = col ? OPF_COMP_COL_DATA : OPF_COMP_DATA;
+            opf_component sc = col ? OPF_COMP_COL_SCALE_INV : OPF_COMP_SCALE_INV;
+            int64_t rows = L.comp[dc].rows, cols = L.comp[dc].cols, ld = L.comp[sc].cols;
+            const uint8_t *d = hq.data[dc], *sf = hq.data[sc];
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++) {
+                    int64_t j = c / 16, si = swz ? (int64_t)opf_swizzle_index(r, j, ld) : r * ld + j;
+                    uint8_t code = (uint8_t)(d[(r * cols + c) / 2] >> (4 * (c % 2)) & 0xF);
+                    want[r * cols + c] = opf_e2m1_to_f32_impl(code) * opf_e4m3_to_f32_impl(sf[si]);
+                }
+            opf_spec so = opf_spec_make(2, (int64_t[]){rows, cols}, OPF_BF16);
+            CHECK_OK(ctx, cuda_test_alloc(ctx, &so, &dout));
+            CHECK_OK(ctx, opf_cuda_dequantize_nvfp4_bf16(ctx, &dq, col ? OPF_USAGE_COLUMNWISE
+                                                                      : OPF_USAGE_ROWWISE,
+                                                         dout.data[OPF_COMP_DATA]));
+            CHECK_OK(ctx, cuda_test_download(ctx, &dout, &back));
+            opf_convert(back.data[OPF_COMP_DATA], OPF_BF16, got, OPF_F32, (size_t)(rows * cols));
+            /* want in bf16 and back: the product is exact in bf16, so the
+             * round trip changes no finite value */
+            static uint16_t wb16[R * C];
+            static float wb[R * C];
+            opf_convert(want, OPF_F32, wb16, OPF_BF16, (size_t)(rows * cols));
+            opf_convert(wb16, OPF_BF16, wb, OPF_F32, (size_t)(rows * cols));
+            int64_t bad = 0, nan = 0;
+            for (int64_t i = 0; i < rows * cols; i++) {
+                nan += isnan(want[i]);
+                bool ok = isnan(want[i]) ? isnan(got[i])
+                                         : !memcmp(&wb[i], &got[i], 4) && !memcmp(&wb[i], &want[i], 4);
+                if (!ok && bad++ < 3)
+                    printf("  decode %s%s [%lld]: want %a got %a\n", col ? "col" : "row",
+                           swz ? " swizzled" : "", (long long)i, (double)want[i], (double)got[i]);
+            }
+            printf("  decode bf16 %s%s: %lld values (%lld under the NaN scale), %lld differ\n",
+                   col ? "columnwise" : "rowwise", swz ? " swizzled" : "", (long long)(rows * cols),
+                   (long long)nan, (long long)bad);
+            CHECK(bad == 0 && nan > 0, "nvfp4 bf16 decode: %lld differ, %lld NaN", (long long)bad,
+                  (long long)nan);
+            opf_tensor_release(&dout), opf_tensor_release(&back);
+        }
+        opf_tensor *ts[] = {&hx, &hq, &dq};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) opf_tensor_release(ts[i]);
+    }
+}
+
 typedef struct gemm_case {
     opf_gemm_layout layout;
     opf_dtype       out;
@@ -262,6 +334,7 @@ int main(void)
     test_sr_repeat(ctx);
     test_reduce_and_errors(ctx);
     printf("  %d quantize cases differ from the CPU\n", failures);
+    test_decode_bf16(ctx);
     test_gemm(ctx);
     cuda_test_done(ctx);
     TEST_DONE();

@@ -151,7 +151,7 @@ __global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void 
         for (int k = 0; k < 8; k++) {
             float r = BWD ? act_df<FN>(v[k], alpha) * g[k] : act_f<FN>(v[k], alpha);
             v[k] = opf_dev_to_f32<DO>(opf_dev_from_f32<DO>(r));  /* as stored (rounds again to itself) */
-            if (amax) key = max(key, opf_dev_amax_key(v[k]));
+            if (amax) key = opf_dev_amax_max(key, v[k]);
         }
         opf_dev_store8_as<DO>((SO *)y + c * 8, true, 8, v);
     }
@@ -159,7 +159,7 @@ __global__ void plain_t_kernel(float alpha, const void *x, const void *dy, void 
         float v = ld_t<DI>(x, i);
         float r = BWD ? act_df<FN>(v, alpha) * ld_t<DI>(dy, i) : act_f<FN>(v, alpha);
         float w = st_t<DO>(y, i, r);
-        if (amax) key = max(key, opf_dev_amax_key(w));
+        if (amax) key = opf_dev_amax_max(key, w);
     }
     if (amax) opf_dev_warp_amax(key, amax);
 }
@@ -337,7 +337,7 @@ template <opf_act_fn FN, opf_dtype DI, opf_dtype DO, bool STORED = false> struct
     __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v, unsigned &key) const
     {
         float d = act_df<FN>(v.x, alpha) * v.dy, w = st_t<DO>(dx, r * cols + c, d);
-        key = max(key, opf_dev_amax_key(w));
+        key = opf_dev_amax_max(key, w);
         return STORED ? w : d;
     }
 };

@@ -302,6 +302,20 @@ __device__ __forceinline__ unsigned opf_dev_amax_key(float v)
     return a > 0x7F800000u ? 0u : a;
 }
 
+/* max(m, |v|) with v NaN ignored (fmaxf returns the number): over m = +0
+ * and any values, the float whose bits are the max of their amax keys (the
+ * keys order as their floats; a NaN's key, 0, adds nothing). One FMNMX
+ * where a key and its integer max take four ALU instructions: what the
+ * ALU-bound quantize kernels max-accumulate. */
+__device__ __forceinline__ float opf_dev_amax_acc(float m, float v) { return fmaxf(m, fabsf(v)); }
+
+/* max(key, opf_dev_amax_key(v)) the same way: a key is the bits of a float
+ * >= 0, never a NaN's. */
+__device__ __forceinline__ unsigned opf_dev_amax_max(unsigned key, float v)
+{
+    return __float_as_uint(opf_dev_amax_acc(__uint_as_float(key), v));
+}
+
 /* Merges a warp's amax keys into *amax (one atomic a warp; 0 adds nothing). */
 __device__ __forceinline__ void opf_dev_warp_amax(unsigned key, unsigned *amax)
 {

@@ -130,7 +130,7 @@ template <opf_dtype D, bool AMAX = false> struct db_term {
      * tensor its cast pass reads: nothing stored) */
     __device__ __forceinline__ float finish(int64_t, int64_t, const in &v, unsigned &key) const
     {
-        if (AMAX) key = max(key, opf_dev_amax_key(v.v));
+        if (AMAX) key = opf_dev_amax_max(key, v.v);
         return v.v;
     }
 };

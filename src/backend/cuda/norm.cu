@@ -172,11 +172,12 @@ __device__ __forceinline__ void st8(void *p, opf_dtype t, int64_t i, const float
     *(uint4 *)((uint16_t *)p + i) = u;
 }
 
-/* The amax key of v as st1 / st8 store it in dtype t (rounding is
- * monotonic, so this is the key the quantize kernel's amax pass reads). */
-__device__ __forceinline__ unsigned stored_key(float v, opf_dtype t)
+/* key max-accumulated with the amax key of v as st1 / st8 store it in
+ * dtype t (rounding is monotonic, so this is the key the quantize kernel's
+ * amax pass reads). */
+__device__ __forceinline__ unsigned stored_key_max(unsigned key, float v, opf_dtype t)
 {
-    return opf_dev_amax_key(seen_as(v, t));
+    return opf_dev_amax_max(key, seen_as(v, t));
 }
 
 /* g_j = gamma_j (+ 1.0f zero-centred). */
@@ -301,7 +302,7 @@ __device__ __forceinline__ unsigned row_out(const norm_args &a, const row_view &
             st8(a.out, a.outt, o + j, z);
             if (!is_bwd(M) && a.amax)
 #pragma unroll
-                for (int k = 0; k < VEC; k++) key = max(key, stored_key(z[k], a.outt));
+                for (int k = 0; k < VEC; k++) key = stored_key_max(key, z[k], a.outt);
         }
         return key;
     }
@@ -310,7 +311,7 @@ __device__ __forceinline__ unsigned row_out(const norm_args &a, const row_view &
         float b = B ? ld1(a.beta, a.bt, j) : 0.0f, ad = ADD ? ld1(a.dadd, a.addt, o + j) : 0.0f;
         float z = f(xv.at(j), d, g, b, ad);
         st1(a.out, a.outt, o + j, z);
-        if (!is_bwd(M) && a.amax) key = max(key, stored_key(z, a.outt));
+        if (!is_bwd(M) && a.amax) key = stored_key_max(key, z, a.outt);
     }
     return key;
 }

@@ -55,57 +55,82 @@ __device__ __forceinline__ float scale_of(const blk_scale &b, unsigned key)
  * correctly rounded fp32 reciprocal, which costs far less here. */
 __device__ __forceinline__ float scale_inv(float s) { return __frcp_rn(s); }
 
+/* The amaxes of the 4 rows a half warp holds (rk[j]: this thread's part
+ * of row m + j), reduced and scattered: after the xor-8 and xor-4 steps
+ * lane bits 3..2 name the row a lane keeps (2 * bit3 + bit2), after xor 2
+ * and 1 every lane holds its row's amax. 5 shuffles where a reduction per
+ * row takes 16, and one scale per lane where each row's took one each. */
+__device__ __forceinline__ float row_amax_scatter(const float (&rk)[4], int lane)
+{
+    bool up8 = lane & 8, up4 = lane & 4;
+    float y0 = __shfl_xor_sync(0xFFFFFFFFu, up8 ? rk[0] : rk[2], 8);
+    float y1 = __shfl_xor_sync(0xFFFFFFFFu, up8 ? rk[1] : rk[3], 8);
+    float k0 = fmaxf(up8 ? rk[2] : rk[0], y0), k1 = fmaxf(up8 ? rk[3] : rk[1], y1);
+    float m = fmaxf(up4 ? k1 : k0, __shfl_xor_sync(0xFFFFFFFFu, up4 ? k0 : k1, 4));
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    return fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+}
+
 /* 1D rowwise blocks: a half warp holds one row's 128 columns, each thread
  * the quad at rows m..m+3, columns k..k+7. On the way, the quad's column
- * amax keys into ck (one widening of each row for both). */
+ * amaxes into ck (one widening of each row for both; amaxes as floats,
+ * opf_dev_amax_acc). */
 template <typename T>
 __device__ __forceinline__ void row_blocks(const opf_quad<T> &qv, const blk_out &o,
                                            const blk_scale &bs, int64_t m, int64_t k, int64_t M,
-                                           int64_t K, bool e4m3, bool vec, unsigned (&ck)[VEC])
+                                           int64_t K, bool e4m3, bool vec, float (&ck)[VEC])
 {
-    uint2 b[4];
+    float rk[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float v[VEC];
         opf_quad_row(qv, j, v);
-        unsigned key = 0;
+        rk[j] = 0.0f;
 #pragma unroll
         for (int i = 0; i < VEC; i++) {
-            unsigned ki = opf_dev_amax_key(v[i]);
-            key = max(key, ki);
-            ck[i] = max(ck[i], ki);
+            rk[j] = opf_dev_amax_acc(rk[j], v[i]);
+            ck[i] = opf_dev_amax_acc(ck[i], v[i]);
         }
-        float sc = scale_of(bs, opf_dev_max_lanes(key, TC)), s[VEC];
+    }
+    int lane = threadIdx.x % 32, jr = (lane >> 3 & 1) * 2 + (lane >> 2 & 1);
+    float mine = scale_of(bs, __float_as_uint(row_amax_scatter(rk, lane)));
+    if (lane % 4 == 0 && m + jr < M) o.sinv[k / BLK * o.ld + m + jr] = scale_inv(mine);
+    uint2 b[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float v[VEC], s[VEC];
+        float sc = __shfl_sync(0xFFFFFFFFu, mine, (lane & 16) | (j >> 1) << 3 | (j & 1) << 2);
+        opf_quad_row(qv, j, v);
 #pragma unroll
         for (int i = 0; i < VEC; i++) s[i] = sc;
         b[j] = opf_dev_cast8(v, s, e4m3);
-        if (threadIdx.x % TC == 0 && m + j < M) o.sinv[k / BLK * o.ld + m + j] = scale_inv(sc);
     }
     opf_qtile_store_rows(o.q, b, M, K, m, k, vec);
 }
 
-/* The column amax keys of the thread's quad, max-accumulated into ck. */
+/* The column amaxes of the thread's quad, max-accumulated into ck. */
 template <typename T>
-__device__ __forceinline__ void quad_column_keys(const opf_quad<T> &qv, unsigned (&ck)[VEC])
+__device__ __forceinline__ void quad_column_keys(const opf_quad<T> &qv, float (&ck)[VEC])
 {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float v[VEC];
         opf_quad_row(qv, j, v);
 #pragma unroll
-        for (int i = 0; i < VEC; i++) ck[i] = max(ck[i], opf_dev_amax_key(v[i]));
+        for (int i = 0; i < VEC; i++) ck[i] = opf_dev_amax_acc(ck[i], v[i]);
     }
 }
 
 /* The column amax keys of the tile into key[column] from those of the
  * threads' quads (ck): the two quads of a warp, then across the warps. */
-__device__ __forceinline__ void column_keys(const unsigned (&ck)[VEC], int tc,
+__device__ __forceinline__ void column_keys(const float (&ck)[VEC], int tc,
                                             unsigned (&part)[WARPS][BLK], unsigned (&key)[BLK])
 {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
-        unsigned k = max(ck[i], __shfl_xor_sync(0xFFFFFFFFu, ck[i], 16));
+        unsigned c = __float_as_uint(ck[i]);
+        unsigned k = max(c, __shfl_xor_sync(0xFFFFFFFFu, c, 16));
         if (lane < 16) part[warp][tc * VEC + i] = k;
     }
     __syncthreads();
@@ -164,7 +189,7 @@ block_kernel(const T *__restrict__ x, int64_t M, int64_t K, blk_out o, blk_scale
     int64_t m0 = mb * BLK, k0 = kb * BLK, m = m0 + 4 * qd, k = k0 + tc * VEC;
     opf_quad<T> qv;
     opf_qtile_load<T>(x, M, K, m, k, VEC_IO, qv);
-    unsigned ck[VEC] = {0};
+    float ck[VEC] = {0};
     if (MODE != B_2D && o.q) row_blocks(qv, o, bs, m, k, M, K, e4m3, VEC_IO, ck);
     else quad_column_keys(qv, ck);
     if (MODE == B_ROW) return;

@@ -61,7 +61,7 @@ __device__ __forceinline__ void row_blocks(const float (&v)[PASSES][VEC], const 
     for (int p = 0; p < PASSES; p++) {
         unsigned key = 0;
 #pragma unroll
-        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[p][i]));
+        for (int i = 0; i < VEC; i++) key = opf_dev_amax_max(key, v[p][i]);
         key = opf_dev_max_lanes(key, 4);
         uint8_t e = block_exp(key, rcp);
         float s[VEC], mult = opf_dev_e8m0_mult(e);
@@ -85,7 +85,7 @@ __device__ __forceinline__ void column_keys(const float (&v)[PASSES][VEC], int t
     for (int b = 0; b < 2; b++)
 #pragma unroll
         for (int i = 0; i < VEC; i++) {
-            unsigned k = max(opf_dev_amax_key(v[2 * b][i]), opf_dev_amax_key(v[2 * b + 1][i]));
+            unsigned k = opf_dev_amax_max(opf_dev_amax_max(0u, v[2 * b][i]), v[2 * b + 1][i]);
             k = max(k, __shfl_xor_sync(0xFFFFFFFFu, k, 16));
             if (lane < 16) part[warp][b][tc * VEC + i] = k;
         }

@@ -89,14 +89,20 @@ __device__ __forceinline__ uint8_t block_scale(float b, const fp4_global &g, flo
 }
 
 /* fp32 -> e2m1, RNE, saturating, NaN -> +6: opf_f32_to_e2m1_impl
- * (core/codec-impl.h), its one fp32 add rounding the subnormal 0.5. */
+ * (core/codec-impl.h) in float operations (the ALU is this file's
+ * bottleneck; the FP32 pipe has room). x is clamped to [-6, 6] (NaN -> 6,
+ * -0 kept); c = |x| rounds to the grid of its binade by one add of
+ * m = 1.5 * 2^22 * p, p = max(2^floor(log2 c), 1), whose ulp p / 2 is the
+ * grid's step (0.5 below 2, 1 below 4, 2 above) and whose even units are
+ * the even codes; then bits(c + m) = bits(m) + k, k the grid steps, and
+ * the code is k + 2 log2 p. Checked against the CPU's on all 2^32 inputs. */
 __device__ __forceinline__ uint32_t e2m1_rne(float x)
 {
-    uint32_t u = __float_as_uint(x), a = u & 0x7FFFFFFFu, c = min(a, 0x40C00000u);
-    uint32_t normal = (c + ((1u << 21) - 1u - 0x3F000000u) + ((c >> 22) & 1u)) >> 22;
-    uint32_t sub = __float_as_uint(__fadd_rn(__uint_as_float(c), 0x1p22f)) - 0x4A800000u;
-    uint32_t code = (c < 0x3F800000u ? sub : normal) | ((u >> 28) & 0x8u);
-    return a > 0x7F800000u ? 0x7u : code;
+    float cl = fmaxf(fminf(x, 6.0f), -6.0f), c = fabsf(cl);
+    uint32_t pb = max(__float_as_uint(c) & 0x7F800000u, 0x3F800000u);
+    uint32_t cm = __float_as_uint(__fadd_rn(c, __fmul_rn(__uint_as_float(pb), 0x1.8p22f)));
+    /* bits(m) = pb + 0x0B400000; 2 log2 p = (pb >> 22) - 254 */
+    return cm - pb + (pb >> 22) - (0x0B400000u + 254u) + ((__float_as_uint(cl) >> 28) & 8u);
 }
 
 /* 3.4.5 stochastic rounding with the random byte r8 (nvfp4_round_sr). */
@@ -126,12 +132,17 @@ __device__ __forceinline__ uint2 codes16(const float (&v)[BLK], float enc, bool 
     return make_uint2(word[0], word[1]);
 }
 
-/* fp32 -> bf16 -> fp32, RNE, as the CPU: a NaN becomes 0x7FC00000 (the
- * rounding add would carry the GPU's NaN 0x7FFFFFFF into the sign: -0). */
-__device__ __forceinline__ float round_bf16(float x)
+/* v[2i], v[2i+1] -> bf16 -> fp32, RNE (cvt.rn.bf16x2.f32: one
+ * instruction a pair). A NaN keeps only its NaN-ness (the CPU's is
+ * 0x7FC00000, the GPU's 0x7FFF0000): what reads these values, the amax
+ * (NaN ignored) and the e2m1 codes (NaN -> +6), sees any NaN alike. */
+__device__ __forceinline__ void round_bf16(float (&v)[BLK])
 {
-    uint32_t b = __float_as_uint(x), r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
-    return __uint_as_float((b & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : r);
+#pragma unroll
+    for (int i = 0; i < BLK; i += 2) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(v[i], v[i + 1]);
+        v[i] = __low2float(h), v[i + 1] = __high2float(h);
+    }
 }
 
 /* 2^bitlength(j): the columns whose sums differ after adding rows 0..j. */
@@ -163,15 +174,17 @@ __device__ __forceinline__ void rht16(float (&v)[BLK], uint32_t sign_mask)
         }
     }
 #pragma unroll
-    for (int c = 0; c < BLK; c++) v[c] = round_bf16(acc[c]);
+    for (int c = 0; c < BLK; c++) v[c] = acc[c];
+    round_bf16(v);
 }
 
+/* The max of the 16 values' amax keys. */
 __device__ __forceinline__ unsigned keys16(const float (&v)[BLK])
 {
-    unsigned k = 0;
+    float m = 0.0f;
 #pragma unroll
-    for (int i = 0; i < BLK; i++) k = max(k, opf_dev_amax_key(v[i]));
-    return k;
+    for (int i = 0; i < BLK; i++) m = opf_dev_amax_acc(m, v[i]);
+    return __float_as_uint(m);
 }
 
 __device__ __forceinline__ int64_t scale_at(const fp4_out &o, int64_t i, int64_t j, int64_t ld)
@@ -210,10 +223,10 @@ __device__ __forceinline__ unsigned widen8(const chunk8<T> &c, float (&v)[8])
 {
     T h[8];
     memcpy(h, &c, sizeof h);
-    unsigned key = 0;
+    float m = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = opf_dev_widen<T>(h[i]), key = max(key, opf_dev_amax_key(v[i]));
-    return key;
+    for (int i = 0; i < 8; i++) v[i] = opf_dev_widen<T>(h[i]), m = opf_dev_amax_acc(m, v[i]);
+    return __float_as_uint(m);
 }
 
 /* The thread's chunks of the tile at (m0, k0) (K % 16 == 0, so an
@@ -289,9 +302,7 @@ __device__ __forceinline__ unsigned column_phase(const float (&t)[TM][SROW], con
 #pragma unroll
     for (int i = 0; i < BLK; i++) v[i] = t[g * BLK + i][c];
     if (F & F_RHT) {
-        if (!std::is_same<T, __nv_bfloat16>::value)  /* f32 and f16 round to bf16 */
-#pragma unroll
-            for (int i = 0; i < BLK; i++) v[i] = round_bf16(v[i]);
+        if (!std::is_same<T, __nv_bfloat16>::value) round_bf16(v);  /* f32 and f16 to bf16 */
         rht16(v, o.sign_mask);
     }
     unsigned key = keys16(v);

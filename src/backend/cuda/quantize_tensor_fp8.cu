@@ -115,13 +115,13 @@ flat_kernel(const T *__restrict__ x, int64_t n, bool vec, bool rev, scale_src sr
             int64_t c = c0 + u * stride;
             if (AMAX)
 #pragma unroll
-                for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[u][i]));
+                for (int i = 0; i < VEC; i++) key = opf_dev_amax_max(key, v[u][i]);
             if (CAST && c < nv) *(uint2 *)(q + (rev ? nv - 1 - c : c) * VEC) = cast8(v[u], s, e4m3);
         }
     }
     for (int64_t i = nv * VEC + i0; i < n; i += stride) {
         float v = opf_dev_widen<T>(x[i]);
-        if (AMAX) key = max(key, opf_dev_amax_key(v));
+        if (AMAX) key = opf_dev_amax_max(key, v);
         if (CAST) q[i] = opf_dev_to_fp8(v * s, e4m3);
     }
     if (AMAX) block_amax(key, amax, amax2);
@@ -160,7 +160,7 @@ cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, bool rev, s
         opf_quad_row(qv, j, v);
         if (AMAX)
 #pragma unroll
-            for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));
+            for (int i = 0; i < VEC; i++) key = opf_dev_amax_max(key, v[i]);
         b[j] = cast8(v, s, e4m3);
     }
     opf_qtile_store_rows(q, b, M, K, m, k, VEC_IO);

@@ -39,7 +39,7 @@ __global__ void amax_kernel(const void *x, int64_t n, bool vec, unsigned *amax)
         float v[VEC];
         opf_dev_load8_as<D>((const S *)x + c * VEC, vec && w == VEC, w, v);
 #pragma unroll
-        for (int i = 0; i < VEC; i++) key = max(key, opf_dev_amax_key(v[i]));  /* pads are 0 */
+        for (int i = 0; i < VEC; i++) key = opf_dev_amax_max(key, v[i]);  /* pads are 0 */
     }
     key = opf_dev_max_lanes(key, 32);
     if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = key;
