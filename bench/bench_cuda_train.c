@@ -1,8 +1,9 @@
 /* bench_cuda_train.c: `opfuse bench cuda-train`: training steps on the GPU
  * (CUDA-event medians of REPS after WARMUP, random data, bf16):
  *   - Linear forward + backward (fprop, dgrad, wgrad) at S x S x S per
- *     recipe, and the recipe's three GEMMs alone on operands quantized once
- *     (the floor the step approaches);
+ *     recipe (timed alone, as its peer), and its ratio to the recipe's three
+ *     GEMMs alone on operands quantized once (the floor the step
+ *     approaches), the step and the GEMMs timed in turns for it;
  *   - the LayerNorm-MLP step (layernorm, fc1 + bias, gelu, fc2 + bias;
  *     forward + backward with a given dy, no optimizer) at T tokens x
  *     hidden H (ffn 4H) per recipe, eager;
@@ -18,7 +19,8 @@
  * `--out FILE` also writes "name value" lines for
  * bench/peer/torch_cuda_train.py, which prints the comparison table.
  * `--only LIST` runs only the sections named in LIST (any of linear, lnmlp,
- * small, host). OPF_CUDA_SIDE=auto (or 1) puts the Linears' wgrad on the side
+ * small, host); OPF_BENCH_RECIPES=LIST (of bf16, fp8_current, fp8_delayed,
+ * fp8_block, mxfp8, nvfp4) only those recipes in linear and lnmlp. OPF_CUDA_SIDE=auto (or 1) puts the Linears' wgrad on the side
  * queue (cuda.h; off by default), for the before / after of it.
  *
  *     opfuse bench cuda-train [--out FILE] [--only LIST] [S [T H]]   default 8192 8192 4096 */
@@ -54,23 +56,48 @@ static void record(const char *name, const char *unit, double v, const char *not
 typedef opf_status (*step_fn)(void *arg);
 typedef struct timed { opf_ctx *ctx; step_fn fn; void *arg; } timed;
 
-/* Median milliseconds of a step between two events, after WARMUP steps. */
-static opf_status time_ms(const timed *t, double *ms)
+/* Event-timed runs of t, n of them, into v[0..n) (ms). */
+static opf_status time_runs(const timed *t, int n, double *v)
 {
     opf_cuda_timer *tm = NULL;
-    opf_status st = opf_cuda_timer_create(t->ctx, 2 * REPS, &tm);
-    for (int i = 0; i < WARMUP && !st; i++) st = t->fn(t->arg);
-    for (int i = 0; i < REPS && !st; i++)
+    opf_status st = opf_cuda_timer_create(t->ctx, 2 * n, &tm);
+    for (int i = 0; i < n && !st; i++)
         if (!(st = opf_cuda_timer_mark(t->ctx, tm, 2 * i)) && !(st = t->fn(t->arg)))
             st = opf_cuda_timer_mark(t->ctx, tm, 2 * i + 1);
-    double v[REPS];
-    for (int i = 0; i < REPS && !st; i++) {
+    for (int i = 0; i < n && !st; i++) {
         float f = 0;
         st = opf_cuda_timer_ms(tm, 2 * i, 2 * i + 1, &f);
         v[i] = f;
     }
     opf_cuda_timer_destroy(tm);
+    return st;
+}
+
+/* Median milliseconds of a step between two events, after WARMUP steps. */
+static opf_status time_ms(const timed *t, double *ms)
+{
+    double v[REPS];
+    opf_status st = OPF_OK;
+    for (int i = 0; i < WARMUP && !st; i++) st = t->fn(t->arg);
+    if (!st) st = time_runs(t, REPS, v);
     if (!st) *ms = opf_bench_median(v, REPS);
+    return st;
+}
+
+/* Medians of a and b timed in turns, ROUNDS rounds of REPS / ROUNDS runs
+ * each after WARMUP of each, so that both see the same clocks and heat (a
+ * GPU at full FP8 load throttles over seconds; timed one after the other,
+ * the ratio of two such loops moved by a sixth between runs). */
+static opf_status time_pair_ms(const timed *a, const timed *b, double *ms_a, double *ms_b)
+{
+    enum { ROUNDS = 5, PER = REPS / ROUNDS };
+    double va[ROUNDS * PER], vb[ROUNDS * PER];
+    opf_status st = OPF_OK;
+    for (int i = 0; i < WARMUP && !st; i++)
+        if (!(st = a->fn(a->arg))) st = b->fn(b->arg);
+    for (int r = 0; r < ROUNDS && !st; r++)
+        if (!(st = time_runs(a, PER, va + r * PER))) st = time_runs(b, PER, vb + r * PER);
+    if (!st) *ms_a = opf_bench_median(va, ROUNDS * PER), *ms_b = opf_bench_median(vb, ROUNDS * PER);
     return st;
 }
 
@@ -201,7 +228,9 @@ static opf_status operand(opf_ctx *ctx, opf_op *op, opf_tensor_role role, const 
     return st ? st : opf_quantize_alloc(ctx, &q, in, out);
 }
 
-static opf_status gemms_ms(opf_ctx *ctx, opf_seq *seq, const train *t, int64_t S, double *ms)
+/* The step t and its three GEMMs, timed in turns: *ms the step, *gms the GEMMs. */
+static opf_status step_and_gemms_ms(opf_ctx *ctx, opf_seq *seq, train *t, int64_t S, double *ms,
+                                    double *gms)
 {
     gemms a = {.ctx = ctx};
     opf_op *op = opf_seq_at(seq, 0);
@@ -213,7 +242,7 @@ static opf_status gemms_ms(opf_ctx *ctx, opf_seq *seq, const train *t, int64_t S
     if (!st) st = opf_tensor_alloc(ctx, &ps, &a.y);
     if (!st) st = opf_tensor_alloc(ctx, &ps, &a.dx);
     if (!st) st = opf_tensor_alloc(ctx, &ps, &a.dw);
-    if (!st) st = time_ms(&(timed){ctx, run_gemms, &a}, ms);
+    if (!st) st = time_pair_ms(&(timed){ctx, train_step, t}, &(timed){ctx, run_gemms, &a}, ms, gms);
     opf_tensor *all[] = {&a.w, &a.x, &a.dy, &a.y, &a.dx, &a.dw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) opf_tensor_release(all[i]);
     return st;
@@ -226,6 +255,18 @@ static const rcase recipes[] = {
     {OPF_RECIPE_MXFP8, "mxfp8"},     {OPF_RECIPE_NVFP4, "nvfp4"},
 };
 enum { N_RECIPES = sizeof recipes / sizeof recipes[0] };
+
+/* OPF_BENCH_RECIPES (a comma list of the names above) limits the Linear
+ * and LayerNorm-MLP sections to those recipes; unset, all run. */
+static bool wanted_recipe(const char *name)
+{
+    const char *list = getenv("OPF_BENCH_RECIPES");
+    size_t n = strlen(name);
+    if (!list || !*list) return true;
+    for (const char *p = list; (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
 
 static void failed(opf_ctx *ctx, const char *what)
 {
@@ -240,18 +281,21 @@ static void bench_linear(opf_ctx *ctx, int64_t S)
         char name[64];
         opf_seq *seq = NULL;
         train t = {0};
-        double ms = 0, gms = 0;
+        double ms = 0, tms = 0, gms = 0;
+        if (!wanted_recipe(recipes[r].name)) continue;
         opf_status st = opf_seq_create(ctx, &seq);
         if (!st) st = opf_seq_append_linear(seq, S, S, false, OPF_BF16, "fc");
-            if (!st) st = train_open(ctx, seq, recipes[r].kind, S, S, &t);
-        if (!st) st = time_ms(&(timed){ctx, train_step, &t}, &ms);
+        if (!st) st = train_open(ctx, seq, recipes[r].kind, S, S, &t);
+        if (!st) st = time_ms(&(timed){ctx, train_step, &t}, &ms);  /* alone, as the peer's */
         snprintf(name, sizeof name, "linear_%s_ms", recipes[r].name);
         if (st) failed(ctx, name);
         else record(name, "ms", ms, NULL);
-        if (!st) st = gemms_ms(ctx, seq, &t, S, &gms);
+        if (!st) st = step_and_gemms_ms(ctx, seq, &t, S, &tms, &gms);
+        snprintf(name, sizeof name, "linear_%s_turns_ms", recipes[r].name);
+        if (!st) record(name, "ms", tms, "the step, timed in turns with its GEMMs");
         snprintf(name, sizeof name, "linear_%s_gemms_ms", recipes[r].name);
         char note[64];
-        snprintf(note, sizeof note, "step / GEMMs %.2f", gms > 0 ? ms / gms : 0.0);
+        snprintf(note, sizeof note, "step / GEMMs %.2f (in turns)", gms > 0 ? tms / gms : 0.0);
         if (st) failed(ctx, name);
         else record(name, "ms", gms, note);
         train_close(&t);
@@ -265,6 +309,7 @@ static void bench_lnmlp(opf_ctx *ctx, int64_t T, int64_t H)
            (long long)T, (long long)H);
     for (int r = 0; r < N_RECIPES; r++) {
         char name[64];
+        if (!wanted_recipe(recipes[r].name)) continue;
         snprintf(name, sizeof name, "lnmlp_%s_ms", recipes[r].name);
         opf_seq *seq = NULL;
         train t = {0};
