@@ -20,8 +20,9 @@
  * bench/peer/torch_cuda_train.py, which prints the comparison table.
  * `--only LIST` runs only the sections named in LIST (any of linear, lnmlp,
  * small, host); OPF_BENCH_RECIPES=LIST (of bf16, fp8_current, fp8_delayed,
- * fp8_block, mxfp8, nvfp4) only those recipes in linear and lnmlp. OPF_CUDA_SIDE=auto (or 1) puts the Linears' wgrad on the side
- * queue (cuda.h; off by default), for the before / after of it.
+ * fp8_block, mxfp8, nvfp4) only those recipes in linear and lnmlp.
+ * OPF_CUDA_SIDE=auto (or 1) puts the Linears' wgrad on the side queue
+ * (cuda.h; off by default), for the before / after of it.
  *
  *     opfuse bench cuda-train [--out FILE] [--only LIST] [S [T H]]   default 8192 8192 4096 */
 #include <stdio.h>
@@ -87,16 +88,28 @@ static opf_status time_ms(const timed *t, double *ms)
 /* Medians of a and b timed in turns, ROUNDS rounds of REPS / ROUNDS runs
  * each after WARMUP of each, so that both see the same clocks and heat (a
  * GPU at full FP8 load throttles over seconds; timed one after the other,
- * the ratio of two such loops moved by a sixth between runs). */
+ * the ratio of two such loops moved by a sixth between runs). All runs are
+ * queued before the first time is read: none starts on an idle GPU. */
 static opf_status time_pair_ms(const timed *a, const timed *b, double *ms_a, double *ms_b)
 {
-    enum { ROUNDS = 5, PER = REPS / ROUNDS };
+    enum { ROUNDS = 5, PER = REPS / ROUNDS, RUNS = 2 * ROUNDS * PER };
     double va[ROUNDS * PER], vb[ROUNDS * PER];
-    opf_status st = OPF_OK;
+    opf_cuda_timer *tm = NULL;
+    opf_status st = opf_cuda_timer_create(a->ctx, 2 * RUNS, &tm);
     for (int i = 0; i < WARMUP && !st; i++)
         if (!(st = a->fn(a->arg))) st = b->fn(b->arg);
-    for (int r = 0; r < ROUNDS && !st; r++)
-        if (!(st = time_runs(a, PER, va + r * PER))) st = time_runs(b, PER, vb + r * PER);
+    for (int i = 0; i < RUNS && !st; i++) {  /* run i: a or b by its half of the round */
+        const timed *t = i / PER % 2 ? b : a;
+        if (!(st = opf_cuda_timer_mark(t->ctx, tm, 2 * i)) && !(st = t->fn(t->arg)))
+            st = opf_cuda_timer_mark(t->ctx, tm, 2 * i + 1);
+    }
+    for (int i = 0; i < RUNS && !st; i++) {
+        float f = 0;
+        st = opf_cuda_timer_ms(tm, 2 * i, 2 * i + 1, &f);
+        int round = i / (2 * PER), k = i % PER;
+        (i / PER % 2 ? vb : va)[round * PER + k] = f;
+    }
+    opf_cuda_timer_destroy(tm);
     if (!st) *ms_a = opf_bench_median(va, ROUNDS * PER), *ms_b = opf_bench_median(vb, ROUNDS * PER);
     return st;
 }
@@ -258,6 +271,23 @@ enum { N_RECIPES = sizeof recipes / sizeof recipes[0] };
 
 /* OPF_BENCH_RECIPES (a comma list of the names above) limits the Linear
  * and LayerNorm-MLP sections to those recipes; unset, all run. */
+static bool wanted_recipe(const char *name);
+
+/* Names in OPF_BENCH_RECIPES that are no recipe's, said once (a typo would
+ * otherwise run nothing in silence). */
+static void check_recipes(void)
+{
+    const char *list = getenv("OPF_BENCH_RECIPES");
+    for (const char *p = list; p && *p;) {
+        size_t n = strcspn(p, ",");
+        bool known = false;
+        for (int r = 0; r < N_RECIPES; r++)
+            known |= strlen(recipes[r].name) == n && !strncmp(p, recipes[r].name, n);
+        if (!known) printf("OPF_BENCH_RECIPES: '%.*s' is no recipe here (skipped)\n", (int)n, p);
+        p += n + (p[n] == ',');
+    }
+}
+
 static bool wanted_recipe(const char *name)
 {
     const char *list = getenv("OPF_BENCH_RECIPES");
@@ -439,6 +469,7 @@ int opf_bench_cuda_train(int argc, char **argv)
     if (!ctx) return rc;
     int64_t S = d[0], T = d[1], H = d[2];
     results = out_path ? fopen(out_path, "w") : NULL;
+    check_recipes();
     if (!only || strstr(only, "linear")) bench_linear(ctx, S);
     if (!only || strstr(only, "lnmlp")) {
         bench_lnmlp(ctx, T, H);

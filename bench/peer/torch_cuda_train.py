@@ -99,6 +99,8 @@ def main():
     only = None
     if "--only" in args:
         i = args.index("--only")
+        if i + 1 == len(args):
+            sys.exit("torch_cuda_train.py: --only needs a list (linear,lnmlp,small,host)")
         only = set(args[i + 1].split(","))
         del args[i:i + 2]
     want = lambda section: only is None or section in only  # noqa: E731
@@ -143,7 +145,8 @@ def main():
         g = ours.get(f"linear_{r}_gemms_ms")
         if o and g:
             bound = " (target <= 1.10)" if r in ("fp8_current", "fp8_delayed") else ""
-            print(f"{'linear ' + r + ' step / its 3 GEMMs':40s} {o:9.3f} {g:9.3f} {o / g:7.2f}{bound}")
+            what = f"linear {r} step / its 3 GEMMs"
+            print(f"{what:40s} {o:9.3f} {g:9.3f} {o / g:7.2f}{bound}")
     for r in targets if want("lnmlp") else ():
         o = ours.get(f"lnmlp_{r}_ms")
         row(f"lnmlp {T}x{H} {r} vs eager", o, big["eager"], 0, "PyTorch bf16 eager")

@@ -209,7 +209,8 @@ static void test_decode_bf16(opf_ctx *ctx)
             const uint8_t *d = hq.data[dc], *sf = hq.data[sc];
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t c = 0; c < cols; c++) {
-                    int64_t j = c / 16, si = swz ? (int64_t)opf_swizzle_index(r, j, ld) : r * ld + j;
+                    int64_t j = c / 16;
+                    int64_t si = swz ? (int64_t)opf_swizzle_index(r, j, ld) : r * ld + j;
                     uint8_t code = (uint8_t)(d[(r * cols + c) / 2] >> (4 * (c % 2)) & 0xF);
                     want[r * cols + c] = opf_e2m1_to_f32_impl(code) * opf_e4m3_to_f32_impl(sf[si]);
                 }
@@ -230,7 +231,8 @@ static void test_decode_bf16(opf_ctx *ctx)
             for (int64_t i = 0; i < rows * cols; i++) {
                 nan += isnan(want[i]);
                 bool ok = isnan(want[i]) ? isnan(got[i])
-                                         : !memcmp(&wb[i], &got[i], 4) && !memcmp(&wb[i], &want[i], 4);
+                                         : !memcmp(&wb[i], &got[i], 4) &&
+                                               !memcmp(&wb[i], &want[i], 4);
                 if (!ok && bad++ < 3)
                     printf("  decode %s%s [%lld]: want %a got %a\n", col ? "col" : "row",
                            swz ? " swizzled" : "", (long long)i, (double)want[i], (double)got[i]);

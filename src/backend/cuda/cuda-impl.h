@@ -294,23 +294,15 @@ template <> __device__ __forceinline__ float opf_dev_widen<__half>(__half v)
     return __half2float(v);
 }
 
-/* The amax key of numerics.md's amax: |v| as bits, 0 for NaN, so the max of
- * keys is the amax (NaN ignored, from 0) and an integer atomicMax merges. */
-__device__ __forceinline__ unsigned opf_dev_amax_key(float v)
-{
-    unsigned a = __float_as_uint(v) & 0x7FFFFFFFu;
-    return a > 0x7F800000u ? 0u : a;
-}
-
-/* max(m, |v|) with v NaN ignored (fmaxf returns the number): over m = +0
- * and any values, the float whose bits are the max of their amax keys (the
- * keys order as their floats; a NaN's key, 0, adds nothing). One FMNMX
- * where a key and its integer max take four ALU instructions: what the
- * ALU-bound quantize kernels max-accumulate. */
+/* Amax keys. numerics.md's amax (NaN ignored, from 0) is kept as a key:
+ * the bits of the float max(|v|), a NaN counting 0, so that an integer max
+ * or atomicMax of keys (the keys of floats >= 0 order as the floats) merges
+ * partial amaxes. opf_dev_amax_acc max-accumulates |v| into such a float in
+ * one FMNMX (fmaxf returns the number when v is NaN); opf_dev_amax_max does
+ * it on a key. Masking the NaNs out of an integer key took four ALU
+ * instructions an element, in kernels whose ALU is their bottleneck. */
 __device__ __forceinline__ float opf_dev_amax_acc(float m, float v) { return fmaxf(m, fabsf(v)); }
 
-/* max(key, opf_dev_amax_key(v)) the same way: a key is the bits of a float
- * >= 0, never a NaN's. */
 __device__ __forceinline__ unsigned opf_dev_amax_max(unsigned key, float v)
 {
     return __float_as_uint(opf_dev_amax_acc(__uint_as_float(key), v));

@@ -2,7 +2,7 @@
  * act.cu and elem.cu. The entry's kernel writes the values (or, for
  * dbias_q, only reads them: dy itself), and for current-scaling FP8 takes
  * their amax on the way: out's amax component is zeroed first, the kernel
- * max-accumulates the amax keys (opf_dev_amax_key) of the values into it,
+ * max-accumulates the amax keys (opf_dev_amax_max) of the values into it,
  * and quantize_tensor_fp8.cu's cast pass reads that amax (cuda.h's
  * opf_cuda_quantize_tensor_fp8_cast): the bits opf_cuda_quantize_tensor_fp8
  * gives from the values, one pass fewer. Other formats quantize after the
