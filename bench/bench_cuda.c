@@ -217,7 +217,12 @@ static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
     return rc;
 }
 
-typedef struct gbench { const char *name; int a, b; bool split; } gbench;
+typedef struct gbench {
+    const char     *name;
+    int             a, b;
+    bool            split;
+    opf_gemm_layout layout;
+} gbench;
 
 static int bench_gemm(opf_ctx *ctx, int64_t S)
 {
@@ -244,21 +249,24 @@ static int bench_gemm(opf_ctx *ctx, int64_t S)
             cuda_quantize(ctx, &q, &b, &qb[f]))
             return 1;
     }
-    printf("GEMM TN %lld^3, bf16 output (TFLOP/s)\n", (long long)S);
+    printf("GEMM %lld^3 (TN unless named), bf16 output (TFLOP/s)\n", (long long)S);
     static const gbench cases[] = {
-        {"gemm_bf16_tflops", 0, 0, false},
-        {"gemm_fp8_fast_tflops", 1, 1, false},
-        {"gemm_fp8_split_tflops", 1, 1, true},
-        {"gemm_block_1x2_tflops", 2, 3, true},   /* A (weight) 128x128, B 1x128 */
-        {"gemm_block_1x1_tflops", 3, 3, true},
-        {"gemm_mxfp8_tflops", 4, 4, true},       /* dequantize + bf16 GEMM */
-        {"gemm_nvfp4_tflops", 5, 5, true},       /* dequantize + bf16 GEMM */
+        {"gemm_bf16_tflops", 0, 0, false, OPF_GEMM_TN},
+        /* a Linear's bf16 dgrad and wgrad layouts (and MXFP8's decoded GEMMs) */
+        {"gemm_bf16_nn_tflops", 0, 0, false, OPF_GEMM_NN},
+        {"gemm_bf16_nt_tflops", 0, 0, false, OPF_GEMM_NT},
+        {"gemm_fp8_fast_tflops", 1, 1, false, OPF_GEMM_TN},
+        {"gemm_fp8_split_tflops", 1, 1, true, OPF_GEMM_TN},
+        {"gemm_block_1x2_tflops", 2, 3, true, OPF_GEMM_TN},   /* A (weight) 128x128, B 1x128 */
+        {"gemm_block_1x1_tflops", 3, 3, true, OPF_GEMM_TN},
+        {"gemm_mxfp8_tflops", 4, 4, true, OPF_GEMM_TN},       /* dequantize + bf16 GEMM */
+        {"gemm_nvfp4_tflops", 5, 5, true, OPF_GEMM_TN},       /* dequantize + bf16 GEMM */
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
         opf_gemm_options o = opf_gemm_options_default();
         o.split_accumulator = cases[i].split;
-        gemm_arg ga = {{&qa[cases[i].a], &qb[cases[i].b], OPF_GEMM_TN, &o, &d, S, S, S, {0}}};
+        gemm_arg ga = {{&qa[cases[i].a], &qb[cases[i].b], cases[i].layout, &o, &d, S, S, S, {0}}};
         double ms;
         rc = time_ms(ctx, run_gemm, &ga, &ms);
         char note[32];

@@ -3,7 +3,7 @@ device copy, torch.compile of each cast (FP8 current scaling with amax and the
 transposed copy; MXFP8 1x32 / 32x1 / 32x32 with E8M0 exponents; FP8 block
 1x128 and 128x128 with pow2 scales and transposed copies; NVFP4 1x16 with the
 global scale, e4m3 block scales and packed e2m1 codes, with and without the
-16-point Hadamard transform of the transposed copy, and 16x16), torch.mm (bf16)
+16-point Hadamard transform of the transposed copy, and 16x16), torch.mm (bf16; TN, NN, NT)
 and torch._scaled_mm (FP8 per-tensor, fast and split accumulation); LayerNorm,
 RMSNorm, GELU and SwiGLU (eager) against the norm and activation kernels;
 the transposed copy x.t().contiguous() of a bf16 tensor, a fused AdamW step
@@ -310,6 +310,9 @@ def main():
     flop = 2.0 * S ** 3
     ms = median_ms(lambda: torch.mm(a, b.t()))
     peer["gemm_bf16_tflops"] = flop / ms * 1e-9
+    # opfuse's NN is D = B A, its NT D = B^T A (B, A row-major): torch.mm(b, a), torch.mm(b.t(), a)
+    peer["gemm_bf16_nn_tflops"] = flop / median_ms(lambda: torch.mm(b, a)) * 1e-9
+    peer["gemm_bf16_nt_tflops"] = flop / median_ms(lambda: torch.mm(b.t(), a)) * 1e-9
     qa, sa, _ = cast_row(a)
     qb, sb, _ = cast_row(b)
     for name, fast in (("gemm_fp8_fast_tflops", True), ("gemm_fp8_split_tflops", False)):
@@ -337,6 +340,8 @@ def main():
         ("fp8_delayed_row_gbs", "GB/s", "compile (current)"),
         ("fp8_delayed_rowcol_gbs", "GB/s", "compile (current)"),
         ("gemm_bf16_tflops", "TF/s", "torch.mm"),
+        ("gemm_bf16_nn_tflops", "TF/s", "torch.mm (NN)"),
+        ("gemm_bf16_nt_tflops", "TF/s", "torch.mm (NT)"),
         ("gemm_fp8_fast_tflops", "TF/s", "_scaled_mm fast"),
         ("gemm_fp8_split_tflops", "TF/s", "_scaled_mm split"),
         ("cast_transpose_bf16_gbs", "GB/s", "x.t().contiguous()"),
