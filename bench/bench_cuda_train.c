@@ -269,33 +269,26 @@ static const rcase recipes[] = {
 };
 enum { N_RECIPES = sizeof recipes / sizeof recipes[0] };
 
-/* OPF_BENCH_RECIPES (a comma list of the names above) limits the Linear
- * and LayerNorm-MLP sections to those recipes; unset, all run. */
-static bool wanted_recipe(const char *name);
+/* The recipes OPF_BENCH_RECIPES (a comma list of the names above) names,
+ * a bit each by index in recipes[]; unset or empty, all. A name that is no
+ * recipe's is said (a typo would otherwise run nothing in silence). */
+static unsigned wanted;
 
-/* Names in OPF_BENCH_RECIPES that are no recipe's, said once (a typo would
- * otherwise run nothing in silence). */
-static void check_recipes(void)
+static unsigned recipes_wanted(void)
 {
     const char *list = getenv("OPF_BENCH_RECIPES");
-    for (const char *p = list; p && *p;) {
+    if (!list || !*list) return (1u << N_RECIPES) - 1;
+    unsigned set = 0;
+    for (const char *p = list; *p;) {
         size_t n = strcspn(p, ",");
-        bool known = false;
-        for (int r = 0; r < N_RECIPES; r++)
-            known |= strlen(recipes[r].name) == n && !strncmp(p, recipes[r].name, n);
-        if (!known) printf("OPF_BENCH_RECIPES: '%.*s' is no recipe here (skipped)\n", (int)n, p);
+        int r = 0;
+        while (r < N_RECIPES && !(strlen(recipes[r].name) == n && !strncmp(p, recipes[r].name, n)))
+            r++;
+        if (r < N_RECIPES) set |= 1u << r;
+        else printf("OPF_BENCH_RECIPES: '%.*s' is no recipe here (skipped)\n", (int)n, p);
         p += n + (p[n] == ',');
     }
-}
-
-static bool wanted_recipe(const char *name)
-{
-    const char *list = getenv("OPF_BENCH_RECIPES");
-    size_t n = strlen(name);
-    if (!list || !*list) return true;
-    for (const char *p = list; (p = strstr(p, name)); p += n)
-        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return true;
-    return false;
+    return set;
 }
 
 static void failed(opf_ctx *ctx, const char *what)
@@ -312,7 +305,7 @@ static void bench_linear(opf_ctx *ctx, int64_t S)
         opf_seq *seq = NULL;
         train t = {0};
         double ms = 0, tms = 0, gms = 0;
-        if (!wanted_recipe(recipes[r].name)) continue;
+        if (!(wanted >> r & 1)) continue;
         opf_status st = opf_seq_create(ctx, &seq);
         if (!st) st = opf_seq_append_linear(seq, S, S, false, OPF_BF16, "fc");
         if (!st) st = train_open(ctx, seq, recipes[r].kind, S, S, &t);
@@ -339,7 +332,7 @@ static void bench_lnmlp(opf_ctx *ctx, int64_t T, int64_t H)
            (long long)T, (long long)H);
     for (int r = 0; r < N_RECIPES; r++) {
         char name[64];
-        if (!wanted_recipe(recipes[r].name)) continue;
+        if (!(wanted >> r & 1)) continue;
         snprintf(name, sizeof name, "lnmlp_%s_ms", recipes[r].name);
         opf_seq *seq = NULL;
         train t = {0};
@@ -469,7 +462,7 @@ int opf_bench_cuda_train(int argc, char **argv)
     if (!ctx) return rc;
     int64_t S = d[0], T = d[1], H = d[2];
     results = out_path ? fopen(out_path, "w") : NULL;
-    check_recipes();
+    wanted = recipes_wanted();
     if (!only || strstr(only, "linear")) bench_linear(ctx, S);
     if (!only || strstr(only, "lnmlp")) {
         bench_lnmlp(ctx, T, H);

@@ -182,10 +182,10 @@ __global__ void opf_colsum_fold_kernel(const float *part, int64_t cols, void *ou
  * 1024-thread block may have). A batch loads Term::BATCH terms (KB rows of
  * each of the CPT chains) before it adds any, each chain in row order; the
  * 32 class sums of a column then meet in shared memory and one thread a
- * column (a warp a sum) folds them in halves: opf_colsum_fold_kernel's bits, one launch
- * where the partials' kernel and the fold were two. At a few hundred rows
- * each kernel of the pair is a launch gap and a memory round trip or two,
- * so the pair cost twice this one (the LayerNorm-MLP step's three column
+ * column (a warp a sum) folds them in halves: opf_colsum_fold_kernel's
+ * bits, one launch where the partials' kernel and the fold were two. At a
+ * few hundred rows each kernel of the pair is a launch gap and a memory
+ * round trip or two, so the pair cost twice this one (the LayerNorm-MLP step's three column
  * sums at 256 tokens). Longer columns keep the two kernels: their chains
  * are long, and a grid of cols / 32 blocks is too few to carry them. */
 enum { COLSUM_WHOLE_ROWS = 512 };
