@@ -1,5 +1,5 @@
 /* bench_cuda.c: `opfuse bench cuda`: the GPU kernels timed with CUDA events
- * (median of REPS after WARMUP), random data:
+ * (median of REPS after the warm-up of bench_cuda.h), random data:
  *   - a device-to-device copy of the quantizer's input bytes (the ceiling);
  *   - quantize of a bf16 [M, K] tensor (FP8 per-tensor, MXFP8, FP8 block,
  *     NVFP4 1x16 with and without the Hadamard transform, 16x16), in bytes
@@ -49,13 +49,20 @@ enum { WARMUP = 3, REPS = 15 };
 
 typedef opf_status (*bench_fn)(opf_ctx *ctx, void *arg);
 
-/* Median milliseconds of fn over REPS runs, each between two events. */
+typedef struct bound { opf_ctx *ctx; bench_fn fn; void *arg; } bound;
+static opf_status run_bound(void *b)
+{
+    const bound *x = (const bound *)b;
+    return x->fn(x->ctx, x->arg);
+}
+
+/* Median milliseconds of fn over REPS runs, each between two events, after
+ * the warm-up (opf_bench_cuda_settle). */
 static int time_ms(opf_ctx *ctx, bench_fn fn, void *arg, double *ms)
 {
     opf_cuda_timer *t = NULL;
     if (opf_cuda_timer_create(ctx, 2 * REPS, &t)) return 1;
-    int rc = 0;
-    for (int i = 0; i < WARMUP && !rc; i++) rc = fn(ctx, arg) != OPF_OK;
+    int rc = opf_bench_cuda_settle(ctx, run_bound, &(bound){ctx, fn, arg}, WARMUP) != OPF_OK;
     for (int i = 0; i < REPS && !rc; i++)
         rc = opf_cuda_timer_mark(ctx, t, 2 * i) || fn(ctx, arg) || opf_cuda_timer_mark(ctx, t, 2 * i + 1);
     double v[REPS];
@@ -79,26 +86,6 @@ static opf_status device_tensor(opf_ctx *ctx, const opf_spec *spec, opf_tensor *
     opf_spec s = *spec;
     s.device = OPF_DEVICE_CUDA;
     return opf_tensor_alloc(ctx, &s, out);
-}
-
-/* Random bf16-exact values on the device: [rows, cols] of dtype dt. */
-static int random_tensor(opf_ctx *ctx, int64_t rows, int64_t cols, opf_dtype dt, opf_tensor *out)
-{
-    opf_spec s = opf_spec_make(2, (int64_t[]){rows, cols}, dt);
-    opf_tensor h;
-    if (opf_tensor_alloc(ctx, &s, &h)) return 1;
-    int64_t n = rows * cols;
-    float *x = malloc((size_t)n * sizeof *x);
-    uint64_t r = 0x2545F4914F6CDD1Dull;
-    for (int64_t i = 0; i < n; i++) {
-        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
-        x[i] = (float)(int32_t)(r >> 32) * 0x1p-31f;
-    }
-    int rc = opf_convert(x, OPF_F32, h.data[OPF_COMP_DATA], dt, (size_t)n) ||
-             opf_tensor_to(ctx, &h, OPF_DEVICE_CUDA, out);
-    free(x);
-    opf_tensor_release(&h);
-    return rc;
 }
 
 typedef struct copy_arg { void *dst; const void *src; size_t bytes; } copy_arg;
@@ -171,7 +158,7 @@ static bool wanted(const char *section) { return !only || strstr(only, section);
 static int bench_quantize(opf_ctx *ctx, int64_t M, int64_t K)
 {
     opf_tensor x;
-    if (random_tensor(ctx, M, K, OPF_BF16, &x)) return 1;
+    if (opf_bench_cuda_random(ctx, M, K, OPF_BF16, 1.0f, &x)) return 1;
     size_t in_bytes = (size_t)(M * K) * 2;
     void *dst = NULL;
     if (opf_cuda_alloc(ctx, in_bytes, &dst)) return 1;
@@ -227,7 +214,7 @@ typedef struct gbench {
 static int bench_gemm(opf_ctx *ctx, int64_t S)
 {
     opf_tensor a, b, d;
-    if (random_tensor(ctx, S, S, OPF_BF16, &a) || random_tensor(ctx, S, S, OPF_BF16, &b)) return 1;
+    if (opf_bench_cuda_random(ctx, S, S, OPF_BF16, 1.0f, &a) || opf_bench_cuda_random(ctx, S, S, OPF_BF16, 1.0f, &b)) return 1;
     opf_spec ds = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
     if (device_tensor(ctx, &ds, &d)) return 1;
     /* A and B in each format, rowwise copies: per-tensor, block 2D, block
@@ -335,12 +322,12 @@ static int bench_norm_act(opf_ctx *ctx)
     opf_spec row = opf_spec_make(1, (int64_t[]){M}, OPF_F32);
     opf_spec vec = opf_spec_make(1, (int64_t[]){H}, OPF_BF16);
     opf_spec mat = opf_spec_make(2, (int64_t[]){M, H}, OPF_BF16);
-    if (random_tensor(ctx, M, H, OPF_BF16, &t[0]) || random_tensor(ctx, 1, H, OPF_BF16, &t[1]) ||
-        random_tensor(ctx, M, H, OPF_BF16, &t[2]) || device_tensor(ctx, &mat, &t[3]) ||
+    if (opf_bench_cuda_random(ctx, M, H, OPF_BF16, 1.0f, &t[0]) || opf_bench_cuda_random(ctx, 1, H, OPF_BF16, 1.0f, &t[1]) ||
+        opf_bench_cuda_random(ctx, M, H, OPF_BF16, 1.0f, &t[2]) || device_tensor(ctx, &mat, &t[3]) ||
         device_tensor(ctx, &mat, &t[4]) || device_tensor(ctx, &row, &t[5]) ||
         device_tensor(ctx, &row, &t[6]) || device_tensor(ctx, &vec, &t[7]) ||
-        device_tensor(ctx, &vec, &t[8]) || random_tensor(ctx, M, 2 * H, OPF_F32, &t[9]) ||
-        random_tensor(ctx, M, 2 * H, OPF_F32, &t[10]) || device_tensor(ctx, &t[9].spec, &t[11]))
+        device_tensor(ctx, &vec, &t[8]) || opf_bench_cuda_random(ctx, M, 2 * H, OPF_F32, 1.0f, &t[9]) ||
+        opf_bench_cuda_random(ctx, M, 2 * H, OPF_F32, 1.0f, &t[10]) || device_tensor(ctx, &t[9].spec, &t[11]))
         return 1;
     t[1].spec.ndim = 1, t[1].spec.shape[0] = H;  /* gamma and beta: [H] */
     printf("norms bf16 [%lld, %lld], activations fp32 (GB/s = bytes read + written per s)\n",
@@ -395,8 +382,8 @@ static int bench_fused(opf_ctx *ctx)
     q.scaling = OPF_SCALING_TENSOR;
     opf_spec qs, row = opf_spec_make(1, (int64_t[]){M}, OPF_F32);
     opf_spec db = opf_spec_make(1, (int64_t[]){H}, OPF_F32);
-    if (random_tensor(ctx, M, H, OPF_BF16, &t[0]) || random_tensor(ctx, M, H, OPF_BF16, &t[1]) ||
-        random_tensor(ctx, 1, H, OPF_BF16, &t[2]) || opf_quantizer_spec(&q, &t[0].spec, &qs) ||
+    if (opf_bench_cuda_random(ctx, M, H, OPF_BF16, 1.0f, &t[0]) || opf_bench_cuda_random(ctx, M, H, OPF_BF16, 1.0f, &t[1]) ||
+        opf_bench_cuda_random(ctx, 1, H, OPF_BF16, 1.0f, &t[2]) || opf_quantizer_spec(&q, &t[0].spec, &qs) ||
         device_tensor(ctx, &qs, &t[3]) || device_tensor(ctx, &row, &t[4]) ||
         device_tensor(ctx, &row, &t[5]))
         return 1;
@@ -473,7 +460,7 @@ static int bench_elem(opf_ctx *ctx, int64_t M, int64_t K)
 {
     opf_tensor x, yt;
     opf_spec ts = opf_spec_make(2, (int64_t[]){K, M}, OPF_BF16);
-    if (random_tensor(ctx, M, K, OPF_BF16, &x) || device_tensor(ctx, &ts, &yt)) return 1;
+    if (opf_bench_cuda_random(ctx, M, K, OPF_BF16, 1.0f, &x) || device_tensor(ctx, &ts, &yt)) return 1;
     printf("element-wise and optimizer (GB/s = bytes read + written per s)\n");
     ct_arg ca = {&x, &yt};
     double ms;
@@ -517,7 +504,7 @@ static int attn_tensors(opf_ctx *ctx, opf_dtype dt, opf_tensor t[3])
 {
     const int64_t rows = AT_B * AT_T, C = AT_H * AT_D;
     opf_spec sq = opf_spec_make(2, (int64_t[]){rows, 3 * C}, dt);
-    return random_tensor(ctx, rows, 3 * C, dt, &t[0]) || random_tensor(ctx, rows, C, dt, &t[1]) ||
+    return opf_bench_cuda_random(ctx, rows, 3 * C, dt, 1.0f, &t[0]) || opf_bench_cuda_random(ctx, rows, C, dt, 1.0f, &t[1]) ||
            device_tensor(ctx, &sq, &t[2]);
 }
 
@@ -602,7 +589,7 @@ static int bench_xent(opf_ctx *ctx)
 {
     opf_tensor x, dx;
     opf_spec sd = opf_spec_make(2, (int64_t[]){XE_ROWS, XE_V}, OPF_BF16);
-    if (random_tensor(ctx, XE_ROWS, XE_V, OPF_BF16, &x) || device_tensor(ctx, &sd, &dx)) return 1;
+    if (opf_bench_cuda_random(ctx, XE_ROWS, XE_V, OPF_BF16, 1.0f, &x) || device_tensor(ctx, &sd, &dx)) return 1;
     int32_t *tgt = malloc(sizeof(int32_t) * XE_ROWS);
     uint32_t r = 12345u;
     for (int i = 0; i < XE_ROWS; i++) r = r * 1664525u + 1013904223u, tgt[i] = (int32_t)(r % XE_V);

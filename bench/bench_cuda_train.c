@@ -1,5 +1,6 @@
 /* bench_cuda_train.c: `opfuse bench cuda-train`: training steps on the GPU
- * (CUDA-event medians of REPS after WARMUP, random data, bf16):
+ * (CUDA-event medians of REPS after the warm-up of bench_cuda.h, which
+ * leaves the GPU in its steady, power-capped state; random data, bf16):
  *   - Linear forward + backward (fprop, dgrad, wgrad) at S x S x S per
  *     recipe (timed alone, as its peer), and its ratio to the recipe's three
  *     GEMMs alone on operands quantized once (the floor the step
@@ -74,19 +75,27 @@ static opf_status time_runs(const timed *t, int n, double *v)
     return st;
 }
 
-/* Median milliseconds of a step between two events, after WARMUP steps. */
+/* Median milliseconds of a step between two events, after the warm-up
+ * (opf_bench_cuda_settle). */
 static opf_status time_ms(const timed *t, double *ms)
 {
     double v[REPS];
-    opf_status st = OPF_OK;
-    for (int i = 0; i < WARMUP && !st; i++) st = t->fn(t->arg);
+    opf_status st = opf_bench_cuda_settle(t->ctx, t->fn, t->arg, WARMUP);
     if (!st) st = time_runs(t, REPS, v);
     if (!st) *ms = opf_bench_median(v, REPS);
     return st;
 }
 
+/* a then b (timed *[2]): the warm-up of time_pair_ms. */
+static opf_status run_both(void *ab)
+{
+    const timed *const *p = (const timed *const *)ab;
+    opf_status st = p[0]->fn(p[0]->arg);
+    return st ? st : p[1]->fn(p[1]->arg);
+}
+
 /* Medians of a and b timed in turns, ROUNDS rounds of REPS / ROUNDS runs
- * each after WARMUP of each, so that both see the same clocks and heat (a
+ * each after the warm-up of both, so that both see the same clocks and heat (a
  * GPU at full FP8 load throttles over seconds; timed one after the other,
  * the ratio of two such loops moved by a sixth between runs). All runs are
  * queued before the first time is read: none starts on an idle GPU. */
@@ -96,8 +105,8 @@ static opf_status time_pair_ms(const timed *a, const timed *b, double *ms_a, dou
     double va[ROUNDS * PER], vb[ROUNDS * PER];
     opf_cuda_timer *tm = NULL;
     opf_status st = opf_cuda_timer_create(a->ctx, 2 * RUNS, &tm);
-    for (int i = 0; i < WARMUP && !st; i++)
-        if (!(st = a->fn(a->arg))) st = b->fn(b->arg);
+    const timed *ab[2] = {a, b};
+    if (!st) st = opf_bench_cuda_settle(a->ctx, run_both, ab, WARMUP);
     for (int i = 0; i < RUNS && !st; i++) {  /* run i: a or b by its half of the round */
         const timed *t = i / PER % 2 ? b : a;
         if (!(st = opf_cuda_timer_mark(t->ctx, tm, 2 * i)) && !(st = t->fn(t->arg)))
@@ -128,26 +137,6 @@ static opf_status host_us(const timed *t, double *us)
     }
     if (!st) st = opf_cuda_sync(t->ctx);
     if (!st) *us = opf_bench_median(v, HOST_REPS);
-    return st;
-}
-
-/* Random values in [-scale, scale), bf16, on the device. */
-static opf_status rand_device(opf_ctx *ctx, int64_t rows, int64_t cols, float scale, opf_tensor *out)
-{
-    opf_spec s = opf_spec_make(2, (int64_t[]){rows, cols}, OPF_BF16);
-    opf_tensor h;
-    opf_status st = opf_tensor_alloc(ctx, &s, &h);
-    float *v = malloc(sizeof *v * (size_t)(rows * cols));
-    uint64_t r = 0x2545F4914F6CDD1Dull ^ (uint64_t)(rows * 131 + cols);
-    for (int64_t i = 0; v && i < rows * cols; i++) {
-        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
-        v[i] = scale * (float)(int32_t)(r >> 32) * 0x1p-31f;
-    }
-    if (!v && !st) st = OPF_ERR_NO_MEMORY;
-    if (!st) st = opf_convert(v, OPF_F32, h.data[0], OPF_BF16, (size_t)(rows * cols));
-    if (!st) st = opf_tensor_to(ctx, &h, OPF_DEVICE_CUDA, out);
-    free(v);
-    opf_tensor_release(&h);
     return st;
 }
 
@@ -202,8 +191,8 @@ static opf_status train_open(opf_ctx *ctx, opf_seq *seq, opf_recipe_kind kind, i
     t->recipe = opf_recipe_default(kind);
     t->call = opf_seq_call_default();
     t->call.recipe = kind == OPF_RECIPE_NONE ? NULL : &t->recipe;
-    opf_status st = rand_device(ctx, rows, h, 1.0f, &t->x);
-    return st ? st : rand_device(ctx, rows, h, 0.01f, &t->dy);
+    opf_status st = opf_bench_cuda_random(ctx, rows, h, OPF_BF16, 1.0f, &t->x);
+    return st ? st : opf_bench_cuda_random(ctx, rows, h, OPF_BF16, 0.01f, &t->dy);
 }
 
 static void train_close(train *t)

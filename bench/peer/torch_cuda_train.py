@@ -1,6 +1,7 @@
 """PyTorch peer of `opfuse bench cuda-train`, on the same GPU in the same run,
 bf16, random data, CUDA-event medians after warm-up:
-  - nn.Linear (no bias) forward + backward at S^3 (dgrad and wgrad);
+  - nn.Linear (no bias) forward + backward at S^3 (dgrad and wgrad), and
+    timed in turns with its own three torch.mm on the same tensors;
   - the LayerNorm-MLP block (LayerNorm, Linear 4H, tanh-GELU, Linear H)
     forward + backward with a given dy (no optimizer, as opfuse's step) at
     T tokens x hidden H, eager and torch.compile;
@@ -19,7 +20,7 @@ import time
 
 import torch
 
-from peer_timing import median_ms
+from peer_timing import median_ms, pair_ms
 
 HOST_REPS = 50
 DEV = torch.device("cuda")
@@ -114,6 +115,12 @@ def main():
         x = torch.randn(S, S, device=DEV, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(S, S, device=DEV, dtype=torch.bfloat16) * 0.01
         peer["linear"] = median_ms(step_fn(lin, x, dy))
+        # nn.Linear and its own three GEMMs (torch.mm in the layouts of
+        # fprop, dgrad and wgrad on the same tensors) timed in turns: the
+        # peer's step / GEMMs, as opfuse's "in turns" rows
+        w, xd = lin.weight.detach(), x.detach()
+        peer["linear_turns"], peer["linear_mm"] = pair_ms(
+            step_fn(lin, x, dy), lambda: (xd @ w.t(), dy @ w, dy.t() @ xd))
         del lin, x, dy
     nothing = {"eager": None, "compile": None, "eager_host": 0.0}
     big = block_times(T, H, None) if want("lnmlp") else nothing
@@ -140,6 +147,10 @@ def main():
     for r, t in targets.items() if want("linear") else ():
         row(f"linear {S}^3 fwd+bwd {r}", ours.get(f"linear_{r}_ms"), peer["linear"], t,
             "nn.Linear bf16")
+    if peer.get("linear_mm"):
+        what = "nn.Linear step / its 3 torch.mm"
+        lt, mm = peer["linear_turns"], peer["linear_mm"]
+        print(f"{what:40s} {lt:9.3f} {mm:9.3f} {lt / mm:7.2f}  (the peer's own, in turns)")
     for r in targets:
         o = ours.get(f"linear_{r}_turns_ms", ours.get(f"linear_{r}_ms"))  # timed in turns
         g = ours.get(f"linear_{r}_gemms_ms")
