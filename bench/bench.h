@@ -4,7 +4,9 @@
 #ifndef OPFUSE_BENCH_H
 #define OPFUSE_BENCH_H
 
+#include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -16,6 +18,22 @@ static inline double opf_bench_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A non-negative number of milliseconds from environment variable name, def
+ * where it is unset or empty; a value that is not one is said on stderr and
+ * def used. */
+static inline double opf_bench_env_ms(const char *name, double def)
+{
+    const char *e = getenv(name);
+    if (!e || !*e) return def;
+    char *end;
+    double v = strtod(e, &end);
+    if (*end || !isfinite(v) || v < 0) {
+        fprintf(stderr, "%s=\"%s\" is not a number of milliseconds >= 0: %g used\n", name, e, def);
+        return def;
+    }
+    return v;
 }
 
 /* qsort order of doubles. */

@@ -12,22 +12,25 @@
 #include "bench.h"
 #include "opfuse.h"
 
-/* Random values in [-scale, scale) of dtype dt, [rows, cols], on the device
- * (a xorshift stream seeded by the shape). */
+/* Random values in [-scale, scale] of dtype dt, [rows, cols], on the device:
+ * a xorshift stream seeded by the shape and by the number of calls before
+ * (so that two tensors of one shape differ). */
 static inline opf_status opf_bench_cuda_random(opf_ctx *ctx, int64_t rows, int64_t cols,
                                                opf_dtype dt, float scale, opf_tensor *out)
 {
+    static uint64_t calls;
     opf_spec s = opf_spec_make(2, (int64_t[]){rows, cols}, dt);
     opf_tensor h;
     opf_status st = opf_tensor_alloc(ctx, &s, &h);
     if (st) return st;
     float *v = (float *)malloc(sizeof *v * (size_t)(rows * cols));
-    uint64_t r = 0x2545F4914F6CDD1Dull ^ (uint64_t)(rows * 131 + cols);
+    uint64_t r = 0x2545F4914F6CDD1Dull ^ (uint64_t)(rows * 131 + cols) ^ ++calls * 0x9E3779B97F4A7C15ull;
     for (int64_t i = 0; v && i < rows * cols; i++) {
         r ^= r << 13, r ^= r >> 7, r ^= r << 17;
         v[i] = scale * (float)(int32_t)(r >> 32) * 0x1p-31f;
     }
-    if (!v) st = OPF_ERR_NO_MEMORY;
+    if (!v) st = opf_set_error(ctx, OPF_ERR_NO_MEMORY, "bench: no host memory for a random [%lld, %lld]",
+                               (long long)rows, (long long)cols);
     if (!st) st = opf_convert(v, OPF_F32, h.data[0], dt, (size_t)(rows * cols));
     if (!st) st = opf_tensor_to(ctx, &h, OPF_DEVICE_CUDA, out);
     free(v);
@@ -36,30 +39,34 @@ static inline opf_status opf_bench_cuda_random(opf_ctx *ctx, int64_t rows, int64
 }
 
 /* The warm-up before a timed loop: fn(arg) run at least min_runs times and
- * until the GPU has been busy with it for the settle time, OPF_BENCH_SETTLE_MS
- * (default 300; 0: min_runs only). A 700 W H200 reaches its power cap after
- * some 40 ms of a large GEMM and lowers its SM clock from 1980 to about 1530
- * MHz (an 8192^3 bf16 GEMM: 1.36 ms, then 1.58 ms); 50 ms idle restore it.
- * Timed after a few runs, a median fell on either side of that edge, and a
- * case run after another started hot. Settled, every case and its PyTorch
- * peer (bench/peer/peer_timing.py, the same setting) is timed in the steady
- * state a training run sees. Runs in growing batches, a sync after each. */
+ * until OPF_BENCH_SETTLE_MS (default 300; 0: min_runs only) of wall time have
+ * passed after the first run (whose one-time setup, an algorithm choice or a
+ * compilation, is no warm-up). A 700 W H200 reaches its power cap some 40 ms
+ * into a large GEMM and lowers its SM clock from 1980 MHz to 1485-1680 (an
+ * 8192^3 bf16 GEMM: 1.36 ms, then 1.57-1.64); 50 ms idle restore it. Timed
+ * after a few runs, a median fell on either side of that edge, and a case run
+ * after another started hot. Settled, a case is timed in the power-capped
+ * steady state of a long run; the PyTorch peers (bench/peer/peer_timing.py)
+ * warm up by the same rule. Runs in growing batches, a sync after each. */
 static inline opf_status opf_bench_cuda_settle(opf_ctx *ctx, opf_status (*fn)(void *), void *arg,
                                                int min_runs)
 {
-    const char *e = getenv("OPF_BENCH_SETTLE_MS");
-    double settle_s = (e && *e ? atof(e) : 300.0) * 1e-3, t0 = opf_bench_now();
-    opf_status st = OPF_OK;
-    for (int n = 0, batch = 1; !st;) {
-        for (int i = 0; i < batch && !st; i++) st = fn(arg);
-        n += batch;
-        if (!st) st = opf_cuda_sync(ctx);
+    double settle_s = opf_bench_env_ms("OPF_BENCH_SETTLE_MS", 300.0) * 1e-3;
+    opf_status st = fn(arg);
+    if (!st) st = opf_cuda_sync(ctx);
+    double t0 = opf_bench_now();
+    for (int64_t n = 1, done = 0, batch = 1; !st;) {  /* n runs in all, done since t0 */
         double t = opf_bench_now() - t0, left = settle_s - t;
         if (n >= min_runs && left <= 0) break;
-        /* twice the last batch at most, no more than the time left needs */
-        double need = left > 0 ? left / (t / n) + 1 : min_runs - n;
-        batch = need < 2.0 * batch ? (int)need : 2 * batch;
-        if (batch < 1) batch = 1;
+        if (done > 0) {  /* twice the last batch at most, no more than the time left needs */
+            double need = left > 0 ? left / (t > 0 ? t / (double)done : 1e-9) + 1 : (double)(min_runs - n);
+            batch = need < 2.0 * (double)batch ? (int64_t)need : 2 * batch;
+            if (batch > (1 << 20)) batch = 1 << 20;
+            if (batch < 1) batch = 1;
+        }
+        for (int64_t i = 0; i < batch && !st; i++) st = fn(arg);
+        n += batch, done += batch;
+        if (!st) st = opf_cuda_sync(ctx);
     }
     return st;
 }
@@ -75,22 +82,24 @@ static inline opf_status opf_bench_heat_gemm(void *p)
 /* Loads the GPU before the first timed case: 4096^3 bf16 GEMMs on random
  * data for OPF_BENCH_PREHEAT_MS (default 3000; 0: none), so that no process
  * times its first case on an idle, cool GPU (the die goes from 41 to 62 C in
- * the first seconds of load; an nn.Linear step timed first in its process ran
- * 4.31 ms, timed again after some 5 s of other GEMMs 4.93). Every GPU
- * benchmark process and PyTorch peer (peer_timing.py) starts so. */
+ * the first seconds of load). Added for an nn.Linear step that ran 4.31 ms
+ * timed first in its process and 4.93 ms timed again after other GEMMs;
+ * whether this is all of that gap is open (bench/RESULTS.md, Dec 3). Every
+ * GPU benchmark process and PyTorch kernel peer (peer_timing.py) starts so. */
 static inline opf_status opf_bench_cuda_preheat(opf_ctx *ctx)
 {
-    const char *e = getenv("OPF_BENCH_PREHEAT_MS");
-    double ms = e && *e ? atof(e) : 3000.0, t0 = opf_bench_now();
+    double ms = opf_bench_env_ms("OPF_BENCH_PREHEAT_MS", 3000.0);
     if (ms <= 0) return OPF_OK;
     enum { N = 4096 };
     opf_bench_heat h = {.ctx = ctx};
     opf_spec ds = opf_spec_make(2, (int64_t[]){N, N}, OPF_BF16);
     ds.device = OPF_DEVICE_CUDA;
     opf_status st = opf_bench_cuda_random(ctx, N, N, OPF_BF16, 1.0f, &h.a);
-    if (!st) st = opf_bench_cuda_random(ctx, N, N, OPF_BF16, 0.5f, &h.b);
+    if (!st) st = opf_bench_cuda_random(ctx, N, N, OPF_BF16, 1.0f, &h.b);
     if (!st) st = opf_tensor_alloc(ctx, &ds, &h.d);
-    while (!st && opf_bench_now() - t0 < ms * 1e-3) {
+    if (!st) st = opf_bench_heat_gemm(&h);  /* the algorithm chosen before the clock starts */
+    if (!st) st = opf_cuda_sync(ctx);
+    for (double t0 = opf_bench_now(); !st && opf_bench_now() - t0 < ms * 1e-3;) {
         for (int i = 0; i < 50 && !st; i++) st = opf_bench_heat_gemm(&h);
         if (!st) st = opf_cuda_sync(ctx);
     }

@@ -1,6 +1,6 @@
 /* bench_cuda_train.c: `opfuse bench cuda-train`: training steps on the GPU
- * (CUDA-event medians of REPS after the warm-up of bench_cuda.h, which
- * leaves the GPU in its steady, power-capped state; random data, bf16):
+ * (CUDA-event medians of REPS after the warm-up of bench_cuda.h,
+ * opf_bench_cuda_settle; random data, bf16):
  *   - Linear forward + backward (fprop, dgrad, wgrad) at S x S x S per
  *     recipe (timed alone, as its peer), and its ratio to the recipe's three
  *     GEMMs alone on operands quantized once (the floor the step

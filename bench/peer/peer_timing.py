@@ -1,21 +1,45 @@
 """What the GPU peers share: the CUDA-event median of a step after warm-up.
 
-The warm-up runs the step at least WARMUP times and until the GPU has been
-busy with it for OPF_BENCH_SETTLE_MS (default 300), as opfuse's own GPU
-benchmarks do (bench/bench_cuda.h): an H200 reaches its power cap some 40 ms
-into a large GEMM and lowers its clocks by a fifth, so both sides are timed
-in that steady state. Before its first timing a process also loads the GPU
-for OPF_BENCH_PREHEAT_MS (default 3000) with bf16 GEMMs, so that no process
-starts its first case on an idle, cool GPU (an nn.Linear step timed first in
-its process ran 4.31 ms; timed again after some 5 s of other GEMMs, 4.93)."""
+The warm-up runs the step at least WARMUP times and until OPF_BENCH_SETTLE_MS
+(default 300) of wall time have passed after its first run (whose one-time
+setup, a compilation, is no warm-up), as opfuse's own GPU benchmarks do
+(bench/bench_cuda.h): an H200 reaches its power cap some 40 ms into a large
+GEMM and lowers its clocks by a fifth, so both sides are timed in that steady
+state. Before its first timing a process also loads the GPU for
+OPF_BENCH_PREHEAT_MS (default 3000) with bf16 GEMMs (median_ms(fn,
+preheat=False) skips it), so that no process times its first case on an
+idle, cool GPU; added for an nn.Linear step that ran 4.31 ms timed first in
+its process and 4.93 ms timed again after other GEMMs (whether this is all of
+that gap is open: bench/RESULTS.md, Dec 3)."""
+import math
 import os
+import sys
 import time
 
 import torch
 
 WARMUP, REPS = 3, 15
-SETTLE_S = float(os.environ.get("OPF_BENCH_SETTLE_MS") or 300) / 1000
-PREHEAT_S = float(os.environ.get("OPF_BENCH_PREHEAT_MS") or 3000) / 1000
+
+
+def env_ms(name, default):
+    """A non-negative number of milliseconds from the environment, in
+    seconds; default where unset or empty, and where not one (said)."""
+    v = os.environ.get(name) or ""
+    if not v:
+        return default / 1000
+    try:
+        x = float(v)
+    except ValueError:
+        x = -1.0
+    if not math.isfinite(x) or x < 0:
+        print(f'{name}="{v}" is not a number of milliseconds >= 0: {default:g} used',
+              file=sys.stderr)
+        x = default
+    return x / 1000
+
+
+SETTLE_S = env_ms("OPF_BENCH_SETTLE_MS", 300)
+PREHEAT_S = env_ms("OPF_BENCH_PREHEAT_MS", 3000)
 _heated = False
 
 
@@ -26,7 +50,9 @@ def preheat():
         return
     _heated = True
     a = torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16) * 2 - 1
-    b = a * 0.5
+    b = torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    a @ b.t()
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < PREHEAT_S:
         for _ in range(50):
@@ -35,24 +61,29 @@ def preheat():
 
 
 def settle(fn):
-    """Runs fn in growing batches (a synchronize after each) until WARMUP
-    runs and SETTLE_S seconds have passed."""
-    t0, n, batch = time.perf_counter(), 0, 1
+    """Runs fn once, then in growing batches (a synchronize after each)
+    until WARMUP runs in all and SETTLE_S seconds after the first."""
+    fn()
+    torch.cuda.synchronize()
+    t0, n, done, batch = time.perf_counter(), 1, 0, 1
     while True:
-        for _ in range(batch):
-            fn()
-        n += batch
-        torch.cuda.synchronize()
         t = time.perf_counter() - t0
         left = SETTLE_S - t
         if n >= WARMUP and left <= 0:
             return
-        need = int(left / (t / n)) + 1 if left > 0 else WARMUP - n
-        batch = max(1, min(need, 2 * batch))
+        if done:  # twice the last batch at most, no more than the time left needs
+            need = int(left / max(t / done, 1e-9)) + 1 if left > 0 else WARMUP - n
+            batch = max(1, min(need, 2 * batch, 1 << 20))
+        for _ in range(batch):
+            fn()
+        n += batch
+        done += batch
+        torch.cuda.synchronize()
 
 
-def median_ms(fn):
-    preheat()
+def median_ms(fn, preheat_gpu=True):
+    if preheat_gpu:
+        preheat()
     settle(fn)
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
           for _ in range(REPS)]
@@ -68,23 +99,23 @@ def pair_ms(fa, fb, rounds=5):
     """Medians (ms) of fa and fb timed in turns, rounds of REPS // rounds runs
     each after the warm-up of both, all queued before the first read (as
     opfuse's time_pair_ms): both see the same clocks and heat."""
-    per = REPS // rounds
+    per = max(1, REPS // rounds)
 
     def both():
         fa()
         fb()
     preheat()
     settle(both)
-    runs = []
+    runs = []  # (0 for fa / 1 for fb, start event, end event)
     for _ in range(rounds):
-        for f in (fa, fb):
+        for k, f in enumerate((fa, fb)):
             for _ in range(per):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
                 f()
                 b.record()
-                runs.append((f is fa, a, b))
+                runs.append((k, a, b))
     torch.cuda.synchronize()
-    ta = sorted(a.elapsed_time(b) for is_a, a, b in runs if is_a)
-    tb = sorted(a.elapsed_time(b) for is_a, a, b in runs if not is_a)
+    ta = sorted(a.elapsed_time(b) for k, a, b in runs if k == 0)
+    tb = sorted(a.elapsed_time(b) for k, a, b in runs if k == 1)
     return ta[len(ta) // 2], tb[len(tb) // 2]

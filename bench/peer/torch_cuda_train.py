@@ -121,7 +121,7 @@ def main():
         w, xd = lin.weight.detach(), x.detach()
         peer["linear_turns"], peer["linear_mm"] = pair_ms(
             step_fn(lin, x, dy), lambda: (xd @ w.t(), dy @ w, dy.t() @ xd))
-        del lin, x, dy
+        del lin, x, dy, w, xd
     nothing = {"eager": None, "compile": None, "eager_host": 0.0}
     big = block_times(T, H, None) if want("lnmlp") else nothing
     small = block_times(256, 1024, "reduce-overhead") if want("small") or want("host") else nothing
