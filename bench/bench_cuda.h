@@ -41,13 +41,14 @@ static inline opf_status opf_bench_cuda_random(opf_ctx *ctx, int64_t rows, int64
 /* The warm-up before a timed loop: fn(arg) run at least min_runs times and
  * until OPF_BENCH_SETTLE_MS (default 300; 0: min_runs only) of wall time have
  * passed after the first run (whose one-time setup, an algorithm choice or a
- * compilation, is no warm-up). A 700 W H200 reaches its power cap some 40 ms
- * into a large GEMM and lowers its SM clock from 1980 MHz to 1485-1680 (an
- * 8192^3 bf16 GEMM: 1.36 ms, then 1.57-1.64); 50 ms idle restore it. Timed
- * after a few runs, a median fell on either side of that edge, and a case run
- * after another started hot. Settled, a case is timed in the power-capped
- * steady state of a long run; the PyTorch peers (bench/peer/peer_timing.py)
- * warm up by the same rule. Runs in growing batches, a sync after each. */
+ * compilation, is no warm-up). An H200 reaches its power cap (near 700 W)
+ * some 40 ms into a loop of large GEMMs and lowers its SM clock from 1980 MHz
+ * to 1200-1680 (an 8192^3 bf16 GEMM: 1.36 ms, then 1.57-1.71); 50 ms idle
+ * restore it. Timed after a few runs, a median fell on either side of that
+ * edge, and a case run after another started hot. Settled, a case is timed
+ * in the power-capped steady state of a long run; the PyTorch peers
+ * (bench/peer/peer_timing.py) warm up by the same rule. Runs in growing
+ * batches, a sync after each. */
 static inline opf_status opf_bench_cuda_settle(opf_ctx *ctx, opf_status (*fn)(void *), void *arg,
                                                int min_runs)
 {
