@@ -43,6 +43,11 @@
 #                           layers (default 12; 2 gives every kernel of a layer
 #                           at a sixth of the time, the per-step ones once)
 #
+# The benchmarks time each case after OPF_BENCH_SETTLE_MS (default 300) of
+# warm-up and start each process with OPF_BENCH_PREHEAT_MS (default 3000) of
+# GEMMs, in the power-capped steady state (bench/bench_cuda.h); both 0: the
+# older, burst-clock timing.
+#
 # Build dependencies the GPU machine lacks (cJSON; OpenBLAS if absent) come
 # from Debian packages in .deps/ (ignored by git), unpacked into .deps/root:
 #     mkdir -p .deps && (cd .deps && apt-get download libcjson1 libcjson-dev \
