@@ -15,9 +15,9 @@ typedef struct command {
 static const command commands[] = {
     {"demo", NULL, opf_demo_train, "train a residual LayerNorm-MLP with every recipe\n"
                                    "                   [--device cpu|cuda] (cuda: losses compared to the cpu's)"},
-    {"demo", NULL, opf_demo_quantize, "quantize a sample tensor with every recipe"},
+    {"demo", NULL, opf_demo_quantize, "then quantize a sample tensor with every recipe"},
     {"train", NULL, opf_app_train, "train a small GPT (the addition task or --data FILE):\n"
-                                   "                   [--recipe bf16|fp8-delayed|fp8-current|fp8-block|mxfp8|nvfp4]\n"
+                                   "                   [--recipe fp32|bf16|fp8-delayed|fp8-current|fp8-block|mxfp8|nvfp4]\n"
                                    "                   [--compile] [--steps N] [--save DIR] [--resume DIR] (--help)"},
     {"graph", NULL, opf_app_graph, "compile the LayerNorm-MLP, write lnmlp_graph.txt/.dot(/.svg/.png)\n"
                                    "                   into DIR (default: the binary's folder, build/):\n"
@@ -34,21 +34,31 @@ static const command commands[] = {
     {"bench", "train", opf_bench_train, "GPT training tokens/s per recipe vs PyTorch (--device cuda)"},
 };
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: opfuse <command> [args]\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(stderr, "  %-5s %-10s %s\n", commands[i].group,
-                commands[i].name ? commands[i].name : "", commands[i].help);
-    fprintf(stderr, "  bench all        every benchmark\n");
+    fprintf(f, "usage: opfuse <command> [args]\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const command *c = &commands[i];
+        bool again = !c->name && i > 0 && !strcmp(c->group, commands[i - 1].group);
+        fprintf(f, "  %-5s %-10s %s\n", again ? "" : c->group, c->name ? c->name : "", c->help);
+    }
+    fprintf(f, "  bench all        every benchmark\n");
 }
+
+static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
 
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        usage();
+        usage(stderr);
         return 2;
     }
+    /* `help`, or --help anywhere: this usage (train has its own, with every option) */
+    for (int i = 1; i < argc && strcmp(argv[1], "train"); i++)
+        if (is_help(argv[i]) || (i == 1 && !strcmp(argv[1], "help"))) {
+            usage(stdout);
+            return 0;
+        }
     bool all = argc >= 3 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "all");
     int rc = 0, ran = 0;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
@@ -60,7 +70,7 @@ int main(int argc, char **argv)
         ran++;
     }
     if (!ran) {
-        usage();
+        usage(stderr);
         return 2;
     }
     return rc;

@@ -6,6 +6,7 @@
 #  - a run stopped, saved and resumed ends byte-identical to an uninterrupted one;
 #  - a 24-layer model builds and trains, eager and compiled;
 #  - --compare writes its CSV and table;
+#  - the command's usage when asked for, and on an unknown command;
 #  - bad input (data file, shapes, device, checkpoints, a full disk while saving)
 #    fails with a clear message, and a failed save leaves the checkpoint whole.
 set -u
@@ -78,6 +79,16 @@ grep -Eq "^ +[0-9.]+ +[0-9.]+% +backward +attention \(1 node\)" "$dir/prof.out" 
     { fail "--profile: no attention backward row:"; cat "$dir/prof.out"; }
 grep -q "random tokens" "$dir/prof.out" || fail "--random-vocab: the header does not say random tokens"
 grep -q "samples" "$dir/prof.out" && fail "--random-vocab: samples printed for random tokens"
+
+# the command's usage: on stdout with status 0 when asked for (help, --help, -h
+# after any command but train, which has its own), on stderr with 2 otherwise
+for a in "help" "--help" "bench --help" "bench cuda -h" "demo --help"; do
+    "$bin" $a >"$dir/usage.out" 2>&1 && grep -q "^usage: opfuse <command>" "$dir/usage.out" &&
+        grep -q "bench train" "$dir/usage.out" || { fail "opfuse $a: no usage, rc 0"; cat "$dir/usage.out"; }
+done
+"$bin" nosuch >"$dir/usage.out" 2>&1
+[ $? -eq 2 ] && grep -q "^usage: opfuse <command>" "$dir/usage.out" || fail "opfuse nosuch: not rc 2 with the usage"
+"$bin" train --help 2>&1 | grep -q "^usage: opfuse train" || fail "opfuse train --help: not train's own usage"
 
 # expect_error WANT ARGS...: fails with status 1 or 2 and a message containing WANT
 expect_error() {
