@@ -185,7 +185,7 @@ typedef struct opf_fwd_env {
     const void          *kwargs;        /* class kwargs struct or NULL */
     /* Fused ops, with requires_grad: the first covered basic op whose
      * backward runs. The fuser runs no backward for ops before the seq's
-     * first op requiring backward (te-ops.md 3.2); a fused op that covers
+     * first op requiring backward (the anchor's rule); a fused op that covers
      * that point skips its covered ops before it the same way. 0 for basic
      * ops and whenever every covered op runs backward. */
     int                  first_requires_grad;

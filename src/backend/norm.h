@@ -51,7 +51,7 @@
  *   L2          s = S(fl(x_j * x_j)),  r = 1.0f / sqrtf(s + eps),  y_j = fl(x_j * r)
  *     backward  c = S(fl(dy_j * y_j)),  dx_j = r * fl(dy_j - fl(c * y_j))
  * TE's kernels use other trees, rsqrtf and FMA, so they agree with these within
- * te-ops.md 8.1 tolerances, not bit for bit (numerics.md 9.6). The order is
+ * numerics.md 8.3 tolerances, not bit for bit (numerics.md 9.6). The order is
  * fixed inside each row and column, so no bit depends on the thread count.
  *
  * Usage (a LayerNorm forward with a plain output):

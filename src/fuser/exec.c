@@ -16,7 +16,7 @@ opf_seq_call opf_seq_call_default(void)
     return c;
 }
 
-/* First basic op whose backward must run (te-ops.md 3.2). */
+/* First basic op whose backward must run (the anchor's rule). */
 int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call)
 {
     if (!call->requires_grad) return seq->n;
@@ -38,7 +38,7 @@ bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b)
     return opf_schema_equal(&opf_recipe_schema, a, b);
 }
 
-/* Plan cache (te-ops.md 3.3). The key is the recipe (kind, format, history
+/* Plan cache (as the anchor's fuser keeps one). The key is the recipe (kind, format, history
  * length, backward override and every other field: a different one needs
  * other quantizers or other fusions) and
  * the first op needing backward. A new recipe resets every op's recipe state

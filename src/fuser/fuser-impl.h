@@ -142,7 +142,7 @@ void opf_seq_unbuild(opf_seq *seq);
 bool opf_recipe_same(const opf_recipe *a, const opf_recipe *b);
 /* The first basic op whose backward must run for this call (n: none). */
 int opf_seq_first_req(const opf_seq *seq, const opf_seq_call *call);
-/* The recipe state and plans for a call (plan cache, te-ops.md 3.3). */
+/* The recipe state and plans for a call (plan cache, as the anchor's). */
 opf_status opf_seq_prepare_plans(opf_seq *seq, const opf_seq_call *call, int first_req);
 /* Releases the parameter gradients a backward staged (pgrad). */
 void opf_seq_release_staged(opf_seq *seq);

@@ -1,7 +1,7 @@
 /* fusion.c: the three fusion registries (joint, forward-only,
  * backward-only), plan building with identity mapping back to the basic ops,
  * and the scan helper behind sliding-window and anchor fusions
- * (te-ops.md 3.3 to 3.6). */
+ * (as the anchor's fuser plans and fuses). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * entry's env (neighbours' quantizers, recipe, grad flags, kwargs), routes
  * extra inputs and outputs through the group's channels and their gradients
  * back, and stops the backward early where nothing needs gradients
- * (te-ops.md 3.2). What runs for an entry is the visitor's business. */
+ * (the anchor's rule). What runs for an entry is the visitor's business. */
 #ifndef OPFUSE_WALK_IMPL_H
 #define OPFUSE_WALK_IMPL_H
 

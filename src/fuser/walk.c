@@ -4,7 +4,7 @@
 
 #include "fuser/walk-impl.h"
 
-/* The neighbours' quantizers (te-ops.md 3.7: basic-op neighbours, even
+/* The neighbours' quantizers (as the anchor's fuser: basic-op neighbours, even
  * inside another fused op). */
 void opf_seq_neighbour_quantizers(const opf_seq *seq, int first, int last, opf_quantizer q[2],
                                   const opf_quantizer *p[2])

@@ -31,7 +31,8 @@ static void test_container(opf_ctx *ctx)
     CHECK_OK(ctx, opf_seq_create(ctx, &seq));
     int calls = 0;
     opf_callback_i cb = {cb_fwd, cb_bwd, &calls};
-    /* te-ops 4: fusible, fusible, callback, callback, fusible, callback, fusible x3 -> 6 groups */
+    /* as the anchor's Sequential groups them: fusible, fusible, callback,
+     * callback, fusible, callback, fusible x3 -> 6 groups */
     opf_seq_append(seq, mk(ctx, "identity", NULL, "a"));
     opf_seq_append(seq, mk(ctx, "identity", NULL, "b"));
     opf_seq_append_callback(seq, &cb, "c1");

@@ -1,5 +1,5 @@
 /* test_backward_override.c: the recipe's backward override (numerics.md
- * 3.7; te-ops.md 3.3, 5 notes, 6) through LayerNorm -> Linear(+bias) ->
+ * 3.7, as the anchor's fuser applies it) through LayerNorm -> Linear(+bias) ->
  * GELU -> Linear(+bias) under FP8 current, FP8 block, MXFP8 and NVFP4
  * scaling, each model built fresh from the same seed:
  *   - the forward output is bitwise the same with and without an override;
@@ -7,7 +7,7 @@
  *     the plain inputs the linears saved (the outputs of prefix seqs, which
  *     compute the same bits) and the original weights, and dx / the
  *     LayerNorm grads match a recipe-less LayerNorm backward of the FP64
- *     reference's gradient (fp32 GEMM tolerances of te-ops.md 8.1);
+ *     reference's gradient (fp32 GEMM tolerances of numerics.md 8.3);
  *   - dequantized: the same FP64 reference on the forward's quantized
  *     operands, decoded; its grads lie within the recipe's quantization
  *     tolerance of high_precision's and both differ from the quantized
@@ -28,7 +28,7 @@ static const opf_recipe_kind kinds[] = {OPF_RECIPE_CURRENT, OPF_RECIPE_BLOCK, OP
 enum { NKINDS = sizeof kinds / sizeof kinds[0] };
 static const char *const ovr_names[] = {"none", "high_precision", "dequantized"};
 
-/* fp32 GEMMs are checked with fp16 tolerances (te-ops.md 8.1). */
+/* fp32 GEMMs are checked with fp16 tolerances (numerics.md 8.3). */
 static const double GEMM_RTOL = 1e-3, GEMM_ATOL = 1e-5;
 
 static opf_op *mk(opf_ctx *ctx, const char *cls, const void *cfg, const char *name)
@@ -337,7 +337,7 @@ static void test_kind(opf_ctx *ctx, opf_recipe_kind k)
     snprintf(tag, sizeof tag, "%s/dequantized", name);
     check_against(ctx, tag, &s[2], x1q, w1q, y1, x2q, w2q);
     /* dequantized vs high precision: the operands' quantization error only
-     * (te-ops 8.1 rtol: E4M3 0.125, E2M1 0.25; measured about 0.03 for the
+     * (numerics.md 8.3 rtol: E4M3 0.125, E2M1 0.25; measured about 0.03 for the
      * FP8 family and 0.16 for NVFP4) */
     double tol = k == OPF_RECIPE_NVFP4 ? 0.25 : 0.125;
     double e[3] = {rel_rms(s[2].w2, s[1].w2, H * F), rel_rms(s[2].w1, s[1].w1, F * H),

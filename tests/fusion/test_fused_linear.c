@@ -11,7 +11,7 @@
  * fresh recipe state each time) and compares y, dx, every parameter
  * gradient (or main_grad), the extra inputs' gradients: bitwise where the
  * fused kernel does the same roundings (the masks in the table, f32 only),
- * else within the dtype's or the recipe's tolerance (te-ops.md 8.1) scaled
+ * else within the dtype's or the recipe's tolerance (numerics.md 8.3) scaled
  * by the tensor's amax. Also: fake-vs-real conformance of every fused op
  * that ran, quantized outputs of the forward fusions equal to quantizing
  * their plain output, and bad inputs that name the op and the values.
@@ -164,7 +164,7 @@ static float *values(const opf_tensor *t)
     return v;
 }
 
-/* Tolerances of te-ops 8.1: the dtype's (f32 GEMMs take fp16's), or the
+/* Tolerances of numerics.md 8.3: the dtype's (f32 GEMMs take fp16's), or the
  * recipe's quantization tolerance (gradients of a HYBRID FP8 recipe are
  * E5M2); atol is relative to the tensor's amax. */
 static void tols(opf_dtype dt, const opf_recipe *r, bool backward, double *rtol, double *atol)
@@ -320,7 +320,7 @@ typedef struct inputs {
 } inputs;
 
 /* The fused ops that ran: their fakes on data-less copies of their args
- * agree with what they produced (te-ops 7.7). */
+ * agree with what they produced (what a compiled graph must keep). */
 static void *dataless(const opf_schema *schema, const void *args)
 {
     static _Alignas(16) unsigned char copy[OPF_OP_ARGS_MAX];

@@ -7,7 +7,7 @@
  * quantizing the plain ones, fake-vs-real conformance, bad inputs.
  * Fusions: each plan holds the fused op exactly when its conditions hold;
  * results match the same seq with fusions off, bit for bit where the kernels
- * are the same and within te-ops.md 8.1 otherwise; dbias of the activation
+ * are the same and within numerics.md 8.3 otherwise; dbias of the activation
  * fusion and dx of the RMSNorm fusion are also checked bit for bit against
  * their one-rounding definitions; grouped_mlp is one object in both plans
  * and declines where the recipe or the shapes rule it out. */

@@ -8,7 +8,7 @@
  *     every parameter gradient (with has_grad) bit for bit, the contexts'
  *     RNG offsets and every delayed-scaling state equal after each step.
  *     Both plans run the same kernels in the same order, so no tolerance;
- *   - where the seq's first op requiring backward (te-ops.md 3.2) is FC1,
+ *   - where the seq's first op requiring backward (the anchor's rule) is FC1,
  *     the GLU or FC2: FC1 frozen with no input gradient (FC1 still first:
  *     its split sizes are a public input), and the split sizes (and the
  *     scales) fed by a channel from a preceding op, which moves the first

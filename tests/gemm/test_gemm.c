@@ -841,7 +841,7 @@ typedef struct tol { double rtol, atol; } tol;
 static const tol tol_e4m3 = {0.125, 0.0675}, tol_e5m2 = {0.25, 0.125}, tol_e2m1 = {0.25, 0.125};
 static const tol tol_bf16 = {1.6e-2, 1e-5};
 
-/* |t - r| <= atol + rtol |r| per element (te-ops.md 8.1). */
+/* |t - r| <= atol + rtol |r| per element (numerics.md 8.3). */
 static void check_tol(const char *what, const opf_tensor *d, const double *ref, tol t)
 {
     int64_t n = opf_spec_numel(&d->spec);

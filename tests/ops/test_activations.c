@@ -272,7 +272,7 @@ static opf_quantizer make_q(recipe r, opf_delayed_state *st, double amax)
     return q;
 }
 
-/* ---- tolerances (te-ops 8.1) ------------------------------------------------- */
+/* ---- tolerances (numerics.md 8.3) ------------------------------------------------- */
 
 typedef struct tol {
     double rtol, atol;

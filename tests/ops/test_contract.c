@@ -4,7 +4,8 @@
 
 #include "ops/ops-impl.h"
 
-/* A user basic op: y = s * x with a learnable scalar s (te-ops 8.2 "custom ops"). */
+/* A user basic op: y = s * x with a learnable scalar s (a custom op, as
+ * the anchor's tests have one). */
 typedef struct uscale_fwd {
     opf_tensor x, s;
     double     hint;

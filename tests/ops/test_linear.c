@@ -3,9 +3,9 @@
  * - forward y, dx, dW against an FP64 reference built from the DEQUANTIZED
  *   quantized operands (quantized here with the op's own quantizers), so only
  *   the GEMM's fp32 error remains: |got - ref| <= 1e-5 + 1e-3 * sum|a||b|
- *   (te-ops 8.1: fp32 GEMMs use fp16 tolerances) plus the output dtype's
+ *   (numerics.md 8.3: fp32 GEMMs use fp16 tolerances) plus the output dtype's
  *   rounding; then a loose relative-Frobenius check against the unquantized
- *   FP64 result with the recipe's quantization tolerance (te-ops 8.1);
+ *   FP64 result with the recipe's quantization tolerance (numerics.md 8.3);
  * - an input / gradient that arrives pre-quantized gives the same bits as
  *   quantizing inside (stochastic rounding replayed from the same Philox
  *   state);
@@ -1037,7 +1037,7 @@ static void test_grouped_errors(void)
 
 /* The plain data flow of a grouped op's last forward/backward against FP64
  * on the given (original, unquantized) x, W_g, b_g, dy: dx, dW_g, db_g and,
- * with check_y, y, all within the fp32-GEMM tolerance (te-ops 8.1). */
+ * with check_y, y, all within the fp32-GEMM tolerance (numerics.md 8.3). */
 static void check_grouped_plain(const char *tag, opf_op *op, const int64_t *split, int nG,
                                 int64_t in, int64_t out, const opf_tensor *x, const opf_tensor *dy,
                                 const opf_tensor *y, const opf_tensor *dx, bool check_y)

@@ -1,7 +1,7 @@
 /* test_misc_ops.c: the small basic ops: identity, bias, reshape,
  * constant_scale, add_extra_input, make_extra_output, quantize and dropout.
  * Forward and backward against FP64 references written here (exact where the
- * anchor's tests are exact, te-ops.md 8.1), quantized outputs bit-exact
+ * anchor's tests are exact, numerics.md 8.3), quantized outputs bit-exact
  * against opf_quantize, finite differences of the references, fake-vs-real
  * conformance, the dropout mask (Philox mapping, zero-fraction z-test,
  * reproducibility) and bad inputs. */
@@ -21,7 +21,7 @@ typedef struct tol {
     double rtol, atol;
 } tol;
 
-/* te-ops.md 8.1 dtype_tols */
+/* numerics.md 8.3, the dtype tolerances */
 static tol dtype_tol(opf_dtype d)
 {
     return d == OPF_BF16 ? (tol){1.6e-2, 1e-5} : d == OPF_F16 ? (tol){1e-3, 1e-5} : (tol){1.3e-6, 1e-5};
@@ -358,7 +358,7 @@ static opf_quantizer make_q(recipe r, opf_delayed_state *st, double amax)
     return q;
 }
 
-/* te-ops.md 8.1 quantization_tols, atol scaled by the tensor's amax. */
+/* numerics.md 8.3, the quantization tolerances, atol scaled by the tensor's amax. */
 static tol quant_tol(opf_scaling s, double amax)
 {
     bool fp4 = s == OPF_SCALING_NVFP4_1D || s == OPF_SCALING_NVFP4_2D;

@@ -120,7 +120,7 @@ static int64_t mismatches(const char *what, const double *got, const double *ref
     return bad;
 }
 
-/* te-ops.md 8.1 tolerance tables. */
+/* numerics.md 8.3's tolerance tables. */
 static void dtype_tols(opf_dtype dt, double *rtol, double *atol)
 {
     *atol = 1e-5;

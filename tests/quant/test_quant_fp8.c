@@ -1,6 +1,6 @@
 /* test_quant_fp8.c: the FP8 CPU quantizers (per-tensor delayed and current,
  * block 1D/2D, MXFP8 1D/2D compact and swizzled): quantize -> dequantize
- * round trips within the E4M3 / E5M2 tolerances of te-ops.md 8.1, the
+ * round trips within the E4M3 / E5M2 tolerances of numerics.md 8.3, the
  * failure paths of these kernels, and identical bytes for 1 and 2 threads.
  * Bit-exactness against the numerics is the oracle test's job. */
 #include "test.h"

@@ -5,7 +5,7 @@
 #    losses at each evaluation (train and eval loss): bf16 within bf16's
 #    tolerance (rtol 1.6e-2, atol 1e-5), the quantized recipes within E4M3's
 #    (rtol 0.125, atol 0.0675) and NVFP4 within E2M1's (rtol 0.25, atol 0.125)
-#    (docs: the anchor's test tolerances, te-ops.md 8.1);
+#    (docs: the anchor's test tolerances, numerics.md 8.3);
 #  - on the GPU, eager and compiled end in byte-identical checkpoints, and a
 #    run stopped, saved and resumed equals an uninterrupted one.
 # Every failing comparison is printed (recipe, step, both values), not only

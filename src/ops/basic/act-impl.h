@@ -10,7 +10,7 @@
  * All math in fp32 in the backend's kernels (docs/numerics.md 6.3). The
  * output is quantized with the next op's input quantizer, dx with the
  * previous op's grad-output quantizer (kept in the op context at forward
- * time, te-ops 3.9). Backward needs the input x, which setup_context
+ * time, as the anchor's fuser hands it on). Backward needs the input x, which setup_context
  * retains. Plain classes may run in place (opf_op_class.inplace: forward
  * loads x whole before it stores y). */
 #ifndef OPFUSE_ACT_IMPL_H

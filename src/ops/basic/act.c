@@ -150,7 +150,8 @@ static opf_status act_resolve_bwd(opf_act_kind k, opf_op *op, const opf_op_ctx *
     }
     b->x = *x;
     b->dy = *dy;
-    /* The quantizer the previous op asked for when the forward ran (te-ops 3.9). */
+    /* The quantizer the previous op asked for when the forward ran (as the
+     * anchor's fuser hands it on). */
     b->grad_q = octx->prev_grad_q;
     act_params(op, k, &b->act, &b->alpha, &b->limit);
     return OPF_OK;

@@ -1,5 +1,5 @@
 /* basic_linear.c: y = x W^T without bias (the anchor's BasicLinear,
- * te-ops.md 5; data flow of docs/numerics.md 5.2-5.5).
+ * the anchor's basic op; data flow of docs/numerics.md 5.2-5.5).
  *
  *   fprop  y  = gemm(W, x, TN)    W rowwise,    x rowwise
  *   dgrad  dx = gemm(W, dy, NN)   W columnwise, dy rowwise
@@ -48,7 +48,7 @@
  * unless is_first_microbatch == 1, numerics 5.5) and returns no gradient.
  *
  * Backward override (the recipe's backward_override, numerics.md 3.7,
- * te-ops.md 5 notes): fprop is quantized as always, x and W with their
+ * as the anchor's notes on it say): fprop is quantized as always, x and W with their
  * rowwise copies only (nothing reads a columnwise copy); the backward
  * quantizes nothing: the op offers no grad-output quantizer (so the ops
  * before it emit plain gradients and BackwardActivationBias does not

@@ -2,7 +2,7 @@
  * dx = dy. Computed in fp32, stored in the activation dtype.
  *
  * The context records the previous op's grad-output quantizer ("prevQ",
- * te-ops.md 5), which BackwardActivationBias reads through the fuser, and
+ * the anchor's basic op), which BackwardActivationBias reads through the fuser, and
  * drops it under a backward override, which quantizes no gradient. With a
  * prevQ and a plain dy, dx is dy quantized with it in the same entry as db
  * (elem.h's dbias_q: on the GPU one read of dy for db and the amax, then

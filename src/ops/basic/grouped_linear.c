@@ -1,5 +1,5 @@
 /* grouped_linear.c: G independent linears over consecutive row groups of one
- * input (the anchor's GroupedLinear, te-ops.md 5). Extra input 0 holds the
+ * input (the anchor's GroupedLinear). Extra input 0 holds the
  * split sizes, a plain i64 [G] tensor that sums to the rows of x (its 2D
  * view) or less (padding rows past the sum: never read, zero in y and dx);
  * group g computes y_g = x_g W_g^T (+ b_g) on its rows with the

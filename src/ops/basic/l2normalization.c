@@ -1,5 +1,5 @@
 /* l2normalization.c: "l2normalization", y = x * rsqrt(sum(x^2) + eps) over
- * the last dim, no parameters (te-ops.md section 5). The input (plain or
+ * the last dim, no parameters (the anchor's basic op). The input (plain or
  * quantized, logical dtype f32/bf16/f16) is decoded to fp32, every step is
  * fp32, and y and dx are plain in the input's dtype: like TE's op, it neither
  * quantizes its output for the next op nor dx for the previous one, so those

@@ -1,5 +1,5 @@
 /* layernorm.c: "layernorm", LayerNorm over the last dim (numerics.md 6.1,
- * 6.2; te-ops.md section 5). Parameters weight (gamma: ones, or zeros when
+ * 6.2; the anchor's basic op). Parameters weight (gamma: ones, or zeros when
  * zero-centred) and bias (beta: zeros) of the config's dtype. The input is
  * taken in that dtype, as TE casts it to the module dtype: decoded, and
  * rounded to the dtype when it arrives in another one or quantized. Every

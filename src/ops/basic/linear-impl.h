@@ -144,8 +144,8 @@ static inline opf_fwd_env opf_fused_part_env(const opf_fwd_env *env, int k)
 
 /* For a forward-only fused op's setup_context: the runner gives octx[0] the
  * previous op's grad-output quantizer; every later covered op gets what the
- * unfused runner would have given it, its basic predecessor's (te-ops 3.7;
- * e.g. the Bias after a Linear keeps the Linear's, which
+ * unfused runner would have given it, its basic predecessor's (as the
+ * anchor's fuser does; e.g. the Bias after a Linear keeps the Linear's, which
  * BackwardActivationBias reads). */
 static inline void opf_fused_chain_grad_q(opf_op *fused, opf_op_ctx *octx)
 {

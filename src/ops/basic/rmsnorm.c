@@ -1,5 +1,5 @@
 /* rmsnorm.c: "rmsnorm", RMSNorm over the last dim (numerics.md 6.1, 6.2;
- * te-ops.md section 5). One parameter, weight (gamma: ones, or zeros when
+ * the anchor's basic op). One parameter, weight (gamma: ones, or zeros when
  * zero-centred), of the config's dtype. The input is taken in that dtype, as
  * TE casts it to the module dtype: decoded, and rounded to the dtype when it
  * arrives in another one or quantized. Every step is fp32; the output is

@@ -1,5 +1,5 @@
 /* scaled_act.c: the scaled activations of a mixture-of-experts MLP (the
- * anchor's ScaledSwiGLU, ScaledSReLU and ScaledClampedQGeGLU, te-ops.md 5),
+ * anchor's ScaledSwiGLU, ScaledSReLU and ScaledClampedQGeGLU),
  * the activation between the two grouped linears (ops/fused/grouped_mlp.c):
  *
  *   class                  kind (backend/act.h)    x -> y

@@ -1,5 +1,5 @@
-/* backward_activation_bias.c: BackwardActivationBias (te-ops.md 3.6, 3.9,
- * 6), a backward-only fusion of Bias + (GELU | ReLU) that follows an op X,
+/* backward_activation_bias.c: BackwardActivationBias (the anchor's fused op,
+ * found by its sliding window over the seq), a backward-only fusion of Bias + (GELU | ReLU) that follows an op X,
  * in the anchor's case one with a grad-output quantizer (a BasicLinear,
  * usually); below, the plain form for an X without one. X stays outside
  * the fused op: it only supplies the quantizer, which the fuser hands the

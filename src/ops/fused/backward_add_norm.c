@@ -3,7 +3,7 @@
  * residual branch (MakeExtraOutput's extra output) into dx before dx is
  * rounded (numerics.md 6.2). A missing extra gradient counts as zero.
  *
- *   backward_add_rmsnorm    make_extra_output, rmsnorm   (te-ops.md 6,
+ *   backward_add_rmsnorm    make_extra_output, rmsnorm   (the anchor's fused ops,
  *                           BackwardAddRMSNorm; nvte_rmsnorm_bwd_add)
  *   backward_add_layernorm  make_extra_output, layernorm (opfuse's: the
  *                           anchor fuses only RMSNorm; a pre-LN transformer's

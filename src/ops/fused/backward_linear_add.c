@@ -1,5 +1,5 @@
 /* backward_linear_add.c: the backward-only fusion of
- * make_extra_output(in_place) + basic_linear, te-ops.md 6
+ * make_extra_output(in_place) + basic_linear, the anchor's fused op
  * (BackwardLinearAdd): the linear's dgrad GEMM accumulates into the
  * gradient of the residual branch, dx = dy W + d(extra), in one pass.
  *

@@ -1,5 +1,5 @@
 /* backward_linear_scale.c: the backward-only fusion of basic_linear +
- * constant_scale, te-ops.md 6 (BackwardLinearScale): the scale s is folded
+ * constant_scale, the anchor's fused op (BackwardLinearScale): the scale s is folded
  * into alpha of both backward GEMMs, dx = s * dy W and dW = s * dy^T x,
  * instead of first writing s * dy.
  *

@@ -1,5 +1,5 @@
 /* forward_linear_bias_activation.c: the forward-only fusions of basic_linear
- * + bias (+ gelu | relu), te-ops.md 6 (ForwardLinearBiasActivation). Two
+ * + bias (+ gelu | relu), the anchor's fused op (ForwardLinearBiasActivation). Two
  * classes, since a class covers a fixed number of ops:
  *
  *   forward_linear_bias_activation   basic_linear, bias, gelu | relu (3 ops)
@@ -58,7 +58,7 @@ static const opf_field flba_fwd_fields[] = {
 OPF_SCHEMA(flba_fwd_schema, flba_fwd, flba_fwd_fields);
 _Static_assert(offsetof(flba_fwd, lin) == 0, "after_fake reads the linear part first");
 
-/* The activations the 3-op class takes (te-ops 6: GELU | ReLU). */
+/* The activations the 3-op class takes (the anchor's: GELU | ReLU). */
 static int act_kind(const opf_op *op)
 {
     int k = opf_act_kind_of(op);

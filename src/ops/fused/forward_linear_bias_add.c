@@ -1,5 +1,5 @@
 /* forward_linear_bias_add.c: the forward-only fusions of basic_linear
- * (+ bias) + add_extra_input(in_place), te-ops.md 6 (ForwardLinearBiasAdd).
+ * (+ bias) + add_extra_input(in_place), the anchor's fused op (ForwardLinearBiasAdd).
  * The anchor's class takes the bias as optional; a class here covers a fixed
  * number of ops, so there are two:
  *

@@ -1,5 +1,5 @@
 /* forward_linear_scale_add.c: the forward-only fusion of basic_linear +
- * constant_scale + add_extra_input(in_place), te-ops.md 6
+ * constant_scale + add_extra_input(in_place), the anchor's fused op
  * (ForwardLinearScaleAdd): y = s * x W^T + extra in one GEMM, the scale as
  * alpha and the extra input as the accumulated C.
  *

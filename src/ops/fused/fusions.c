@@ -1,5 +1,5 @@
 /* fusions.c: the built-in fusion functions, in the anchor's registration
- * order (te-ops.md 3.4): joint first, then forward: LinearBiasAdd,
+ * order (the anchor's registry order): joint first, then forward: LinearBiasAdd,
  * LinearBiasActivation, LinearScaleAdd; backward: LinearAdd, LinearScale,
  * ActivationBias, AddRMSNorm. Earlier functions win; fusions never nest. */
 #include "ops/ops-impl.h"

@@ -1,4 +1,4 @@
-/* grouped_mlp.c: GroupedMLP (te-ops.md 6, the anchor's
+/* grouped_mlp.c: GroupedMLP (the anchor's fused op
  * GroupedMLP_CuTeGEMMGLU), a joint fused op over GroupedLinear (FC1) +
  * a scaled activation + GroupedLinear (FC2), the expert MLP of a mixture of
  * experts: ScaledSwiGLU or ScaledClampedQGeGLU (GroupedMLP_CuTeGEMMGLU) or
@@ -26,7 +26,7 @@
  * nothing of its own there and matches the unfused plan bit for bit under
  * every override.
  *
- * Early stop (te-ops.md 3.2): when the seq's first op requiring backward
+ * Early stop (the anchor's rule): when the seq's first op requiring backward
  * is the GLU or FC2 (env->first_requires_grad: FC1 frozen, no input
  * gradient, FC1's split sizes from a channel), the parts before it resolve
  * their forward without requires_grad, save nothing, and run no backward:
@@ -336,7 +336,7 @@ static void drop_transient(opf_op_ctx *octx, const opf_tensor *transient)
 
 /* Each part that runs backward keeps in its own context what its backward
  * reads, from the same views the forward wrote; the others keep nothing
- * and say so in requires_grad (te-ops.md 3.2), which resolve_bwd reads. */
+ * and say so in requires_grad (the anchor's rule), which resolve_bwd reads. */
 static opf_status setup_context(opf_op *op, opf_op_ctx *octx, const void *args,
                                 const opf_tensor *outs, const opf_tensor *aux)
 {
