@@ -48,11 +48,11 @@ static inline opf_status opf_bench_cuda_random(opf_ctx *ctx, int64_t rows, int64
  * edge, and a case run after another started hot. Settled, a case is timed
  * in the power-capped steady state of a long run; the PyTorch peers
  * (bench/peer/peer_timing.py) warm up by the same rule. Runs in growing
- * batches, a sync after each. */
-static inline opf_status opf_bench_cuda_settle(opf_ctx *ctx, opf_status (*fn)(void *), void *arg,
-                                               int min_runs)
+ * batches, a sync after each; opf_bench_cuda_run_for is the same loop for
+ * settle_s seconds. */
+static inline opf_status opf_bench_cuda_run_for(opf_ctx *ctx, opf_status (*fn)(void *), void *arg,
+                                                int min_runs, double settle_s)
 {
-    double settle_s = opf_bench_env_ms("OPF_BENCH_SETTLE_MS", 300.0) * 1e-3;
     opf_status st = fn(arg);
     if (!st) st = opf_cuda_sync(ctx);
     double t0 = opf_bench_now();
@@ -72,6 +72,13 @@ static inline opf_status opf_bench_cuda_settle(opf_ctx *ctx, opf_status (*fn)(vo
     return st;
 }
 
+static inline opf_status opf_bench_cuda_settle(opf_ctx *ctx, opf_status (*fn)(void *), void *arg,
+                                               int min_runs)
+{
+    return opf_bench_cuda_run_for(ctx, fn, arg, min_runs,
+                                  opf_bench_env_ms("OPF_BENCH_SETTLE_MS", 300.0) * 1e-3);
+}
+
 typedef struct opf_bench_heat { opf_ctx *ctx; opf_tensor a, b, d; } opf_bench_heat;
 static inline opf_status opf_bench_heat_gemm(void *p)
 {
@@ -82,7 +89,7 @@ static inline opf_status opf_bench_heat_gemm(void *p)
 
 /* Loads the GPU before the first timed case: 4096^3 bf16 GEMMs on random
  * data for OPF_BENCH_PREHEAT_MS (default 3000; 0: none), so that no process
- * times its first case on an idle, cool GPU (the die goes from 41 to 62 C in
+ * times its first case on an idle, cool GPU (the die goes from 41 to 63 C in
  * the first seconds of load). Added for an nn.Linear step that ran 4.31 ms
  * timed first in its process and 4.93 ms timed again after other GEMMs;
  * whether this is all of that gap is open (bench/RESULTS.md, Dec 3). Every
@@ -98,12 +105,7 @@ static inline opf_status opf_bench_cuda_preheat(opf_ctx *ctx)
     opf_status st = opf_bench_cuda_random(ctx, N, N, OPF_BF16, 1.0f, &h.a);
     if (!st) st = opf_bench_cuda_random(ctx, N, N, OPF_BF16, 1.0f, &h.b);
     if (!st) st = opf_tensor_alloc(ctx, &ds, &h.d);
-    if (!st) st = opf_bench_heat_gemm(&h);  /* the algorithm chosen before the clock starts */
-    if (!st) st = opf_cuda_sync(ctx);
-    for (double t0 = opf_bench_now(); !st && opf_bench_now() - t0 < ms * 1e-3;) {
-        for (int i = 0; i < 50 && !st; i++) st = opf_bench_heat_gemm(&h);
-        if (!st) st = opf_cuda_sync(ctx);
-    }
+    if (!st) st = opf_bench_cuda_run_for(ctx, opf_bench_heat_gemm, &h, 1, ms * 1e-3);
     opf_tensor_release(&h.a), opf_tensor_release(&h.b), opf_tensor_release(&h.d);
     return st;
 }

@@ -51,28 +51,24 @@ def preheat():
     _heated = True
     a = torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16) * 2 - 1
     b = torch.rand(4096, 4096, device="cuda", dtype=torch.bfloat16) * 2 - 1
-    a @ b.t()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < PREHEAT_S:
-        for _ in range(50):
-            a @ b.t()
-        torch.cuda.synchronize()
+    settle(lambda: a @ b.t(), PREHEAT_S, 1)
 
 
-def settle(fn):
+def settle(fn, seconds=None, min_runs=WARMUP):
     """Runs fn once, then in growing batches (a synchronize after each)
-    until WARMUP runs in all and SETTLE_S seconds after the first."""
+    until min_runs runs in all and seconds (default SETTLE_S) after the
+    first."""
+    seconds = SETTLE_S if seconds is None else seconds
     fn()
     torch.cuda.synchronize()
     t0, n, done, batch = time.perf_counter(), 1, 0, 1
     while True:
         t = time.perf_counter() - t0
-        left = SETTLE_S - t
-        if n >= WARMUP and left <= 0:
+        left = seconds - t
+        if n >= min_runs and left <= 0:
             return
         if done:  # twice the last batch at most, no more than the time left needs
-            need = int(left / max(t / done, 1e-9)) + 1 if left > 0 else WARMUP - n
+            need = int(left / max(t / done, 1e-9)) + 1 if left > 0 else min_runs - n
             batch = max(1, min(need, 2 * batch, 1 << 20))
         for _ in range(batch):
             fn()
