@@ -4,7 +4,11 @@
  *   - Linear forward + backward (fprop, dgrad, wgrad) at S x S x S per
  *     recipe (timed alone, as its peer), and its ratio to the recipe's three
  *     GEMMs alone on operands quantized once (the floor the step
- *     approaches), the step and the GEMMs timed in turns for it;
+ *     approaches), the step and the GEMMs timed in turns for it; and, in
+ *     turns too, against the plain bf16 GEMMs of the same step, which are
+ *     the cuBLAS kernels PyTorch's nn.Linear step runs (Nsight Compute: the
+ *     same kernel names and times), a ratio to nn.Linear's kernels that does
+ *     not depend on the order of cases in two processes;
  *   - the LayerNorm-MLP step (layernorm, fc1 + bias, gelu, fc2 + bias;
  *     forward + backward with a given dy, no optimizer) at T tokens x
  *     hidden H (ffn 4H) per recipe, eager;
@@ -218,11 +222,10 @@ static opf_status run_gemms(void *arg)
     return st ? st : opf_gemm(a->ctx, &a->x, &a->dy, OPF_GEMM_NT, &o, &a->dw);
 }
 
-/* in quantized by role's quantizer of op's recipe state (both usages); plain when none. */
-static opf_status operand(opf_ctx *ctx, opf_op *op, opf_tensor_role role, const opf_tensor *in,
-                          opf_tensor *out)
+/* in quantized by role's quantizer of recipe state rs (both usages); plain when rs is NULL. */
+static opf_status operand(opf_ctx *ctx, opf_recipe_state *rs, opf_tensor_role role,
+                          const opf_tensor *in, opf_tensor *out)
 {
-    opf_recipe_state *rs = opf_op_recipe_state(op);
     opf_quantizer q;
     if (!rs) return opf_tensor_to(ctx, in, OPF_DEVICE_CUDA, out);
     opf_status st = opf_recipe_state_quantizer(rs, role, 0, &q);
@@ -230,23 +233,42 @@ static opf_status operand(opf_ctx *ctx, opf_op *op, opf_tensor_role role, const 
     return st ? st : opf_quantize_alloc(ctx, &q, in, out);
 }
 
-/* The step t and its three GEMMs, timed in turns: *ms the step, *gms the GEMMs. */
-static opf_status step_and_gemms_ms(opf_ctx *ctx, opf_seq *seq, train *t, int64_t S, double *ms,
-                                    double *gms)
+/* The three GEMMs of the Linear op of seq on t's x and dy and the op's
+ * weight: quantized by the op's recipe (both usages), or, plain, the bf16
+ * GEMMs of PyTorch's nn.Linear step (the same cuBLAS kernels, by ncu). */
+static opf_status gemms_open(opf_ctx *ctx, opf_seq *seq, const train *t, int64_t S, bool plain,
+                             gemms *a)
 {
-    gemms a = {.ctx = ctx};
+    memset(a, 0, sizeof *a);
+    a->ctx = ctx;
     opf_op *op = opf_seq_at(seq, 0);
+    opf_recipe_state *rs = plain ? NULL : opf_op_recipe_state(op);
     opf_spec ps = opf_spec_make(2, (int64_t[]){S, S}, OPF_BF16);
     ps.device = OPF_DEVICE_CUDA;
-    opf_status st = operand(ctx, op, OPF_ROLE_WEIGHT, &opf_op_param(op, 0)->value, &a.w);
-    if (!st) st = operand(ctx, op, OPF_ROLE_INPUT, &t->x, &a.x);
-    if (!st) st = operand(ctx, op, OPF_ROLE_GRAD_OUTPUT, &t->dy, &a.dy);
-    if (!st) st = opf_tensor_alloc(ctx, &ps, &a.y);
-    if (!st) st = opf_tensor_alloc(ctx, &ps, &a.dx);
-    if (!st) st = opf_tensor_alloc(ctx, &ps, &a.dw);
-    if (!st) st = time_pair_ms(&(timed){ctx, train_step, t}, &(timed){ctx, run_gemms, &a}, ms, gms);
-    opf_tensor *all[] = {&a.w, &a.x, &a.dy, &a.y, &a.dx, &a.dw};
+    opf_status st = operand(ctx, rs, OPF_ROLE_WEIGHT, &opf_op_param(op, 0)->value, &a->w);
+    if (!st) st = operand(ctx, rs, OPF_ROLE_INPUT, &t->x, &a->x);
+    if (!st) st = operand(ctx, rs, OPF_ROLE_GRAD_OUTPUT, &t->dy, &a->dy);
+    if (!st) st = opf_tensor_alloc(ctx, &ps, &a->y);
+    if (!st) st = opf_tensor_alloc(ctx, &ps, &a->dx);
+    if (!st) st = opf_tensor_alloc(ctx, &ps, &a->dw);
+    return st;
+}
+
+static void gemms_close(gemms *a)
+{
+    opf_tensor *all[] = {&a->w, &a->x, &a->dy, &a->y, &a->dx, &a->dw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) opf_tensor_release(all[i]);
+}
+
+/* The step t and three GEMMs, timed in turns: *ms the step, *gms the GEMMs,
+ * the recipe's own (plain false) or the plain bf16 ones (true). */
+static opf_status step_and_gemms_ms(opf_ctx *ctx, opf_seq *seq, train *t, int64_t S, bool plain,
+                                    double *ms, double *gms)
+{
+    gemms a;
+    opf_status st = gemms_open(ctx, seq, t, S, plain, &a);
+    if (!st) st = time_pair_ms(&(timed){ctx, train_step, t}, &(timed){ctx, run_gemms, &a}, ms, gms);
+    gemms_close(&a);
     return st;
 }
 
@@ -302,14 +324,26 @@ static void bench_linear(opf_ctx *ctx, int64_t S)
         snprintf(name, sizeof name, "linear_%s_ms", recipes[r].name);
         if (st) failed(ctx, name);
         else record(name, "ms", ms, NULL);
-        if (!st) st = step_and_gemms_ms(ctx, seq, &t, S, &tms, &gms);
+        if (!st) st = step_and_gemms_ms(ctx, seq, &t, S, false, &tms, &gms);
         snprintf(name, sizeof name, "linear_%s_turns_ms", recipes[r].name);
         if (!st) record(name, "ms", tms, "the step, timed in turns with its GEMMs");
         snprintf(name, sizeof name, "linear_%s_gemms_ms", recipes[r].name);
-        char note[64];
+        char note[80];
         snprintf(note, sizeof note, "step / GEMMs %.2f (in turns)", gms > 0 ? tms / gms : 0.0);
         if (st) failed(ctx, name);
         else record(name, "ms", gms, note);
+        /* against nn.Linear's kernels in this process: a ratio that does not
+         * depend on what ran before the peer's loop in its own process */
+        if (!st && recipes[r].kind != OPF_RECIPE_NONE) {
+            st = step_and_gemms_ms(ctx, seq, &t, S, true, &tms, &gms);
+            snprintf(name, sizeof name, "linear_%s_vs_bf16_ms", recipes[r].name);
+            if (!st) record(name, "ms", tms, "the step, timed in turns with the bf16 GEMMs");
+            snprintf(name, sizeof name, "linear_%s_bf16_gemms_ms", recipes[r].name);
+            snprintf(note, sizeof note, "the 3 bf16 GEMMs (nn.Linear's kernels): step %.2fx faster",
+                     tms > 0 ? gms / tms : 0.0);
+            if (st) failed(ctx, name);
+            else record(name, "ms", gms, note);
+        }
         train_close(&t);
         opf_seq_destroy(seq);
     }

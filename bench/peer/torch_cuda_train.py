@@ -10,7 +10,10 @@ bf16, random data, CUDA-event medians after warm-up:
   - host time per eager op call: a chain of 32 identity / bias / gelu /
     layernorm ops on a tiny tensor, forward and forward + backward.
 Reads opfuse's "name value" file and prints the comparison table last, with
-the targets of issue 12.
+the targets of issue 12; beside the Linear ratios to nn.Linear, opfuse's own
+rows of each recipe's step timed in turns with its plain bf16 GEMMs, the
+cuBLAS kernels nn.Linear runs (the same ratio, free of the order of cases in
+two processes).
 
 Usage: torch_cuda_train.py OPFUSE_RESULTS [S [T H]] [--only LIST]    default 8192 8192 4096
 --only LIST (any of linear, lnmlp, small, host) runs only those peers, as
@@ -151,6 +154,13 @@ def main():
         what = "nn.Linear step / its 3 torch.mm"
         lt, mm = peer["linear_turns"], peer["linear_mm"]
         print(f"{what:40s} {lt:9.3f} {mm:9.3f} {lt / mm:7.2f}  (the peer's own, in turns)")
+    # each recipe's step in turns with opfuse's plain bf16 GEMMs, which run
+    # nn.Linear's cuBLAS kernels (same names and times under ncu): the ratio
+    # above without the peer's process, its order of cases and its clocks
+    for r, t in targets.items():
+        o, g = ours.get(f"linear_{r}_vs_bf16_ms"), ours.get(f"linear_{r}_bf16_gemms_ms")
+        if o and g:
+            row(f"linear {r} vs nn.Linear's kernels", o, g, t, "bf16 GEMMs, in turns")
     for r in targets:
         o = ours.get(f"linear_{r}_turns_ms", ours.get(f"linear_{r}_ms"))  # timed in turns
         g = ours.get(f"linear_{r}_gemms_ms")
