@@ -22,6 +22,11 @@
 # whole run takes longer than one 10-minute call on a shared machine; split
 # it in two: OPF_GPU_GPT=0 first, then OPF_GPU_SKIP_TESTS=1 OPF_GPU_KERNELS=0
 # for the GPT benchmarks alone.
+#     OPF_GPU_SANITIZE=TOOL also each CUDA test program (test_cuda_*, test_cudnn_*;
+#                           those OPF_GPU_TESTS matches) under compute-sanitizer
+#                           --tool TOOL (memcheck, racecheck, synccheck or
+#                           initcheck), after the tests; each cut off at
+#                           OPF_GPU_SANITIZE_TIMEOUT s (default 120)
 #     OPF_GPU_KERNELS=0     skip the kernel and training-step benchmarks, their
 #                           peers and (unless OPF_GPU_PROFILE=1) the profile
 #     OPF_GPU_PROFILE=0|1   the GPT-2 124M step profile on its own switch;
@@ -166,6 +171,44 @@ if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
       grep -E "passed|failed|Error|error" "$logs/pytest.log" | tail -15
     fi
   fi
+fi
+
+# OPF_GPU_SANITIZE=TOOL: the CUDA test programs under compute-sanitizer, one
+# line each (clean, the errors it found, or cut off) and the first errors
+sanitize_rc=0
+if [ -n "${OPF_GPU_SANITIZE:-}" ]; then
+  step "compute-sanitizer --tool $OPF_GPU_SANITIZE over the CUDA tests"
+  : >"$logs/sanitize.log"
+  if ! command -v compute-sanitizer >/dev/null; then
+    echo "compute-sanitizer is not on this machine's PATH: skipped"
+  else
+    for t in "$build"/test_cuda_* "$build"/test_cudnn_*; do
+      [ -x "$t" ] || continue
+      name=$(basename "$t")
+      [ -n "${OPF_GPU_TESTS:-}" ] && ! [[ $name =~ $OPF_GPU_TESTS ]] && continue
+      start=$SECONDS
+      # API errors are not counted: the error-path tests provoke them on
+      # purpose (a sync inside a capture, an allocation too large), and the
+      # library reports each as an opf_status that the tests check
+      timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$OPF_GPU_SANITIZE" \
+        --report-api-errors no --error-exitcode 9 --print-limit 20 "$t" \
+        >"$logs/sanitize_$name.log" 2>&1
+      rc=$?
+      case $rc in
+        0) verdict_s="clean" ;;
+        77) verdict_s="skipped (the test's own skip)" ;;
+        124) verdict_s="cut off at ${OPF_GPU_SANITIZE_TIMEOUT:-120} s (not checked to the end)" ;;
+        9) verdict_s="ERRORS"; sanitize_rc=1 ;;
+        *) verdict_s="the test failed under the tool (rc $rc)"; sanitize_rc=1 ;;
+      esac
+      printf '%-28s %-40s %4d s\n' "$name" "$verdict_s" $((SECONDS - start)) | tee -a "$logs/sanitize.log"
+      if [ $rc = 9 ] || { [ $rc != 0 ] && [ $rc != 77 ] && [ $rc != 124 ]; }; then
+        grep -E "^=========" "$logs/sanitize_$name.log" | head -12 | tee -a "$logs/sanitize.log"
+      fi
+    done
+    fresh+=("$logs/sanitize.log")
+  fi
+  [ "$sanitize_rc" != 0 ] && ctest_rc=1
 fi
 
 # OPF_GPU_RUN='CMD': CMD (bash -c) after the tests, in this script's
