@@ -4,6 +4,7 @@
 #ifndef OPFUSE_BENCH_H
 #define OPFUSE_BENCH_H
 
+#include <ctype.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,15 +22,17 @@ static inline double opf_bench_now(void)
 }
 
 /* A non-negative number of milliseconds from environment variable name, def
- * where it is unset or empty; a value that is not one is said on stderr and
- * def used. */
+ * where it is unset or empty; a value that is not one (white space around it
+ * allowed) is said on stderr and def used. */
 static inline double opf_bench_env_ms(const char *name, double def)
 {
     const char *e = getenv(name);
     if (!e || !*e) return def;
     char *end;
-    double v = strtod(e, &end);
-    if (*end || !isfinite(v) || v < 0) {
+    double v = strtod(e, &end);  /* leading white space skipped; trailing, below */
+    bool none = end == e;        /* no number at all */
+    while (isspace((unsigned char)*end)) end++;
+    if (none || *end || !isfinite(v) || v < 0) {
         fprintf(stderr, "%s=\"%s\" is not a number of milliseconds >= 0: %g used\n", name, e, def);
         return def;
     }
