@@ -91,9 +91,11 @@ static inline opf_status opf_bench_heat_gemm(void *p)
  * data for OPF_BENCH_PREHEAT_MS (default 3000; 0: none), so that no process
  * times its first case on an idle, cool GPU (the die goes from 41 to 63 C in
  * the first seconds of load). Added for an nn.Linear step that ran 4.31 ms
- * timed first in its process and 4.93 ms timed again after other GEMMs;
- * whether this is all of that gap is open (bench/RESULTS.md, Dec 3). Every
- * GPU benchmark process and PyTorch kernel peer (peer_timing.py) starts so. */
+ * timed first in its process and 4.93 ms timed again after other GEMMs
+ * (its kernels are opfuse's bf16 GEMMs, and in turns with its own three
+ * torch.mm it takes their time: what moved was the GPU's state, which the
+ * order of cases sets; bench/RESULTS.md, Dec 3). Every GPU benchmark process
+ * and PyTorch kernel peer (peer_timing.py) starts so. */
 static inline opf_status opf_bench_cuda_preheat(opf_ctx *ctx)
 {
     double ms = opf_bench_env_ms("OPF_BENCH_PREHEAT_MS", 3000.0);
