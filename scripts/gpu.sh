@@ -125,7 +125,10 @@ export CFLAGS="-I$prefix/usr/include -I$prefix/usr/include/x86_64-linux-gnu/open
 export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread:${LD_LIBRARY_PATH:-}"
 
 step "build (cmake + ninja)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPF_CUDA=ON ${cudnn_cmake[@]+"${cudnn_cmake[@]}"} \
+# OPF_CUDA_PTX=OFF: the H200's own machine code only, no PTX for later GPUs
+# (a third less nvcc time; this build runs only here)
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPF_CUDA=ON -DOPF_CUDA_PTX=OFF \
+      ${cudnn_cmake[@]+"${cudnn_cmake[@]}"} \
       -DCMAKE_LIBRARY_PATH="$lib;$lib/openblas-pthread" >"$logs/cmake.log" 2>&1 \
   || { tail -30 "$logs/cmake.log"; exit 1; }
 grep -E "cuDNN:" "$logs/cmake.log"
