@@ -134,6 +134,10 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOPF_CUDA=ON -DOPF_C
 grep -E "cuDNN:" "$logs/cmake.log"
 ninja -C "$build" -j16 >"$logs/build.log" 2>&1 || { grep -E "error|Error" -A5 "$logs/build.log" | head -60; exit 1; }
 grep -E "warning" "$logs/build.log" | head -20
+# the longest steps of this build (ninja's log): where a cold build's minutes go
+awk -F'\t' 'NR > 1 { t[$4] = ($2 - $1) / 1000 } END { for (o in t) printf "%6.1f s  %s\n", t[o], o }' \
+  "$build/.ninja_log" |
+  sort -rn | head -4 | sed 's/^/longest build step: /'
 
 # OPF_GPU_DIGEST_CORE=CORE: the digest test's golden file for OpenBLAS core
 # CORE (SkylakeX, the base file's), written on this machine's CPU where it
