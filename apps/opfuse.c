@@ -54,11 +54,12 @@ int main(int argc, char **argv)
         return 2;
     }
     /* `help`, or --help anywhere: this usage (train has its own, with every option) */
-    for (int i = 1; i < argc && strcmp(argv[1], "train"); i++)
-        if (is_help(argv[i]) || (i == 1 && !strcmp(argv[1], "help"))) {
-            usage(stdout);
-            return 0;
-        }
+    if (strcmp(argv[1], "train"))
+        for (int i = 1; i < argc; i++)
+            if (is_help(argv[i]) || (i == 1 && !strcmp(argv[1], "help"))) {
+                usage(stdout);
+                return 0;
+            }
     bool all = argc >= 3 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "all");
     int rc = 0, ran = 0;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {

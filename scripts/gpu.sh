@@ -209,9 +209,9 @@ if [ -n "${OPF_GPU_SANITIZE:-}" ]; then
         *) verdict_s="the test failed under the tool (rc $rc)"; sanitize_rc=1 ;;
       esac
       printf '%-28s %-40s %4d s\n' "$name" "$verdict_s" $((SECONDS - start)) | tee -a "$logs/sanitize.log"
-      if [ $rc = 9 ] || { [ $rc != 0 ] && [ $rc != 77 ] && [ $rc != 124 ]; }; then
-        grep -E "^=========" "$logs/sanitize_$name.log" | head -12 | tee -a "$logs/sanitize.log"
-      fi
+      case $rc in 0|77|124) ;; *)  # the tool's first lines, where it found something
+        grep -E "^=========" "$logs/sanitize_$name.log" | head -12 | tee -a "$logs/sanitize.log" ;;
+      esac
     done
     fresh+=("$logs/sanitize.log")
   fi
