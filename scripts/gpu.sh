@@ -22,10 +22,11 @@
 # whole run takes longer than one 10-minute call on a shared machine; split
 # it in two: OPF_GPU_GPT=0 first, then OPF_GPU_SKIP_TESTS=1 OPF_GPU_KERNELS=0
 # for the GPT benchmarks alone.
-#     OPF_GPU_SANITIZE=TOOL also each CUDA test program (test_cuda_*, test_cudnn_*;
-#                           those OPF_GPU_TESTS matches) under compute-sanitizer
+#     OPF_GPU_SANITIZE=TOOL also each CUDA test program (test_cuda_*; those
+#                           OPF_GPU_TESTS matches) under compute-sanitizer
 #                           --tool TOOL (memcheck, racecheck, synccheck or
-#                           initcheck), after the tests; each cut off at
+#                           initcheck), after the tests, OPF_GPU_SANITIZE_JOBS
+#                           (default 4) at once; each cut off at
 #                           OPF_GPU_SANITIZE_TIMEOUT s (default 120)
 #     OPF_GPU_KERNELS=0     skip the kernel and training-step benchmarks, their
 #                           peers and (unless OPF_GPU_PROFILE=1) the profile
@@ -181,35 +182,53 @@ if [ "${OPF_GPU_SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 # OPF_GPU_SANITIZE=TOOL: the CUDA test programs under compute-sanitizer, one
-# line each (clean, the errors it found, or cut off) and the first errors
+# line each (clean, the errors it found, or cut off) and the first errors.
+# test_cudnn_* are left out: they build cuDNN's graphs with no CUDA call,
+# which the tool reports as an error of its own (no instrumented call).
+# The tool keeps the host busy and the GPU mostly idle, so
+# OPF_GPU_SANITIZE_JOBS programs (default 4) run at once.
 sanitize_rc=0
+sanitize_one() {  # TEST: its log and a verdict file in $logs
+  local t=$1 name start rc v
+  name=$(basename "$t")
+  start=$SECONDS
+  # API errors are not counted: the error-path tests provoke them on
+  # purpose (a sync inside a capture, an allocation too large), and the
+  # library reports each as an opf_status that the tests check
+  timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$OPF_GPU_SANITIZE" \
+    --report-api-errors no --error-exitcode 9 --print-limit 20 "$t" \
+    >"$logs/sanitize_$name.log" 2>&1
+  rc=$?
+  case $rc in
+    0) v="clean" ;;
+    77) v="skipped (the test's own skip)" ;;
+    124) v="cut off at ${OPF_GPU_SANITIZE_TIMEOUT:-120} s (not checked to the end)" ;;
+    9) v="ERRORS" ;;
+    *) v="the test failed under the tool (rc $rc)" ;;
+  esac
+  printf '%d %-28s %-40s %4d s\n' "$rc" "$name" "$v" $((SECONDS - start)) >"$logs/sanitize_$name.rc"
+}
 if [ -n "${OPF_GPU_SANITIZE:-}" ]; then
   step "compute-sanitizer --tool $OPF_GPU_SANITIZE over the CUDA tests"
   : >"$logs/sanitize.log"
   if ! command -v compute-sanitizer >/dev/null; then
     echo "compute-sanitizer is not on this machine's PATH: skipped"
   else
-    for t in "$build"/test_cuda_* "$build"/test_cudnn_*; do
+    names=()
+    for t in "$build"/test_cuda_*; do
       [ -x "$t" ] || continue
       name=$(basename "$t")
       [ -n "${OPF_GPU_TESTS:-}" ] && ! [[ $name =~ $OPF_GPU_TESTS ]] && continue
-      start=$SECONDS
-      # API errors are not counted: the error-path tests provoke them on
-      # purpose (a sync inside a capture, an allocation too large), and the
-      # library reports each as an opf_status that the tests check
-      timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$OPF_GPU_SANITIZE" \
-        --report-api-errors no --error-exitcode 9 --print-limit 20 "$t" \
-        >"$logs/sanitize_$name.log" 2>&1
-      rc=$?
-      case $rc in
-        0) verdict_s="clean" ;;
-        77) verdict_s="skipped (the test's own skip)" ;;
-        124) verdict_s="cut off at ${OPF_GPU_SANITIZE_TIMEOUT:-120} s (not checked to the end)" ;;
-        9) verdict_s="ERRORS"; sanitize_rc=1 ;;
-        *) verdict_s="the test failed under the tool (rc $rc)"; sanitize_rc=1 ;;
-      esac
-      printf '%-28s %-40s %4d s\n' "$name" "$verdict_s" $((SECONDS - start)) | tee -a "$logs/sanitize.log"
+      while [ "$(jobs -rp | wc -l)" -ge "${OPF_GPU_SANITIZE_JOBS:-4}" ]; do wait -n; done
+      sanitize_one "$t" &
+      names+=("$name")
+    done
+    wait
+    for name in "${names[@]}"; do
+      read -r rc line <"$logs/sanitize_$name.rc"
+      echo "$line" | tee -a "$logs/sanitize.log"
       case $rc in 0|77|124) ;; *)  # the tool's first lines, where it found something
+        sanitize_rc=1
         grep -E "^=========" "$logs/sanitize_$name.log" | head -12 | tee -a "$logs/sanitize.log" ;;
       esac
     done
