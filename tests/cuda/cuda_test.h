@@ -14,6 +14,9 @@
 /* The context every GPU test runs on; exits 77 when the machine has no GPU. */
 static inline opf_ctx *cuda_test_ctx(void)
 {
+    /* line-buffered: what a test printed survives its crash (under
+     * compute-sanitizer, say, with stdout going to a log file) */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     opf_ctx *ctx = NULL;
     opf_ctx_options o = opf_ctx_options_default();
     o.device = OPF_DEVICE_CUDA;

@@ -352,7 +352,6 @@ static int run_spreads(opf_ctx *ctx)
 
 int main(void)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
     opf_ctx *ctx = cuda_test_ctx();
     int count = 0;
     for (int k = 0; k < OPF_ACT_COUNT; k++)

@@ -180,6 +180,7 @@ static void test_quantize_gemm(void)
 
 int main(void)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);  /* as cuda_test_ctx: output survives a crash */
     opf_ctx_options o = opf_ctx_options_default();
     o.device = OPF_DEVICE_CUDA;
     opf_status st = opf_ctx_create(&o, &gpu);

@@ -234,7 +234,6 @@ enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
  * every x / y pair for L2; the other dtypes rotate through the cases. */
 int main(void)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
     opf_ctx *ctx = cuda_test_ctx();
     int count = 0;
     for (int si = 0; si < N_SHAPES; si++)

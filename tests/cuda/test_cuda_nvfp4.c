@@ -329,7 +329,6 @@ static void test_gemm(opf_ctx *ctx)
 
 int main(void)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);  /* progress survives a crash */
     opf_ctx *ctx = cuda_test_ctx();
     test_sweep(ctx);
     test_edges(ctx);

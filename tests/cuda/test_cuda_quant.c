@@ -195,7 +195,6 @@ static void test_block(opf_ctx *ctx)
 
 int main(void)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);  /* progress survives a crash */
     opf_ctx *ctx = cuda_test_ctx();
     test_current(ctx);
     test_current_reduce(ctx);

@@ -251,6 +251,7 @@ static void test_capture_refused(void)
 
 int main(void)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);  /* as cuda_test_ctx: output survives a crash */
     CHECK_OK(NULL, opf_ctx_create(NULL, &cpu));
     test_cpu_refuses();
     opf_ctx_options o = opf_ctx_options_default();
