@@ -28,15 +28,10 @@
  *
  * For measurement, OPF_CUDA_COLSUM_SPREAD=1, 2 or 4 sets dact + dbias's
  * spread (both entries; 1: the one-thread-a-sum kernel of the cheap
- * terms), read at each launch; the bits are the same at every spread. */
-#include <stdlib.h>
-
-#include "backend/cuda/colsum.cuh"
-#include "backend/cuda/cuda-impl.h"
-#include "backend/cuda/qout.cuh"
-extern "C" {
-#include "backend/cpu/act-math.h"
-}
+ * terms), read at each launch; the bits are the same at every spread.
+ * dact + dbias's terms and launches are act.cuh's, built in a translation
+ * unit per element function (act_dbias_<fn>.cu). */
+#include "backend/cuda/act.cuh"
 
 enum {
     W = 4,                    /* floats per thread access */
@@ -46,43 +41,8 @@ enum {
     SUM_LOADERS = 256,        /* threads computing a tile */
     SUM_THREADS = SUM_LOADERS + 32,
     PER_LOADER = SUM_TILE * SUM_LANES / SUM_LOADERS,
-    ACT_BATCH = 16,            /* dact + dbias rows in flight a thread (colsum.cuh) */
 };
 static_assert(SUM_TILE * SUM_LANES % SUM_LOADERS == 0, "whole tiles per loader");
-
-/* A kind of each element-function pair (act-math.h's opf_act_fn): on a
- * constant kind opf_act_scalar_impl inlines to that pair's f or f'. */
-__host__ __device__ constexpr opf_act_kind kind_of(opf_act_fn fn)
-{
-    return fn == OPF_ACT_FN_GELU      ? OPF_ACT_GELU
-           : fn == OPF_ACT_FN_RELU    ? OPF_ACT_RELU
-           : fn == OPF_ACT_FN_SRELU   ? OPF_ACT_SRELU
-           : fn == OPF_ACT_FN_SIGMOID ? OPF_ACT_GLU
-                                      : OPF_ACT_SILU;
-}
-template <opf_act_fn FN> __device__ __forceinline__ float act_f(float x, float alpha)
-{
-    return opf_act_f_impl(kind_of(FN), x, alpha);
-}
-template <opf_act_fn FN> __device__ __forceinline__ float act_df(float x, float alpha)
-{
-    return opf_act_df_impl(kind_of(FN), x, alpha);
-}
-
-/* Element i of a plain array of dtype D, widened exactly. */
-template <opf_dtype D> __device__ __forceinline__ float ld_t(const void *p, int64_t i)
-{
-    return opf_dev_to_f32<D>(((const typename opf_dev_plain<D>::store *)p)[i]);
-}
-
-/* Stores v rounded once into D (the cast kernel's rounding) at element i;
- * returns the stored value widened (what an amax pass would read). */
-template <opf_dtype D> __device__ __forceinline__ float st_t(void *p, int64_t i, float v)
-{
-    typename opf_dev_plain<D>::store b = opf_dev_from_f32<D>(v);
-    ((typename opf_dev_plain<D>::store *)p)[i] = b;
-    return opf_dev_to_f32<D>(b);
-}
 
 template <int N> __device__ __forceinline__ void load(const float *p, float v[N])
 {
@@ -284,64 +244,6 @@ __global__ void __launch_bounds__(SUM_THREADS, 2) sum_kernel(Term term, int64_t 
     if (t < 0 && c0 + lane < C) out[c0 + lane] = acc;
 }
 
-/* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
-template <opf_act_fn FN> struct dbias_term {
-    enum { BATCH = ACT_BATCH, STREAMS = 2, SPREAD = 2 };
-    typedef float store;
-    struct in { float x, dy; };
-    const float *x, *dy;
-    float       *dx;
-    int64_t      cols;
-    float        alpha;
-    __host__ __device__ const void *stream(int i) const { return i ? dy : x; }
-    __device__ __forceinline__ void unpack(const float (&e)[2], in &v) const
-    {
-        v.x = e[0];
-        v.dy = e[1];
-    }
-    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
-    {
-        v.x = x[r * cols + c];
-        v.dy = dy[r * cols + c];
-    }
-    __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v, unsigned &) const
-    {
-        float d = act_df<FN>(v.x, alpha) * v.dy;
-        dx[r * cols + c] = d;
-        return d;
-    }
-};
-
-/* The typed form: x, dy of DI; dx stored in DO, its amax key kept. The
- * sum takes the fp32 term (dact_dbias_q), or with STORED the value stored
- * in DO (dact_dbias_stored: the activation's backward, then the bias's). */
-template <opf_act_fn FN, opf_dtype DI, opf_dtype DO, bool STORED = false> struct dbias_t_term {
-    enum { BATCH = ACT_BATCH, STREAMS = 2, SPREAD = 2 };
-    typedef typename opf_dev_plain<DI>::store store;
-    struct in { float x, dy; };
-    const void *x, *dy;
-    void       *dx;
-    int64_t     cols;
-    float       alpha;
-    __host__ __device__ const void *stream(int i) const { return i ? dy : x; }
-    __device__ __forceinline__ void unpack(const store (&e)[2], in &v) const
-    {
-        v.x = opf_dev_to_f32<DI>(e[0]);
-        v.dy = opf_dev_to_f32<DI>(e[1]);
-    }
-    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
-    {
-        v.x = ld_t<DI>(x, r * cols + c);
-        v.dy = ld_t<DI>(dy, r * cols + c);
-    }
-    __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v, unsigned &key) const
-    {
-        float d = act_df<FN>(v.x, alpha) * v.dy, w = st_t<DO>(dx, r * cols + c, d);
-        key = opf_dev_amax_max(key, w);
-        return STORED ? w : d;
-    }
-};
-
 /* Scaled GLU backward: k = j, c = row; dx as the GLU backward with
  * g = fl(dy s[r]), and the term fl(fl(f(a) b) dy) of ds[r]. */
 template <opf_act_fn FN> struct ds_term {
@@ -431,36 +333,13 @@ static opf_status launch_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, c
     return OPF_OK;
 }
 
-/* The staged kernel's spread for dact + dbias: OPF_CUDA_COLSUM_SPREAD
- * where it is 1, 2 or 4, else def (a getenv a launch, so a test can
- * change it between calls). */
-static int dbias_spread(int def)
-{
-    const char *v = getenv("OPF_CUDA_COLSUM_SPREAD");
-    int n = v ? atoi(v) : 0;
-    return n == 1 || n == 2 || n == 4 ? n : def;
-}
-
-/* dbias (and dx through t) at that spread, dbias stored in OD. */
-template <typename Term, opf_dtype OD = OPF_F32>
-static opf_status dbias_sums(opf_ctx *ctx, opf_cuda_state *s, const char *fn, const Term &t,
-                             int64_t rows, int64_t cols, void *dbias, unsigned *amax)
-{
-    switch (dbias_spread(Term::SPREAD)) {
-    case 1: return opf_cuda_colsum<Term, OD, 1>(ctx, s, fn, t, rows, cols, dbias, amax);
-    case 2: return opf_cuda_colsum<Term, OD, 2>(ctx, s, fn, t, rows, cols, dbias, amax);
-    default: return opf_cuda_colsum<Term, OD, 4>(ctx, s, fn, t, rows, cols, dbias, amax);
-    }
-}
-
 struct dbias_launch {
     template <opf_act_fn FN>
     static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
                           const float *x, const float *dy, float *dx, float *dbias, int64_t rows,
                           int64_t cols)
     {
-        dbias_term<FN> t = {x, dy, dx, cols, alpha};
-        return dbias_sums(ctx, s, fn, t, rows, cols, dbias, NULL);
+        return act_dbias_plain<FN>(ctx, s, fn, alpha, x, dy, dx, dbias, rows, cols);
     }
 };
 
@@ -486,23 +365,10 @@ static bool typed_ok(const opf_tensor *x, const opf_tensor *dy, opf_dtype out)
            (out == OPF_F32 || out == OPF_BF16);
 }
 
-typedef struct typed_args {
-    const void *x, *dy;
-    void       *y;      /* the output, or the hp tensor before the quantize */
-    float      *dbias;
-    int64_t     rows, cols;
-    float       alpha;
-    unsigned   *amax;
-} typed_args;
-
 template <opf_act_fn FN, opf_dtype DI, opf_dtype DO>
 static opf_status typed_go(opf_ctx *ctx, opf_cuda_state *s, const char *fn, opf_act_pass pass,
                            const typed_args &a)
 {
-    if (pass == OPF_ACT_PASS_DACT_DBIAS) {
-        dbias_t_term<FN, DI, DO> t = {a.x, a.dy, a.y, a.cols, a.alpha};
-        return dbias_sums(ctx, s, fn, t, a.rows, a.cols, a.dbias, a.amax);
-    }
     int64_t n = a.rows * a.cols;
     if (n == 0) return OPF_OK;
     bool vec = opf_cuda_aligned16(a.x) && opf_cuda_aligned16(a.y) &&
@@ -523,12 +389,10 @@ struct typed_launch {
     static opf_status run(opf_ctx *ctx, opf_cuda_state *s, const char *fn, opf_act_pass pass,
                           opf_dtype di, opf_dtype dout, typed_args a)
     {
-        bool ob = dout == OPF_BF16;
-        if (di == OPF_BF16)
-            return ob ? typed_go<FN, OPF_BF16, OPF_BF16>(ctx, s, fn, pass, a)
-                      : typed_go<FN, OPF_BF16, OPF_F32>(ctx, s, fn, pass, a);
-        return ob ? typed_go<FN, OPF_F32, OPF_BF16>(ctx, s, fn, pass, a)
-                  : typed_go<FN, OPF_F32, OPF_F32>(ctx, s, fn, pass, a);
+        if (pass == OPF_ACT_PASS_DACT_DBIAS) return act_dbias_typed<FN>(ctx, s, fn, di, dout, a);
+        return act_with_io(di, dout, [&](auto i, auto o) {
+            return typed_go<FN, decltype(i)::value, decltype(o)::value>(ctx, s, fn, pass, a);
+        });
     }
 };
 
@@ -582,33 +446,6 @@ static opf_status cuda_act_dact_dbias_q(opf_ctx *ctx, opf_act_kind k, opf_act_pa
     return act_q(ctx, OPF_ACT_PASS_DACT_DBIAS, k, p, x, dy, dx, dbias);
 }
 
-/* dact_dbias_stored for FN (GELU or ReLU, the bias fusion's): x and dy of
- * DI, dx of DO, db f32 or bf16. */
-template <opf_act_fn FN, opf_dtype DI, opf_dtype DO>
-static opf_status stored_go(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
-                            const opf_tensor *x, const opf_tensor *dy, opf_tensor *dx,
-                            opf_tensor *db)
-{
-    int64_t cols = opf_spec_numel(&db->spec), rows = cols ? opf_spec_numel(&x->spec) / cols : 0;
-    dbias_t_term<FN, DI, DO, true> t = {x->data[0], dy->data[0], dx->data[0], cols, alpha};
-    if (db->spec.dtype == OPF_BF16)
-        return dbias_sums<decltype(t), OPF_BF16>(ctx, s, fn, t, rows, cols, db->data[0], NULL);
-    return dbias_sums<decltype(t), OPF_F32>(ctx, s, fn, t, rows, cols, db->data[0], NULL);
-}
-
-template <opf_act_fn FN>
-static opf_status stored_fn(opf_ctx *ctx, opf_cuda_state *s, const char *fn, float alpha,
-                            const opf_tensor *x, const opf_tensor *dy, opf_tensor *dx,
-                            opf_tensor *db)
-{
-    bool ib = x->spec.dtype == OPF_BF16, ob = dx->spec.dtype == OPF_BF16;
-    if (ib)
-        return ob ? stored_go<FN, OPF_BF16, OPF_BF16>(ctx, s, fn, alpha, x, dy, dx, db)
-                  : stored_go<FN, OPF_BF16, OPF_F32>(ctx, s, fn, alpha, x, dy, dx, db);
-    return ob ? stored_go<FN, OPF_F32, OPF_BF16>(ctx, s, fn, alpha, x, dy, dx, db)
-              : stored_go<FN, OPF_F32, OPF_F32>(ctx, s, fn, alpha, x, dy, dx, db);
-}
-
 /* One colsum.cuh pass whose terms store dx and sum what they stored (GELU
  * and ReLU in f32 / bf16 with db f32 or bf16); other kinds and dtypes, or
  * OPF_CUDA_UNFUSED=1, the composition: the activation's backward, then
@@ -626,8 +463,8 @@ static opf_status cuda_act_dact_dbias_stored(opf_ctx *ctx, opf_act_kind k, opf_a
     opf_cuda_state *s = opf_cuda_state_of(ctx, fn);
     if (!s) return OPF_ERR_STATE;
     if (k == OPF_ACT_GELU)
-        return stored_fn<OPF_ACT_FN_GELU>(ctx, s, fn, p.alpha, x, dy, dx, db);
-    return stored_fn<OPF_ACT_FN_RELU>(ctx, s, fn, p.alpha, x, dy, dx, db);
+        return act_dbias_stored<OPF_ACT_FN_GELU>(ctx, s, fn, p.alpha, x, dy, dx, db);
+    return act_dbias_stored<OPF_ACT_FN_RELU>(ctx, s, fn, p.alpha, x, dy, dx, db);
 }
 
 static opf_status cuda_act_fwd(opf_ctx *ctx, opf_act_kind k, opf_act_params p, const float *x,
