@@ -5,9 +5,9 @@
  * spreads) made act.cu the longest nvcc step of a CUDA build (49-61 s on
  * the GPU machine's 16 cores, the rest of the build waiting), so each
  * element function's build in a translation unit of its own
- * (act_dbias_<fn>.cu, ACT_DBIAS_INSTANTIATE) in parallel, and act.cu only
- * declares them (extern template). act.cu's file comment says how they
- * work. */
+ * (act_dbias_<fn>.cu, ACT_DBIAS_INSTANTIATE) in parallel; the extern
+ * template declarations at the end keep every other includer (act.cu)
+ * from instantiating them. act.cu's file comment says how they work. */
 #ifndef OPFUSE_CUDA_ACT_CUH
 #define OPFUSE_CUDA_ACT_CUH
 
@@ -139,7 +139,7 @@ typedef struct typed_args {
 /* The staged kernel's spread for dact + dbias: OPF_CUDA_COLSUM_SPREAD
  * where it is 1, 2 or 4, else def (a getenv a launch, so a test can
  * change it between calls). */
-static int dbias_spread(int def)
+static inline int dbias_spread(int def)
 {
     const char *v = getenv("OPF_CUDA_COLSUM_SPREAD");
     int n = v ? atoi(v) : 0;
@@ -209,7 +209,8 @@ opf_status act_dbias_stored(opf_ctx *ctx, opf_cuda_state *s, const char *fn, flo
     spec template opf_status act_dbias_stored<FN>(opf_ctx *, opf_cuda_state *, const char *, \
                                                   float, const opf_tensor *, const opf_tensor *, \
                                                   opf_tensor *, opf_tensor *);
-/* In act_dbias_<fn>.cu: the definitions of FN's (with_stored: GELU, ReLU). */
+/* In act_dbias_<fn>.cu: the definitions of FN's; for GELU and ReLU also
+ * ACT_DBIAS_STORED_INSTANTIATE. */
 #define ACT_DBIAS_INSTANTIATE(FN) ACT_DBIAS_INSTANCES(, FN)
 #define ACT_DBIAS_STORED_INSTANTIATE(FN) ACT_DBIAS_STORED_INSTANCE(, FN)
 ACT_DBIAS_INSTANCES(extern, OPF_ACT_FN_GELU)

@@ -23,7 +23,7 @@
  * decoupled from the chains), and each chain reads its terms from there in
  * the same order. Same bits either way.
  *
- * A Term gives the terms and what the pass writes besides (act.cu's dact +
+ * A Term gives the terms and what the pass writes besides (act.cuh's dact +
  * dbias writes dx):
  *   enum { BATCH };                               rows loaded ahead (registers:
  *                                                 BATCH x in, plus what finish
@@ -53,7 +53,7 @@
  * threads compute each chain's terms, its owner adding them in order (same
  * bits); without one, one thread a chain:
  *   enum { SPREAD };                              1, 2 or 4
- * A caller may pick another (opf_cuda_colsum's SP): act.cu's dact + dbias
+ * A caller may pick another (opf_cuda_colsum's SP): act.cuh's dact + dbias
  * takes OPF_CUDA_COLSUM_SPREAD=1|2|4 from the environment, for measurement. */
 #ifndef OPFUSE_CUDA_COLSUM_CUH
 #define OPFUSE_CUDA_COLSUM_CUH
@@ -270,7 +270,7 @@ static inline bool opf_colsum_whole(int64_t rows)
  * SP 1: a block of 128 threads, each its chain's terms and sum; a stage is
  * 64 rows, 8 KB a stream (48 KB for two streams, the static limit).
  *
- * SP > 1 (a term of ~100 instructions: act.cu's dact + dbias): 128 SP
+ * SP > 1 (a term of ~100 instructions: act.cuh's dact + dbias): 128 SP
  * threads; thread t computes the terms k = t / 128, t / 128 + SP, ... of
  * chain t % 128 into a tile d[K][G][SC] of sums, then thread t < 128 adds
  * its chain's K in k order (the SP 1 kernel's bits). At SP 1 the 32 x cols
