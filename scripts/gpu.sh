@@ -27,7 +27,9 @@
 #                           --tool TOOL (memcheck, racecheck, synccheck or
 #                           initcheck), after the tests, OPF_GPU_SANITIZE_JOBS
 #                           (default 4) at once; each cut off at
-#                           OPF_GPU_SANITIZE_TIMEOUT s (default 120)
+#                           OPF_GPU_SANITIZE_TIMEOUT s (default 120); the tests
+#                           leave out their largest cases there (OPF_TEST_QUICK=1,
+#                           tests/cuda/cuda_test.h; OPF_TEST_QUICK=0: all)
 #     OPF_GPU_KERNELS=0     skip the kernel and training-step benchmarks, their
 #                           peers and (unless OPF_GPU_PROFILE=1) the profile
 #     OPF_GPU_PROFILE=0|1   the GPT-2 124M step profile on its own switch;
@@ -195,7 +197,7 @@ sanitize_one() {  # TEST: its log and a verdict file in $logs
   # API errors are not counted: the error-path tests provoke them on
   # purpose (a sync inside a capture, an allocation too large), and the
   # library reports each as an opf_status that the tests check
-  timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$OPF_GPU_SANITIZE" \
+  OPF_TEST_QUICK=${OPF_TEST_QUICK:-1} timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$OPF_GPU_SANITIZE" \
     --report-api-errors no --error-exitcode 9 --print-limit 20 "$t" \
     >"$logs/sanitize_$name.log" 2>&1
   rc=$?

@@ -36,6 +36,16 @@ static inline opf_ctx *cuda_test_ctx(void)
 
 static inline void cuda_test_done(opf_ctx *ctx) { opf_ctx_destroy(ctx); }
 
+/* OPF_TEST_QUICK=1: the tests that read it leave out their largest cases,
+ * every kernel path still running on the smaller ones, so that a run under
+ * compute-sanitizer (kernels a hundred times slower) ends within its time
+ * limit; scripts/gpu.sh sets it there. */
+static inline bool cuda_test_quick(void)
+{
+    const char *v = getenv("OPF_TEST_QUICK");
+    return v && v[0] == '1';
+}
+
 /* A device tensor of spec (its device aside); release with opf_tensor_release. */
 static inline opf_status cuda_test_alloc(opf_ctx *ctx, const opf_spec *spec, opf_tensor *out)
 {
