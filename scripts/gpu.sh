@@ -197,9 +197,9 @@ sanitize_one() {  # TEST: its log and a verdict file in $logs
   # API errors are not counted: the error-path tests provoke them on
   # purpose (a sync inside a capture, an allocation too large), and the
   # library reports each as an opf_status that the tests check
-  OPF_TEST_QUICK=${OPF_TEST_QUICK:-1} timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool "$OPF_GPU_SANITIZE" \
-    --report-api-errors no --error-exitcode 9 --print-limit 20 "$t" \
-    >"$logs/sanitize_$name.log" 2>&1
+  OPF_TEST_QUICK=${OPF_TEST_QUICK:-1} timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" \
+    compute-sanitizer --tool "$OPF_GPU_SANITIZE" --report-api-errors no --error-exitcode 9 \
+    --print-limit 20 "$t" >"$logs/sanitize_$name.log" 2>&1
   rc=$?
   case $rc in
     0) v="clean" ;;
@@ -227,7 +227,8 @@ if [ -n "${OPF_GPU_SANITIZE:-}" ]; then
     done
     wait
     for name in "${names[@]}"; do
-      read -r rc line <"$logs/sanitize_$name.rc"
+      rc=1 line="$name: no verdict (its job did not finish)"
+      [ -f "$logs/sanitize_$name.rc" ] && read -r rc line <"$logs/sanitize_$name.rc"
       echo "$line" | tee -a "$logs/sanitize.log"
       case $rc in 0|77|124) ;; *)  # the tool's first lines, where it found something
         sanitize_rc=1
