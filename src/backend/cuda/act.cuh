@@ -68,37 +68,10 @@ template <class F> static inline opf_status act_with_io(opf_dtype di, opf_dtype 
               : f(opf_dev_dtype<OPF_F32>(), opf_dev_dtype<OPF_F32>());
 }
 
-/* dact + dbias: k = row, c = column; dx = f'(x)·dy. */
-template <opf_act_fn FN> struct dbias_term {
-    enum { BATCH = ACT_BATCH, STREAMS = 2, SPREAD = 2 };
-    typedef float store;
-    struct in { float x, dy; };
-    const float *x, *dy;
-    float       *dx;
-    int64_t      cols;
-    float        alpha;
-    __host__ __device__ const void *stream(int i) const { return i ? dy : x; }
-    __device__ __forceinline__ void unpack(const float (&e)[2], in &v) const
-    {
-        v.x = e[0];
-        v.dy = e[1];
-    }
-    __device__ __forceinline__ void load(int64_t r, int64_t c, in &v) const
-    {
-        v.x = x[r * cols + c];
-        v.dy = dy[r * cols + c];
-    }
-    __device__ __forceinline__ float finish(int64_t r, int64_t c, const in &v, unsigned &) const
-    {
-        float d = act_df<FN>(v.x, alpha) * v.dy;
-        dx[r * cols + c] = d;
-        return d;
-    }
-};
-
-/* The typed form: x, dy of DI; dx stored in DO, its amax key kept. The
- * sum takes the fp32 term (dact_dbias_q), or with STORED the value stored
- * in DO (dact_dbias_stored: the activation's backward, then the bias's). */
+/* dact + dbias: k = row, c = column; dx = f'(x)·dy. x, dy of DI; dx stored
+ * in DO, its amax key kept. The sum takes the fp32 term (dact_dbias,
+ * dact_dbias_q), or with STORED the value stored in DO (dact_dbias_stored:
+ * the activation's backward, then the bias's). */
 template <opf_act_fn FN, opf_dtype DI, opf_dtype DO, bool STORED = false> struct dbias_t_term {
     enum { BATCH = ACT_BATCH, STREAMS = 2, SPREAD = 2 };
     typedef typename opf_dev_plain<DI>::store store;
@@ -169,7 +142,7 @@ opf_status act_dbias_plain(opf_ctx *ctx, opf_cuda_state *s, const char *fn, floa
                            const float *x, const float *dy, float *dx, float *dbias, int64_t rows,
                            int64_t cols)
 {
-    dbias_term<FN> t = {x, dy, dx, cols, alpha};
+    dbias_t_term<FN, OPF_F32, OPF_F32> t = {x, dy, dx, cols, alpha};
     return dbias_sums(ctx, s, fn, t, rows, cols, dbias, NULL);
 }
 
