@@ -1,8 +1,9 @@
 /* act.cuh: the device side act.cu shares with act_dbias_<fn>.cu: the
  * element functions of each act-math.h pair, typed loads and stores, and
  * dact + dbias's colsum.cuh terms with their launches. Those column sums
- * (123 instantiations: five element functions x the dtypes x the three
- * spreads) made act.cu the longest nvcc step of a CUDA build (49-61 s on
+ * (108 instantiations: five element functions x the dtypes x the three
+ * spreads; 123 when the fp32 entry had a term of its own) made act.cu the
+ * longest nvcc step of a CUDA build (49-61 s on
  * the GPU machine's 16 cores, the rest of the build waiting), so each
  * element function's build in a translation unit of its own
  * (act_dbias_<fn>.cu, ACT_DBIAS_INSTANTIATE) in parallel; the extern
