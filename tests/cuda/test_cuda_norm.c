@@ -10,7 +10,8 @@
  * holding NaN, inf or a value whose square overflows, a zero row and a
  * constant row. NaN compares equal to NaN (each device's NaN bits are its
  * own); every other value must have the CPU's bits. Every mismatch is
- * printed (the first few of each tensor). */
+ * printed (the first few of each tensor). The bf16 backward of at most 512
+ * rows runs both of its paths (one launch, two). */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -19,6 +20,9 @@ int main(void)
     return 77;
 }
 #else
+#define _POSIX_C_SOURCE 200809L  /* setenv */
+#include <stdlib.h>
+
 #include "cuda_test.h"
 
 enum { K_LN, K_RMS, K_L2 };
@@ -230,12 +234,44 @@ static const struct { int nd; int64_t s[3]; } shapes[] = {
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 
+/* The all-bf16 backward of at most 512 rows runs in one launch
+ * (norm_bwd_one.cu): rows and H that cut its blocks; rows staged in its
+ * blocks' shared memory ([256, 1024], the step's; [512, 2048]) or not
+ * ([33, 12288]; [5, 40001] without vectors). Each case runs it and, under
+ * OPF_CUDA_NORM_ONE_LAUNCH=0, the two-launch path: both against the CPU. */
+static const struct { int nd; int64_t s[3]; } one_launch_shapes[] = {
+    {2, {1, 8}},      {2, {31, 1000}},  {2, {256, 1024}}, {3, {4, 75, 520}},
+    {2, {511, 96}},   {2, {512, 2048}}, {2, {33, 12288}}, {2, {5, 40001}},
+};
+enum { N_ONE = sizeof one_launch_shapes / sizeof one_launch_shapes[0] };
+
+static int one_launch_cases(opf_ctx *ctx)
+{
+    int count = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) setenv("OPF_CUDA_NORM_ONE_LAUNCH", "0", 1);
+        for (int si = 0; si < N_ONE; si++)
+            for (int kind = K_LN; kind <= K_RMS; kind++)
+                for (int v = 0; v < 2; v++, count++) {
+                    ncase c = {kind, one_launch_shapes[si].nd, {0}, OPF_BF16, OPF_BF16,
+                               DT[count % 3], OPF_BF16, DT[(count + 1) % 3],
+                               DT[(count / 3) % 3], v == 1, (count / 2) % 2 == 0,
+                               count % 3 == 0};
+                    memcpy(c.shape, one_launch_shapes[si].s, sizeof c.shape);
+                    run_case(ctx, &c);
+                }
+        printf("  %s: %d cases\n", pass ? "two launches" : "one launch", N_ONE * 4);
+    }
+    unsetenv("OPF_CUDA_NORM_ONE_LAUNCH");
+    return count;
+}
+
 /* Every shape x every x / gamma dtype pair for LayerNorm and RMSNorm, and
  * every x / y pair for L2; the other dtypes rotate through the cases. */
 int main(void)
 {
     opf_ctx *ctx = cuda_test_ctx();
-    int count = 0;
+    int count = one_launch_cases(ctx);
     for (int si = 0; si < N_SHAPES; si++)
         for (int kind = K_LN; kind <= K_L2; kind++)
             for (int xi = 0; xi < 3; xi++)

@@ -198,10 +198,13 @@ template <typename Term> __host__ __device__ constexpr int opf_colsum_whole_grou
 __device__ __forceinline__ float opf_colsum_comp(float v, int) { return v; }
 __device__ __forceinline__ float opf_colsum_comp(float2 v, int p) { return p ? v.y : v.x; }
 
-template <typename Term, opf_dtype OD, int G = opf_colsum_whole_groups<Term>()>
-__global__ void __launch_bounds__(G * 32)
-opf_colsum_whole_kernel(Term term, int64_t rows, int64_t cols, void *out, void *out2,
-                        unsigned *amax)
+/* Block `block` of the kernel below (columns 32 block ..), in a block of G
+ * warps: the kernel's body, apart so that a kernel with other work for
+ * some of its blocks can run it in the others (norm_bwd_one.cu). */
+template <typename Term, opf_dtype OD, int G>
+__device__ __forceinline__ void opf_colsum_whole_block(const Term &term, int64_t rows,
+                                                       int64_t cols, void *out, void *out2,
+                                                       unsigned *amax, int64_t block)
 {
     OPF_COLSUM_CHECK_TERM(Term, term);
     typedef opf_colsum_acc<Term> A;
@@ -212,7 +215,7 @@ opf_colsum_whole_kernel(Term term, int64_t rows, int64_t cols, void *out, void *
     static_assert(OPF_SUM_LANES % G == 0, "every thread the same number of classes");
     __shared__ A sums[OPF_SUM_LANES][32];
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
-    const int64_t c = (int64_t)blockIdx.x * 32 + lane;
+    const int64_t c = block * 32 + lane;
     const bool live = c < cols;
     unsigned key = 0;
     A acc[CPT];
@@ -251,6 +254,14 @@ opf_colsum_whole_kernel(Term term, int64_t rows, int64_t cols, void *out, void *
         ((typename opf_dev_plain<OD>::store *)(g ? out2 : out))[c] = opf_dev_from_f32<OD>(v[0]);
     }
     if (amax) opf_dev_warp_amax(key, amax);
+}
+
+template <typename Term, opf_dtype OD, int G = opf_colsum_whole_groups<Term>()>
+__global__ void __launch_bounds__(G * 32)
+opf_colsum_whole_kernel(Term term, int64_t rows, int64_t cols, void *out, void *out2,
+                        unsigned *amax)
+{
+    opf_colsum_whole_block<Term, OD, G>(term, rows, cols, out, out2, amax, blockIdx.x);
 }
 
 /* Whether the launch takes the one-kernel path: short columns, unless

@@ -32,7 +32,8 @@
  * own (the tests compare NaN with NaN).
  *
  * The device code is in norm.cuh; the column sums of plain x and dz are
- * compiled in norm_cols_<d>.cu, one translation unit a dtype. */
+ * compiled in norm_cols_<d>.cu, one translation unit a dtype, and the
+ * backward of a few hundred bf16 rows in one launch in norm_bwd_one.cu. */
 #include "backend/cuda/norm.cuh"
 
 /* ---- host side ----------------------------------------------------------- */
@@ -73,14 +74,6 @@ static norm_args gamma_args(const opf_tensor *x, const opf_tensor *gamma, bool z
     norm_args a = args_of(x, gamma->spec.shape[0], gamma->spec.dtype, out);
     a.gamma = gamma->data[0], a.gt = gamma->spec.dtype, a.zc = zero_centered;
     return a;
-}
-
-static bool vec_ok(const norm_args &a)
-{
-    const void *ps[] = {a.x, a.dz, a.gamma, a.beta, a.dadd, a.out};
-    bool ok = a.H % VEC == 0;
-    for (const void *p : ps) ok = ok && (!p || opf_cuda_aligned16(p));
-    return ok;
 }
 
 /* The warps a block (1..MAX_WARPS) that fit the most warps on an SM when
@@ -169,6 +162,18 @@ static opf_status launch_cols(opf_ctx *ctx, opf_cuda_state *s, const norm_args &
     opf_ctx_scratch_pop(ctx, mark);  /* stream-ordered: later work reuses it after these */
     OPF_CUDA_LAUNCHED(ctx, fn);     /* either launch's error */
     return OPF_OK;
+}
+
+/* The LayerNorm / RMSNorm backward (M): one launch for a few hundred rows
+ * of bf16 (norm_bwd_one.cu), else the rows, then the column sums. */
+template <int M>
+static opf_status launch_bwd(opf_ctx *ctx, opf_cuda_state *s, const norm_args &a,
+                             opf_tensor *dgamma, opf_tensor *dbeta, const char *fn)
+{
+    if (norm_bwd_one_takes(a, dgamma, dbeta))
+        return norm_bwd_one(ctx, s, a, M == LN_BWD, dgamma, dbeta, fn);
+    opf_status st = launch_rows<M>(ctx, s, a, fn);
+    return st ? st : launch_cols<M == LN_BWD>(ctx, s, a, dgamma, dbeta, fn);
 }
 
 /* The state and the dtype checks of an entry; NULL tensors are skipped. */
@@ -283,8 +288,7 @@ static opf_status cuda_layernorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const o
     if (!s) return st;
     norm_args a = bwd_args(dz, x, mu, rsigma, gamma, zero_centered, dx);
     a.dadd = data_of(dadd), a.addt = dtype_of(dadd);
-    if ((st = launch_rows<LN_BWD>(ctx, s, a, fn))) return st;
-    return launch_cols<true>(ctx, s, a, dgamma, dbeta, fn);
+    return launch_bwd<LN_BWD>(ctx, s, a, dgamma, dbeta, fn);
 }
 
 static opf_status cuda_rmsnorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf_tensor *x,
@@ -298,8 +302,7 @@ static opf_status cuda_rmsnorm_bwd(opf_ctx *ctx, const opf_tensor *dz, const opf
     if (!s) return st;
     norm_args a = bwd_args(dz, x, NULL, rsigma, gamma, zero_centered, dx);
     a.dadd = data_of(dadd), a.addt = dtype_of(dadd);
-    if ((st = launch_rows<RMS_BWD>(ctx, s, a, fn))) return st;
-    return launch_cols<false>(ctx, s, a, dgamma, NULL, fn);
+    return launch_bwd<RMS_BWD>(ctx, s, a, dgamma, NULL, fn);
 }
 
 static int64_t last_dim(const opf_tensor *t) { return t->spec.shape[t->spec.ndim - 1]; }

@@ -402,24 +402,35 @@ template <int FT> __device__ __forceinline__ void fix_dtypes(norm_args &a)
     a.xt = a.dzt = a.gt = a.act = a.dact = (opf_dtype)FT;
 }
 
+/* Whether every given tensor of a allows 16-byte accesses (norm_args.vec). */
+static inline bool vec_ok(const norm_args &a)
+{
+    const void *ps[] = {a.x, a.dz, a.gamma, a.beta, a.dadd, a.out};
+    bool ok = a.H % VEC == 0;
+    for (const void *p : ps) ok = ok && (!p || opf_cuda_aligned16(p));
+    return ok;
+}
+
 static inline bool one_dtype(const norm_args &a, opf_dtype t, bool bwd)
 {
     return a.xt == t && a.act == t && a.gt == t && (!bwd || (a.dzt == t && a.dact == t));
 }
 
-/* One warp per row (grid-stride over rows). With slots > 0 each warp
- * stages its rows in its slice of the dynamic shared memory, x then dz, in
- * `slots` buffers: with two, the next row's copy is in flight while this
- * row is computed. */
-template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
+/* One warp per row (grid-stride over rows): block `block` of `blocks`
+ * (the grid's, or row_kernel's share of a grid it shares: norm_bwd_one.cu).
+ * With slots > 0 each warp stages its rows in its slice of smem (the
+ * dynamic shared memory), x then dz, in `slots` buffers: with two, the next
+ * row's copy is in flight while this row is computed. */
+template <int M, int FT>
+__device__ __forceinline__ void norm_rows(norm_args a, int slots, int64_t block, int64_t blocks,
+                                          char *smem)
 {
     fix_dtypes<FT>(a);
-    extern __shared__ __align__(16) char smem[];
     const int warps = blockDim.x / LANES;
     int w = threadIdx.x / LANES, lane = threadIdx.x % LANES;
     int64_t xb = row_bytes(a.H, a.xt), slot = xb + (is_bwd(M) ? row_bytes(a.H, a.dzt) : 0);
     char *mine = smem + (int64_t)w * slots * slot;
-    int64_t r = (int64_t)blockIdx.x * warps + w, stride = (int64_t)gridDim.x * warps;
+    int64_t r = block * warps + w, stride = blocks * warps;
     auto issue = [&](int k, int64_t row) {
         stage(mine + k * slot, a.x, a.xt, row, a.H, a.vec, lane);
         if (is_bwd(M)) stage(mine + k * slot + xb, a.dz, a.dzt, row, a.H, a.vec, lane);
@@ -452,6 +463,12 @@ template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
         for (int o = LANES / 2; o; o >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
         if (lane == 0 && key) atomicMax(a.amax, key);
     }
+}
+
+template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
+{
+    extern __shared__ __align__(16) char smem[];
+    norm_rows<M, FT>(a, slots, blockIdx.x, gridDim.x, smem);
 }
 
 /* ---- dgamma / dbeta ------------------------------------------------------
@@ -596,6 +613,13 @@ opf_status norm_cols_plain(opf_ctx *ctx, opf_cuda_state *s, const norm_args &a,
         return run(gamma_term<LN, D, false>{a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact});
     return run(gamma_term<LN, D, true>{a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact});
 }
+
+/* ---- the backward in one launch (norm_bwd_one.cu) ---------------------------
+ * Whether a LayerNorm (ln) or RMSNorm backward of a takes it, and the launch.
+ * dbeta is NULL for RMSNorm. */
+bool norm_bwd_one_takes(const norm_args &a, const opf_tensor *dgamma, const opf_tensor *dbeta);
+opf_status norm_bwd_one(opf_ctx *ctx, opf_cuda_state *s, norm_args a, bool ln, opf_tensor *dgamma,
+                        opf_tensor *dbeta, const char *fn);
 
 #define NORM_COLS_INSTANCES(spec, D)                                                      \
     spec template opf_status norm_cols_plain<true, D>(opf_ctx *, opf_cuda_state *,        \
