@@ -29,7 +29,10 @@
 #                           (default 4) at once; each cut off at
 #                           OPF_GPU_SANITIZE_TIMEOUT s (default 120); the tests
 #                           leave out their largest cases there (OPF_TEST_QUICK=1,
-#                           tests/cuda/cuda_test.h; OPF_TEST_QUICK=0: all)
+#                           tests/cuda/cuda_test.h; OPF_TEST_QUICK=0: all).
+#                           cuDNN's own kernels are not checked
+#                           (OPF_GPU_SANITIZE_EXCLUDE, the tool's kernel filter,
+#                           default kns=cudnn_generated; empty: every kernel)
 #     OPF_GPU_KERNELS=0     skip the kernel and training-step benchmarks, their
 #                           peers and (unless OPF_GPU_PROFILE=1) the profile
 #     OPF_GPU_PROFILE=0|1   the GPT-2 124M step profile on its own switch;
@@ -197,9 +200,15 @@ sanitize_one() {  # TEST: its log and a verdict file in $logs
   # API errors are not counted: the error-path tests provoke them on
   # purpose (a sync inside a capture, an allocation too large), and the
   # library reports each as an opf_status that the tests check
+  # cuDNN's generated attention kernels are left out by default: racecheck
+  # reports hazards between accesses inside each of them (1260 in
+  # test_cuda_nn on Dec 4), which are not opfuse's to fix and which, 20
+  # printed, would hide any in opfuse's own kernels
+  local exclude=${OPF_GPU_SANITIZE_EXCLUDE-kns=cudnn_generated}
   OPF_TEST_QUICK=${OPF_TEST_QUICK:-1} timeout "${OPF_GPU_SANITIZE_TIMEOUT:-120}" \
     compute-sanitizer --tool "$OPF_GPU_SANITIZE" --report-api-errors no --error-exitcode 9 \
-    --print-limit 20 "$t" >"$logs/sanitize_$name.log" 2>&1
+    ${exclude:+--kernel-name-exclude "$exclude"} --print-limit 20 "$t" \
+    >"$logs/sanitize_$name.log" 2>&1
   rc=$?
   case $rc in
     0) v="clean" ;;
