@@ -99,6 +99,7 @@ template <int M> static opf_status launch_rows(opf_ctx *ctx, opf_cuda_state *s, 
 {
     if (a.rows == 0) return OPF_OK;
     a.vec = vec_ok(a);
+    a.prefetch = prefetch_ok(a);
     size_t slot = (size_t)row_bytes(a.H, a.xt) + (is_bwd(M) ? (size_t)row_bytes(a.H, a.dzt) : 0);
     int slots = 2 * slot <= DOUBLE_MAX ? 2 : slot <= CACHE_MAX ? 1 : 0;
     int warps = 4, per_sm = 16;

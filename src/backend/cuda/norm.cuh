@@ -47,6 +47,7 @@ typedef struct norm_args {
     float        rn, eps;    /* fl(1/H) */
     bool         zc;         /* zero-centred gamma */
     bool         vec;        /* 16-byte accesses: H % 8 == 0 and aligned bases */
+    bool         prefetch;   /* gamma and beta asked into L1 first (norm_rows) */
 } norm_args;
 
 /* ---- element access ------------------------------------------------------ */
@@ -416,6 +417,29 @@ static inline bool one_dtype(const norm_args &a, opf_dtype t, bool bwd)
     return a.xt == t && a.act == t && a.gt == t && (!bwd || (a.dzt == t && a.dact == t));
 }
 
+/* Asks L1 for the bytes at p, a 128-byte line a lane (bits unchanged).
+ * gamma and beta are read by every row, each element of them by its lane
+ * only at the row's output (and in the backward's sum), one dependent
+ * L2 round trip a loop iteration; asked for before the row is staged,
+ * they are on their way while it is. PREFETCH_MAX bounds the bytes (L1
+ * is what the shared-memory carveout leaves: 28 KB of an SM's 256). */
+enum { PREFETCH_MAX = 16 * 1024 };
+__device__ __forceinline__ void prefetch_l1(const void *p, int64_t bytes, int lane)
+{
+    for (int64_t o = (int64_t)lane * 128; o < bytes; o += LANES * 128)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)p + o));
+}
+
+/* Whether a launch asks L1 for a's gamma and beta: they fit PREFETCH_MAX,
+ * unless OPF_CUDA_NORM_PREFETCH=0 (read at each launch: a benchmark can
+ * time both in one process). */
+static inline bool prefetch_ok(const norm_args &a)
+{
+    int64_t bytes = (a.gamma ? a.H * elem_size(a.gt) : 0) + (a.beta ? a.H * elem_size(a.bt) : 0);
+    const char *v = getenv("OPF_CUDA_NORM_PREFETCH");
+    return bytes > 0 && bytes <= PREFETCH_MAX && !(v && v[0] == '0');
+}
+
 /* One warp per row (grid-stride over rows): block `block` of `blocks`
  * (the grid's, or row_kernel's share of a grid it shares: norm_bwd_one.cu).
  * With slots > 0 each warp stages its rows in its slice of smem (the
@@ -437,6 +461,10 @@ __device__ __forceinline__ void norm_rows(norm_args a, int slots, int64_t block,
         opf_dev_copies_commit();
     };
     if (slots && r < a.rows) issue(0, r);
+    if (a.prefetch) {
+        if (has_gamma(M)) prefetch_l1(a.gamma, a.H * elem_size(a.gt), lane);
+        if (M == LN_FWD) prefetch_l1(a.beta, a.H * elem_size(a.bt), lane);
+    }
     unsigned key = 0;
     for (int k = 0; r < a.rows; r += stride, k ^= slots == 2) {
         bool ahead = slots == 2 && r + stride < a.rows;

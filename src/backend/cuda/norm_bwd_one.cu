@@ -77,6 +77,7 @@ opf_status norm_bwd_one(opf_ctx *ctx, opf_cuda_state *s, norm_args a, bool ln, o
         opf_cuda_once_done(&attrs_set[ln], s->device);
     }
     a.vec = vec_ok(a);
+    a.prefetch = prefetch_ok(a);
     size_t slot = (size_t)row_bytes(a.H, a.xt) + (size_t)row_bytes(a.H, a.dzt);
     int slots = slot * ONE_WARPS <= (size_t)dyn_max[ln] ? 1 : 0;
     size_t smem = slots * slot * ONE_WARPS;
