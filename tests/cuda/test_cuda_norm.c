@@ -20,8 +20,10 @@ int main(void)
     return 77;
 }
 #else
-#define _POSIX_C_SOURCE 200809L  /* setenv */
+#define _POSIX_C_SOURCE 200809L  /* setenv, strdup */
+#include <cuda_runtime_api.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_test.h"
 
@@ -235,34 +237,67 @@ static const struct { int nd; int64_t s[3]; } shapes[] = {
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 
 /* The all-bf16 backward of at most 512 rows runs in one launch
- * (norm_bwd_one.cu): rows and H that cut its blocks; rows staged in its
- * blocks' shared memory ([256, 1024], the step's; [512, 2048]) or not
- * ([33, 12288]; [5, 40001] without vectors). Each case runs it and, under
- * OPF_CUDA_NORM_ONE_LAUNCH=0, the two-launch path: both against the CPU. */
+ * (norm_bwd_one.cu) when its grid (a block per 16 rows, one per 32
+ * columns) is one wave: rows and H that cut its blocks; rows staged in its
+ * blocks' shared memory ([256, 1024], the step's; [512, 2048]; [37, 1001]
+ * and [300, 33] element by element) or not ([3, 4000]; [2, 4001] without
+ * vectors); [33, 12288] is past one wave, so the two launches run it. Each
+ * case runs with the path on and, under OPF_CUDA_NORM_ONE_LAUNCH=0, off,
+ * the same data and dtypes both times, each against the CPU; the path's
+ * launch count says which ran. */
 static const struct { int nd; int64_t s[3]; } one_launch_shapes[] = {
-    {2, {1, 8}},      {2, {31, 1000}},  {2, {256, 1024}}, {3, {4, 75, 520}},
-    {2, {511, 96}},   {2, {512, 2048}}, {2, {33, 12288}}, {2, {5, 40001}},
+    {2, {1, 8}},      {2, {31, 1000}},  {2, {256, 1024}}, {3, {4, 75, 520}}, {2, {511, 96}},
+    {2, {512, 2048}}, {2, {37, 1001}},  {2, {300, 33}},   {2, {3, 4000}},    {2, {2, 4001}},
+    {2, {33, 12288}},
 };
 enum { N_ONE = sizeof one_launch_shapes / sizeof one_launch_shapes[0] };
 
+static int sm_count(void)
+{
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 0;
+    return n;
+}
+
 static int one_launch_cases(opf_ctx *ctx)
 {
-    int count = 0;
+    const char *saved = getenv("OPF_CUDA_NORM_ONE_LAUNCH");
+    char *keep = saved ? strdup(saved) : NULL;
+    int sms = sm_count(), count = 0;
+    CHECK(sms > 0, "the device's SM count (%d)", sms);
     for (int pass = 0; pass < 2; pass++) {
-        if (pass) setenv("OPF_CUDA_NORM_ONE_LAUNCH", "0", 1);
-        for (int si = 0; si < N_ONE; si++)
+        setenv("OPF_CUDA_NORM_ONE_LAUNCH", pass ? "0" : "1", 1);
+        int taken = 0;
+        for (int si = 0; si < N_ONE; si++) {
+            const int64_t *sh = one_launch_shapes[si].s;
+            int nd = one_launch_shapes[si].nd;
+            int64_t H = sh[nd - 1], rows = nd == 3 ? sh[0] * sh[1] : sh[0];
+            bool one = !pass && (rows + 15) / 16 + (H + 31) / 32 <= sms;
             for (int kind = K_LN; kind <= K_RMS; kind++)
                 for (int v = 0; v < 2; v++, count++) {
-                    ncase c = {kind, one_launch_shapes[si].nd, {0}, OPF_BF16, OPF_BF16,
-                               DT[count % 3], OPF_BF16, DT[(count + 1) % 3],
-                               DT[(count / 3) % 3], v == 1, (count / 2) % 2 == 0,
-                               count % 3 == 0};
-                    memcpy(c.shape, one_launch_shapes[si].s, sizeof c.shape);
+                    int k = (si * 2 + kind) * 2 + v;  /* the same in both passes */
+                    ncase c = {kind, nd, {0}, OPF_BF16, OPF_BF16, DT[k % 3], OPF_BF16,
+                               DT[(k + 1) % 3], DT[(k / 3) % 3], v == 1, (si + v) % 2 == 0,
+                               k % 3 == 0};
+                    memcpy(c.shape, sh, sizeof c.shape);
+                    unsigned long long before = opf_cuda_norm_one_launches();
                     run_case(ctx, &c);
+                    unsigned long long ran = opf_cuda_norm_one_launches() - before;
+                    CHECK(ran == (one ? 1u : 0u),
+                          "%s [%lld, %lld] %s: %llu one-launch backward calls, expected %d",
+                          KIND_NAMES[kind], (long long)rows, (long long)H,
+                          pass ? "path off" : "path on", ran, one ? 1 : 0);
+                    taken += (int)ran;
                 }
-        printf("  %s: %d cases\n", pass ? "two launches" : "one launch", N_ONE * 4);
+        }
+        printf("  %s: %d cases, %d in one launch\n", pass ? "path off" : "path on", N_ONE * 4,
+               taken);
     }
-    unsetenv("OPF_CUDA_NORM_ONE_LAUNCH");
+    if (keep) setenv("OPF_CUDA_NORM_ONE_LAUNCH", keep, 1);
+    else unsetenv("OPF_CUDA_NORM_ONE_LAUNCH");
+    free(keep);
     return count;
 }
 
@@ -271,19 +306,20 @@ static int one_launch_cases(opf_ctx *ctx)
 int main(void)
 {
     opf_ctx *ctx = cuda_test_ctx();
-    int count = one_launch_cases(ctx);
+    int count = 0;
     for (int si = 0; si < N_SHAPES; si++)
         for (int kind = K_LN; kind <= K_L2; kind++)
             for (int xi = 0; xi < 3; xi++)
                 for (int gi = 0; gi < 3; gi++, count++) {
                     ncase c = {kind, shapes[si].nd, {0}, DT[xi], DT[gi], DT[(xi + gi + si) % 3],
                                DT[(xi + si + 1) % 3], DT[(gi + si + 2) % 3],
-                               DT[(count / 2) % 3], count % 2 == 1, count % 3 == 2,
+                               DT[(count / 2) % 3], count % 2 == 1, (count + si) % 3 == 2,
                                (count / 2) % 2 == 0};
                     memcpy(c.shape, shapes[si].s, sizeof c.shape);
                     if (kind == K_L2) c.zt = c.dxt = DT[gi];  /* L2 has no gamma: y / dx dtype */
                     run_case(ctx, &c);
                 }
+    count += one_launch_cases(ctx);
     printf("  %d cases\n", count);
     cuda_test_done(ctx);
     TEST_DONE();

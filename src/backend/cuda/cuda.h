@@ -213,6 +213,10 @@ opf_status opf_cuda_quantize_tensor_fp8_cast(opf_ctx *, const opf_quantizer *, c
                                              opf_tensor *);
 bool opf_cuda_fused(void);
 
+/* How many norm backward calls of the process took the one-launch path
+ * (norm_bwd_one.cu), for tests to see which path ran. */
+unsigned long long opf_cuda_norm_one_launches(void);
+
 #ifdef __cplusplus
 }
 #endif

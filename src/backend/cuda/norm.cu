@@ -171,7 +171,7 @@ template <int M>
 static opf_status launch_bwd(opf_ctx *ctx, opf_cuda_state *s, const norm_args &a,
                              opf_tensor *dgamma, opf_tensor *dbeta, const char *fn)
 {
-    if (norm_bwd_one_takes(a, dgamma, dbeta))
+    if (norm_bwd_one_takes(s, a, M == LN_BWD, dgamma, dbeta))
         return norm_bwd_one(ctx, s, a, M == LN_BWD, dgamma, dbeta, fn);
     opf_status st = launch_rows<M>(ctx, s, a, fn);
     return st ? st : launch_cols<M == LN_BWD>(ctx, s, a, dgamma, dbeta, fn);

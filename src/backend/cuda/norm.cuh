@@ -426,8 +426,9 @@ static inline bool one_dtype(const norm_args &a, opf_dtype t, bool bwd)
 enum { PREFETCH_MAX = 16 * 1024 };
 __device__ __forceinline__ void prefetch_l1(const void *p, int64_t bytes, int lane)
 {
-    for (int64_t o = (int64_t)lane * 128; o < bytes; o += LANES * 128)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)p + o));
+    size_t g = __cvta_generic_to_global(p), end = g + (size_t)bytes;
+    for (size_t l = (g & ~(size_t)127) + (size_t)lane * 128; l < end; l += LANES * 128)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(l));
 }
 
 /* Whether a launch asks L1 for a's gamma and beta: they fit PREFETCH_MAX,
@@ -441,7 +442,7 @@ static inline bool prefetch_ok(const norm_args &a)
 }
 
 /* One warp per row (grid-stride over rows): block `block` of `blocks`
- * (the grid's, or row_kernel's share of a grid it shares: norm_bwd_one.cu).
+ * (the grid's, or the rows' share of a grid they share: norm_bwd_one.cu).
  * With slots > 0 each warp stages its rows in its slice of smem (the
  * dynamic shared memory), x then dz, in `slots` buffers: with two, the next
  * row's copy is in flight while this row is computed. */
@@ -461,7 +462,7 @@ __device__ __forceinline__ void norm_rows(norm_args a, int slots, int64_t block,
         opf_dev_copies_commit();
     };
     if (slots && r < a.rows) issue(0, r);
-    if (a.prefetch) {
+    if (a.prefetch && r < a.rows) {
         if (has_gamma(M)) prefetch_l1(a.gamma, a.H * elem_size(a.gt), lane);
         if (M == LN_FWD) prefetch_l1(a.beta, a.H * elem_size(a.bt), lane);
     }
@@ -645,7 +646,8 @@ opf_status norm_cols_plain(opf_ctx *ctx, opf_cuda_state *s, const norm_args &a,
 /* ---- the backward in one launch (norm_bwd_one.cu) ---------------------------
  * Whether a LayerNorm (ln) or RMSNorm backward of a takes it, and the launch.
  * dbeta is NULL for RMSNorm. */
-bool norm_bwd_one_takes(const norm_args &a, const opf_tensor *dgamma, const opf_tensor *dbeta);
+bool norm_bwd_one_takes(const opf_cuda_state *s, const norm_args &a, bool ln,
+                        const opf_tensor *dgamma, const opf_tensor *dbeta);
 opf_status norm_bwd_one(opf_ctx *ctx, opf_cuda_state *s, norm_args a, bool ln, opf_tensor *dgamma,
                         opf_tensor *dbeta, const char *fn);
 

@@ -12,9 +12,10 @@
  * serves both: ONE_WARPS warps (the rows' warps; the column sums' G).
  *
  * Taken where the column sums take their one-kernel form (rows <=
- * COLSUM_WHOLE_ROWS) and the call is all bf16 (x, dz, gamma, dgamma and
- * dbeta; dx any dtype): the training step's case, compiled for that alone
- * (each dtype more would be two more kernels of nvcc time).
+ * COLSUM_WHOLE_ROWS), the grid is one wave and the call is all bf16 (x,
+ * dz, gamma, dgamma and dbeta; dx any dtype): the training step's case,
+ * compiled for that alone (each dtype more would be two more kernels of
+ * nvcc time).
  * OPF_CUDA_NORM_ONE_LAUNCH=0 turns it off (read at each call, so a test
  * and a benchmark can time both paths in one process).
  *
@@ -47,11 +48,24 @@ __global__ void __launch_bounds__(ONE_WARPS *LANES)
                                                                   blockIdx.x - row_blocks);
 }
 
-bool norm_bwd_one_takes(const norm_args &a, const opf_tensor *dgamma, const opf_tensor *dbeta)
+static unsigned long long launches;  /* opf_cuda_norm_one_launches */
+
+extern "C" unsigned long long opf_cuda_norm_one_launches(void)
+{
+    return __atomic_load_n(&launches, __ATOMIC_RELAXED);
+}
+
+/* Besides the dtypes and the rows: a LayerNorm's dbeta given, and the
+ * grid one wave (a block an SM at its 97 registers a thread; the only
+ * case measured is [256, 1024]: 16 + 32 blocks). */
+bool norm_bwd_one_takes(const opf_cuda_state *s, const norm_args &a, bool ln,
+                        const opf_tensor *dgamma, const opf_tensor *dbeta)
 {
     const char *v = getenv("OPF_CUDA_NORM_ONE_LAUNCH");
-    return !(v && v[0] == '0') && a.rows > 0 && a.H > 0 && opf_colsum_whole(a.rows) &&
-           one_dtype(a, OPF_BF16, true) && dgamma->spec.dtype == OPF_BF16 &&
+    if ((v && v[0] == '0') || a.rows <= 0 || a.H <= 0 || !opf_colsum_whole(a.rows)) return false;
+    int64_t blocks = (a.rows + ONE_WARPS - 1) / ONE_WARPS + (a.H + 31) / 32;
+    return blocks <= s->sm_count && one_dtype(a, OPF_BF16, true) &&
+           dgamma->spec.dtype == OPF_BF16 && (ln ? dbeta != NULL : dbeta == NULL) &&
            (!dbeta || dbeta->spec.dtype == OPF_BF16);
 }
 
@@ -73,13 +87,13 @@ opf_status norm_bwd_one(opf_ctx *ctx, opf_cuda_state *s, norm_args a, bool ln, o
         int most = BLOCK_SMEM_MAX - (int)fa.sharedSizeBytes;
         OPF_CUDA_TRY(ctx, fn, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    most));
-        dyn_max[ln] = most;
+        __atomic_store_n(&dyn_max[ln], most, __ATOMIC_RELAXED);  /* the same value on any device */
         opf_cuda_once_done(&attrs_set[ln], s->device);
     }
     a.vec = vec_ok(a);
     a.prefetch = prefetch_ok(a);
     size_t slot = (size_t)row_bytes(a.H, a.xt) + (size_t)row_bytes(a.H, a.dzt);
-    int slots = slot * ONE_WARPS <= (size_t)dyn_max[ln] ? 1 : 0;
+    int slots = slot * ONE_WARPS <= (size_t)__atomic_load_n(&dyn_max[ln], __ATOMIC_RELAXED);
     size_t smem = slots * slot * ONE_WARPS;
     unsigned row_blocks = (unsigned)((a.rows + ONE_WARPS - 1) / ONE_WARPS);
     unsigned grid = row_blocks + (unsigned)((a.H + 31) / 32);
@@ -93,5 +107,6 @@ opf_status norm_bwd_one(opf_ctx *ctx, opf_cuda_state *s, norm_args a, bool ln, o
             a, slots, row_blocks, one_term<false>{a.x, a.dz, a.mu, a.rs, a.H, a.act, a.dact}, dg,
             NULL);
     OPF_CUDA_LAUNCHED(ctx, fn);
+    __atomic_fetch_add(&launches, 1, __ATOMIC_RELAXED);
     return OPF_OK;
 }
