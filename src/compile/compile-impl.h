@@ -84,7 +84,7 @@ typedef struct opf_gnode {
                                    grads[n_t]; eager: outs or grads, then inputs; GRAD_ADD:
                                    out, a, b */
     int               n_t, n_out;  /* tensors; of which outputs (the first n_out) */
-    int               n_params;    /* BACKWARD: grads[1..n_params] accumulate into params */
+    int               n_params;    /* BACKWARD: grads[1..n_params] go into params (exec.c) */
     bool              passthrough; /* backward: dx is dy */
     int               rc_phase;    /* RECOMPUTE: the opf_rc_phase (group in `first`) */
     int               x_val;       /* FORWARD: the main input's value (in-place candidate) */

@@ -391,13 +391,19 @@ static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call
         void *slot[OPF_OP_MAX_GRADS];
         bool direct[OPF_OP_MAX_GRADS];
         direct_grads(n, slot, direct);
-        st = n->op->cls->backward_impl(ctx, n->args, n->t);
+        opf_status bst = n->op->cls->backward_impl(ctx, n->args, n->t);
         opf_ctx_scratch_pop(ctx, mark);
+        st = bst;
         for (int i = 0; i < n->n_params; i++) {
             opf_param *p = opf_op_param(n->op, i);
-            if (direct[i]) n->t[1 + i].data[0] = slot[i], p->has_grad |= !st;
-            else if (!st && n->t[1 + i].data[0] && p->requires_grad)
+            if (direct[i]) {
+                n->t[1 + i].data[0] = slot[i];
+                /* refused: grad back to zero_grad's zeros (it may be part written) */
+                if (bst) opf_op_zero(ctx, p->name, &p->grad);
+                else p->has_grad = true;
+            } else if (!st && n->t[1 + i].data[0] && p->requires_grad) {
                 st = opf_param_accumulate(ctx, p, &n->t[1 + i]);
+            }
         }
         break;
     }

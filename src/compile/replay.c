@@ -8,8 +8,8 @@
  * Variants: what the host decides while the nodes run is baked into a
  * capture: the leading size (patched args), the runtime kwargs (the weight
  * cache's is_first_microbatch picks which kernels run) and whether each
- * parameter grad starts fresh (the first accumulation casts, later ones
- * add). Their hash keys the captures of a direction: each key's first call
+ * parameter grad starts fresh (the first gradient is written into grad
+ * itself, later ones are added). Their hash keys the captures of a direction: each key's first call
  * walks the nodes (a warm-up that grows the kernels' scratch, builds the
  * GEMM plans and the weight caches), its second captures and launches, later
  * ones replay. A replay repeats a capture's host effects that the nodes
