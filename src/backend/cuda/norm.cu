@@ -31,10 +31,88 @@
  * row's outputs NaN on both devices; which NaN bits is each hardware's
  * own (the tests compare NaN with NaN).
  *
- * The device code is in norm.cuh; the column sums of plain x and dz are
- * compiled in norm_cols_<d>.cu, one translation unit a dtype, and the
- * backward of a few hundred bf16 rows in one launch in norm_bwd_one.cu. */
+ * The device code is in norm.cuh, apart from the column sums of mixed
+ * dtypes (col_kernel, fold_kernel, below); the column sums of plain x and
+ * dz are compiled in norm_cols_<d>.cu, one translation unit a dtype, and
+ * the backward of a few hundred bf16 rows in one launch in
+ * norm_bwd_one.cu. */
 #include "backend/cuda/norm.cuh"
+
+/* ---- dgamma / dbeta ------------------------------------------------------
+ * Thread (columns c .. c + CP - 1, class l) sums the terms of its columns
+ * over the rows r = l, l + 32, ... in order: the class's partials. A warp
+ * is 32 * CP consecutive columns of one class, a block COL_WARPS classes,
+ * so the H x 32 chains spread over every SM (a block of all 32 classes
+ * held the grid to H / 32 blocks). Each thread loads the bits of a batch
+ * of rows (x and dz) before it widens any, so the batch's loads are in
+ * flight together for any dtypes; the batch's mu and rsigma come one row
+ * a lane and go round by shuffles. The partials go through scratch
+ * ([sums][32][H]) to fold_kernel. */
+template <bool LN, int CP>
+__global__ void __launch_bounds__(COL_WARPS *LANES) col_kernel(norm_args a, float *part)
+{
+    constexpr int B = LANES / CP;  /* rows a batch: 32 elements of x and of dz in flight */
+    int lane = threadIdx.x % LANES, l = (int)blockIdx.y * COL_WARPS + (int)threadIdx.x / LANES;
+    int64_t H = a.H, c = ((int64_t)blockIdx.x * LANES + lane) * CP;
+    bool in = c < H;  /* with CP = 2 H is even: c + 1 < H too */
+    float ag[CP] = {}, ab[CP] = {};
+    for (int64_t r0 = l; r0 < a.rows; r0 += B * LANES) {
+        int n = (int)min((int64_t)B, (a.rows - r0 + LANES - 1) / LANES);  /* rows of the batch */
+        uint32_t xb[B][CP], db[B][CP];
+#pragma unroll
+        for (int u = 0; u < B; u++)
+            if (u < n && in) {
+                int64_t i = (r0 + (int64_t)u * LANES) * H + c;
+                ld_bits_n<CP>(a.x, a.xt, i, xb[u]);
+                ld_bits_n<CP>(a.dz, a.dzt, i, db[u]);
+            }
+        int64_t rl = r0 + (int64_t)lane * LANES;
+        float rs_l = lane < n ? a.rs[rl] : 0.0f, mu_l = LN && lane < n ? a.mu[rl] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            if (u >= n) break;  /* n is the warp's */
+            float rs = __shfl_sync(0xFFFFFFFFu, rs_l, u), mu = __shfl_sync(0xFFFFFFFFu, mu_l, u);
+#pragma unroll
+            for (int k = 0; k < CP && in; k++) {
+                float x = seen_from(widen_bits(xb[u][k], a.xt), a.xt, a.act);
+                float d = seen_from(widen_bits(db[u][k], a.dzt), a.dzt, a.act);
+                float y = LN ? rs * (x - mu) : rs * x;
+                ag[k] = ag[k] + d * y;
+                if (LN) ab[k] = ab[k] + d;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < CP && in; k++) {
+        part[l * H + c + k] = ag[k];
+        if (LN) part[(LANES + l) * H + c + k] = ab[k];
+    }
+}
+
+/* The 32 class partials p[0], p[H], ... of a column folded in halves
+ * (class i += class i + off, norm.h). */
+__device__ __forceinline__ float fold_classes(const float *p, int64_t H)
+{
+    float v[LANES];
+#pragma unroll
+    for (int i = 0; i < LANES; i++) v[i] = p[i * H];
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off /= 2)
+#pragma unroll
+        for (int i = 0; i < LANES / 2; i++)
+            if (i < off) v[i] = v[i] + v[i + off];
+    return v[0];
+}
+
+/* One thread a column: dgamma, and dbeta when db, from their partials. */
+static __global__ void fold_kernel(const float *part, int64_t H, void *dg, opf_dtype dgt, void *db,
+                            opf_dtype dbt)
+{
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= H) return;
+    st1(dg, dgt, c, fold_classes(part + c, H));
+    if (db) st1(db, dbt, c, fold_classes(part + LANES * H + c, H));
+}
 
 /* ---- host side ----------------------------------------------------------- */
 

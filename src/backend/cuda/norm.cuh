@@ -1,8 +1,9 @@
 /* norm.cuh: the device side of the norms (norm.cu): the arguments of a
  * call, element access, staging, the warp-tree sums, the row kernels of each
- * mode and the column sums of dgamma and dbeta. Its file comment says how
- * they work. Included by norm.cu (the entries and launches) and by
- * norm_cols_<d>.cu (the column sums of one dtype each, below). */
+ * mode and the dgamma / dbeta terms of colsum.cuh. Its file comment says how
+ * they work. Included by norm.cu (the entries, the launches and the column
+ * sums of mixed dtypes), by norm_cols_<d>.cu (the column sums of one dtype
+ * each, below) and by norm_bwd_one.cu (the backward in one launch). */
 #ifndef OPFUSE_CUDA_NORM_CUH
 #define OPFUSE_CUDA_NORM_CUH
 
@@ -500,61 +501,10 @@ template <int M, int FT> __global__ void row_kernel(norm_args a, int slots)
     norm_rows<M, FT>(a, slots, blockIdx.x, gridDim.x, smem);
 }
 
-/* ---- dgamma / dbeta ------------------------------------------------------
- * Thread (columns c .. c + CP - 1, class l) sums the terms of its columns
- * over the rows r = l, l + 32, ... in order: the class's partials. A warp
- * is 32 * CP consecutive columns of one class, a block COL_WARPS classes,
- * so the H x 32 chains spread over every SM (a block of all 32 classes
- * held the grid to H / 32 blocks). Each thread loads the bits of a batch
- * of rows (x and dz) before it widens any, so the batch's loads are in
- * flight together for any dtypes; the batch's mu and rsigma come one row
- * a lane and go round by shuffles. The partials go through scratch
- * ([sums][32][H]) to fold_kernel. */
-template <bool LN, int CP>
-__global__ void __launch_bounds__(COL_WARPS *LANES) col_kernel(norm_args a, float *part)
-{
-    constexpr int B = LANES / CP;  /* rows a batch: 32 elements of x and of dz in flight */
-    int lane = threadIdx.x % LANES, l = (int)blockIdx.y * COL_WARPS + (int)threadIdx.x / LANES;
-    int64_t H = a.H, c = ((int64_t)blockIdx.x * LANES + lane) * CP;
-    bool in = c < H;  /* with CP = 2 H is even: c + 1 < H too */
-    float ag[CP] = {}, ab[CP] = {};
-    for (int64_t r0 = l; r0 < a.rows; r0 += B * LANES) {
-        int n = (int)min((int64_t)B, (a.rows - r0 + LANES - 1) / LANES);  /* rows of the batch */
-        uint32_t xb[B][CP], db[B][CP];
-#pragma unroll
-        for (int u = 0; u < B; u++)
-            if (u < n && in) {
-                int64_t i = (r0 + (int64_t)u * LANES) * H + c;
-                ld_bits_n<CP>(a.x, a.xt, i, xb[u]);
-                ld_bits_n<CP>(a.dz, a.dzt, i, db[u]);
-            }
-        int64_t rl = r0 + (int64_t)lane * LANES;
-        float rs_l = lane < n ? a.rs[rl] : 0.0f, mu_l = LN && lane < n ? a.mu[rl] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < B; u++) {
-            if (u >= n) break;  /* n is the warp's */
-            float rs = __shfl_sync(0xFFFFFFFFu, rs_l, u), mu = __shfl_sync(0xFFFFFFFFu, mu_l, u);
-#pragma unroll
-            for (int k = 0; k < CP && in; k++) {
-                float x = seen_from(widen_bits(xb[u][k], a.xt), a.xt, a.act);
-                float d = seen_from(widen_bits(db[u][k], a.dzt), a.dzt, a.act);
-                float y = LN ? rs * (x - mu) : rs * x;
-                ag[k] = ag[k] + d * y;
-                if (LN) ab[k] = ab[k] + d;
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < CP && in; k++) {
-        part[l * H + c + k] = ag[k];
-        if (LN) part[(LANES + l) * H + c + k] = ab[k];
-    }
-}
-
 /* The same sums as colsum.cuh terms (x and dz both of dtype D): the term
  * of row r and column c is (d y, d) for LayerNorm, d y for RMSNorm. Where
  * the rows are whole 16-byte chunks colsum.cuh stages them through shared
- * memory, which keeps more of them in flight than col_kernel can; the rows'
+ * memory, which keeps more of them in flight than col_kernel (norm.cu) can; the rows'
  * mu (LayerNorm) and rsigma are its per-row values. */
 template <bool LN, opf_dtype D, bool SEEN = true> struct gamma_term {
     enum { BATCH = 8, STREAMS = 2, ROWS = LN ? 2 : 1 };
@@ -594,31 +544,6 @@ template <bool LN, opf_dtype D, bool SEEN = true> struct gamma_term {
 static_assert(opf_colsum_sums<gamma_term<true, OPF_BF16>>() == 2 &&
                   opf_colsum_sums<gamma_term<false, OPF_BF16>>() == 1,
               "LayerNorm's terms are (dgamma, dbeta), RMSNorm's dgamma alone");
-
-/* The 32 class partials p[0], p[H], ... of a column folded in halves
- * (class i += class i + off, norm.h). */
-__device__ __forceinline__ float fold_classes(const float *p, int64_t H)
-{
-    float v[LANES];
-#pragma unroll
-    for (int i = 0; i < LANES; i++) v[i] = p[i * H];
-#pragma unroll
-    for (int off = LANES / 2; off > 0; off /= 2)
-#pragma unroll
-        for (int i = 0; i < LANES / 2; i++)
-            if (i < off) v[i] = v[i] + v[i + off];
-    return v[0];
-}
-
-/* One thread a column: dgamma, and dbeta when db, from their partials. */
-static __global__ void fold_kernel(const float *part, int64_t H, void *dg, opf_dtype dgt, void *db,
-                            opf_dtype dbt)
-{
-    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= H) return;
-    st1(dg, dgt, c, fold_classes(part + c, H));
-    if (db) st1(db, dbt, c, fold_classes(part + LANES * H + c, H));
-}
 
 /* ---- dgamma / dbeta through colsum.cuh --------------------------------------
  * The column sums of a call whose x and dz are both of dtype D: gamma_term
