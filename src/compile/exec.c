@@ -355,24 +355,48 @@ static opf_status run_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
     return st;
 }
 
-/* A parameter's first gradient after zero_grad (has_grad clear) is
- * written by the backward node into the parameter's grad itself, where
- * the arena value it would go to has grad's spec: the node then only sets
- * has_grad, where accumulating it copied the value in (on the GPU a copy
- * node of each weight's size in every captured step that starts fresh:
- * 16 MB in the 256 x 1024 LayerNorm-MLP step). The same bits; a variant
- * that accumulates (replay.c keys its captures on has_grad) keeps the
- * arena value and the add. Points n's output i at grad (its arena address
- * into slot[i]) where direct[i]; exec_node points it back. */
-static void direct_grads(opf_gnode *n, void **slot, bool *direct)
+/* Where a backward node writes its parameters' gradients (values with no
+ * arena block, plan.c), placed per call: a parameter's first gradient after
+ * zero_grad (has_grad clear, grad zeros) into the parameter's grad itself
+ * where the value has grad's spec (direct[i]); the node then only sets
+ * has_grad, with no copy (on the GPU a captured step that starts fresh
+ * has no copy node a parameter: 16 MB in the 256 x 1024 LayerNorm-MLP
+ * step). Any other (a gradient to be added, or one not kept) into context
+ * scratch, which the node's caller pops after the accumulation. The same
+ * bits as an arena value copied or added in. replay.c keys its captures
+ * on has_grad, so each capture keeps its choice. tag[i]: the value's tag,
+ * which place_grads_back puts back. */
+static opf_status place_grads(opf_graph *g, opf_gnode *n, void **tag, bool *direct)
 {
     for (int i = 0; i < n->n_params; i++) {
         opf_param *p = opf_op_param(n->op, i);
         opf_tensor *t = &n->t[1 + i];
-        direct[i] = t->data[0] && p->requires_grad && !p->has_grad && p->grad.data[0] &&
+        tag[i] = t->data[0];
+        direct[i] = false;
+        if (!tag[i] || !opf_is_tag(tag[i])) continue;
+        direct[i] = p->requires_grad && !p->has_grad && p->grad.data[0] &&
                     opf_spec_equal(&t->spec, &p->grad.spec);
-        if (direct[i]) slot[i] = t->data[0], t->data[0] = p->grad.data[0];
+        if (direct[i]) {
+            t->data[0] = p->grad.data[0];
+            continue;
+        }
+        opf_layout L;
+        opf_status st = opf_spec_layout(&t->spec, &L);
+        void *q = st ? NULL : opf_ctx_scratch_push_on(g->ctx, opf_graph_device(g), L.total_bytes);
+        if (!q) {
+            while (i-- > 0) n->t[1 + i].data[0] = tag[i];
+            return opf_error(g->ctx, st ? st : OPF_ERR_NO_MEMORY, "compile: %s: no scratch for "
+                             "the gradient of \"%s\" (%zu bytes)", n->op->name, p->name,
+                             st ? (size_t)0 : L.total_bytes);
+        }
+        t->data[0] = q;
     }
+    return OPF_OK;
+}
+
+static void place_grads_back(opf_gnode *n, void *const *tag)
+{
+    for (int i = 0; i < n->n_params; i++) n->t[1 + i].data[0] = tag[i];
 }
 
 static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
@@ -388,16 +412,16 @@ static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call
         st = n->op->cls->forward_impl(ctx, n->args, n->t, n->t + 1 + OPF_OP_MAX_EXTRA);
         break;
     case OPF_NODE_BACKWARD: {
-        void *slot[OPF_OP_MAX_GRADS];
+        void *tag[OPF_OP_MAX_GRADS];
         bool direct[OPF_OP_MAX_GRADS];
-        direct_grads(n, slot, direct);
+        if ((st = place_grads(g, n, tag, direct))) break;
+        size_t inner = opf_ctx_scratch_mark(ctx);  /* the gradients' scratch below it */
         opf_status bst = n->op->cls->backward_impl(ctx, n->args, n->t);
-        opf_ctx_scratch_pop(ctx, mark);
+        opf_ctx_scratch_pop(ctx, inner);
         st = bst;
         for (int i = 0; i < n->n_params; i++) {
             opf_param *p = opf_op_param(n->op, i);
             if (direct[i]) {
-                n->t[1 + i].data[0] = slot[i];
                 /* refused: grad back to zero_grad's zeros (it may be part written) */
                 if (bst) opf_op_zero(ctx, p->name, &p->grad);
                 else p->has_grad = true;
@@ -405,6 +429,7 @@ static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call
                 st = opf_param_accumulate(ctx, p, &n->t[1 + i]);
             }
         }
+        place_grads_back(n, tag);
         break;
     }
     case OPF_NODE_EAGER_FORWARD: st = run_eager_forward(g, n, call); break;

@@ -1,6 +1,9 @@
 /* plan.c: the memory plan of a traced graph (liveness over the node order,
  * in-place reuse, first-fit placement into one arena), baking the tags into
  * addresses, and the affine patches of a dynamic leading dimension.
+ * Parameter gradients take no arena block: the backward node writes a
+ * parameter's first gradient into its grad, and a later one (to be added)
+ * into context scratch (exec.c), so their tags stay past baking.
  *
  * The arena is one block of the memory x lives in: the host's counting
  * allocator, or the device allocator of x's device (one allocation per
@@ -83,7 +86,7 @@ opf_status opf_graph_plan(opf_graph *g)
     g->n_inplace = 0;
     for (int v = 0; v < g->n_vals; v++) {
         opf_gval *gv = &g->vals[v];
-        if (gv->kind != OPF_VAL_ARENA && !g->capture) continue;
+        if ((gv->kind != OPF_VAL_ARENA && !g->capture) || gv->pgrad) continue;
         opf_status st = block_layout(g, gv);
         if (st) return st;
         g->unplanned_bytes += gv->bytes;
@@ -222,6 +225,7 @@ opf_status opf_graph_bake(opf_graph *g)
                 if (!p || !opf_is_tag(p)) continue;
                 int v = opf_tag_value(p), pc = opf_tag_comp(p);
                 size_t off = opf_tag_offset(p);
+                if (g->vals[v].pgrad) continue;  /* the tag stays: exec.c places it per call */
                 if (g->vals[v].store >= 0) {  /* arena values; staged inputs */
                     t->data[c] = arena_addr(g, v, pc, off);
                     continue;
@@ -251,7 +255,7 @@ void opf_graph_value_tensor(const opf_graph *g, int v, opf_tensor *out)
     }
     out->spec = gv->spec;
     opf_layout L;
-    if (opf_spec_layout(&gv->spec, &L)) return;
+    if (gv->store < 0 || opf_spec_layout(&gv->spec, &L)) return;  /* pgrad: no block */
     for (int c = 0; c < OPF_COMP_COUNT; c++)
         if (L.comp[c].present) out->data[c] = arena_addr(g, v, c, 0);
 }

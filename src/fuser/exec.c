@@ -357,7 +357,8 @@ opf_status opf_seq_backward(opf_seq *seq, const opf_tensor *dy, const opf_tensor
         st = opf_op_commit_grads(seq->ctx, seq->ops[i], &seq->pgrad[seq->param_off[i]]);
     if (st) {  /* the forward stays: the backward may be retried */
         opf_tensor_release(&d);
-        opf_seq_release_staged(seq);
+        for (int i = 0; i < seq->n; i++)  /* what is not committed, grads written in place too */
+            opf_op_unstage_grads(seq->ctx, seq->ops[i], &seq->pgrad[seq->param_off[i]]);
         for (int i = 0; i < seq->n * OPF_OP_MAX_EXTRA; i++) opf_tensor_release(&seq->chan_grad[i]);
         for (int i = 0; dextra_in && i < seq->n_pub_in; i++) opf_tensor_release(&dextra_in[i]);
         rollback_call(seq, &m);

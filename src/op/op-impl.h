@@ -148,12 +148,17 @@ opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
  * refused backward back (the seq's, all-or-nothing): staged runs the op's
  * backward into *dx, dextra_in[n_extra_in] and pgrad[opf_op_num_params]
  * (the parameters' gradients, empty where none) without touching the
- * parameters or the saved context (octx); nothing is returned on error.
- * commit adds pgrad into the parameters' gradients and releases pgrad; it
- * allocates nothing for plain gradients. */
+ * saved context (octx) or any gradient a parameter has: a parameter
+ * without one (has_grad clear, grad zeros) may get its gradient written
+ * into grad itself (pgrad[i] then is grad), has_grad still clear; nothing
+ * is returned on error, and such a grad is zeros again. commit adds pgrad
+ * into the parameters' gradients (sets has_grad where pgrad is grad) and
+ * releases pgrad; it allocates nothing for plain gradients. unstage takes
+ * staged gradients back: releases pgrad, grads written in place zeroed. */
 opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                   opf_tensor *dx, opf_tensor *dextra_in, opf_tensor *pgrad);
 opf_status opf_op_commit_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad);
+void opf_op_unstage_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad);
 /* The gradient g (named `what`) a caller hands to a backward of fn: not
  * NULL, with data, f32/bf16/f16, and when want is not NULL the shape and
  * device of the output it is the gradient of. Checked before anything runs,

@@ -157,6 +157,10 @@ opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
     if (opf_spec_numel(&g->spec) != n)
         return opf_error(ctx, OPF_ERR_SHAPE, "param \"%s\": gradient has %lld elements, want %lld",
                          p->name, (long long)opf_spec_numel(&g->spec), (long long)n);
+    if (g->data[0] == p->grad.data[0]) {  /* written in place (direct_grads) */
+        p->has_grad = true;
+        return OPF_OK;
+    }
     size_t mark = opf_ctx_scratch_mark(ctx);
     opf_status st;
     if (p->has_grad) {  /* summed in fp32, rounded once into the gradient's dtype */
@@ -219,6 +223,39 @@ opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_b
     return OPF_OK;
 }
 
+/* The first gradient of a parameter after zero_grad (has_grad clear, grad
+ * all zeros) is written by the backward into grad itself where its spec is
+ * grad's: the commit then only sets has_grad, where it used to copy the
+ * gradient in (a full pass over each weight a step; on the GPU a copy and
+ * its host call). Marks the parameters in direct and sets their specs
+ * none (not allocated; the caller hands grad itself to the backward). */
+static void direct_grads(opf_op *op, opf_spec *gs, bool *direct)
+{
+    for (int i = 0; i < opf_op_num_params(op); i++) {
+        opf_param *p = opf_op_param(op, i);
+        direct[i] = p->requires_grad && !p->has_grad && p->grad.data[0] &&
+                    gs[1 + i].ndim >= 0 && opf_spec_equal(&gs[1 + i], &p->grad.spec);
+        if (direct[i]) gs[1 + i].ndim = OPF_SPEC_NONE_NDIM;
+    }
+}
+
+/* A staged gradient written into its parameter's grad goes back to zeros
+ * (the state before the backward: has_grad clear, grad zeros). */
+static void unwrite_grad(opf_ctx *ctx, opf_op *op, int i, const opf_tensor *g)
+{
+    opf_param *p = opf_op_param(op, i);
+    if (g->data[0] && g->data[0] == p->grad.data[0] && !p->has_grad)
+        opf_op_zero(ctx, op->name, &p->grad);
+}
+
+void opf_op_unstage_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad)
+{
+    for (int i = 0; i < opf_op_num_params(op); i++) {
+        unwrite_grad(ctx, op, i, &pgrad[i]);
+        opf_tensor_release(&pgrad[i]);
+    }
+}
+
 opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                   opf_tensor *dx, opf_tensor *dextra_in, opf_tensor *pgrad)
 {
@@ -239,11 +276,17 @@ opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_
             if (gs[i].ndim >= 0) opf_tensor_retain(env->dy, &g[i]);
         }
     } else {
+        bool direct[OPF_OP_MAX_GRADS];
+        direct_grads(op, gs, direct);
         if ((st = alloc_specs(ctx, gs, g, n))) return st;
+        for (int i = 0; i < n_params; i++)
+            if (direct[i]) opf_tensor_retain(&opf_op_param(op, i)->grad, &g[1 + i]);
         size_t mark = opf_ctx_scratch_mark(ctx);
         st = op->cls->backward_impl(ctx, op->bwd_args, g);
         opf_ctx_scratch_pop(ctx, mark);
         if (st) {
+            for (int i = 0; i < n_params; i++)
+                if (direct[i]) unwrite_grad(ctx, op, i, &g[1 + i]);
             release_all(g, n);
             return st;
         }
@@ -264,6 +307,7 @@ opf_status opf_op_commit_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad)
     opf_status st = OPF_OK;
     for (int i = 0; i < opf_op_num_params(op); i++) {
         if (!st && pgrad[i].data[0]) st = opf_param_accumulate(ctx, opf_op_param(op, i), &pgrad[i]);
+        else if (st) unwrite_grad(ctx, op, i, &pgrad[i]);
         opf_tensor_release(&pgrad[i]);
     }
     return st;
@@ -276,7 +320,7 @@ opf_status opf_op_backward(opf_op *op, opf_op_ctx *octx, const opf_bwd_env *env,
     memset(&d, 0, sizeof d);
     opf_status st = opf_op_backward_staged(op, octx, env, &d, dxi, pg);
     if (st) return st;
-    if ((st = opf_op_commit_grads(env->ctx, op, pg))) {
+    if ((st = opf_op_commit_grads(env->ctx, op, pg))) {  /* pg released */
         opf_tensor_release(&d);
         for (int i = 0; i < op->n_extra_in; i++) opf_tensor_release(&dxi[i]);
         return st;

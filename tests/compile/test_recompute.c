@@ -164,7 +164,11 @@ static void test_memory(opf_recipe_kind kind)
           tag, span_saved, saved_by_span(gb));
     CHECK(sb.saved_bytes == sa.saved_bytes - span_saved, "%s: saved bytes %zu -> %zu, want a fall of %zu",
           tag, sa.saved_bytes, sb.saved_bytes, span_saved);
-    CHECK(sb.arena_bytes < sa.arena_bytes, "%s: peak %zu -> %zu did not fall", tag, sa.arena_bytes,
+    /* the planned peak does not rise; it need not fall: this one-span
+     * model's peak is the span's own backward (its values live again),
+     * which no recompute lowers, since parameter gradients take no arena
+     * block (before, a weight gradient's block made a later backward the peak) */
+    CHECK(sb.arena_bytes <= sa.arena_bytes, "%s: peak %zu -> %zu rose", tag, sa.arena_bytes,
           sb.arena_bytes);
     /* eagerly, what stays live from the forward to the backward falls alike
      * (measured at the second step: the first allocates the span's copy of
