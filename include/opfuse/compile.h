@@ -2,9 +2,11 @@
  *
  * opf_compile traces the seq's forward and backward plans on specs only (the
  * ops' fakes; no tensor data is read) into a graph with one node per plan
- * entry, plans every activation, saved tensor and gradient into one arena
- * reserved at compile time, and then replays the same *_impl functions the
- * eager fuser calls, with no allocation and none of the traced half:
+ * entry, plans every activation, saved tensor and input gradient into one
+ * arena reserved at compile time (parameter gradients go into the
+ * parameters' grads, or, when added to one, into a buffer the first such
+ * call allocates), and then replays the same *_impl functions the eager
+ * fuser calls, with no allocation and none of the traced half:
  *
  *     opf_compile_options o = opf_compile_options_default();
  *     o.max_leading = 64;                        // any batch 1..64, one graph

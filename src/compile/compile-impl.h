@@ -191,6 +191,11 @@ struct opf_graph {
     size_t          arena_bytes;
     void           *zeros;         /* zero block for missing dextra_out */
     size_t          zeros_bytes;
+    /* parameter gradients to be added (exec.c place_grads): pgrad_bytes the
+     * most one backward node needs (plan.c); allocated by the first call
+     * that adds one (a variant's warm-up walk, before any capture) */
+    void           *pgrad_buf;
+    size_t          pgrad_bytes;
     opf_gbind      *binds;
     int             n_binds;
     opf_grt        *rt;            /* runtime kwargs */

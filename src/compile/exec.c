@@ -2,7 +2,9 @@
  * forward and backward graphs: a walk over the nodes calling the same
  * *_impl the eager fuser calls, on baked args, with inputs bound by a few
  * pointer writes per call. Nothing is allocated here (eager nodes aside:
- * they run the eager runner, which allocates, and copy into the arena). */
+ * they run the eager runner, which allocates, and copy into the arena;
+ * and the gradient buffer, once, by the first call that adds a parameter
+ * gradient: place_grads). */
 /* clock_gettime and CLOCK_MONOTONIC are POSIX, not C17. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -55,6 +57,7 @@ void opf_graph_destroy(opf_graph *g)
     opf_graph_free_segments(g);
     opf_graph_mem_free(g, g->arena, g->arena_bytes);
     opf_graph_mem_free(g, g->zeros, g->zeros_bytes);
+    opf_graph_mem_free(g, g->pgrad_buf, g->pgrad_bytes);
     free(g->stores);
     free(g->binds);
     free(g->patches);
@@ -355,23 +358,32 @@ static opf_status run_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
     return st;
 }
 
+static void place_grads_back(opf_gnode *n, void *const *tag)
+{
+    for (int i = 0; i < n->n_params; i++) n->t[1 + i].data[0] = tag[i];
+}
+
 /* Where a backward node writes its parameters' gradients (values with no
  * arena block, plan.c), placed per call: a parameter's first gradient after
  * zero_grad (has_grad clear, grad zeros) into the parameter's grad itself
  * where the value has grad's spec (direct[i]); the node then only sets
  * has_grad, with no copy (on the GPU a captured step that starts fresh
  * has no copy node a parameter: 16 MB in the 256 x 1024 LayerNorm-MLP
- * step). Any other (a gradient to be added, or one not kept) into context
- * scratch, which the node's caller pops after the accumulation. The same
- * bits as an arena value copied or added in. replay.c keys its captures
- * on has_grad, so each capture keeps its choice. tag[i]: the value's tag,
- * which place_grads_back puts back. */
+ * step). Any other (a gradient to be added, or one not kept) into the
+ * graph's gradient buffer, allocated by the first call that needs it (a
+ * new variant's warm-up walk: a capture replays its address; a graph that
+ * only starts fresh never allocates it). The same bits as an arena value
+ * copied or added in. replay.c keys its captures on has_grad, so each
+ * capture keeps its choice. tag[i]: the value's tag, which
+ * place_grads_back puts back. */
 static opf_status place_grads(opf_graph *g, opf_gnode *n, void **tag, bool *direct)
 {
-    for (int i = 0; i < n->n_params; i++) {
+    size_t off = 0;
+    opf_status st = OPF_OK;
+    for (int i = 0; i < n->n_params; i++) tag[i] = n->t[1 + i].data[0];
+    for (int i = 0; i < n->n_params && !st; i++) {
         opf_param *p = opf_op_param(n->op, i);
         opf_tensor *t = &n->t[1 + i];
-        tag[i] = t->data[0];
         direct[i] = false;
         if (!tag[i] || !opf_is_tag(tag[i])) continue;
         direct[i] = p->requires_grad && !p->has_grad && p->grad.data[0] &&
@@ -380,23 +392,14 @@ static opf_status place_grads(opf_graph *g, opf_gnode *n, void **tag, bool *dire
             t->data[0] = p->grad.data[0];
             continue;
         }
-        opf_layout L;
-        opf_status st = opf_spec_layout(&t->spec, &L);
-        void *q = st ? NULL : opf_ctx_scratch_push_on(g->ctx, opf_graph_device(g), L.total_bytes);
-        if (!q) {
-            while (i-- > 0) n->t[1 + i].data[0] = tag[i];
-            return opf_error(g->ctx, st ? st : OPF_ERR_NO_MEMORY, "compile: %s: no scratch for "
-                             "the gradient of \"%s\" (%zu bytes)", n->op->name, p->name,
-                             st ? (size_t)0 : L.total_bytes);
+        if (!g->pgrad_buf) st = opf_graph_mem_alloc(g, g->pgrad_bytes, &g->pgrad_buf);
+        if (!st) {
+            t->data[0] = (char *)g->pgrad_buf + off;
+            off += g->vals[opf_tag_value(tag[i])].bytes;
         }
-        t->data[0] = q;
     }
-    return OPF_OK;
-}
-
-static void place_grads_back(opf_gnode *n, void *const *tag)
-{
-    for (int i = 0; i < n->n_params; i++) n->t[1 + i].data[0] = tag[i];
+    if (st) place_grads_back(n, tag);
+    return st;
 }
 
 static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call)
@@ -415,9 +418,8 @@ static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call
         void *tag[OPF_OP_MAX_GRADS];
         bool direct[OPF_OP_MAX_GRADS];
         if ((st = place_grads(g, n, tag, direct))) break;
-        size_t inner = opf_ctx_scratch_mark(ctx);  /* the gradients' scratch below it */
         opf_status bst = n->op->cls->backward_impl(ctx, n->args, n->t);
-        opf_ctx_scratch_pop(ctx, inner);
+        opf_ctx_scratch_pop(ctx, mark);
         st = bst;
         for (int i = 0; i < n->n_params; i++) {
             opf_param *p = opf_op_param(n->op, i);

@@ -3,7 +3,8 @@
  * addresses, and the affine patches of a dynamic leading dimension.
  * Parameter gradients take no arena block: the backward node writes a
  * parameter's first gradient into its grad, and a later one (to be added)
- * into context scratch (exec.c), so their tags stay past baking.
+ * into the graph's gradient buffer (exec.c), so their tags stay past
+ * baking.
  *
  * The arena is one block of the memory x lives in: the host's counting
  * allocator, or the device allocator of x's device (one allocation per
@@ -86,9 +87,10 @@ opf_status opf_graph_plan(opf_graph *g)
     g->n_inplace = 0;
     for (int v = 0; v < g->n_vals; v++) {
         opf_gval *gv = &g->vals[v];
-        if ((gv->kind != OPF_VAL_ARENA && !g->capture) || gv->pgrad) continue;
+        if (gv->kind != OPF_VAL_ARENA && !g->capture) continue;
         opf_status st = block_layout(g, gv);
         if (st) return st;
+        if (gv->pgrad) continue;  /* no block: exec.c places it per call */
         g->unplanned_bytes += gv->bytes;
         if (gv->kind == OPF_VAL_INPUT) {  /* staged: the whole graph long */
             gv->store = g->n_stores;
@@ -110,6 +112,17 @@ opf_status opf_graph_plan(opf_graph *g)
         }
         gv->store = g->n_stores;
         g->stores[g->n_stores++] = (opf_gstore){gv->bytes, 0, gv->def, gv->last};
+    }
+    /* the gradient buffer: the most one backward node adds */
+    g->pgrad_bytes = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const opf_gnode *n = &g->nodes[i];
+        size_t need = 0;
+        for (int k = 1; n->kind == OPF_NODE_BACKWARD && k <= n->n_params; k++) {
+            int v = tensor_val(&n->t[k]);
+            if (v >= 0 && g->vals[v].pgrad) need += g->vals[v].bytes;
+        }
+        if (need > g->pgrad_bytes) g->pgrad_bytes = need;
     }
     /* first fit, largest blocks first */
     int *order = malloc(sizeof(int) * (size_t)(g->n_stores + 1));

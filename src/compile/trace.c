@@ -557,8 +557,9 @@ static opf_status trace_backward(opf_walker *w, const opf_plan_entry *e, const o
             for (int i = 0; i < ng && !st; i++)
                 if (gs[i].ndim >= 0) st = out_tensor(g, n, &gs[i], ROLE_GRAD, i, &n->t[i]);
             if (st) return st;
-            for (int i = 1; i <= n_params; i++)
-                if (n->t[i].data[0]) g->vals[tensor_val(&n->t[i])].pgrad = true;
+            for (int i = 1; i <= n_params; i++)  /* plain: exec.c places data[0] alone */
+                if (n->t[i].data[0] && n->t[i].spec.scaling == OPF_SCALING_NONE)
+                    g->vals[tensor_val(&n->t[i])].pgrad = true;
             dx_val = n->passthrough ? cur : tensor_val(&n->t[0]);
             dxi_at = 1 + n_params;
         }
