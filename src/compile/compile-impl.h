@@ -53,7 +53,8 @@ typedef struct opf_gval {
     int          store;         /* arena block (shared by an in-place chain) */
     bool         keep;          /* handed to the caller: alive to the end */
     bool         pgrad;         /* a parameter's gradient: no arena block; exec.c
-                                   points it at the grad or at scratch per call */
+                                   points it at the grad or at the graph's
+                                   gradient buffer per call */
     bool         backward;      /* defined by the backward graph */
     char         name[48];      /* for dumps: "fc1.out", "gelu.aux1", "x" */
     const opf_tensor *bound;    /* inputs: the caller's tensor of this call */

@@ -386,8 +386,7 @@ static opf_status place_grads(opf_graph *g, opf_gnode *n, void **tag, bool *dire
         opf_tensor *t = &n->t[1 + i];
         direct[i] = false;
         if (!tag[i] || !opf_is_tag(tag[i])) continue;
-        direct[i] = p->requires_grad && !p->has_grad && p->grad.data[0] &&
-                    opf_spec_equal(&t->spec, &p->grad.spec);
+        direct[i] = opf_param_grad_in_place(p, &t->spec);
         if (direct[i]) {
             t->data[0] = p->grad.data[0];
             continue;
@@ -425,7 +424,7 @@ static opf_status exec_node(opf_graph *g, opf_gnode *n, const opf_seq_call *call
             opf_param *p = opf_op_param(n->op, i);
             if (direct[i]) {
                 /* refused: grad back to zero_grad's zeros (it may be part written) */
-                if (bst) opf_op_zero(ctx, p->name, &p->grad);
+                if (bst) opf_param_unwrite_grad(ctx, p, &n->t[1 + i]);
                 else p->has_grad = true;
             } else if (!st && n->t[1 + i].data[0] && p->requires_grad) {
                 st = opf_param_accumulate(ctx, p, &n->t[1 + i]);

@@ -142,8 +142,15 @@ opf_status opf_op_save_context(opf_op *op, const opf_fwd_env *env, opf_op_ctx *o
 opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_bwd_env *env,
                                  void *bargs, opf_spec *gs, int *n_grads);
 /* p->grad (+)= g: the first gradient is converted in, later ones summed in
- * fp32; sets has_grad. */
+ * fp32; sets has_grad (g written into grad itself: only that). */
 opf_status opf_param_accumulate(opf_ctx *ctx, opf_param *p, const opf_tensor *g);
+/* Whether a backward writes p's gradient, of spec s, into p->grad itself:
+ * p's first gradient after zero_grad (has_grad clear, grad zeros) where s
+ * is grad's spec; the eager backward (run.c) and a compiled node (compile/
+ * exec.c) both ask. unwrite: a refused backward's g, written in place,
+ * back to zeros (nothing when g is not p->grad or has_grad is set). */
+bool opf_param_grad_in_place(const opf_param *p, const opf_spec *s);
+void opf_param_unwrite_grad(opf_ctx *ctx, opf_param *p, const opf_tensor *g);
 /* opf_op_backward in two steps, for a caller that must be able to take a
  * refused backward back (the seq's, all-or-nothing): staged runs the op's
  * backward into *dx, dextra_in[n_extra_in] and pgrad[opf_op_num_params]

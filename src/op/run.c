@@ -223,35 +223,35 @@ opf_status opf_op_trace_backward(opf_op *op, const opf_op_ctx *octx, const opf_b
     return OPF_OK;
 }
 
-/* The first gradient of a parameter after zero_grad (has_grad clear, grad
- * all zeros) is written by the backward into grad itself where its spec is
- * grad's: the commit then only sets has_grad, where it used to copy the
- * gradient in (a full pass over each weight a step; on the GPU a copy and
- * its host call). Marks the parameters in direct and sets their specs
- * none (not allocated; the caller hands grad itself to the backward). */
+/* Written in place, the commit only sets has_grad where it used to copy
+ * the gradient in (a full pass over each weight a step; on the GPU a copy
+ * and its host call). */
+bool opf_param_grad_in_place(const opf_param *p, const opf_spec *s)
+{
+    return p->requires_grad && !p->has_grad && p->grad.data[0] && s->ndim >= 0 &&
+           opf_spec_equal(s, &p->grad.spec);
+}
+
+void opf_param_unwrite_grad(opf_ctx *ctx, opf_param *p, const opf_tensor *g)
+{
+    if (g->data[0] && g->data[0] == p->grad.data[0] && !p->has_grad)
+        opf_op_zero(ctx, p->name, &p->grad);
+}
+
+/* Marks the parameters whose gradients go into grad itself and sets their
+ * specs none (not allocated; the caller hands grad to the backward). */
 static void direct_grads(opf_op *op, opf_spec *gs, bool *direct)
 {
     for (int i = 0; i < opf_op_num_params(op); i++) {
-        opf_param *p = opf_op_param(op, i);
-        direct[i] = p->requires_grad && !p->has_grad && p->grad.data[0] &&
-                    gs[1 + i].ndim >= 0 && opf_spec_equal(&gs[1 + i], &p->grad.spec);
+        direct[i] = opf_param_grad_in_place(opf_op_param(op, i), &gs[1 + i]);
         if (direct[i]) gs[1 + i].ndim = OPF_SPEC_NONE_NDIM;
     }
-}
-
-/* A staged gradient written into its parameter's grad goes back to zeros
- * (the state before the backward: has_grad clear, grad zeros). */
-static void unwrite_grad(opf_ctx *ctx, opf_op *op, int i, const opf_tensor *g)
-{
-    opf_param *p = opf_op_param(op, i);
-    if (g->data[0] && g->data[0] == p->grad.data[0] && !p->has_grad)
-        opf_op_zero(ctx, op->name, &p->grad);
 }
 
 void opf_op_unstage_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad)
 {
     for (int i = 0; i < opf_op_num_params(op); i++) {
-        unwrite_grad(ctx, op, i, &pgrad[i]);
+        opf_param_unwrite_grad(ctx, opf_op_param(op, i), &pgrad[i]);
         opf_tensor_release(&pgrad[i]);
     }
 }
@@ -286,7 +286,7 @@ opf_status opf_op_backward_staged(opf_op *op, const opf_op_ctx *octx, const opf_
         opf_ctx_scratch_pop(ctx, mark);
         if (st) {
             for (int i = 0; i < n_params; i++)
-                if (direct[i]) unwrite_grad(ctx, op, i, &g[1 + i]);
+                if (direct[i]) opf_param_unwrite_grad(ctx, opf_op_param(op, i), &g[1 + i]);
             release_all(g, n);
             return st;
         }
@@ -307,7 +307,7 @@ opf_status opf_op_commit_grads(opf_ctx *ctx, opf_op *op, opf_tensor *pgrad)
     opf_status st = OPF_OK;
     for (int i = 0; i < opf_op_num_params(op); i++) {
         if (!st && pgrad[i].data[0]) st = opf_param_accumulate(ctx, opf_op_param(op, i), &pgrad[i]);
-        else if (st) unwrite_grad(ctx, op, i, &pgrad[i]);
+        else if (st) opf_param_unwrite_grad(ctx, opf_op_param(op, i), &pgrad[i]);
         opf_tensor_release(&pgrad[i]);
     }
     return st;

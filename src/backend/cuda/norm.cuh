@@ -433,13 +433,19 @@ __device__ __forceinline__ void prefetch_l1(const void *p, int64_t bytes, int la
 }
 
 /* Whether a launch asks L1 for a's gamma and beta: they fit PREFETCH_MAX,
- * unless OPF_CUDA_NORM_PREFETCH=0 (read at each launch: a benchmark can
- * time both in one process). */
+ * unless OPF_CUDA_NORM_PREFETCH=0 (read once a process, off the launch
+ * path: a benchmark times each setting in a process of its own). */
 static inline bool prefetch_ok(const norm_args &a)
 {
+    static int off = -1;  /* every thread that reads the variable stores the same value */
+    int o = __atomic_load_n(&off, __ATOMIC_RELAXED);
+    if (o < 0) {
+        const char *v = getenv("OPF_CUDA_NORM_PREFETCH");
+        o = v && v[0] == '0';
+        __atomic_store_n(&off, o, __ATOMIC_RELAXED);
+    }
     int64_t bytes = (a.gamma ? a.H * elem_size(a.gt) : 0) + (a.beta ? a.H * elem_size(a.bt) : 0);
-    const char *v = getenv("OPF_CUDA_NORM_PREFETCH");
-    return bytes > 0 && bytes <= PREFETCH_MAX && !(v && v[0] == '0');
+    return !o && bytes > 0 && bytes <= PREFETCH_MAX;
 }
 
 /* One warp per row (grid-stride over rows): block `block` of `blocks`
