@@ -391,7 +391,9 @@ static opf_status place_grads(opf_graph *g, opf_gnode *n, void **tag, bool *dire
             t->data[0] = p->grad.data[0];
             continue;
         }
-        if (!g->pgrad_buf) st = opf_graph_mem_alloc(g, g->pgrad_bytes, &g->pgrad_buf);
+        if (!g->pgrad_buf && (st = opf_graph_mem_alloc(g, g->pgrad_bytes, &g->pgrad_buf)))
+            st = opf_error(g->ctx, st, "compile: %s: no gradient buffer to add \"%s\"'s gradient "
+                           "in: %s", n->op->name, p->name, opf_last_error(g->ctx));
         if (!st) {
             t->data[0] = (char *)g->pgrad_buf + off;
             off += g->vals[opf_tag_value(tag[i])].bytes;

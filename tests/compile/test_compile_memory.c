@@ -11,6 +11,7 @@
  * Eager and compiled run on two contexts of the same seed (identical
  * parameters), with fresh random inputs. */
 #include "compile_util.h"
+#include "core/context-impl.h"
 
 /* ---- 9. no allocation; arena <= eager peak ---------------------------------------- */
 
@@ -74,6 +75,48 @@ static void test_no_alloc(opf_recipe_kind kind, opf_dtype dt)
           s.unplanned_bytes);
 out:
     opf_compiled_destroy(c);
+    cu_pair_close(&p);
+}
+
+/* ---- the gradient buffer ----------------------------------------------------------------
+ * A step that starts fresh writes the parameter gradients in place; the
+ * first that adds into them allocates the graph's gradient buffer. Refused
+ * there (no memory), the backward says so and changes no gradient; a
+ * retry adds as eagerly. */
+static void test_grad_buffer(void)
+{
+    const int64_t m = 32, h = 64, f = 128;
+    const char *what = "gradient buffer";
+    cu_pair p;
+    if (!cu_pair_build(&p, 29, cu_ln_gelu_mlp, OPF_F32, h, f)) return;
+    opf_seq_call call = opf_seq_call_default();
+    opf_spec xs = opf_spec_make(2, (int64_t[]){m, h}, OPF_F32);
+    opf_graph *g = NULL;
+    if (!cu_compile(p.cb, what, p.b, &xs, &call, NULL, &g)) goto out;
+    opf_seq_zero_grad(p.a), opf_seq_zero_grad(p.b);
+    for (int step = 0; step < 2; step++) {
+        opf_tensor x = cu_rand2(p.ca, m, h, OPF_F32, 1.0f), dy = cu_rand2(p.ca, m, h, OPF_F32, 1.0f);
+        cu_step s;
+        memset(&s, 0, sizeof s);
+        if (step == 1) {  /* adds: the buffer's allocation refused, then retried */
+            opf_tensor y, dx;
+            CHECK_OK(p.cb, opf_graph_forward(g, &x, &call, &y, NULL));
+            opf_ctx_fail_alloc(p.cb, 1);
+            opf_status st = opf_graph_backward(g, &dy, NULL, &dx, NULL);
+            opf_ctx_fail_alloc(p.cb, 0);
+            CHECK(st == OPF_ERR_NO_MEMORY && strstr(opf_last_error(p.cb), "gradient buffer"),
+                  "%s: refused backward: %s \"%s\"", what, opf_status_str(st), opf_last_error(p.cb));
+            CHECK(cu_grads_differ(p.a, p.b) == 0, "%s: the refused backward changed gradients", what);
+            opf_clear_error(p.cb);
+        }
+        cu_eager_step(&p, &call, &x, &dy, &s);
+        cu_compiled_step(&p, g, NULL, &call, &x, &dy, &s);
+        cu_check_step(what, &p, &s);
+        cu_step_release(&s);
+        opf_tensor_release(&x), opf_tensor_release(&dy);
+    }
+out:
+    opf_graph_destroy(g);
     cu_pair_close(&p);
 }
 
@@ -319,6 +362,7 @@ int main(void)
     for (int i = 0; i < 5; i++) test_no_alloc(cases[i].k, cases[i].dt);
     for (int i = 0; i < 5; i++) test_inference(cases[i].k, cases[i].dt);
     for (int k = 0; k < 4; k++) test_handed_on(k & 1, k & 2);
+    test_grad_buffer();
     /* eager nodes: the user op's forward and backward; both grouped linears' */
     test_untouched(build_inplace, "in-place + no-fake op", OPF_RECIPE_NONE, 2);
     test_untouched(build_inplace, "in-place + no-fake op", OPF_RECIPE_CURRENT, 2);
