@@ -2,7 +2,8 @@
  * byte for byte: every component (data, transposed copy, scale_inv, amax),
  * the dequantized values, and the delayed-scaling state after ten steps;
  * per-tensor FP8, MXFP8 (1x32 / 32x1 / 32x32, compact and swizzled scales)
- * and FP8 block scaling (1x128, 128x128). */
+ * and FP8 block scaling (1x128, 128x128). Current scaling runs both of its
+ * paths: one pass (one cooperative launch) and two (amax, then cast). */
 #ifndef OPF_HAVE_CUDA
 #include <stdio.h>
 int main(void)
@@ -11,6 +12,9 @@ int main(void)
     return 77;
 }
 #else
+#define _POSIX_C_SOURCE 200809L  /* setenv, strdup */
+#include <stdlib.h>
+
 #include "cuda_test.h"
 
 static const opf_dtype in_dtypes[] = {OPF_F32, OPF_BF16, OPF_F16};
@@ -35,29 +39,58 @@ static opf_quantizer fp8_quantizer(opf_dtype qd, unsigned usage)
     return q;
 }
 
+/* One shape of test_current: every dtype x element dtype x usage. */
+static void test_current_shape(opf_ctx *ctx, int si, const char *path)
+{
+    for (int di = 0; di < 3; di++)
+        for (int qi = 0; qi < 2; qi++)
+            for (int ui = 0; ui < 2; ui++) {
+                opf_spec sp = opf_spec_make(shapes[si].nd, shapes[si].s, in_dtypes[di]);
+                int64_t n = opf_spec_numel(&sp);
+                float *x = malloc((size_t)n * sizeof *x);
+                bool special = (si + di + qi) % 2 == 0;
+                cuda_test_fill(x, n, 1.0f, 7, special);
+                opf_quantizer q = fp8_quantizer(q_dtypes[qi], usages[ui]);
+                q.pow2_scales = ui == 1 && qi == 0;
+                q.amax_epsilon = si == 1 ? 1e-2f : 0.0f;
+                char what[160], ss[96];
+                opf_spec_str(&sp, ss, sizeof ss);
+                snprintf(what, sizeof what, "current %s -> %s usage %u%s%s", ss,
+                         opf_dtype_name(q.qdtype), q.usage, special ? " (inf/nan)" : "", path);
+                cuda_test_check_quantize(ctx, &q, &q, &sp, x, what);
+                free(x);
+            }
+}
+
 /* Current scaling: every dtype x element dtype x usage x shape, on data
- * with edge values (inf and NaN in half of the cases), pow2 and epsilon. */
+ * with edge values (inf and NaN in half of the cases), pow2 and epsilon;
+ * each case in one pass (the amax and the cast in one launch) where the
+ * tensor fits one wave, and with OPF_CUDA_FP8_ONE_PASS=0 in two. Both must
+ * give the CPU's bytes; the one-pass count says which path ran: every
+ * non-empty shape up to a million elements (128 tiles: one wave on any GPU
+ * of 16 SMs or more) in one pass, none with it off. */
 static void test_current(opf_ctx *ctx)
 {
-    for (int si = 0; si < N_SHAPES; si++)
-        for (int di = 0; di < 3; di++)
-            for (int qi = 0; qi < 2; qi++)
-                for (int ui = 0; ui < 2; ui++) {
-                    opf_spec sp = opf_spec_make(shapes[si].nd, shapes[si].s, in_dtypes[di]);
-                    int64_t n = opf_spec_numel(&sp);
-                    float *x = malloc((size_t)n * sizeof *x);
-                    bool special = (si + di + qi) % 2 == 0;
-                    cuda_test_fill(x, n, 1.0f, 7, special);
-                    opf_quantizer q = fp8_quantizer(q_dtypes[qi], usages[ui]);
-                    q.pow2_scales = ui == 1 && qi == 0;
-                    q.amax_epsilon = si == 1 ? 1e-2f : 0.0f;
-                    char what[160], ss[96];
-                    opf_spec_str(&sp, ss, sizeof ss);
-                    snprintf(what, sizeof what, "current %s -> %s usage %u%s", ss,
-                             opf_dtype_name(q.qdtype), q.usage, special ? " (inf/nan)" : "");
-                    cuda_test_check_quantize(ctx, &q, &q, &sp, x, what);
-                    free(x);
-                }
+    const char *env = getenv("OPF_CUDA_FP8_ONE_PASS");
+    char *keep = env ? strdup(env) : NULL;
+    for (int off = 0; off < 2; off++) {
+        setenv("OPF_CUDA_FP8_ONE_PASS", off ? "0" : "1", 1);
+        for (int si = 0; si < N_SHAPES; si++) {
+            opf_spec sp = opf_spec_make(shapes[si].nd, shapes[si].s, OPF_F32);
+            int64_t n = opf_spec_numel(&sp);
+            unsigned long long before = opf_cuda_fp8_one_pass_calls();
+            test_current_shape(ctx, si, off ? " (two passes)" : "");
+            unsigned long long ran = opf_cuda_fp8_one_pass_calls() - before;
+            if (off || n == 0) CHECK(ran == 0, "%s: %llu one-pass quantizes where none may run",
+                                     off ? "OPF_CUDA_FP8_ONE_PASS=0" : "empty tensor", ran);
+            else if (n <= 1000 * 1024)
+                CHECK(ran == 12, "shape %d (%lld elements): %llu of 12 quantizes in one pass", si,
+                      (long long)n, ran);
+        }
+    }
+    if (keep) setenv("OPF_CUDA_FP8_ONE_PASS", keep, 1);
+    else unsetenv("OPF_CUDA_FP8_ONE_PASS");
+    free(keep);
 }
 
 static opf_status reduce_to_at_least_100(void *user, float *amax, int n)

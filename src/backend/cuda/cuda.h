@@ -217,6 +217,11 @@ bool opf_cuda_fused(void);
  * (norm_bwd_one.cu), for tests to see which path ran. */
 unsigned long long opf_cuda_norm_one_launches(void);
 
+/* How many current-scaling FP8 quantizes of the process ran in one pass
+ * (quantize_tensor_fp8.cu: the amax and the cast in one cooperative launch,
+ * where the tensor fits one wave), for tests to see which path ran. */
+unsigned long long opf_cuda_fp8_one_pass_calls(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,9 @@
  * the producer's last writes may still sit in L2; the cast after the amax
  * pass reads from the start, where that pass ended. */
 #include <float.h>
+#include <stdlib.h>
+
+#include <cooperative_groups.h>
 
 #include "backend/cuda/quantize-tile.h"
 
@@ -170,6 +173,119 @@ cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, bool rev, s
     opf_qtile_store_t<TILE_K, TILE_THREADS>(tile, qt, m0, k0, M, K, VEC_IO);
 }
 
+/* ---- current scaling in one pass ------------------------------------------
+ * Where the whole tensor fits in one wave of cast + transpose tiles (up to
+ * about 8M elements on an H200: every block resident, its quad in
+ * registers), one cooperative launch does what the memset, the amax pass
+ * and the cast pass do: block 0 zeroes the amax, the grid syncs, each block
+ * max-accumulates its tile's amax, the grid syncs again, and every thread
+ * derives the scale from the final amax and casts the quad it still holds.
+ * The input is read once, not twice, and a step's graph has one node where
+ * it had three. The amax is the same max, the scale the same function of
+ * it and the cast the same: the bits are the two-pass path's. COL: the
+ * columnwise copy too (the tile's transpose), else the rowwise bytes only. */
+template <typename T, bool COL>
+__global__ void __launch_bounds__(TILE_THREADS)
+one_pass_kernel(const T *__restrict__ x, int64_t M, int64_t K, bool vec, scale_src src, bool e4m3,
+                uint8_t *__restrict__ q, uint8_t *__restrict__ qt, float *sinv, float *sinv_col,
+                unsigned *amax)
+{
+    __shared__ __align__(16) uint32_t tile[TILE_K][OPF_QT_QUADS];  /* COL only */
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    bool first = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0;
+    if (first) *amax = 0u;
+    int64_t m0 = (int64_t)blockIdx.y * OPF_QT_ROWS, k0 = (int64_t)blockIdx.x * TILE_K;
+    int tc = threadIdx.x % (TILE_K / VEC), qd = threadIdx.x / (TILE_K / VEC);
+    int64_t m = m0 + 4 * qd, k = k0 + tc * VEC;
+    opf_quad<T> qv;
+    opf_qtile_load<T>(x, M, K, m, k, vec, qv);
+    unsigned key = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) key = opf_dev_amax_max(key, v[i]);
+    }
+    grid.sync();  /* the amax is zero before any block adds to it */
+    block_amax(key, amax, NULL);
+    grid.sync();  /* every block's amax is in */
+    float s = opf_dev_scale_from_amax(__uint_as_float(__ldcg(amax)), src.fp8_max, src.pow2,
+                                      src.eps, FLT_MAX);
+    if (first) {
+        float r = __frcp_rn(s);
+        *sinv = r;
+        if (COL) *sinv_col = r;
+    }
+    uint2 b[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float v[VEC];
+        opf_quad_row(qv, j, v);
+        b[j] = cast8(v, s, e4m3);
+    }
+    opf_qtile_store_rows(q, b, M, K, m, k, vec);
+    if constexpr (COL) {
+        opf_qtile_put<TILE_K>(tile, b, tc, qd);
+        __syncthreads();
+        opf_qtile_store_t<TILE_K, TILE_THREADS>(tile, qt, m0, k0, M, K, vec);
+    }
+}
+
+static unsigned long long one_pass_calls;  /* opf_cuda_fp8_one_pass_calls */
+
+extern "C" unsigned long long opf_cuda_fp8_one_pass_calls(void)
+{
+    return __atomic_load_n(&one_pass_calls, __ATOMIC_RELAXED);
+}
+
+/* Current scaling in one pass (above) when the device runs cooperative
+ * launches, the tensor is not empty and its tiles fit one wave;
+ * OPF_CUDA_FP8_ONE_PASS=0 turns it off (read at each call, so a test and a
+ * benchmark can run both paths in one process). *done: whether it ran. */
+template <typename T, bool COL>
+static opf_status one_pass_try(opf_ctx *ctx, opf_cuda_state *s, const T *x, int64_t M, int64_t K,
+                               const scale_src &src, bool e4m3, opf_tensor *out, bool *done)
+{
+    const char *fn = "quantize (fp8 current scaling, one pass)";
+    static unsigned long long known;  /* a bit per device */
+    static int wave;                  /* resident blocks an SM (the same on any device) */
+    *done = false;
+    const char *env = getenv("OPF_CUDA_FP8_ONE_PASS");
+    if ((env && env[0] == '0') || M <= 0 || K <= 0) return OPF_OK;
+    if (opf_cuda_once_needed(&known, s->device)) {
+        int coop = 0, per_sm = 0;
+        OPF_CUDA_TRY(ctx, fn, cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, s->device));
+        if (coop)
+            OPF_CUDA_TRY(ctx, fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                      &per_sm, one_pass_kernel<T, COL>, TILE_THREADS, 0));
+        __atomic_store_n(&wave, per_sm, __ATOMIC_RELAXED);
+        opf_cuda_once_done(&known, s->device);
+    }
+    int64_t gx = (K + TILE_K - 1) / TILE_K, gy = (M + OPF_QT_ROWS - 1) / OPF_QT_ROWS;
+    if (gx * gy > (int64_t)__atomic_load_n(&wave, __ATOMIC_RELAXED) * s->sm_count) return OPF_OK;
+    uint8_t *q = (uint8_t *)out->data[OPF_COMP_DATA];
+    uint8_t *qt = COL ? (uint8_t *)out->data[OPF_COMP_COL_DATA] : NULL;
+    bool vec = K % VEC == 0 && opf_cuda_aligned16(x) && opf_cuda_aligned16(q) &&
+               (!COL || (M % 16 == 0 && opf_cuda_aligned16(qt)));
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)gx, (unsigned)gy);
+    cfg.blockDim = dim3(TILE_THREADS);
+    cfg.stream = s->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    OPF_CUDA_TRY(ctx, fn, cudaLaunchKernelEx(&cfg, one_pass_kernel<T, COL>, x, M, K, vec, src, e4m3,
+                                             q, qt, (float *)out->data[OPF_COMP_SCALE_INV],
+                                             COL ? (float *)out->data[OPF_COMP_COL_SCALE_INV] : NULL,
+                                             (unsigned *)out->data[OPF_COMP_AMAX]));
+    __atomic_fetch_add(&one_pass_calls, 1, __ATOMIC_RELAXED);
+    *done = true;
+    return OPF_OK;
+}
+
 /* ---- dequantize ---------------------------------------------------------- */
 
 /* fl(q * scale_inv). A NaN code gives the CPU's bits: its decode is the
@@ -318,8 +434,15 @@ static opf_status quantize_typed(opf_ctx *ctx, opf_cuda_state *s, const opf_quan
     unsigned *amax = (unsigned *)out->data[OPF_COMP_AMAX];
     bool e4m3 = q->qdtype == OPF_E4M3;
     scale_src src = {NULL, NULL, opf_fp8_max(q->qdtype), q->amax_epsilon, q->pow2_scales};
-    OPF_CUDA_TRY(ctx, "quantize (fp8)", cudaMemsetAsync(amax, 0, sizeof(float), s->stream));
     opf_status st;
+    if (!q->delayed && !q->amax_reduce) {
+        bool done;
+        st = (out->spec.usage & OPF_USAGE_COLUMNWISE)
+                 ? one_pass_try<T, true>(ctx, s, (const T *)x, M, K, src, e4m3, out, &done)
+                 : one_pass_try<T, false>(ctx, s, (const T *)x, M, K, src, e4m3, out, &done);
+        if (st || done) return st;
+    }
+    OPF_CUDA_TRY(ctx, "quantize (fp8)", cudaMemsetAsync(amax, 0, sizeof(float), s->stream));
     if (q->delayed) {
         /* Both in the state's device memory: history row 0 holds amaxes
          * (>= 0), whose bit patterns order as their values, so the integer
