@@ -74,7 +74,8 @@ typedef struct opf_cuda_state {
      * at the next host wait: the first bad (row << 32 | id), ~0 when none */
     unsigned long long *deferred_bad;
     bool             deferred_armed;  /* a captured check exists: read it */
-    /* GEMM algorithm cache (gemm.cu) */
+    /* GEMM algorithm cache, with each key's cuBLASLt descriptors (gemm.cu;
+     * opf_cuda_algo_cache_clear frees them) */
     opf_cuda_algo_entry *algos;
     int              n_algos, cap_algos;
     struct opf_cudnn_state *cudnn;  /* OPF_CUDA_ATTENTION=cudnn's (cudnn_attn.cu) */
@@ -105,6 +106,10 @@ opf_status opf_cuda_scratch(opf_ctx *ctx, opf_cuda_state *s, size_t bytes, void 
  * stream, lt_ws, ws and ws_bytes, which every kernel reads, and the one in
  * use in s->other (runtime.cu). */
 void opf_cuda_swap_lanes(opf_cuda_state *s);
+
+/* Empties the GEMM algorithm cache and frees its cuBLASLt descriptors
+ * (gemm.cu). */
+void opf_cuda_algo_cache_clear(opf_cuda_state *s);
 /* D = alpha op(A) op(B) in fp32 (no TF32), cuBLASLt's column-major terms:
  * D m x n (ld m), op(A) m x k, op(B) k x n; batch matrices, each operand
  * sa / sb / sd elements after the one before (gemm.cu). */

@@ -154,6 +154,7 @@ static void state_destroy(opf_cuda_state *s)
     drop_blocks(s->live, s->n_live);
     free(s->free_list);
     free(s->live);
+    opf_cuda_algo_cache_clear(s);  /* the cached cuBLASLt descriptors */
     free(s->algos);
     opf_cudnn_state_free(s->cudnn);  /* cuDNN's handle and plans (cudnn_attn.cu) */
     cudaFree(s->ws);
