@@ -13,6 +13,7 @@ int main(void)
 }
 #else
 #define _POSIX_C_SOURCE 200809L  /* setenv, strdup */
+#include <cuda_runtime_api.h>
 #include <stdlib.h>
 
 #include "cuda_test.h"
@@ -67,25 +68,31 @@ static void test_current_shape(opf_ctx *ctx, int si, const char *path)
  * each case in one pass (the amax and the cast in one launch) where the
  * tensor fits one wave, and with OPF_CUDA_FP8_ONE_PASS=0 in two. Both must
  * give the CPU's bytes; the one-pass count says which path ran: every
- * non-empty shape up to a million elements (128 tiles: one wave on any GPU
- * of 16 SMs or more) in one pass, none with it off. */
+ * non-empty shape of at most one 128 x 64 tile an SM (one wave on any GPU
+ * that runs cooperative launches) in one pass, none with it off. */
 static void test_current(opf_ctx *ctx)
 {
     const char *env = getenv("OPF_CUDA_FP8_ONE_PASS");
     char *keep = env ? strdup(env) : NULL;
+    int dev = 0, sms = 0, coop = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
     for (int off = 0; off < 2; off++) {
         setenv("OPF_CUDA_FP8_ONE_PASS", off ? "0" : "1", 1);
         for (int si = 0; si < N_SHAPES; si++) {
             opf_spec sp = opf_spec_make(shapes[si].nd, shapes[si].s, OPF_F32);
-            int64_t n = opf_spec_numel(&sp);
+            int64_t n = opf_spec_numel(&sp), M = 1, K = shapes[si].s[shapes[si].nd - 1];
+            for (int d = 0; d < shapes[si].nd - 1; d++) M *= shapes[si].s[d];
+            int64_t tiles = n ? (K + 63) / 64 * ((M + 127) / 128) : 0;
             unsigned long long before = opf_cuda_fp8_one_pass_calls();
             test_current_shape(ctx, si, off ? " (two passes)" : "");
             unsigned long long ran = opf_cuda_fp8_one_pass_calls() - before;
             if (off || n == 0) CHECK(ran == 0, "%s: %llu one-pass quantizes where none may run",
                                      off ? "OPF_CUDA_FP8_ONE_PASS=0" : "empty tensor", ran);
-            else if (n <= 1000 * 1024)
-                CHECK(ran == 12, "shape %d (%lld elements): %llu of 12 quantizes in one pass", si,
-                      (long long)n, ran);
+            else if (coop && tiles <= sms)
+                CHECK(ran == 12, "shape %d (%lld tiles, %d SMs): %llu of 12 quantizes in one pass",
+                      si, (long long)tiles, sms, ran);
         }
     }
     if (keep) setenv("OPF_CUDA_FP8_ONE_PASS", keep, 1);
