@@ -177,10 +177,11 @@ cast_transpose_kernel(const T *__restrict__ x, int64_t M, int64_t K, bool rev, s
 /* ---- current scaling in one pass ------------------------------------------
  * Where the whole tensor fits in one wave of cast + transpose tiles (on an
  * H200 about 6.5M elements of a 2-byte input, 4.3M of an f32 one with both
- * copies: every block resident, its quad in registers), one cooperative launch does what the memset, the amax pass
- * and the cast pass do: block 0 zeroes the amax, the grid syncs, each block
- * max-accumulates its tile's amax, the grid syncs again, and every thread
- * derives the scale from the final amax and casts the quad it still holds.
+ * copies: every block resident, its quad in registers), one cooperative
+ * launch does what the memset, the amax pass and the cast pass do: block 0
+ * zeroes the amax, the grid syncs, each block max-accumulates its tile's
+ * amax, the grid syncs again, and every thread derives the scale from the
+ * final amax and casts the quad it still holds.
  * The input is read once, not twice, and a step's graph has one node where
  * it had three. The amax is the same max, the scale the same function of
  * it and the cast the same: the bits are the two-pass path's. COL: the
@@ -250,14 +251,15 @@ static opf_status one_pass_try(opf_ctx *ctx, opf_cuda_state *s, const T *x, int6
 {
     const char *fn = "quantize (fp8 current scaling, one pass)";
     static unsigned long long known;  /* a bit per device */
-    static int wave[64];              /* resident blocks an SM, per device (0: no cooperative launch) */
+    static int wave[64];  /* resident blocks an SM, per device (0: no cooperative launch) */
     int other = 0, *w = s->device >= 0 && s->device < 64 ? &wave[s->device] : &other;
     *done = false;
     const char *env = getenv("OPF_CUDA_FP8_ONE_PASS");
     if ((env && env[0] == '0') || M <= 0 || K <= 0) return OPF_OK;
     if (opf_cuda_once_needed(&known, s->device)) {
         int coop = 0, per_sm = 0;
-        OPF_CUDA_TRY(ctx, fn, cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, s->device));
+        OPF_CUDA_TRY(ctx, fn,
+                     cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, s->device));
         if (coop)
             OPF_CUDA_TRY(ctx, fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                                       &per_sm, one_pass_kernel<T, COL>, TILE_THREADS, 0));
@@ -279,8 +281,8 @@ static opf_status one_pass_try(opf_ctx *ctx, opf_cuda_state *s, const T *x, int6
     cfg.stream = s->stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, one_pass_kernel<T, COL>, x, M, K, vec, src, e4m3, q, qt,
-                                       (float *)out->data[OPF_COMP_SCALE_INV],
+    cudaError_t e = cudaLaunchKernelEx(&cfg, one_pass_kernel<T, COL>, x, M, K, vec, src, e4m3, q,
+                                       qt, (float *)out->data[OPF_COMP_SCALE_INV],
                                        COL ? (float *)out->data[OPF_COMP_COL_SCALE_INV] : NULL,
                                        (unsigned *)out->data[OPF_COMP_AMAX]);
     if (e == cudaErrorCooperativeLaunchTooLarge || e == cudaErrorNotSupported) {
